@@ -1,0 +1,79 @@
+"""The Dramatiq broker this process uses, built from ``COMPOSITION["BROKER_URL"]``.
+
+Dramatiq's ``get_broker()`` quietly builds a RabbitMQ broker on localhost when none is set,
+and ``@dramatiq.actor`` binds to whatever broker exists at import. ``configured_broker()``
+closes that trap: it builds the broker the settings ask for (never a default), installs it as
+Dramatiq's global broker once, and is what the app's ``ready()`` and every ``@job`` call first.
+Building a broker does not connect; the first command does.
+"""
+
+from __future__ import annotations
+
+import threading
+from urllib.parse import urlsplit
+
+import dramatiq
+from dramatiq.broker import Broker
+
+from composition.conf import conf
+from composition.errors import BrokerConfigurationError
+
+__all__ = ["broker_kind", "build_broker", "configured_broker", "reset_broker"]
+
+_lock = threading.Lock()
+_installed: Broker | None = None
+
+
+def broker_kind(url: str) -> str:
+    """``"redis"`` or ``"rabbitmq"`` for a broker URL; raises BrokerConfigurationError otherwise."""
+    scheme = urlsplit(url).scheme
+    if scheme in ("redis", "rediss", "unix"):
+        return "redis"
+    if scheme in ("amqp", "amqps"):
+        return "rabbitmq"
+    raise BrokerConfigurationError(
+        f"COMPOSITION['BROKER_URL'] has scheme {scheme!r}; use redis://, rediss:// or amqp://"
+    )
+
+
+def build_broker(url: str, *, heartbeat_timeout_s: float, maintenance_chance: int) -> Broker:
+    """A new, unconnected broker for ``url``."""
+    kind = broker_kind(url)
+    if kind == "redis":
+        from dramatiq.brokers.redis import RedisBroker
+
+        return RedisBroker(
+            url=url,
+            heartbeat_timeout=int(heartbeat_timeout_s * 1000),
+            maintenance_chance=maintenance_chance,
+        )
+    try:
+        from dramatiq.brokers.rabbitmq import RabbitmqBroker
+    except ImportError as exc:  # pika is the optional "rabbitmq" extra
+        raise BrokerConfigurationError(
+            "an amqp:// BROKER_URL needs the rabbitmq extra: pip install 'django-backend-composition[rabbitmq]'"
+        ) from exc
+    return RabbitmqBroker(url=url)
+
+
+def configured_broker() -> Broker:
+    """The process's broker, built from settings on first use and installed in Dramatiq."""
+    global _installed
+    with _lock:
+        if _installed is None:
+            _installed = build_broker(
+                conf.BROKER_URL,
+                heartbeat_timeout_s=float(conf.BROKER_HEARTBEAT_TIMEOUT_S),
+                maintenance_chance=int(conf.BROKER_MAINTENANCE_CHANCE),
+            )
+            dramatiq.set_broker(_installed)
+        return _installed
+
+
+def reset_broker() -> None:
+    """Forget the installed broker (closing it); the next ``configured_broker()`` builds anew."""
+    global _installed
+    with _lock:
+        if _installed is not None:
+            _installed.close()
+        _installed = None

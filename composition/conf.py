@@ -1,0 +1,93 @@
+"""One lazy accessor for ``settings.COMPOSITION``.
+
+Every key is optional; ``DEFAULTS`` documents each one. Values are read when first used, never
+at import, and the merged view is dropped whenever Django's ``setting_changed`` fires, so
+``override_settings`` works in tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core.signals import setting_changed
+
+__all__ = ["DEFAULTS", "conf"]
+
+DEFAULTS: dict[str, Any] = {
+    # Dramatiq broker: redis://, rediss:// or amqp://.
+    "BROKER_URL": "redis://127.0.0.1:6379/0",
+    # A dead Redis-broker worker's unacked messages return after this many seconds
+    # (Dramatiq's own default is 60 s).
+    "BROKER_HEARTBEAT_TIMEOUT_S": 15.0,
+    # Out of a million broker commands, how many run the Redis broker's maintenance step that
+    # requeues dead workers' messages (Dramatiq's default is 1,000, i.e. 1 in 1,000).
+    "BROKER_MAINTENANCE_CHANCE": 100_000,
+    # Connection settings applied to every new PostgreSQL connection.
+    "DB_STATEMENT_TIMEOUT_S": 30.0,
+    "DB_IDLE_IN_TRANSACTION_TIMEOUT_S": 60.0,
+    # Readiness: all dependencies are probed concurrently under one deadline, and the answer
+    # is reused for HEALTH_CACHE_S so a busy load balancer does not become load.
+    "HEALTH_DEADLINE_S": 2.0,
+    "HEALTH_CACHE_S": 1.0,
+    # "critical" fails readiness when down; "degraded" is reported but stays ready.
+    "HEALTH_DEPENDENCIES": {"database": "critical", "cache": "degraded", "broker": "critical"},
+    # The cache alias that composition uses (django-redis backend).
+    "CACHE_ALIAS": "default",
+    # runworkers
+    "WORKER_PROCESSES": 1,
+    "WORKER_THREADS": 8,
+    "WORKER_QUEUES": None,
+    # An idle consumer polls at this interval (Dramatiq's default is 1,000 ms).
+    "WORKER_IDLE_POLL_MS": 100,
+    "SHUTDOWN_TIMEOUT_S": 30.0,
+    # A worker process writes a heartbeat this often; a heartbeat older than
+    # WORKER_STALE_AFTER_S counts as a dead or stuck process.
+    "WORKER_HEARTBEAT_S": 5.0,
+    "WORKER_STALE_AFTER_S": 30.0,
+    # Logging: "json" or "console".
+    "LOG_FORMAT": "json",
+    "LOG_LEVEL": "INFO",
+}
+
+
+class _Conf:
+    """Attribute access to the merged settings: ``conf.BROKER_URL``."""
+
+    def __init__(self) -> None:
+        self._merged: dict[str, Any] | None = None
+
+    def _load(self) -> dict[str, Any]:
+        if self._merged is None:
+            user = getattr(django_settings, "COMPOSITION", None) or {}
+            merged = dict(DEFAULTS)
+            if isinstance(user, dict):
+                merged.update(user)
+            self._merged = merged
+        return self._merged
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        merged = self._load()
+        try:
+            return merged[name]
+        except KeyError:
+            raise AttributeError(f"unknown COMPOSITION setting {name!r}") from None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self._load())
+
+    def reload(self) -> None:
+        self._merged = None
+
+
+conf = _Conf()
+
+
+def _on_setting_changed(*, setting: str, **_: Any) -> None:
+    if setting == "COMPOSITION":
+        conf.reload()
+
+
+setting_changed.connect(_on_setting_changed)

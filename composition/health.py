@@ -1,0 +1,246 @@
+"""Liveness, readiness and worker health: cheap probes without side effects.
+
+- liveness never touches a dependency: the process answers, so it is alive;
+- readiness probes the database, the cache and the broker concurrently under one overall
+  deadline (``HEALTH_DEADLINE_S``) and reuses the answer for ``HEALTH_CACHE_S``; each dependency
+  is "critical" (fails readiness) or "degraded" (reported, still ready); a draining process is
+  never ready;
+- workers reads the heartbeats that ``runworkers`` processes write.
+
+A probe that hangs (a frozen server accepts but never answers) is abandoned at the deadline: it
+runs in a daemon thread, so neither the answer nor the process exit waits for it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.db import connections
+
+from composition.broker import broker_kind
+from composition.conf import conf
+from composition.metrics import HEALTH_CHECK_SECONDS, HEALTH_CHECK_UP
+
+__all__ = [
+    "CheckResult",
+    "HealthReport",
+    "is_draining",
+    "liveness",
+    "readiness",
+    "set_draining",
+    "workers",
+]
+
+HEARTBEAT_KEY_PREFIX = "composition:worker:"
+
+_draining = threading.Event()
+_cache_lock = threading.Lock()
+_cached: tuple[float, HealthReport] | None = None
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    ok: bool
+    critical: bool
+    duration_s: float
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "critical": self.critical, "duration_s": round(self.duration_s, 4),
+                "error": self.error}
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    kind: str
+    ok: bool
+    checks: list[CheckResult] = field(default_factory=list)
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"status": "ok" if self.ok else "fail", "kind": self.kind}
+        if self.checks:
+            body["checks"] = {c.name: c.as_dict() for c in self.checks}
+            failing = [c.name for c in self.checks if not c.ok]
+            if failing:
+                body["failing"] = failing
+        body.update(self.detail)
+        return body
+
+
+def set_draining(value: bool = True) -> None:
+    """Mark this process as draining: readiness fails from now on."""
+    if value:
+        _draining.set()
+    else:
+        _draining.clear()
+
+
+def is_draining() -> bool:
+    return _draining.is_set()
+
+
+def liveness() -> HealthReport:
+    return HealthReport("liveness", True)
+
+
+# -- probes ------------------------------------------------------------------------------------
+def probe_database(timeout_s: float) -> None:
+    alias = "default"
+    conn = connections[alias]
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+    finally:
+        conn.close()
+
+
+def _redis_url_of_cache() -> str:
+    location = settings.CACHES[conf.CACHE_ALIAS]["LOCATION"]
+    return location[0] if isinstance(location, list | tuple) else str(location)
+
+
+def _ping_redis(url: str, timeout_s: float) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+    try:
+        client.ping()
+    finally:
+        client.close()
+
+
+def probe_cache(timeout_s: float) -> None:
+    _ping_redis(_redis_url_of_cache(), timeout_s)
+
+
+def probe_broker(timeout_s: float) -> None:
+    url = conf.BROKER_URL
+    if broker_kind(url) == "redis":
+        _ping_redis(url, timeout_s)
+        return
+    import pika
+
+    params = pika.URLParameters(url)
+    params.socket_timeout = timeout_s
+    params.blocked_connection_timeout = timeout_s
+    params.stack_timeout = timeout_s
+    params.connection_attempts = 1
+    pika.BlockingConnection(params).close()
+
+
+PROBES: dict[str, Callable[[float], None]] = {
+    "database": probe_database,
+    "cache": probe_cache,
+    "broker": probe_broker,
+}
+
+
+def _run_probes(deadline_s: float) -> list[CheckResult]:
+    levels = conf.HEALTH_DEPENDENCIES
+    outcomes: dict[str, tuple[float, str | None]] = {}
+    done = threading.Condition()
+    began = time.monotonic()
+
+    def run(name: str, probe: Callable[[float], None]) -> None:
+        start = time.monotonic()
+        error = None
+        try:
+            probe(deadline_s)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"[:300]
+        with done:
+            outcomes[name] = (time.monotonic() - start, error)
+            done.notify_all()
+
+    names = [name for name in PROBES if levels.get(name, "critical") != "ignore"]
+    for name in names:
+        threading.Thread(target=run, args=(name, PROBES[name]), name=f"probe-{name}", daemon=True).start()
+    with done:
+        done.wait_for(lambda: len(outcomes) == len(names), timeout=deadline_s)
+        snapshot = dict(outcomes)
+    results = []
+    for name in names:
+        critical = levels.get(name, "critical") == "critical"
+        if name in snapshot:
+            took, error = snapshot[name]
+        else:
+            took, error = time.monotonic() - began, f"no answer within {deadline_s:.1f}s"
+        HEALTH_CHECK_SECONDS.labels(name).observe(took)
+        HEALTH_CHECK_UP.labels(name).set(0 if error else 1)
+        results.append(CheckResult(name, error is None, critical, took, error))
+    return results
+
+
+def readiness(*, use_cache: bool = True) -> HealthReport:
+    """Probe every dependency under one deadline; cached for ``HEALTH_CACHE_S``."""
+    global _cached
+    if is_draining():
+        return HealthReport("readiness", False, detail={"draining": True})
+    now = time.monotonic()
+    with _cache_lock:
+        if use_cache and _cached is not None and now - _cached[0] < float(conf.HEALTH_CACHE_S):
+            return _cached[1]
+    checks = _run_probes(float(conf.HEALTH_DEADLINE_S))
+    report = HealthReport("readiness", all(c.ok or not c.critical for c in checks), checks)
+    with _cache_lock:
+        _cached = (time.monotonic(), report)
+    return report
+
+
+# -- worker heartbeats -----------------------------------------------------------------------------
+def _heartbeat_client() -> Any:
+    import redis
+
+    timeout_s = float(conf.HEALTH_DEADLINE_S)
+    return redis.Redis.from_url(_redis_url_of_cache(), socket_connect_timeout=timeout_s,
+                                socket_timeout=timeout_s)
+
+
+def write_heartbeat(client: Any, worker_id: str, state: dict[str, Any]) -> None:
+    """Record one worker process's heartbeat; it expires by itself when the process dies."""
+    payload = dict(state, worker=worker_id, beat_at=time.time())
+    client.set(HEARTBEAT_KEY_PREFIX + worker_id, json.dumps(payload),
+               ex=max(1, int(float(conf.WORKER_STALE_AFTER_S))))
+
+
+def clear_heartbeat(client: Any, worker_id: str) -> None:
+    client.delete(HEARTBEAT_KEY_PREFIX + worker_id)
+
+
+def read_heartbeats(client: Any) -> list[dict[str, Any]]:
+    beats = []
+    for key in client.scan_iter(match=HEARTBEAT_KEY_PREFIX + "*", count=500):
+        raw = client.get(key)
+        if raw:
+            beats.append(json.loads(raw))
+    return sorted(beats, key=lambda beat: beat["worker"])
+
+
+def workers() -> HealthReport:
+    """Healthy when at least one worker process beat recently and none is stuck on old work."""
+    stale_after_s = float(conf.WORKER_STALE_AFTER_S)
+    try:
+        client = _heartbeat_client()
+        try:
+            beats = read_heartbeats(client)
+        finally:
+            client.close()
+    except Exception as exc:
+        return HealthReport("workers", False, detail={"error": f"{type(exc).__name__}: {exc}"})
+    now = time.time()
+    fresh = [b for b in beats if now - b["beat_at"] <= stale_after_s]
+    # A worker that keeps beating but has held one job for far longer than any job may run is
+    # stuck; jobs report ``busy_since`` through the heartbeat.
+    stuck = [b["worker"] for b in fresh
+             if b.get("oldest_job_started_at") and now - b["oldest_job_started_at"] > b.get("max_job_s", 1e9)]
+    ok = bool(fresh) and not stuck
+    return HealthReport("workers", ok, detail={"workers": beats, "fresh": len(fresh), "stuck": stuck})

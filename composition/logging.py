@@ -1,0 +1,113 @@
+"""Structured logs: structlog configured once, request ids bound per request.
+
+``logging_config(fmt, level)`` returns a ``LOGGING`` dict that sends the standard library's
+records (Django, Dramatiq, gunicorn) through the same structlog renderer, so every line is one
+JSON object (or one readable console line) carrying whatever is bound in the context:
+request_id, job_id, attempt, entity ids.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from django.http import HttpRequest, HttpResponse
+
+__all__ = [
+    "REQUEST_ID_HEADER",
+    "RequestIdMiddleware",
+    "configure_structlog",
+    "logging_config",
+]
+
+REQUEST_ID_HEADER = "X-Request-ID"
+# Accept what proxies commonly send (uuids, hex, dotted trace ids), refuse anything that could
+# smuggle newlines or blow up log lines.
+_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+
+_SHARED_PROCESSORS: list[Any] = [
+    structlog.contextvars.merge_contextvars,
+    structlog.stdlib.add_logger_name,
+    structlog.stdlib.add_log_level,
+    structlog.processors.TimeStamper(fmt="iso", utc=True),
+    structlog.processors.StackInfoRenderer(),
+]
+
+
+def _renderer(fmt: str) -> Any:
+    if fmt == "console":
+        return structlog.dev.ConsoleRenderer(colors=False)
+    return structlog.processors.JSONRenderer()
+
+
+def logging_config(fmt: str = "json", level: str = "INFO") -> dict[str, Any]:
+    """A ``logging.config.dictConfig`` dict that renders every record through structlog."""
+    processors = [structlog.stdlib.ProcessorFormatter.remove_processors_meta]
+    if fmt != "console":
+        processors.append(structlog.processors.format_exc_info)
+    processors.append(_renderer(fmt))
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {
+            "structlog": {
+                "()": structlog.stdlib.ProcessorFormatter,
+                "processors": processors,
+                "foreign_pre_chain": _SHARED_PROCESSORS,
+            },
+        },
+        "handlers": {
+            "default": {"class": "logging.StreamHandler", "formatter": "structlog"},
+        },
+        "root": {"handlers": ["default"], "level": level},
+        "loggers": {
+            "django.server": {"level": "WARNING"},
+            "dramatiq": {"level": level},
+        },
+    }
+
+
+def configure_structlog() -> None:
+    """Route structlog's loggers through the standard library (configured by ``logging_config``)."""
+    structlog.configure(
+        processors=[
+            structlog.stdlib.filter_by_level,
+            *_SHARED_PROCESSORS,
+            structlog.stdlib.PositionalArgumentsFormatter(),
+            structlog.processors.UnicodeDecoder(),
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=True,
+    )
+
+
+def clean_request_id(value: str | None) -> str:
+    """The caller's request id when well formed, otherwise a new one."""
+    if value and _REQUEST_ID_RE.match(value):
+        return value
+    return uuid.uuid4().hex
+
+
+class RequestIdMiddleware:
+    """Binds ``request_id`` to the log context for one request and echoes it in the response."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        request_id = clean_request_id(request.headers.get(REQUEST_ID_HEADER))
+        request.request_id = request_id  # type: ignore[attr-defined]
+        structlog.contextvars.clear_contextvars()
+        structlog.contextvars.bind_contextvars(request_id=request_id)
+        try:
+            response = self.get_response(request)
+        finally:
+            # Threads serve many requests: nothing may leak into the next one.
+            structlog.contextvars.clear_contextvars()
+        response[REQUEST_ID_HEADER] = request_id
+        return response

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from composition.budget import BudgetLine, connection_budget, connections_per_process, server_max_connections
+from composition.conf import conf
+from composition.workers import BACKGROUND_DB_THREADS, WorkerOptions, build_worker_system
+
+
+class Command(BaseCommand):
+    help = "Print the worker component graph, its start order and the database connection budget."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--json", action="store_true")
+        parser.add_argument("--worker-processes", type=int, default=None)
+        parser.add_argument("--worker-threads", type=int, default=None)
+        parser.add_argument("--web-processes", type=int, default=0, help="web server processes")
+        parser.add_argument("--web-threads", type=int, default=1, help="threads per web process")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        processes = options["worker_processes"] or int(conf.WORKER_PROCESSES)
+        threads = options["worker_threads"] or int(conf.WORKER_THREADS)
+        system = build_worker_system(WorkerOptions(processes=1, threads=threads))
+        lines = [BudgetLine("workers", processes, connections_per_process(threads, BACKGROUND_DB_THREADS))]
+        if options["web_processes"]:
+            lines.append(BudgetLine("web", options["web_processes"],
+                                    connections_per_process(options["web_threads"], 0)))
+        budget = connection_budget(lines, server_max_connections())
+        report = {"graph": system.graph(), "start_order": system.start_order,
+                  "stop_order": list(reversed(system.start_order)), "connection_budget": budget}
+        if options["json"]:
+            self.stdout.write(json.dumps(report, indent=2))
+            return
+        self.stdout.write("components (name <- depends on):")
+        for name, deps in report["graph"].items():
+            self.stdout.write(f"  {name} <- {', '.join(deps) or '-'}")
+        self.stdout.write("start order: " + " -> ".join(report["start_order"]))
+        self.stdout.write("stop order:  " + " -> ".join(report["stop_order"]))
+        self.stdout.write("database connection budget:")
+        for line in budget["lines"]:
+            self.stdout.write(f"  {line['role']}: {line['processes']} processes x {line['per_process']} "
+                              f"connections = {line['total']}")
+        self.stdout.write(f"  total {budget['total']} of max_connections {budget['max_connections']}")
+        if budget["over_budget"]:
+            self.stderr.write(self.style.WARNING(
+                "WARNING: the deployment can open more connections than the server allows; lower "
+                "threads or processes, or put a pool in front."))

@@ -1,0 +1,9 @@
+from django.urls import path
+
+from composition import views
+
+urlpatterns = [
+    path("healthz", views.healthz, name="composition-healthz"),
+    path("readyz", views.readyz, name="composition-readyz"),
+    path("metrics", views.metrics, name="composition-metrics"),
+]

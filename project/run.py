@@ -1,0 +1,88 @@
+"""``./run``: the example billing system, composed: embedded servers (when no URLs are set),
+migrations, web (gunicorn), workers and relay. Ctrl-C drains and stops it in reverse order.
+
+This process is the supervisor; web and workers are children in their own sessions, so a
+terminal's Ctrl-C reaches only this process, which then stops them in order.
+"""
+
+from __future__ import annotations
+
+import logging.config
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(os.environ.get("COMPOSITION_DATA_DIR", BASE_DIR / ".data"))
+HOST = os.environ.get("HOST", "127.0.0.1")
+PORT = int(os.environ.get("PORT", "8000"))
+
+
+def _fresh_metrics_dir() -> str:
+    # Multiprocess samples of an earlier run would be merged into this one's totals.
+    path = DATA_DIR / "prometheus"
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return str(path)
+
+
+def main() -> int:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = _fresh_metrics_dir()
+    os.environ.setdefault("LOG_FORMAT", "console")
+
+    from composition.components import LoggingComponent, ProcessComponent
+    from composition.errors import SystemStartError
+    from composition.logging import logging_config
+    from composition.system import System
+    from project.embedded import EmbeddedPostgres, EmbeddedValkey
+
+    logging.config.dictConfig(logging_config(os.environ["LOG_FORMAT"], "INFO"))
+    python = sys.executable
+    components: list = [LoggingComponent()]
+    if not os.environ.get("DATABASE_URL"):
+        components.append(EmbeddedPostgres(DATA_DIR))
+    if not os.environ.get("REDIS_URL"):
+        components.append(EmbeddedValkey(DATA_DIR))
+    infra = [c.name for c in components]
+
+    class Migrations:
+        """Applies migrations (and a dev superuser) before anything serves traffic."""
+
+        name = "migrations"
+        depends_on = tuple(infra)
+
+        def start(self) -> None:
+            manage = [python, str(BASE_DIR / "manage.py")]
+            subprocess.run([*manage, "migrate", "--noinput"], check=True, cwd=BASE_DIR)
+            subprocess.run([*manage, "ensure_dev_superuser"], check=True, cwd=BASE_DIR)
+
+        def stop(self, timeout_s: float) -> None:
+            pass
+
+    workers = ProcessComponent(
+        "workers", [python, str(BASE_DIR / "manage.py"), "runworkers", "--processes", "1", "--threads", "4"],
+        depends_on=("migrations",), cwd=str(BASE_DIR))
+    web = ProcessComponent(
+        "web", [python, "-m", "gunicorn", "project.wsgi:application", "--config", "python:project.gunicorn_conf",
+                "--bind", f"{HOST}:{PORT}"],
+        depends_on=("migrations",), ready_url=f"http://{HOST}:{PORT}/readyz", cwd=str(BASE_DIR))
+    system = System([*components, Migrations(), workers, web], shutdown_timeout_s=30.0)
+    log = logging.getLogger("project.run")
+
+    def announce() -> None:
+        log.warning("billing system up: http://%s:%s/ (admin at /admin/, admin / admin; /healthz, "
+                    "/readyz, /metrics). Ctrl-C drains and stops.", HOST, PORT)
+
+    try:
+        report = system.run(on_started=announce)
+    except SystemStartError as exc:
+        log.error("could not start: %s", exc)
+        return 1
+    return 0 if all(result.status == "stopped" for result in report) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

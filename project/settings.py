@@ -1,0 +1,106 @@
+"""Settings of the example project, all from the environment.
+
+DATABASE_URL, REDIS_URL and BROKER_URL point at real services; when DATABASE_URL or REDIS_URL
+is unset, embedded PostgreSQL and Valkey servers are started (data under .data/) and used.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from composition.logging import logging_config
+from project.env import database_from_url, env_bool
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(os.environ.get("COMPOSITION_DATA_DIR", BASE_DIR / ".data"))
+
+if not os.environ.get("DATABASE_URL") or not os.environ.get("REDIS_URL"):
+    from project.embedded import ensure_embedded_services
+
+    ensure_embedded_services(DATA_DIR)
+
+DATABASE_URL = os.environ["DATABASE_URL"]
+REDIS_URL = os.environ["REDIS_URL"]
+BROKER_URL = os.environ.get("BROKER_URL") or REDIS_URL
+
+SECRET_KEY = os.environ.get("SECRET_KEY", "dev-only-not-secret-change-me")
+DEBUG = env_bool(os.environ.get("DEBUG"), default=False)
+ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h.strip()]
+LOG_FORMAT = os.environ.get("LOG_FORMAT", "json")
+LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_prometheus",
+    "composition",
+    "billing",
+]
+
+MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "composition.logging.RequestIdMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
+]
+
+ROOT_URLCONF = "project.urls"
+WSGI_APPLICATION = "project.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": {**database_from_url(DATABASE_URL), "CONN_MAX_AGE": 60, "CONN_HEALTH_CHECKS": True}}
+DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", 5)
+
+CACHES = {
+    "default": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": REDIS_URL,
+        "OPTIONS": {
+            # A dead Redis must cost milliseconds, not the client's default of waiting forever.
+            "SOCKET_CONNECT_TIMEOUT": 0.25,
+            "SOCKET_TIMEOUT": 0.25,
+        },
+    }
+}
+
+COMPOSITION = {
+    "BROKER_URL": BROKER_URL,
+    "LOG_FORMAT": LOG_FORMAT,
+    "LOG_LEVEL": LOG_LEVEL,
+}
+
+LOGGING = logging_config(LOG_FORMAT, LOG_LEVEL)
+
+AUTH_PASSWORD_VALIDATORS: list[dict[str, str]] = []
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
