@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from composition.testing import ThrowawayRedis, WorkerProcess, subprocess_env
+
+
+@pytest.fixture
+def throwaway_redis_server() -> Iterator[ThrowawayRedis]:
+    """A private Valkey server for outage tests: freeze or stop it, never the shared one."""
+    server = ThrowawayRedis().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def worker_processes(transactional_db: None) -> Iterator[list[WorkerProcess]]:
+    """Start ``runworkers`` children with ``spawn(args)``; every one is stopped before teardown."""
+    started: list[WorkerProcess] = []
+
+    class Spawner(list):  # type: ignore[type-arg]
+        def spawn(self, args: list[str] | None = None, **env: str) -> WorkerProcess:
+            process = WorkerProcess(args or [], env=subprocess_env(**env)).start()
+            started.append(process)
+            return process
+
+    yield Spawner()  # type: ignore[misc]
+    for process in started:
+        process.close()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # RabbitMQ tests run wherever the broker is reachable; CI always provides it.
+    if os.environ.get("RABBITMQ_URL") or os.environ.get("CI"):
+        return
+    skip = pytest.mark.skip(reason="set RABBITMQ_URL to run the RabbitMQ tests")
+    for item in items:
+        if "rabbitmq" in item.keywords:
+            item.add_marker(skip)
