@@ -115,7 +115,7 @@ def subprocess_env(**overrides: str) -> dict[str, str]:
     """The environment for a child ``manage.py`` that must see the test database."""
     env = dict(os.environ)
     env["DATABASE_URL"] = current_database_url()
-    env.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+    env.setdefault("DJANGO_SETTINGS_MODULE", os.environ.get("DJANGO_SETTINGS_MODULE", "project.settings"))
     env.update(overrides)
     return env
 

@@ -1,0 +1,1 @@
+"""Jobs used only by the tests (declared at app ready)."""

@@ -1,0 +1,1 @@
+"""Models used only by the tests."""
