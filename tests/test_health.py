@@ -1,0 +1,152 @@
+"""Liveness, readiness and the health command against real, closed and frozen services."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.test import Client, override_settings
+
+from composition import health
+from composition.testing import ThrowawayRedis, free_port, subprocess_env
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _fresh_readiness() -> Iterator[None]:
+    health._cached = None
+    health.set_draining(False)
+    yield
+    health._cached = None
+    health.set_draining(False)
+
+
+def _cache_at(url: str) -> dict[str, Any]:
+    return {"default": {**settings.CACHES["default"], "LOCATION": url}}
+
+
+def test_readyz_is_200_when_every_dependency_answers(client: Client) -> None:
+    response = client.get("/readyz")
+    body = response.json()
+    assert response.status_code == 200, body
+    assert body["status"] == "ok"
+    assert set(body["checks"]) == {"database", "cache", "broker"}
+
+
+def test_readyz_is_503_naming_the_critical_dependency_that_is_down(client: Client) -> None:
+    closed = f"redis://127.0.0.1:{free_port()}/0"
+    with override_settings(COMPOSITION={**settings.COMPOSITION, "BROKER_URL": closed}):
+        response = client.get("/readyz")
+    body = response.json()
+    assert response.status_code == 503
+    assert body["failing"] == ["broker"]
+    assert "Connection" in body["checks"]["broker"]["error"]
+
+
+def test_cache_outage_is_reported_degraded_without_failing_readiness(client: Client) -> None:
+    closed = f"redis://127.0.0.1:{free_port()}/0"
+    with override_settings(CACHES=_cache_at(closed)):
+        response = client.get("/readyz")
+    body = response.json()
+    assert response.status_code == 200
+    assert body["checks"]["cache"]["ok"] is False
+    assert body["checks"]["cache"]["critical"] is False
+
+
+def test_readiness_is_answered_within_the_deadline_when_a_server_is_frozen(
+        client: Client, throwaway_redis_server: ThrowawayRedis) -> None:
+    throwaway_redis_server.freeze()
+    overrides = {**settings.COMPOSITION, "BROKER_URL": throwaway_redis_server.url, "HEALTH_DEADLINE_S": 0.5}
+    with override_settings(COMPOSITION=overrides):
+        began = time.monotonic()
+        response = client.get("/readyz")
+        took = time.monotonic() - began
+    assert response.status_code == 503
+    assert response.json()["failing"] == ["broker"]
+    assert took < 1.5
+
+
+def test_readiness_answer_is_reused_for_the_cache_period() -> None:
+    first = health.readiness()
+    assert health.readiness() is first
+    assert health.readiness(use_cache=False) is not first
+
+
+def test_draining_process_is_not_ready_but_still_alive(client: Client) -> None:
+    health.set_draining(True)
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["draining"] is True
+    assert client.get("/healthz").status_code == 200
+
+
+def test_healthz_never_touches_a_dependency(client: Client) -> None:
+    closed = f"redis://127.0.0.1:{free_port()}/0"
+    overrides = {**settings.COMPOSITION, "BROKER_URL": closed}
+    with override_settings(COMPOSITION=overrides, CACHES=_cache_at(closed)):
+        assert client.get("/healthz").status_code == 200
+
+
+def test_metrics_endpoint_serves_prometheus_text(client: Client) -> None:
+    client.get("/readyz")
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert b"composition_health_check_seconds" in response.content
+
+
+# -- the health command, as an operator runs it --------------------------------------------------
+def _health(kind: str, redis_url: str, *extra: str) -> tuple[int, float, str]:
+    env = subprocess_env(REDIS_URL=redis_url)
+    env.pop("BROKER_URL", None)  # the default broker is REDIS_URL
+    began = time.monotonic()
+    result = subprocess.run([sys.executable, "manage.py", "health", kind, *extra], env=env,
+                            capture_output=True, text=True, timeout=30)
+    return result.returncode, time.monotonic() - began, result.stdout + result.stderr
+
+
+def _settled_start_cost() -> float:
+    """How long starting ``manage.py`` takes here, so the bound measures only the probe."""
+    code, took, _ = _health("liveness", os.environ.get("REDIS_URL", settings.CACHES["default"]["LOCATION"]))
+    assert code == 0
+    return took
+
+
+def test_health_command_readiness_exit_codes_for_up_closed_and_frozen(
+        throwaway_redis_server: ThrowawayRedis) -> None:
+    startup_s = _settled_start_cost()
+    up = throwaway_redis_server.url
+    code, _, out = _health("readiness", up, "--json")
+    assert code == 0, out
+    assert json.loads(out[out.index("{"):])["status"] == "ok"
+
+    closed = f"redis://127.0.0.1:{free_port()}/0"
+    code, took, out = _health("readiness", closed)
+    assert code == 1, out
+    assert "broker: FAIL" in out
+    assert took < 3 + startup_s, (took, startup_s)
+
+    throwaway_redis_server.freeze()
+    code, took, out = _health("readiness", up)
+    assert code == 1, out
+    assert "no answer within" in out
+    assert took < 3 + startup_s, (took, startup_s)
+
+    for url in (up, closed):
+        code, _, out = _health("liveness", url)
+        assert code == 0, out
+    throwaway_redis_server.thaw()
+    assert _health("liveness", up)[0] == 0
+
+
+def test_health_command_usage_error_exits_2() -> None:
+    code, _, out = _health("nonsense", "redis://127.0.0.1:1/0")
+    assert code == 2
+    assert "invalid choice" in out

@@ -1,0 +1,192 @@
+"""The composed lifecycle: start order, rollback, reverse stop, timeouts, signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from composition.errors import ComponentError, SystemStartError
+from composition.system import System
+
+
+class Recorder:
+    """A component that records what happens to it in a shared journal."""
+
+    def __init__(self, name: str, journal: list[str], *, fail_start: bool = False, fail_stop: bool = False,
+                 hang_stop_s: float = 0.0, depends_on: tuple[str, ...] = ()) -> None:
+        self.name = name
+        self.journal = journal
+        self.fail_start = fail_start
+        self.fail_stop = fail_stop
+        self.hang_stop_s = hang_stop_s
+        self.depends_on = depends_on
+
+    def start(self) -> None:
+        if self.fail_start:
+            self.journal.append(f"start-failed:{self.name}")
+            raise ConnectionError("database refused the connection")
+        self.journal.append(f"start:{self.name}")
+
+    def stop(self, timeout_s: float) -> None:
+        self.journal.append(f"stop:{self.name}")
+        if self.hang_stop_s:
+            time.sleep(self.hang_stop_s)
+        if self.fail_stop:
+            raise RuntimeError("flush failed")
+
+
+def test_starts_in_declared_order_and_stops_in_reverse() -> None:
+    journal: list[str] = []
+    system = System([Recorder(n, journal) for n in ("logger", "metrics", "db", "cache", "http")])
+    system.start()
+    report = system.stop()
+    assert journal == ["start:logger", "start:metrics", "start:db", "start:cache", "start:http",
+                       "stop:http", "stop:cache", "stop:db", "stop:metrics", "stop:logger"]
+    assert [r.name for r in report] == ["http", "cache", "db", "metrics", "logger"]
+    assert all(r.status == "stopped" for r in report)
+
+
+def test_depends_on_moves_a_component_after_its_dependencies() -> None:
+    journal: list[str] = []
+    workers = Recorder("workers", journal, depends_on=("db", "queue"))
+    system = System([workers, Recorder("db", journal), Recorder("queue", journal, depends_on=("db",))])
+    assert system.start_order == ["db", "queue", "workers"]
+    assert system.graph() == {"db": [], "queue": ["db"], "workers": ["db", "queue"]}
+
+
+def test_dependency_cycle_and_unknown_dependency_are_refused() -> None:
+    journal: list[str] = []
+    with pytest.raises(ComponentError, match="cycle"):
+        System([Recorder("a", journal, depends_on=("b",)), Recorder("b", journal, depends_on=("a",))])
+    with pytest.raises(ComponentError, match="unknown component 'nope'"):
+        System([Recorder("a", journal, depends_on=("nope",))])
+    with pytest.raises(ComponentError, match="share this name"):
+        System([Recorder("a", journal), Recorder("a", journal)])
+
+
+def test_failed_start_rolls_back_in_reverse_and_later_components_never_start() -> None:
+    journal: list[str] = []
+    system = System([Recorder("logger", journal), Recorder("metrics", journal),
+                     Recorder("db", journal, fail_start=True), Recorder("workers", journal),
+                     Recorder("http", journal)])
+    with pytest.raises(SystemStartError) as caught:
+        system.start()
+    assert journal == ["start:logger", "start:metrics", "start-failed:db", "stop:metrics", "stop:logger"]
+    error = caught.value
+    assert error.component == "db"
+    assert "db" in str(error) and "database refused the connection" in str(error)
+    assert isinstance(error.cause, ConnectionError)
+    assert [r.name for r in error.rollback] == ["metrics", "logger"]
+    assert system.started == []
+
+
+def test_stop_continues_past_a_failing_component_and_reports_it() -> None:
+    journal: list[str] = []
+    system = System([Recorder("db", journal), Recorder("metrics", journal, fail_stop=True),
+                     Recorder("http", journal)])
+    system.start()
+    report = system.stop()
+    assert journal[-3:] == ["stop:http", "stop:metrics", "stop:db"]
+    statuses = {r.name: r.status for r in report}
+    assert statuses == {"http": "stopped", "metrics": "failed", "db": "stopped"}
+    failed = next(r for r in report if r.name == "metrics")
+    assert failed.error is not None and "flush failed" in failed.error
+
+
+def test_a_hanging_stop_is_cut_at_its_timeout() -> None:
+    journal: list[str] = []
+    hanging = Recorder("queue", journal, hang_stop_s=30)
+    system = System([Recorder("db", journal), hanging, Recorder("http", journal)], stop_timeout_s=0.3)
+    system.start()
+    began = time.monotonic()
+    report = system.stop()
+    took = time.monotonic() - began
+    statuses = {r.name: r.status for r in report}
+    assert statuses == {"http": "stopped", "queue": "timeout", "db": "stopped"}
+    # The hang was cut (the 1 s floor applies); the component after it still stopped.
+    assert took < 5
+    assert journal[-1] == "stop:db"
+
+
+def test_drain_runs_before_any_stop_and_readiness_hook_fires_first() -> None:
+    journal: list[str] = []
+
+    class Intake(Recorder):
+        def begin_drain(self) -> None:
+            self.journal.append(f"begin_drain:{self.name}")
+
+        def drain(self, deadline: float) -> None:
+            self.journal.append(f"drain:{self.name}")
+
+    system = System([Recorder("db", journal), Intake("workers", journal), Intake("http", journal)],
+                    on_draining=lambda: journal.append("not-ready"))
+    system.start()
+    system.stop()
+    assert journal[3:] == ["not-ready", "begin_drain:http", "begin_drain:workers", "drain:http",
+                           "drain:workers", "stop:http", "stop:workers", "stop:db"]
+
+
+def test_run_stops_when_request_stop_is_called_from_another_thread() -> None:
+    journal: list[str] = []
+    system = System([Recorder("db", journal), Recorder("http", journal)])
+    threading.Timer(0.2, system.request_stop).start()
+    report = system.run(install_signals=False)
+    assert [r.name for r in report] == ["http", "db"]
+
+
+SIGNAL_SCRIPT = textwrap.dedent("""
+    import sys, time
+    from composition.system import System
+
+    class Slow:
+        def __init__(self, name, drain_s):
+            self.name, self.drain_s = name, drain_s
+        def start(self):
+            print("started", self.name, flush=True)
+        def drain(self, deadline):
+            time.sleep(self.drain_s)
+        def stop(self, timeout_s):
+            print("stopped", self.name, flush=True)
+
+    system = System([Slow("db", 0), Slow("workers", float(sys.argv[1]))], shutdown_timeout_s=30)
+    report = system.run(on_started=lambda: print("ready", flush=True))
+    sys.exit(0 if all(r.status == "stopped" for r in report) else 1)
+""")
+
+
+def _spawn(drain_s: float) -> subprocess.Popen[str]:
+    process = subprocess.Popen([sys.executable, "-c", SIGNAL_SCRIPT, str(drain_s)], stdout=subprocess.PIPE,
+                               text=True, env=dict(os.environ))
+    assert process.stdout is not None
+    for line in process.stdout:
+        if line.strip() == "ready":
+            break
+    return process
+
+
+def test_sigterm_drains_then_stops_in_reverse_and_exits_zero() -> None:
+    process = _spawn(drain_s=0.2)
+    process.send_signal(signal.SIGTERM)
+    out, _ = process.communicate(timeout=20)
+    assert process.returncode == 0
+    stops = [line for line in out.splitlines() if line.startswith("stopped")]
+    assert stops == ["stopped workers", "stopped db"]
+
+
+def test_second_signal_exits_at_once() -> None:
+    process = _spawn(drain_s=60)
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    began = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    out, _ = process.communicate(timeout=10)
+    assert time.monotonic() - began < 5
+    assert process.returncode == 130
+    assert not [line for line in out.splitlines() if line.startswith("stopped")]
