@@ -45,7 +45,7 @@ def _renderer(fmt: str) -> Any:
 
 def logging_config(fmt: str = "json", level: str = "INFO") -> dict[str, Any]:
     """A ``logging.config.dictConfig`` dict that renders every record through structlog."""
-    processors = [structlog.stdlib.ProcessorFormatter.remove_processors_meta]
+    processors: list[Any] = [structlog.stdlib.ProcessorFormatter.remove_processors_meta]
     if fmt != "console":
         processors.append(structlog.processors.format_exc_info)
     processors.append(_renderer(fmt))

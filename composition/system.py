@@ -194,7 +194,7 @@ class System:
         return None
 
     def _install_signals(self) -> dict[int, signal.Handlers | Callable[..., object] | int | None]:
-        previous = {}
+        previous: dict[int, signal.Handlers | Callable[..., object] | int | None] = {}
         for signum in (signal.SIGTERM, signal.SIGINT):
             previous[signum] = signal.getsignal(signum)
             signal.signal(signum, self._on_signal)

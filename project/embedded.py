@@ -132,7 +132,7 @@ _held: list[Any] = []
 
 def ensure_embedded_services(data_dir: Path) -> None:
     """Start (or reuse) whichever of PostgreSQL and Valkey has no URL in the environment."""
-    started = []
+    started: list[EmbeddedPostgres | EmbeddedValkey] = []
     if not os.environ.get("DATABASE_URL"):
         postgres = EmbeddedPostgres(data_dir)
         postgres.start()

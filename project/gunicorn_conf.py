@@ -9,7 +9,7 @@ timeout = 60
 accesslog = None
 
 
-def child_exit(server, worker):  # type: ignore[no-untyped-def]
+def child_exit(server, worker):
     # Live gauges of a dead worker must not linger in the merged /metrics.
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess

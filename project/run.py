@@ -33,9 +33,9 @@ def main() -> int:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = _fresh_metrics_dir()
     os.environ.setdefault("LOG_FORMAT", "console")
 
-    from composition.processes import ProcessComponent
     from composition.errors import SystemStartError
     from composition.logging import configure_structlog, logging_config
+    from composition.processes import ProcessComponent
     from composition.system import System
     from project.embedded import EmbeddedPostgres, EmbeddedValkey
 

@@ -29,7 +29,7 @@ class Command(BaseCommand):
             lines.append(BudgetLine("web", options["web_processes"],
                                     connections_per_process(options["web_threads"], 0)))
         budget = connection_budget(lines, server_max_connections())
-        report = {"graph": system.graph(), "start_order": system.start_order,
+        report: dict[str, Any] = {"graph": system.graph(), "start_order": system.start_order,
                   "stop_order": list(reversed(system.start_order)), "connection_budget": budget}
         if options["json"]:
             self.stdout.write(json.dumps(report, indent=2))

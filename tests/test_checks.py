@@ -1,0 +1,39 @@
+"""Configuration mistakes are reported by ``manage.py check`` with composition ids."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.test import override_settings
+
+from composition.checks import check_settings
+from composition.conf import DEFAULTS, conf
+
+
+def _ids(**composition: object) -> set[str]:
+    with override_settings(COMPOSITION={**settings.COMPOSITION, **composition}):
+        return {message.id for message in check_settings()}
+
+
+def test_project_settings_are_clean() -> None:
+    assert check_settings() == []
+
+
+def test_each_mistake_has_its_own_id() -> None:
+    assert _ids(BROKR_URL="redis://x") == {"composition.E002"}
+    assert _ids(BROKER_URL="kafka://localhost") == {"composition.E003"}
+    assert _ids(HEALTH_DEADLINE_S=0) == {"composition.E004"}
+    assert _ids(SHUTDOWN_TIMEOUT_S="30") == {"composition.E004"}
+    assert _ids(WORKER_THREADS=0) == {"composition.E005"}
+    assert _ids(HEALTH_DEPENDENCIES={"cache": "sometimes"}) == {"composition.E006"}
+    assert _ids(CACHE_ALIAS="nope") == {"composition.E007"}
+    assert _ids(LOG_FORMAT="xml") == {"composition.E008"}
+    assert _ids(WORKER_HEARTBEAT_S=10, WORKER_STALE_AFTER_S=5) == {"composition.W002"}
+    with override_settings(COMPOSITION=[1, 2]):
+        assert {m.id for m in check_settings()} == {"composition.E001"}
+
+
+def test_conf_is_lazy_and_follows_override_settings() -> None:
+    assert DEFAULTS["SHUTDOWN_TIMEOUT_S"] == conf.SHUTDOWN_TIMEOUT_S
+    with override_settings(COMPOSITION={"SHUTDOWN_TIMEOUT_S": 3.0}):
+        assert conf.SHUTDOWN_TIMEOUT_S == 3.0
+    assert DEFAULTS["SHUTDOWN_TIMEOUT_S"] == conf.SHUTDOWN_TIMEOUT_S

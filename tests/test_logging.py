@@ -1,0 +1,69 @@
+"""Request ids and structured logs."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import structlog
+from django.http import HttpRequest, HttpResponse
+from django.test import Client, RequestFactory
+
+from composition.logging import REQUEST_ID_HEADER, RequestIdMiddleware, clean_request_id, logging_config
+
+
+def test_well_formed_request_id_is_kept_and_echoed(client: Client) -> None:
+    response = client.get("/healthz", HTTP_X_REQUEST_ID="abc-123.def:9")
+    assert response[REQUEST_ID_HEADER] == "abc-123.def:9"
+
+
+@pytest.mark.parametrize("bad", ["", "has space", "new\nline", "x" * 200, "-leading-dash", "émoji"])
+def test_malformed_request_id_is_replaced(client: Client, bad: str) -> None:
+    assert clean_request_id(bad) != bad
+    assert len(clean_request_id(bad)) == 32
+
+
+def test_generated_when_absent(client: Client) -> None:
+    first = client.get("/healthz")[REQUEST_ID_HEADER]
+    second = client.get("/healthz")[REQUEST_ID_HEADER]
+    assert len(first) == 32 and first != second
+
+
+def test_request_id_is_bound_for_the_request_and_cleared_after() -> None:
+    seen: dict[str, object] = {}
+
+    def view(request: HttpRequest) -> HttpResponse:
+        seen.update(structlog.contextvars.get_contextvars())
+        return HttpResponse("ok")
+
+    structlog.contextvars.bind_contextvars(leftover="from an earlier request")
+    middleware = RequestIdMiddleware(view)
+    response = middleware(RequestFactory().get("/", HTTP_X_REQUEST_ID="req-42"))
+    assert seen == {"request_id": "req-42"}
+    assert response[REQUEST_ID_HEADER] == "req-42"
+    assert structlog.contextvars.get_contextvars() == {}
+
+
+def test_json_lines_carry_the_bound_context(capsys: pytest.CaptureFixture[str]) -> None:
+    config = logging_config("json", "INFO")
+    formatter = config["formatters"]["structlog"]["()"](
+        processors=config["formatters"]["structlog"]["processors"],
+        foreign_pre_chain=config["formatters"]["structlog"]["foreign_pre_chain"],
+    )
+    handler = logging.StreamHandler()
+    handler.setFormatter(formatter)
+    logger = logging.getLogger("test.json")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        structlog.contextvars.bind_contextvars(request_id="r1", job_id="j1", attempt=2, payment_id=7)
+        structlog.get_logger("test.json").info("processing payment receipt job")
+    finally:
+        structlog.contextvars.clear_contextvars()
+        logger.removeHandler(handler)
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    record = json.loads(line)
+    assert record["event"] == "processing payment receipt job"
+    assert (record["request_id"], record["job_id"], record["attempt"], record["payment_id"]) == ("r1", "j1", 2, 7)
+    assert record["level"] == "info" and "timestamp" in record
