@@ -1,0 +1,23 @@
+from django.contrib import admin
+
+from billing.models import Invoice, Payment, Receipt
+
+
+@admin.register(Invoice)
+class InvoiceAdmin(admin.ModelAdmin):
+    list_display = ("number", "customer", "amount_cents", "currency", "status", "updated_at")
+    list_filter = ("status", "currency")
+    search_fields = ("number", "customer")
+
+
+@admin.register(Payment)
+class PaymentAdmin(admin.ModelAdmin):
+    list_display = ("payment_id", "invoice", "amount_cents", "created_at")
+    search_fields = ("payment_id", "invoice__number")
+    readonly_fields = ("payment_id", "invoice", "amount_cents", "created_at")
+
+
+@admin.register(Receipt)
+class ReceiptAdmin(admin.ModelAdmin):
+    list_display = ("number", "payment", "created_at")
+    search_fields = ("number", "payment__payment_id")
