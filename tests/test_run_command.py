@@ -46,8 +46,16 @@ def test_run_command_serves_readyz_on_embedded_servers_and_ctrl_c_stops_in_rever
             assert time.monotonic() < deadline, "not ready within 60 s:\n" + log_path.read_text()
             time.sleep(0.25)
         assert _status(f"http://127.0.0.1:{port}/healthz") == 200
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-            assert b"django_http_requests_total" in response.read()
+        # Multiprocess metrics: the web's /metrics also shows what the worker process wrote.
+        def metrics() -> bytes:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                return bytes(response.read())
+
+        deadline = time.monotonic() + 15
+        while b"composition_worker_heartbeat_timestamp_seconds " not in metrics():
+            assert time.monotonic() < deadline, metrics().decode()[:3000]
+            time.sleep(0.25)
+        assert b"django_http_requests_total" in metrics()
 
         os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
         code = process.wait(60)
