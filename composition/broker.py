@@ -37,13 +37,18 @@ def broker_kind(url: str) -> str:
 
 
 def build_broker(url: str, *, heartbeat_timeout_s: float, maintenance_chance: int) -> Broker:
-    """A new, unconnected broker for ``url``."""
+    """A new, unconnected broker for ``url``, with the job middleware (retry policy, dead
+    letters, per-message hygiene) in place of Dramatiq's plain Retries."""
+    # Imported here: composition.jobs declares actors against this module's broker.
+    from composition.jobs.middleware import job_middleware
+
     kind = broker_kind(url)
     if kind == "redis":
         from dramatiq.brokers.redis import RedisBroker
 
         return RedisBroker(
             url=url,
+            middleware=job_middleware(),
             heartbeat_timeout=int(heartbeat_timeout_s * 1000),
             maintenance_chance=maintenance_chance,
         )
@@ -53,7 +58,7 @@ def build_broker(url: str, *, heartbeat_timeout_s: float, maintenance_chance: in
         raise BrokerConfigurationError(
             "an amqp:// BROKER_URL needs the rabbitmq extra: pip install 'django-backend-composition[rabbitmq]'"
         ) from exc
-    return RabbitmqBroker(url=url)
+    return RabbitmqBroker(url=url, middleware=job_middleware())
 
 
 def configured_broker() -> Broker:

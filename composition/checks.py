@@ -62,3 +62,70 @@ def check_settings(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
         messages.append(Warning("WORKER_STALE_AFTER_S should be several WORKER_HEARTBEAT_S, or live "
                                 "workers look dead.", id="composition.W002"))
     return messages
+
+
+# --- cache-aside and locks -------------------------------------------------------------------
+CACHE_POSITIVE_NUMBERS = ("CACHE_LEASE_TTL_S", "CACHE_LEASE_WAIT_S", "CACHE_BREAKER_RESET_S",
+                          "CACHE_REPLAY_INTERVAL_S")
+
+
+@register("composition")
+def check_cache_settings(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
+    user = getattr(settings, "COMPOSITION", {})
+    if not isinstance(user, dict):
+        return []  # reported as E001 above
+    merged = {**DEFAULTS, **user}
+    messages: list[CheckMessage] = []
+    for key in CACHE_POSITIVE_NUMBERS:
+        value = merged[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            messages.append(Error(f"COMPOSITION[{key!r}] must be a positive number of seconds, got {value!r}.",
+                                  id="composition.E040"))
+    failures = merged["CACHE_BREAKER_FAILURES"]
+    if isinstance(failures, bool) or not isinstance(failures, int) or failures < 1:
+        messages.append(Error(f"COMPOSITION['CACHE_BREAKER_FAILURES'] must be a positive integer, got "
+                              f"{failures!r}.", id="composition.E041"))
+    try:
+        from composition.cache.serializers import load_serializer
+
+        load_serializer(merged["CACHE_SERIALIZER"])
+    except Exception as exc:
+        messages.append(Error(str(exc), id="composition.E042"))
+    cache = getattr(settings, "CACHES", {}).get(merged["CACHE_ALIAS"], {})
+    options = cache.get("OPTIONS") or {}
+    if "django_redis" in str(cache.get("BACKEND", "")) and not (
+            options.get("SOCKET_TIMEOUT") and options.get("SOCKET_CONNECT_TIMEOUT")):
+        messages.append(Warning(
+            f"CACHES[{merged['CACHE_ALIAS']!r}] has no SOCKET_TIMEOUT / SOCKET_CONNECT_TIMEOUT: a dead or "
+            "frozen Redis then blocks cache_aside and redis_lock callers indefinitely.",
+            hint="Set both to a fraction of a second (the example project uses 0.25).",
+            id="composition.W041"))
+    return messages
+
+
+# --- outbox ------------------------------------------------------------------------------------
+OUTBOX_POSITIVE_NUMBERS = ("OUTBOX_LEASE_S", "OUTBOX_SWEEP_INTERVAL_S")
+OUTBOX_POSITIVE_INTEGERS = ("OUTBOX_MAX_PAYLOAD_BYTES", "OUTBOX_BATCH_SIZE")
+
+
+@register("composition")
+def check_outbox_settings(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
+    user = getattr(settings, "COMPOSITION", {})
+    if not isinstance(user, dict):
+        return []  # reported as E001 above
+    merged = {**DEFAULTS, **user}
+    messages: list[CheckMessage] = []
+    for key in OUTBOX_POSITIVE_NUMBERS:
+        value = merged[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            messages.append(Error(f"COMPOSITION[{key!r}] must be a positive number of seconds, got {value!r}.",
+                                  id="composition.E020"))
+    for key in OUTBOX_POSITIVE_INTEGERS:
+        value = merged[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            messages.append(Error(f"COMPOSITION[{key!r}] must be a positive integer, got {value!r}.",
+                                  id="composition.E021"))
+    if not messages and merged["OUTBOX_LEASE_S"] <= merged["OUTBOX_SWEEP_INTERVAL_S"]:
+        messages.append(Warning("OUTBOX_LEASE_S should be several OUTBOX_SWEEP_INTERVAL_S, or relays take "
+                                "each other's rows and send them twice.", id="composition.W020"))
+    return messages

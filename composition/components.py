@@ -19,6 +19,9 @@ from dramatiq import Worker
 from dramatiq.broker import Broker
 
 from composition import health
+from composition.broker import configured_broker
+from composition.jobs.middleware import find_job_middleware
+from composition.jobs.runtime import BrokerKeepalive, drain_worker, stop_intake
 from composition.metrics import WORKER_HEARTBEAT_TIMESTAMP
 from composition.processes import ProcessComponent, detach_and_die_with_parent
 
@@ -136,8 +139,10 @@ class BrokerComponent:
 
 
 class WorkerComponent:
-    """Dramatiq worker threads. Draining stops consumption, lets running jobs finish until the
-    deadline and hands prefetched messages back to the broker."""
+    """Dramatiq worker threads. ``begin_drain`` stops consumption at once; ``drain`` lets running
+    jobs finish until the deadline, interrupts the rest (requeued without using an attempt) and
+    hands every unfinished message back to the broker (``composition.jobs.runtime``). While
+    started, a keepalive keeps the Redis broker from taking this process for a dead worker."""
 
     name = "workers"
     depends_on = ("database", "broker")
@@ -150,37 +155,58 @@ class WorkerComponent:
         self.idle_poll_ms = idle_poll_ms
         self.worker: Worker | None = None
         self._stopped = False
+        # Several beats within the broker's heartbeat timeout, so one late beat does not count.
+        heartbeat_timeout_s = float(getattr(broker, "heartbeat_timeout", 60_000)) / 1000
+        self.keepalive = BrokerKeepalive(broker, interval_s=max(0.5, heartbeat_timeout_s / 4))
 
     def start(self) -> None:
         self.worker = Worker(self.broker, queues=self.queues, worker_threads=self.threads,
                              worker_timeout=self.idle_poll_ms)
         self.worker.start()
+        self.keepalive.start()
+
+    def begin_drain(self) -> None:
+        if self.worker is not None and not self._stopped:
+            stop_intake(self.worker)
 
     def drain(self, deadline: float) -> None:
-        self._stop(max(0.0, deadline - time.monotonic()))
+        self._stop(deadline)
 
     def stop(self, timeout_s: float) -> None:
-        self._stop(timeout_s)
+        self._stop(time.monotonic() + timeout_s)
 
-    def _stop(self, timeout_s: float) -> None:
+    def _stop(self, deadline: float) -> None:
         if self.worker is None or self._stopped:
             return
         self._stopped = True
-        self.worker.stop(timeout=max(1, int(timeout_s * 1000)))
+        try:
+            drain_worker(self.worker, deadline)
+        finally:
+            self.keepalive.stop()
 
 
 class HeartbeatComponent:
-    """Writes this worker process's heartbeat every ``interval_s`` for ``health workers``."""
+    """Writes this worker process's heartbeat every ``interval_s`` for ``health workers``.
+
+    ``state`` adds fields to each beat; by default the jobs in flight and since when, from the
+    job middleware of ``broker`` (the configured broker when not given).
+    """
 
     name = "heartbeat"
     depends_on = ("cache",)
 
-    def __init__(self, interval_s: float, *, state: Callable[[], dict[str, Any]] | None = None) -> None:
+    def __init__(self, interval_s: float, *, state: Callable[[], dict[str, Any]] | None = None,
+                 broker: Broker | None = None) -> None:
         self.interval_s = interval_s
-        self.state = state or dict
+        self.state = state or self._jobs_state
+        self.broker = broker
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
         self._stop_event = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def _jobs_state(self) -> dict[str, Any]:
+        middleware = find_job_middleware(self.broker or configured_broker())
+        return middleware.state() if middleware is not None else {}
 
     def start(self) -> None:
         self._client = health._heartbeat_client()

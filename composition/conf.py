@@ -34,6 +34,31 @@ DEFAULTS: dict[str, Any] = {
     "HEALTH_DEPENDENCIES": {"database": "critical", "cache": "degraded", "broker": "critical"},
     # The cache alias that composition uses (django-redis backend).
     "CACHE_ALIAS": "default",
+    # cache_aside: dotted path of the serializer class (dumps -> bytes, loads); JSON by default so
+    # nothing read back from Redis is ever unpickled.
+    "CACHE_SERIALIZER": "composition.cache.serializers.JSONSerializer",
+    # A rebuild lease expires after this long, so a crashed rebuilder blocks nobody for longer.
+    "CACHE_LEASE_TTL_S": 10.0,
+    # Callers that lose the rebuild lease wait this long for the winner's value, then load it
+    # themselves (without caching it).
+    "CACHE_LEASE_WAIT_S": 2.0,
+    # Consecutive Redis failures that open the cache's circuit breaker, and how long it stays
+    # open before one background probe (which replays deferred invalidations) may close it.
+    "CACHE_BREAKER_FAILURES": 3,
+    "CACHE_BREAKER_RESET_S": 1.0,
+    # InvalidationReplayComponent replays invalidations deferred during a Redis outage this often.
+    "CACHE_REPLAY_INTERVAL_S": 5.0,
+    # Outbox: publish() refuses a payload whose JSON encoding is larger than this (payloads are
+    # meant to carry ids, not data).
+    "OUTBOX_MAX_PAYLOAD_BYTES": 8192,
+    # The relay claims and enqueues up to this many messages per batch (one claim transaction,
+    # one batched broker call, one update).
+    "OUTBOX_BATCH_SIZE": 500,
+    # A relay's claim expires after this long; a crashed relay's rows are then claimed again.
+    # Keep it well above the time one batch takes, or a slow relay's rows are sent twice.
+    "OUTBOX_LEASE_S": 30.0,
+    # runworkers sweeps the outbox this often for messages whose after-commit nudge was lost.
+    "OUTBOX_SWEEP_INTERVAL_S": 1.0,
     # runworkers
     "WORKER_PROCESSES": 1,
     "WORKER_THREADS": 8,

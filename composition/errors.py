@@ -6,14 +6,21 @@ without hiding the other.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.exceptions import ImproperlyConfigured
 
 __all__ = [
     "BrokerConfigurationError",
+    "ComponentError",
     "CompositionError",
     "ConfigurationError",
-    "ComponentError",
+    "DeadLetterStateError",
+    "JobError",
+    "PayloadValidationError",
+    "PermanentError",
     "SystemStartError",
+    "TransientError",
 ]
 
 
@@ -43,7 +50,34 @@ class SystemStartError(ComponentError):
     ``rollback`` is the stop report of that rollback, in the order the stops ran.
     """
 
-    def __init__(self, component: str, cause: BaseException, rollback: list) -> None:  # type: ignore[type-arg]
+    def __init__(self, component: str, cause: BaseException, rollback: list[Any]) -> None:
         super().__init__(component, f"failed to start: {type(cause).__name__}: {cause}")
         self.cause = cause
         self.rollback = rollback
+
+
+# -- jobs -------------------------------------------------------------------------------------------
+class JobError(CompositionError):
+    """Base class of the errors a job raises to choose what happens to its message."""
+
+
+class PermanentError(JobError):
+    """The job can never succeed with this payload: no retry, straight to the dead letters."""
+
+
+class TransientError(JobError):
+    """The job may succeed later (a dependency is down, a lock is busy): retried with backoff."""
+
+
+class PayloadValidationError(PermanentError):
+    """A message's payload does not fit the job's declared arguments (names or simple types)."""
+
+
+class DeadLetterStateError(CompositionError):
+    """A dead letter cannot be replayed or discarded because it is no longer dead (``status``)."""
+
+    def __init__(self, dead_letter_id: int, status: str) -> None:
+        super().__init__(f"dead letter {dead_letter_id} is already {status}; only a dead one can be "
+                         "replayed or discarded")
+        self.dead_letter_id = dead_letter_id
+        self.status = status

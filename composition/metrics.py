@@ -35,3 +35,79 @@ WORKER_HEARTBEAT_TIMESTAMP = Gauge(
     "composition_worker_heartbeat_timestamp_seconds", "Unix time of a worker process's last heartbeat.",
     multiprocess_mode="max",
 )
+
+# --- cache-aside and locks (composition.cache, composition.locks) ---------------------------
+# Labels stay bounded: a cache "pattern" defaults to the key's namespace (the text before its
+# first ":"), and a lock "name" label is the lock's namespace, never the full key.
+__all__ += [
+    "CACHE_COALESCED", "CACHE_ERRORS", "CACHE_HITS", "CACHE_INVALIDATIONS", "CACHE_LEASE_REJECTIONS",
+    "CACHE_MISSES", "CACHE_REBUILD_SECONDS", "CACHE_STALE_SERVED", "LOCK_ACQUIRE", "LOCK_FENCE_REJECTIONS",
+    "LOCK_HOLD_SECONDS", "LOCK_WAIT_SECONDS",
+]
+_LOCK_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+CACHE_HITS = Counter("composition_cache_hits_total", "cache_aside calls served a fresh cached value.",
+                     ["pattern"])
+CACHE_MISSES = Counter("composition_cache_misses_total", "cache_aside calls that found no fresh value.",
+                       ["pattern"])
+CACHE_STALE_SERVED = Counter("composition_cache_stale_served_total",
+                             "cache_aside calls served a stale value while another caller rebuilt it.",
+                             ["pattern"])
+CACHE_COALESCED = Counter("composition_cache_coalesced_total",
+                          "cache_aside calls that waited for a rebuild already running in this process.",
+                          ["pattern"])
+CACHE_ERRORS = Counter("composition_cache_errors_total",
+                       "cache_aside calls degraded to the loader (reason: redis_error, breaker_open, "
+                       "lease_wait_timeout).", ["pattern", "reason"])
+CACHE_LEASE_REJECTIONS = Counter("composition_cache_lease_rejections_total",
+                                 "Rebuild leases refused (stage acquire: another caller is rebuilding; "
+                                 "stage fill: an invalidation revoked the lease, the value was not cached).",
+                                 ["pattern", "stage"])
+CACHE_REBUILD_SECONDS = Histogram("composition_cache_rebuild_seconds", "Loader run time of one rebuild.",
+                                  ["pattern"], buckets=_LOCK_BUCKETS)
+CACHE_INVALIDATIONS = Counter("composition_cache_invalidations_total",
+                              "Invalidations by outcome: applied, deferred (recorded in PostgreSQL "
+                              "while Redis was unreachable), replayed, lost (neither worked).", ["outcome"])
+LOCK_ACQUIRE = Counter("composition_lock_acquire_total",
+                       "Lock acquisitions by kind (row, advisory, redis), name and outcome "
+                       "(acquired, busy, unavailable).", ["kind", "name", "outcome"])
+LOCK_WAIT_SECONDS = Histogram("composition_lock_wait_seconds", "Time spent acquiring a lock.",
+                              ["kind", "name"], buckets=_LOCK_BUCKETS)
+LOCK_HOLD_SECONDS = Histogram("composition_lock_hold_seconds", "Time a lock was held (the with-block).",
+                              ["kind", "name"], buckets=_LOCK_BUCKETS)
+LOCK_FENCE_REJECTIONS = Counter("composition_lock_fence_rejections_total",
+                                "Fenced writes refused because a newer fence was already seen.", ["name"])
+
+# --- jobs (composition.jobs) -----------------------------------------------------------------------
+# Labelled by actor (declared in code, so bounded); outcome is success, retry or dead.
+__all__ += ["DEAD_LETTERS_TOTAL", "JOBS_IN_PROGRESS", "JOBS_TOTAL", "JOB_DURATION_SECONDS"]
+JOBS_TOTAL = Counter("composition_jobs_total", "Job runs by outcome: success, retry or dead.",
+                     ["actor", "outcome"])
+JOB_DURATION_SECONDS = Histogram(
+    "composition_job_duration_seconds", "Duration of one job run, whatever its outcome.", ["actor"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0),
+)
+JOBS_IN_PROGRESS = Gauge("composition_jobs_in_progress", "Jobs running now.", ["actor"],
+                         multiprocess_mode="livesum")
+DEAD_LETTERS_TOTAL = Counter("composition_dead_letters_total", "Messages dead-lettered, by actor.", ["actor"])
+
+# --- outbox (composition.outbox) ------------------------------------------------------------
+__all__ += [
+    "OUTBOX_OLDEST_PENDING_AGE_SECONDS", "OUTBOX_PENDING", "OUTBOX_RELAYED", "OUTBOX_RELAY_ERRORS",
+    "OUTBOX_RELAY_LAG_SECONDS",
+]
+OUTBOX_PENDING = Gauge("composition_outbox_pending_messages",
+                       "Outbox messages not yet relayed (sampled by the relay sweeper and `outbox status`).",
+                       multiprocess_mode="livemostrecent")
+OUTBOX_OLDEST_PENDING_AGE_SECONDS = Gauge("composition_outbox_oldest_pending_age_seconds",
+                                          "Age of the oldest outbox message not yet relayed (0 when none).",
+                                          multiprocess_mode="livemostrecent")
+OUTBOX_RELAYED = Counter("composition_outbox_relayed_total", "Outbox messages enqueued on the broker.",
+                         ["actor"])
+OUTBOX_RELAY_ERRORS = Counter("composition_outbox_relay_errors_total",
+                              "Relay batches that failed to reach the broker (their claims are released).")
+OUTBOX_RELAY_LAG_SECONDS = Histogram(
+    "composition_outbox_relay_lag_seconds",
+    "Time from publish to broker enqueue (commit to enqueue for short transactions).",
+    buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
+)

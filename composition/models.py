@@ -1,3 +1,7 @@
 """The app's models live beside the code that uses them; Django finds them here."""
 
 # Each subsystem adds one import line below for its models.
+from composition.cache.models import PendingInvalidation  # noqa: F401
+from composition.jobs.models import DeadLetter, ProcessedMessage  # noqa: F401
+from composition.locks.models import LockFence  # noqa: F401
+from composition.outbox.models import OutboxMessage  # noqa: F401

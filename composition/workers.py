@@ -1,6 +1,7 @@
 """The worker side as a composed system: what ``manage.py runworkers`` runs.
 
-One process: logging → metrics → database → cache → broker → worker threads → heartbeat.
+One process: logging → metrics → database → cache → broker → worker threads → outbox relay
+sweeper → deferred cache invalidation replay → heartbeat.
 Several processes: a supervisor whose components are the child processes, each running the
 one-process system; children live in their own session and die with the supervisor.
 """
@@ -15,6 +16,7 @@ from django.conf import settings
 
 from composition import health
 from composition.broker import configured_broker
+from composition.cache import InvalidationReplayComponent
 from composition.components import (
     BrokerComponent,
     CacheComponent,
@@ -26,13 +28,15 @@ from composition.components import (
     WorkerComponent,
 )
 from composition.conf import conf
+from composition.outbox.sweeper import RelaySweeperComponent
 from composition.system import Component, System
 
 __all__ = ["BACKGROUND_DB_THREADS", "WorkerOptions", "build_supervisor", "build_worker_system"]
 
 # Threads besides the worker threads that may hold a database connection in a worker process
-# (the outbox relay sweeper); counted in the connection budget.
-BACKGROUND_DB_THREADS = 1
+# (the outbox relay sweeper and the deferred cache invalidation replay); counted in the
+# connection budget.
+BACKGROUND_DB_THREADS = 2
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,9 @@ def worker_components(options: WorkerOptions) -> list[Component]:
         BrokerComponent(broker),
         WorkerComponent(broker, queues=options.queues, threads=options.threads,
                         idle_poll_ms=int(conf.WORKER_IDLE_POLL_MS)),
-        HeartbeatComponent(float(conf.WORKER_HEARTBEAT_S)),
+        RelaySweeperComponent(broker),
+        InvalidationReplayComponent(alias=conf.CACHE_ALIAS),
+        HeartbeatComponent(float(conf.WORKER_HEARTBEAT_S), broker=broker),
     ]
 
 

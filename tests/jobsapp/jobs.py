@@ -1,1 +1,92 @@
-"""Jobs used only by the tests (declared at app ready)."""
+"""Jobs used only by the tests (declared at app ready, in the test process and in every
+``runworkers`` child). Each test family has its own queue, so one test's leftovers never reach
+another's worker."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from django.db import transaction
+
+from composition.jobs import PermanentError, TransientError, current_message, job
+from composition.jobs.middleware import BACKOFF_OPTION
+from tests.jobsapp.models import Account, Attempt, Effect
+
+CRASH_QUEUE = "jobs_crash"
+RETRY_QUEUE = "jobs_retry"
+SLOW_QUEUE = "jobs_slow"
+CHECK_QUEUE = "jobs_check"
+NOOP_QUEUE = "jobs_noop"
+
+
+def _record_attempt(key: str) -> int:
+    message = current_message()
+    attempt = int(message.options.get("retries", 0)) + 1 if message else 1
+    backoff_ms = message.options.get(BACKOFF_OPTION) if message else None
+    # Committed on its own (autocommit), so the test sees every run, failed ones included.
+    Attempt.objects.create(key=key, attempt=attempt, backoff_ms=backoff_ms)
+    return attempt
+
+
+@job(queue=CRASH_QUEUE, idempotent=True, max_attempts=50, initial_delay_s=0.05, max_delay_s=0.5)
+def crash_effect(key: str) -> None:
+    Effect.objects.create(key=key)
+    # Long enough inside the transaction that kills land mid-job, not only between jobs.
+    time.sleep(0.01)
+
+
+@job(queue=RETRY_QUEUE, max_attempts=5, initial_delay_s=0.05, max_delay_s=0.3)
+def flaky(key: str, fail_times: int) -> None:
+    if _record_attempt(key) <= fail_times:
+        raise TransientError(f"flaky {key} not yet")
+    Effect.objects.create(key=key)
+
+
+@job(queue=RETRY_QUEUE, max_attempts=3, initial_delay_s=0.02, max_delay_s=0.1)
+def always_fails(key: str) -> None:
+    _record_attempt(key)
+    raise ValueError(f"unexpected failure for {key}")
+
+
+@job(queue=RETRY_QUEUE, max_attempts=5, initial_delay_s=0.02, max_delay_s=0.1)
+def refuses(key: str) -> None:
+    _record_attempt(key)
+    raise PermanentError(f"invoice {key} can never be paid")
+
+
+@job(queue=RETRY_QUEUE, max_attempts=5, initial_delay_s=0.02, max_delay_s=0.1, permanent=(LookupError,))
+def lookup(key: str) -> None:
+    _record_attempt(key)
+    raise KeyError(key)
+
+
+@job(queue=CHECK_QUEUE, max_attempts=3, initial_delay_s=0.02, max_delay_s=0.1)
+def typed(invoice_id: int, note: str = "") -> None:
+    Effect.objects.create(key=f"typed-{invoice_id}-{note}")
+
+
+@job(queue=CHECK_QUEUE, max_attempts=1, idempotent=True)
+def charge(account: str, key: str) -> None:
+    """Fails for good until the account exists: the "fix the data, then replay" case."""
+    if not Account.objects.filter(name=account).exists():
+        raise PermanentError(f"no account named {account}")
+    Effect.objects.create(key=key)
+
+
+@job(queue=SLOW_QUEUE, max_attempts=3, initial_delay_s=0.05, max_delay_s=0.2, timeout_s=300)
+def slow(key: str, hold_s: float, gate: str = "") -> None:
+    """Runs ``hold_s`` seconds, or less once the ``gate`` file exists; the effect is written at
+    the end, so an interrupted run leaves none."""
+    _record_attempt(key)
+    deadline = time.monotonic() + hold_s
+    # Short sleeps: an asynchronous Shutdown lands between them, not after one long sleep.
+    while time.monotonic() < deadline and not (gate and os.path.exists(gate)):
+        time.sleep(0.02)
+    with transaction.atomic():
+        Effect.objects.create(key=key)
+
+
+@job(queue=NOOP_QUEUE, max_attempts=1)
+def noop() -> None:
+    """The benchmark's job: nothing but the machinery around it."""

@@ -1,0 +1,47 @@
+"""Shared set-up and timing for the cache and lock benchmarks.
+
+Timing: the candidate and its baseline run in many short alternating rounds in the same process
+(so drift and noisy neighbours hit both alike), and each side's fastest round is reported: on a
+shared machine the slow rounds measure the neighbours, the fastest one measures the code.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+def setup_django() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+    import django
+
+    django.setup()
+
+
+def compare(candidate: Callable[[], object], baseline: Callable[[], object], *, calls: int,
+            rounds: int) -> tuple[float, float]:
+    """(candidate, baseline) seconds per call: the fastest of ``rounds`` alternating rounds."""
+    for fn in (candidate, baseline):  # warm up connections, scripts and caches
+        for _ in range(max(10, calls // 10)):
+            fn()
+    per_call: dict[str, list[float]] = {"candidate": [], "baseline": []}
+    for i in range(rounds):
+        order = [("candidate", candidate), ("baseline", baseline)]
+        for label, fn in order if i % 2 == 0 else reversed(order):
+            started = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            per_call[label].append((time.perf_counter() - started) / calls)
+    return min(per_call["candidate"]), min(per_call["baseline"])
+
+
+def report(title: str, baseline_name: str, candidate_s: float, baseline_s: float, goal: float) -> bool:
+    ratio = candidate_s / baseline_s
+    verdict = "ok" if ratio <= goal else "OVER GOAL"
+    print(f"{title} vs {baseline_name}: {ratio:.2f}x (goal <= {goal}x) "
+          f"[{candidate_s * 1e6:.1f} us vs {baseline_s * 1e6:.1f} us per call] {verdict}")
+    return ratio <= goal

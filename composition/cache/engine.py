@@ -1,0 +1,335 @@
+"""The cache-aside engine for one django-redis cache alias.
+
+Protocol (memcache-style leases, versioned namespaces):
+
+- hit: one ``MGET namespace-version entry``; the entry is fresh when its recorded namespace
+  version equals the current one and its fresh-until time is ahead;
+- miss: one caller per process (in-process coalescing) runs the ACQUIRE script, which either
+  finds a fresh entry, grants a short rebuild lease, or reports that another process holds it;
+  the lease holder loads and stores the value with the FILL script, which refuses when the lease
+  was revoked or the namespace bumped since; lease losers serve the stale value when allowed,
+  otherwise poll for the winner's value until ``CACHE_LEASE_WAIT_S``, then load uncached;
+- invalidation (``composition.cache.invalidation``) deletes the entry and its lease after commit;
+  one that cannot reach Redis is written to PostgreSQL and replayed before the breaker closes;
+- Redis failures (bounded by the client's socket timeouts) and an open breaker degrade to the
+  loader; nothing raises because Redis is down.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import structlog
+from django.core.cache import caches
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from composition.cache import _scripts
+from composition.cache._breaker import _Breaker
+from composition.cache.invalidation import REDIS_ERRORS, Invalidations, KeySpace
+from composition.cache.serializers import Serializer
+from composition.metrics import (
+    CACHE_COALESCED,
+    CACHE_ERRORS,
+    CACHE_HITS,
+    CACHE_LEASE_REJECTIONS,
+    CACHE_MISSES,
+    CACHE_REBUILD_SECONDS,
+    CACHE_STALE_SERVED,
+)
+
+__all__ = ["CacheAside", "CacheResult", "namespace_of"]
+
+log = structlog.get_logger("composition.cache")
+
+# Outcomes of one call, as reported by CacheResult.outcome.
+HIT = "hit"                # a fresh cached value
+LOADED = "loaded"          # this caller held the lease, ran the loader and cached the value
+WAITED = "waited"          # another process rebuilt the value while this caller waited
+COALESCED = "coalesced"    # another thread of this process rebuilt it while this caller waited
+STALE = "stale"            # a stale value, served while someone else rebuilds
+UNCACHED = "uncached"      # loaded, not cached (lease revoked by an invalidation, or wait timed out)
+DEGRADED = "degraded"      # Redis unreachable or breaker open: the loader's value, not cached
+
+_MAX_POLL_S = 0.05
+
+
+def namespace_of(key: str) -> str:
+    """The namespace of a key is the text before its first ``:`` (the whole key without one)."""
+    return key.split(":", 1)[0]
+
+
+class CacheResult(NamedTuple):
+    """A value and how it was obtained (one of the outcome strings above)."""
+
+    value: Any
+    outcome: str
+
+
+class _Entry(NamedTuple):
+    fresh_until_ms: int
+    rebuild_ms: int
+    payload: bytes
+
+
+def _decode(raw: bytes | None, ns_raw: bytes | None) -> _Entry | None:
+    """The entry, or None when absent or written under an older namespace version."""
+    if raw is None:
+        return None
+    version, fresh, rebuild, payload = raw.split(b"|", 3)
+    if version != (ns_raw or b"0"):
+        return None
+    return _Entry(int(fresh), int(rebuild), payload)
+
+
+class _Metrics:
+    """The labelled metric children of one pattern, resolved once (the hit path is hot)."""
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        self.hits = CACHE_HITS.labels(pattern)
+        self.misses = CACHE_MISSES.labels(pattern)
+        self.stale = CACHE_STALE_SERVED.labels(pattern)
+        self.coalesced = CACHE_COALESCED.labels(pattern)
+        self.rebuild = CACHE_REBUILD_SECONDS.labels(pattern)
+
+    def error(self, reason: str) -> None:
+        CACHE_ERRORS.labels(self.pattern, reason).inc()
+
+    def lease_rejected(self, stage: str) -> None:
+        CACHE_LEASE_REJECTIONS.labels(self.pattern, stage).inc()
+
+
+class _Flight:
+    """One in-process rebuild that other threads asking for the same key wait on."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.payload: bytes | None = None
+        self.error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class _Call:
+    key: str
+    keys: tuple[str, str, str]  # namespace, entry, lease
+    loader: Callable[[], Any]
+    ttl_s: float
+    jitter: float
+    stale_ttl_s: float | None
+    metrics: _Metrics
+
+
+class CacheAside:
+    """Cache-aside over the django-redis cache ``alias``; see the module docstring."""
+
+    def __init__(self, alias: str, *, serializer: Serializer, lease_ttl_s: float, lease_wait_s: float,
+                 breaker_failures: int, breaker_reset_s: float, db_alias: str = DEFAULT_DB_ALIAS) -> None:
+        cache: Any = caches[alias]
+        self.alias = alias
+        self.client: Any = cache.client.get_client(write=True)  # bytes replies (no decoding)
+        self.serializer = serializer
+        self.lease_ttl_s = lease_ttl_s
+        self.lease_wait_s = lease_wait_s
+        self.breaker = _Breaker(f"cache:{alias}", failure_threshold=breaker_failures,
+                                reset_timeout_s=breaker_reset_s, probe=self._recover)
+        self.keys = KeySpace(str(cache.make_key("composition:ca:")))
+        self.invalidations = Invalidations(alias, self.client, self.keys, self.breaker, db_alias=db_alias)
+        self._execute = self.client.execute_command
+        self._acquire = self.client.register_script(_scripts.ACQUIRE)
+        self._fill = self.client.register_script(_scripts.FILL)
+        self._release = self.client.register_script(_scripts.RELEASE)
+        self._metrics: dict[str, _Metrics] = {}
+        self._flights: dict[str, _Flight] = {}
+        self._flights_lock = threading.Lock()
+
+    def peek(self, key: str) -> Any:
+        """The value cached for ``key`` now (fresh or stale), or None; for tests and debugging."""
+        ns_raw, raw = self.client.mget(self.keys.namespace(namespace_of(key)), self.keys.entry(key))
+        entry = _decode(raw, ns_raw)
+        return None if entry is None else self.serializer.loads(entry.payload)
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def fetch(self, key: str, loader: Callable[[], Any], *, ttl_s: float, jitter: float = 0.1,
+              stale_ttl_s: float | None = None, pattern: str | None = None,
+              early_refresh: float = 0.0) -> CacheResult:
+        """The value for ``key``: cached, or ``loader()`` (see ``composition.cache.cache_aside``)."""
+        namespace = key.split(":", 1)[0]
+        label = pattern or namespace
+        metrics = self._metrics.get(label) or self._metrics.setdefault(label, _Metrics(label))
+        keys = self.keys
+        ns_key, entry_key = keys.namespace(namespace), keys.entry(key)
+        if self.breaker.allow():
+            try:
+                # The hit path: this one round trip and nothing else (kept flat, it is hot).
+                ns_raw, raw = self._execute("MGET", ns_key, entry_key)
+            except REDIS_ERRORS as exc:
+                self._redis_failed(metrics, exc)
+            else:
+                self.breaker.success()
+                entry = _decode(raw, ns_raw)
+                if entry is not None and entry[0] > time.time() * 1000 and early_refresh <= 0:
+                    metrics.hits.inc()
+                    return CacheResult(self.serializer.loads(entry[2]), HIT)
+                call = _Call(key, (ns_key, entry_key, keys.lease(key)), loader, ttl_s, jitter,
+                             stale_ttl_s, metrics)
+                return self._slow_path(call, entry, early_refresh)
+        else:
+            metrics.error("breaker_open")
+        call = _Call(key, (ns_key, entry_key, keys.lease(key)), loader, ttl_s, jitter, stale_ttl_s,
+                     metrics)
+        return self._coalesce(call, None, lambda: self._load_degraded(call))
+
+    def _slow_path(self, call: _Call, entry: _Entry | None, early_refresh: float) -> CacheResult:
+        """A miss, a stale entry, or a fresh entry that early refresh picked for rebuilding."""
+        metrics = call.metrics
+        stale_ttl_s = call.stale_ttl_s
+        now_ms = time.time() * 1000
+        usable: CacheResult | None = None
+        if entry is not None and entry.fresh_until_ms > now_ms:
+            metrics.hits.inc()  # a hit either way
+            if not self._refresh_early(entry, now_ms, early_refresh):
+                return CacheResult(self.serializer.loads(entry.payload), HIT)
+            usable = CacheResult(entry.payload, HIT)
+        else:
+            metrics.misses.inc()
+            if entry is not None and stale_ttl_s and now_ms < entry.fresh_until_ms + stale_ttl_s * 1000:
+                usable = CacheResult(entry.payload, STALE)
+        return self._coalesce(call, usable, lambda: self._rebuild(call, usable))
+
+    @staticmethod
+    def _refresh_early(entry: _Entry, now_ms: float, beta: float) -> bool:
+        if beta <= 0:
+            return False
+        # XFetch (Vattani et al.): refresh with a probability that grows as expiry nears, scaled
+        # by how long the last rebuild took, so one caller refreshes before everyone misses.
+        gap_ms = -entry.rebuild_ms * beta * math.log(1.0 - random.random())
+        return now_ms + gap_ms >= entry.fresh_until_ms
+
+    def _coalesce(self, call: _Call, usable: CacheResult | None,
+                  produce: Callable[[], CacheResult]) -> CacheResult:
+        """Run ``produce`` once per key in this process; other threads share its payload, or take
+        ``usable`` (a stale or early-refresh value) without waiting."""
+        with self._flights_lock:
+            flight = self._flights.get(call.key)
+            leader = flight is None
+            if flight is None:
+                flight = self._flights[call.key] = _Flight()
+        if not leader:
+            if usable is not None:
+                return self._serve(usable, call.metrics)
+            call.metrics.coalesced.inc()
+            flight.done.wait()
+            if flight.error is not None:
+                raise flight.error
+            assert flight.payload is not None
+            return CacheResult(self.serializer.loads(flight.payload), COALESCED)
+        try:
+            result = produce()
+            flight.payload = result.value
+            return CacheResult(self.serializer.loads(result.value), result.outcome)
+        except BaseException as exc:
+            flight.error = exc
+            raise
+        finally:
+            with self._flights_lock:
+                del self._flights[call.key]
+            flight.done.set()
+
+    def _serve(self, usable: CacheResult, metrics: _Metrics) -> CacheResult:
+        if usable.outcome == STALE:
+            metrics.stale.inc()
+        return CacheResult(self.serializer.loads(usable.value), usable.outcome)
+
+    # The producers below return CacheResult whose value is the serialized payload (bytes), so
+    # every caller, leader or not, gets its own copy decoded the same way.
+
+    def _load_degraded(self, call: _Call) -> CacheResult:
+        return CacheResult(self.serializer.dumps(call.loader()), DEGRADED)
+
+    def _rebuild(self, call: _Call, usable: CacheResult | None) -> CacheResult:
+        token = secrets.token_hex(16)
+        lease_ms = int(self.lease_ttl_s * 1000)
+        force = "1" if usable is not None and usable.outcome == HIT else "0"
+        deadline = time.monotonic() + self.lease_wait_s
+        poll_s = 0.005
+        waited = False
+        while True:
+            try:
+                status, ns_raw, raw = self._acquire(
+                    keys=call.keys, args=[token, lease_ms, int(time.time() * 1000), force])
+            except REDIS_ERRORS as exc:
+                self._redis_failed(call.metrics, exc)
+                return self._load_degraded(call)
+            if status == 0:
+                entry = _decode(raw, ns_raw)
+                assert entry is not None
+                return CacheResult(entry.payload, WAITED if waited else HIT)
+            if status == 1:
+                return self._load_and_fill(call, token, ns_raw)
+            if not waited:
+                call.metrics.lease_rejected("acquire")
+                waited = True
+            if usable is not None:
+                if usable.outcome == STALE:
+                    call.metrics.stale.inc()
+                return usable
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                call.metrics.error("lease_wait_timeout")
+                return CacheResult(self.serializer.dumps(call.loader()), UNCACHED)
+            time.sleep(min(poll_s, remaining_s))
+            poll_s = min(poll_s * 2, _MAX_POLL_S)
+
+    def _load_and_fill(self, call: _Call, token: str, ns_raw: bytes) -> CacheResult:
+        started = time.monotonic()
+        try:
+            payload = self.serializer.dumps(call.loader())
+        except BaseException:
+            self._give_back(call, token)
+            raise
+        rebuild_s = time.monotonic() - started
+        call.metrics.rebuild.observe(rebuild_s)
+        ttl_s = call.ttl_s * (1.0 - call.jitter * random.random())  # jitter only shortens the TTL
+        fresh_until_ms = int((time.time() + ttl_s) * 1000)
+        expire_ms = max(1, int((ttl_s + (call.stale_ttl_s or 0.0)) * 1000))
+        entry = b"%s|%d|%d|" % (ns_raw, fresh_until_ms, int(rebuild_s * 1000)) + payload
+        try:
+            filled = self._fill(keys=call.keys, args=[token, ns_raw, entry, expire_ms])
+        except REDIS_ERRORS as exc:
+            self._redis_failed(call.metrics, exc)
+            return CacheResult(payload, DEGRADED)
+        if filled != 1:
+            call.metrics.lease_rejected("fill")
+            return CacheResult(payload, UNCACHED)
+        return CacheResult(payload, LOADED)
+
+    def _give_back(self, call: _Call, token: str) -> None:
+        try:
+            self._release(keys=[call.keys[2]], args=[token])
+        except REDIS_ERRORS:
+            pass  # the lease expires on its own
+
+    def _redis_failed(self, metrics: _Metrics | None, exc: BaseException) -> None:
+        self.breaker.failure()
+        if metrics is not None:
+            metrics.error("redis_error")
+        log.warning("cache redis call failed", alias=self.alias, error=str(exc))
+
+    def _recover(self) -> None:
+        """The breaker's probe: Redis answers again; deferred invalidations go first, so nothing
+        stale is served once the breaker closes."""
+        try:
+            self.client.ping()
+            replayed = self.invalidations.replay_pending()
+            if replayed:
+                log.info("replayed deferred cache invalidations", alias=self.alias, count=replayed)
+        finally:
+            connections.close_all()  # this probe thread's own connections

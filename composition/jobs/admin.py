@@ -1,0 +1,136 @@
+"""Admin for dead letters: group by cause, read the traceback, replay or discard.
+
+Rows are read-only; they change only through the replay and discard actions, which need
+``composition.replay_deadletter`` / ``composition.discard_deadletter`` (Django hides an action
+from a user without its permission, and the service checks again) and a confirmation page that
+shows how many dead letters the action will touch.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.utils.html import format_html
+
+from composition.jobs import replay as service
+from composition.jobs.models import DeadLetter
+
+__all__ = ["DeadLetterAdmin", "FingerprintFilter"]
+
+# The fingerprint filter lists the largest groups; a long tail of one-off failures is searchable.
+FINGERPRINT_CHOICES = 30
+
+
+class FingerprintFilter(admin.SimpleListFilter):
+    """Failure groups (actor + error class + normalised message) with how many dead letters each."""
+
+    title = "fingerprint"
+    parameter_name = "fingerprint"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        groups = (DeadLetter.objects.filter(status=DeadLetter.Status.DEAD)
+                  .values("fingerprint", "actor", "error_class")
+                  .annotate(count=Count("id")).order_by("-count")[:FINGERPRINT_CHOICES])
+        return [(group["fingerprint"],
+                 f"{group['actor']} · {group['error_class'].rsplit('.', 1)[-1]} ({group['count']})")
+                for group in groups]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> QuerySet[DeadLetter]:
+        if self.value():
+            return queryset.filter(fingerprint=self.value())
+        return queryset
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(admin.ModelAdmin):
+    list_display = ("id", "actor", "short_error_class", "error_message", "attempts", "status",
+                    "last_failed_at", "short_fingerprint")
+    list_filter = ("status", "actor", "error_class", FingerprintFilter)
+    search_fields = ("=message_id", "=fingerprint", "error_message")
+    list_per_page = 100
+    actions = ("replay_selected", "discard_selected")
+    readonly_fields = ("id", "actor", "queue", "message_id", "status", "attempts", "error_class",
+                       "error_message", "fingerprint", "pretty_payload", "pretty_args", "pretty_headers",
+                       "first_failed_at", "last_failed_at", "replayed_at", "replayed_by", "replay_outbox_id",
+                       "discarded_at", "discarded_by", "pretty_traceback")
+    fields = readonly_fields
+
+    # -- read-only rows ----------------------------------------------------------------------
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_replay_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(service.REPLAY_PERMISSION)
+
+    def has_discard_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(service.DISCARD_PERMISSION)
+
+    # -- columns and detail ---------------------------------------------------------------------
+    @admin.display(description="error", ordering="error_class")
+    def short_error_class(self, obj: DeadLetter) -> str:
+        return obj.error_class.rsplit(".", 1)[-1]
+
+    @admin.display(description="fingerprint", ordering="fingerprint")
+    def short_fingerprint(self, obj: DeadLetter) -> str:
+        return obj.fingerprint[:12]
+
+    @admin.display(description="payload")
+    def pretty_payload(self, obj: DeadLetter) -> str:
+        return format_html("<pre>{}</pre>", json.dumps(obj.payload, indent=2, sort_keys=True, ensure_ascii=False))
+
+    @admin.display(description="positional args")
+    def pretty_args(self, obj: DeadLetter) -> str:
+        return format_html("<pre>{}</pre>", json.dumps(obj.args, indent=2, ensure_ascii=False))
+
+    @admin.display(description="headers")
+    def pretty_headers(self, obj: DeadLetter) -> str:
+        return format_html("<pre>{}</pre>", json.dumps(obj.headers, indent=2, sort_keys=True, ensure_ascii=False))
+
+    @admin.display(description="traceback")
+    def pretty_traceback(self, obj: DeadLetter) -> str:
+        return format_html("<pre>{}</pre>", obj.traceback)
+
+    # -- actions ------------------------------------------------------------------------------
+    @admin.action(description="Replay selected dead letters through the outbox", permissions=["replay"])
+    def replay_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> HttpResponse | None:
+        return self._confirm_then(request, queryset, "replay", service.replay_many)
+
+    @admin.action(description="Discard selected dead letters", permissions=["discard"])
+    def discard_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> HttpResponse | None:
+        return self._confirm_then(request, queryset, "discard", service.discard_many)
+
+    def _confirm_then(self, request: HttpRequest, queryset: QuerySet[DeadLetter], verb: str,
+                      act: Any) -> HttpResponse | None:
+        selected = queryset.filter(status=DeadLetter.Status.DEAD)
+        if request.POST.get("confirm") != "yes":
+            context = {
+                **self.admin_site.each_context(request),
+                "title": f"Confirm {verb}",
+                "opts": self.model._meta,
+                "verb": verb,
+                "action": request.POST.get("action", ""),
+                "count": selected.count(),
+                "skipped": queryset.count() - selected.count(),
+                "ids": [str(pk) for pk in queryset.values_list("pk", flat=True)],
+                "select_across": request.POST.get("select_across", "0"),
+                "groups": (selected.values("actor", "error_class").annotate(count=Count("id"))
+                           .order_by("-count")[:FINGERPRINT_CHOICES]),
+            }
+            return TemplateResponse(request, "admin/composition/deadletter/confirm_action.html", context)
+        result = act(selected, user=request.user)
+        if result.done:
+            self.message_user(request, f"{verb.capitalize()}ed {len(result.done)} dead letter(s).", messages.SUCCESS)
+        for pk, reason in result.refused.items():
+            self.message_user(request, f"Dead letter {pk} refused: {reason}", messages.WARNING)
+        return None

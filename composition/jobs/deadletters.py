@@ -1,0 +1,100 @@
+"""Recording dead letters: one row per message that failed for good, grouped by fingerprint."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import traceback
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+from dramatiq.broker import MessageProxy
+
+from composition.metrics import DEAD_LETTERS_TOTAL
+
+__all__ = ["error_class_name", "fingerprint", "normalise_message", "record_dead_letter"]
+
+# Bounded so one huge error message cannot bloat a row or a fingerprint's input.
+MAX_MESSAGE_CHARS = 2_000
+MAX_TRACEBACK_FRAMES = 50
+# message.options key where the first failure time of a message travels between its attempts.
+FIRST_FAILED_OPTION = "composition_first_failed_ms"
+
+_NORMALISERS: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.I), "<uuid>"),
+    (re.compile(r"\b0x[0-9a-f]+\b", re.I), "<addr>"),
+    (re.compile(r"\b[0-9a-f]{16,}\b", re.I), "<hex>"),
+    (re.compile(r"\d+(?:\.\d+)?"), "<n>"),
+    (re.compile(r"\s+"), " "),
+]
+
+
+def normalise_message(message: str) -> str:
+    """The error message with ids, numbers and addresses replaced, so that the same failure of
+    different messages ("invoice 41 not found", "invoice 42 not found") reads the same."""
+    text = message[:MAX_MESSAGE_CHARS]
+    for pattern, replacement in _NORMALISERS:
+        text = pattern.sub(replacement, text)
+    return text.strip()
+
+
+def error_class_name(exception: BaseException) -> str:
+    """``ValueError`` for builtins, ``module.Qualname`` for everything else."""
+    cls = type(exception)
+    if cls.__module__ == "builtins":
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def fingerprint(actor: str, error_class: str, message: str) -> str:
+    """A stable hex digest of actor + error class + normalised message."""
+    basis = "\x1f".join((actor, error_class, normalise_message(message)))
+    return hashlib.blake2b(basis.encode(), digest_size=16).hexdigest()
+
+
+def _from_millis(value: Any) -> datetime | None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return datetime.fromtimestamp(value / 1000, tz=UTC)
+    return None
+
+
+def record_dead_letter(message: MessageProxy, exception: BaseException, attempts: int) -> int:
+    """Write (or refresh) the dead letter of ``message``; returns its id.
+
+    A message is dead-lettered once; should it fail for good again (redelivered after a crash
+    between this write and the broker's acknowledgement), the same row is refreshed, and a row
+    that was replayed or discarded meanwhile keeps its status.
+    """
+    from composition.jobs.models import DeadLetter
+
+    error_class = error_class_name(exception)
+    error_message = str(exception)[:MAX_MESSAGE_CHARS]
+    now = timezone.now()
+    headers = message.options.get("composition")
+    fields = {
+        "actor": message.actor_name,
+        "queue": message.queue_name,
+        "payload": dict(message.kwargs or {}),
+        "args": list(message.args or ()),
+        "headers": headers if isinstance(headers, dict) else {},
+        "attempts": attempts,
+        "error_class": error_class,
+        "error_message": error_message,
+        "traceback": "".join(traceback.format_exception(exception, limit=MAX_TRACEBACK_FRAMES)),
+        "fingerprint": fingerprint(message.actor_name, error_class, error_message),
+        "last_failed_at": now,
+    }
+    with transaction.atomic():
+        row, created = DeadLetter.objects.select_for_update().get_or_create(
+            message_id=message.message_id,
+            defaults={**fields,
+                      "first_failed_at": _from_millis(message.options.get(FIRST_FAILED_OPTION)) or now},
+        )
+        if not created:
+            for name, value in fields.items():
+                setattr(row, name, value)
+            row.save(update_fields=[*fields])
+    DEAD_LETTERS_TOTAL.labels(message.actor_name).inc()
+    return int(row.pk)

@@ -1,0 +1,92 @@
+"""``@job``: a Dramatiq actor declared with the composition retry policy.
+
+Everything that Dramatiq already does is configured, not rewritten: ``max_retries``
+(``max_attempts - 1``), ``min_backoff``/``max_backoff`` (read by ``JobRetries``), ``time_limit``
+(``TimeLimit``) and ``throws`` (``PermanentError`` and the job's own permanent types, which
+Retries never retries). The function itself is wrapped only to validate the payload against its
+signature and, for ``idempotent=True``, to run it in one transaction with the inbox ledger.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
+
+import dramatiq
+import structlog
+from django.db import transaction
+from dramatiq import Actor
+
+from composition.broker import configured_broker
+from composition.errors import PermanentError
+from composition.jobs.inbox import claim
+from composition.jobs.middleware import current_message
+from composition.jobs.policy import JobPolicy
+from composition.jobs.schema import PayloadSchema
+
+__all__ = ["job"]
+
+log = structlog.get_logger("composition.jobs")
+
+R = TypeVar("R")
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def job(*, queue: str = "default", max_attempts: int = 5, initial_delay_s: float = 10,
+        max_delay_s: float = 900, timeout_s: float = 120,
+        permanent: Sequence[type[BaseException]] = (), idempotent: bool = False,
+        priority: int = 0, actor_name: str | None = None) -> Callable[[Callable[..., R]], Actor[Any, R]]:
+    """Declare the decorated function as a job; returns its Dramatiq ``Actor``.
+
+    ``max_attempts`` counts runs (1 = never retried). Retries wait ``initial_delay_s`` doubling up
+    to ``max_delay_s``, with jitter. A run longer than ``timeout_s`` is interrupted and retried.
+    ``PermanentError``, the types in ``permanent`` and a payload that does not fit the function's
+    arguments go straight to the dead letters; ``TransientError`` and any other exception retry.
+    With ``idempotent=True`` the function's database effects commit in one transaction with the
+    inbox ledger row of the message id, so a redelivered message has no second effect (the
+    function must not commit on its own). The actor binds to ``composition.broker.configured_broker()``
+    at decoration time; the actor name defaults to the function's name.
+
+    Raises ValueError/TypeError for an inconsistent policy, and Dramatiq's ValueError when the
+    actor name is taken.
+    """
+    policy = JobPolicy(queue=queue, max_attempts=max_attempts, initial_delay_s=float(initial_delay_s),
+                       max_delay_s=float(max_delay_s), timeout_s=float(timeout_s),
+                       permanent=tuple(permanent), idempotent=idempotent, priority=priority)
+
+    def decorate(fn: Callable[..., R]) -> Actor[Any, R]:
+        name = actor_name or fn.__name__
+        schema = PayloadSchema.of(fn, name)
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> R | None:
+            schema.validate(args, kwargs)
+            message = current_message()
+            if not policy.idempotent or message is None:
+                return fn(*args, **kwargs)
+            with transaction.atomic():
+                if not claim(message.message_id, name):
+                    log.info("message already processed, skipped")
+                    return None
+                return fn(*args, **kwargs)
+
+        declare = dramatiq.actor(
+            broker=configured_broker(),
+            actor_name=name,
+            queue_name=queue,
+            priority=priority,
+            max_retries=policy.max_retries,
+            min_backoff=_ms(policy.initial_delay_s),
+            max_backoff=_ms(policy.max_delay_s),
+            time_limit=_ms(policy.timeout_s),
+            throws=(PermanentError, *policy.permanent),
+            job_policy=policy,
+        )
+        # The wrapper returns None for a skipped redelivery, hence the cast back to the job's type.
+        return cast("Actor[Any, R]", declare(cast("Callable[..., Any]", run)))
+
+    return decorate

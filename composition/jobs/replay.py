@@ -1,0 +1,156 @@
+"""Replaying and discarding dead letters: the operator's two ways out.
+
+Replay goes through the outbox: the new outbox message and the dead letter's change to
+"replayed" commit in one transaction, under a row lock on the dead letter, so a dead letter is
+replayed at most once, even by two operators at the same moment; the second is refused with
+``DeadLetterStateError``. The replayed message gets a new message id (from its outbox row), so
+the inbox ledger does not mistake it for the failed delivery. Discard marks it "discarded".
+
+Bulk actions take a queryset from ``select()`` and act row by row, each in its own transaction,
+so one refused row does not undo the others.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from composition.errors import CompositionError, DeadLetterStateError, PayloadValidationError
+from composition.jobs.models import DeadLetter
+
+__all__ = [
+    "DISCARD_PERMISSION",
+    "REPLAY_PERMISSION",
+    "BulkResult",
+    "discard",
+    "discard_many",
+    "replay",
+    "replay_many",
+    "select",
+]
+
+REPLAY_PERMISSION = "composition.replay_deadletter"
+DISCARD_PERMISSION = "composition.discard_deadletter"
+
+
+def select(*, ids: Iterable[int] | None = None, actor: str | None = None, error: str | None = None,
+           fingerprint: str | None = None, status: str | None = DeadLetter.Status.DEAD) -> QuerySet[DeadLetter]:
+    """Dead letters matching every given filter; ``error`` matches the error class exactly or by
+    its last dotted part (``ValueError``, ``PayloadValidationError``)."""
+    rows = DeadLetter.objects.all()
+    if ids is not None:
+        rows = rows.filter(pk__in=list(ids))
+    if actor:
+        rows = rows.filter(actor=actor)
+    if error:
+        rows = rows.filter(error_class=error) | rows.filter(error_class__endswith=f".{error}")
+    if fingerprint:
+        rows = rows.filter(fingerprint=fingerprint)
+    if status:
+        rows = rows.filter(status=status)
+    return rows.order_by("id")
+
+
+def _require(user: Any, permission: str) -> None:
+    # No user means a trusted caller (a shell command run by an operator); a user must hold it.
+    if user is not None and not user.has_perm(permission):
+        raise PermissionDenied(f"{permission} is required")
+
+
+def replay_payload(dead_letter: DeadLetter) -> dict[str, Any]:
+    """The keyword payload to publish again; positional args (a plain ``actor.send(x)``) are
+    named from the job's current signature. Raises PayloadValidationError when they cannot be."""
+    payload = dict(dead_letter.payload or {})
+    if not dead_letter.args:
+        return payload
+    from composition.broker import configured_broker
+
+    fn = configured_broker().get_actor(dead_letter.actor).fn
+    try:
+        bound = inspect.signature(fn).bind_partial(*dead_letter.args)
+    except TypeError as exc:
+        raise PayloadValidationError(f"cannot name the positional arguments of {dead_letter.actor}: {exc}") from None
+    overlap = set(bound.arguments) & set(payload)
+    if overlap:
+        raise PayloadValidationError(f"arguments given twice: {sorted(overlap)}")
+    return {**bound.arguments, **payload}
+
+
+def replay(dead_letter_id: int, *, user: Any = None) -> DeadLetter:
+    """Publish the dead letter's message again through the outbox and mark it replayed.
+
+    Raises PermissionDenied (user without ``composition.replay_deadletter``),
+    DeadLetter.DoesNotExist, DeadLetterStateError (already replayed or discarded) and whatever
+    ``composition.outbox.publish`` raises (unknown actor, payload too large).
+    """
+    _require(user, REPLAY_PERMISSION)
+    from composition.outbox import publish
+
+    with transaction.atomic():
+        row = DeadLetter.objects.select_for_update().get(pk=dead_letter_id)
+        if row.status != DeadLetter.Status.DEAD:
+            raise DeadLetterStateError(row.pk, row.status)
+        outbox_message = publish(row.actor, replay_payload(row))
+        row.status = DeadLetter.Status.REPLAYED
+        row.replayed_at = timezone.now()
+        row.replayed_by = user if user is not None and user.is_authenticated else None
+        row.replay_outbox_id = outbox_message.pk
+        row.save(update_fields=["status", "replayed_at", "replayed_by", "replay_outbox_id"])
+    return row
+
+
+def discard(dead_letter_id: int, *, user: Any = None) -> DeadLetter:
+    """Mark the dead letter discarded (it stays for the record). Raises like ``replay``, with
+    ``composition.discard_deadletter`` as the permission."""
+    _require(user, DISCARD_PERMISSION)
+    with transaction.atomic():
+        row = DeadLetter.objects.select_for_update().get(pk=dead_letter_id)
+        if row.status != DeadLetter.Status.DEAD:
+            raise DeadLetterStateError(row.pk, row.status)
+        row.status = DeadLetter.Status.DISCARDED
+        row.discarded_at = timezone.now()
+        row.discarded_by = user if user is not None and user.is_authenticated else None
+        row.save(update_fields=["status", "discarded_at", "discarded_by"])
+    return row
+
+
+@dataclass
+class BulkResult:
+    """What a bulk action did: ids done, and ids refused with the reason."""
+
+    done: list[int] = field(default_factory=list)
+    refused: dict[int, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"done": self.done, "refused": {str(k): v for k, v in self.refused.items()},
+                "done_count": len(self.done), "refused_count": len(self.refused)}
+
+
+def _bulk(action: Any, rows: QuerySet[DeadLetter], user: Any, permission: str) -> BulkResult:
+    _require(user, permission)
+    result = BulkResult()
+    for pk in rows.values_list("pk", flat=True):
+        try:
+            action(pk, user=user)
+        except (CompositionError, DeadLetter.DoesNotExist) as exc:
+            result.refused[pk] = str(exc) or type(exc).__name__
+        else:
+            result.done.append(pk)
+    return result
+
+
+def replay_many(rows: QuerySet[DeadLetter], *, user: Any = None) -> BulkResult:
+    """Replay every dead letter in ``rows``, each in its own transaction."""
+    return _bulk(replay, rows, user, REPLAY_PERMISSION)
+
+
+def discard_many(rows: QuerySet[DeadLetter], *, user: Any = None) -> BulkResult:
+    """Discard every dead letter in ``rows``, each in its own transaction."""
+    return _bulk(discard, rows, user, DISCARD_PERMISSION)

@@ -1,0 +1,148 @@
+"""What a worker process needs around Dramatiq's ``Worker``: a graceful drain and a broker
+heartbeat that does not depend on the consumers polling.
+
+Drain (Redis broker): intake stops at once (consumers stop fetching, worker threads take no new
+message), running jobs get until the deadline, jobs still running then are interrupted with
+Dramatiq's ``Shutdown`` (which ``JobRetries`` requeues without using an attempt), and finally
+every message this worker fetched but did not finish (prefetched, delayed, stuck in a system
+call) goes back to its queue at once, instead of waiting for the broker's heartbeat timeout.
+RabbitMQ returns unacknowledged messages by itself when the connection closes, and its
+consumers must keep running to acknowledge, so there Dramatiq's own ``Worker.stop`` is used.
+
+The Redis broker marks a worker alive only when it sends a command. Consumers with a full
+prefetch send none while long jobs run, and another process would then take this worker's
+messages as a dead worker's and run them twice; ``BrokerKeepalive`` sends a cheap command well
+inside the heartbeat timeout.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections.abc import Iterable
+
+import structlog
+from dramatiq import Worker
+from dramatiq.broker import Broker
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware import Shutdown, raise_thread_exception
+
+from composition.jobs.middleware import find_job_middleware
+
+__all__ = ["BrokerKeepalive", "drain_worker", "requeue_unacked", "stop_intake"]
+
+log = structlog.get_logger("composition.jobs")
+
+# Jobs still running this long before the deadline are interrupted, to unwind (roll back,
+# requeue) by the deadline; at most a quarter of the whole drain. Unwinding gets at least
+# MIN_UNWIND_S, after which the remaining messages are handed back regardless.
+INTERRUPT_GRACE_S = 2.0
+MIN_UNWIND_S = 0.5
+# How long to wait for consumer threads to leave their poll (one idle poll at most).
+CONSUMER_JOIN_S = 2.0
+# Message ids per requeue command: Lua unpacks arguments onto a bounded stack.
+REQUEUE_BATCH = 500
+
+_intake_stopped: weakref.WeakSet[Worker] = weakref.WeakSet()
+
+
+def stop_intake(worker: Worker) -> None:
+    """Consumers stop fetching and worker threads take no new message; running jobs go on.
+
+    Idempotent; the broker's ``before_worker_shutdown`` hooks run once.
+    """
+    if worker in _intake_stopped:
+        return
+    _intake_stopped.add(worker)
+    worker.broker.emit_before("worker_shutdown", worker)
+    for thread in worker.workers:
+        thread.stop()
+    for consumer in worker.consumers.values():
+        consumer.stop()
+
+
+def _join(threads: Iterable[threading.Thread], deadline: float) -> None:
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def drain_worker(worker: Worker, deadline: float) -> int:
+    """Finish or hand back everything ``worker`` holds; returns how many messages were requeued.
+
+    ``stop_intake`` must have been called (it is, again, harmlessly).
+    """
+    broker = worker.broker
+    stop_intake(worker)
+    if not isinstance(broker, RedisBroker):
+        worker.stop(timeout=max(1, int((deadline - time.monotonic()) * 1000)))
+        return 0
+    # Interrupt a little before the deadline, so that unwinding also fits in the shutdown timeout.
+    grace_s = min(INTERRUPT_GRACE_S, max(0.0, deadline - time.monotonic()) / 4)
+    _join(worker.workers, deadline - grace_s)
+    busy = [thread for thread in worker.workers if thread.is_alive()]
+    middleware = find_job_middleware(broker)
+    running = middleware.in_flight() if middleware is not None else {}
+    for thread in busy:
+        if thread.ident in running:
+            log.warning("job still running at the deadline, interrupting", job_id=running[thread.ident].job_id,
+                        actor=running[thread.ident].actor)
+            raise_thread_exception(thread.ident, Shutdown)
+    _join(busy, max(deadline, time.monotonic() + MIN_UNWIND_S))
+    _join(worker.consumers.values(), time.monotonic() + CONSUMER_JOIN_S)
+    requeued = requeue_unacked(broker)
+    for consumer in worker.consumers.values():
+        consumer.close()
+    broker.emit_after("worker_shutdown", worker)
+    if requeued:
+        log.info("unfinished messages handed back to the broker", count=requeued)
+    return requeued
+
+
+def requeue_unacked(broker: RedisBroker) -> int:
+    """Move every message this broker instance fetched and has not acknowledged back to its
+    queue; returns how many. Safe against late acknowledgements: acking a requeued message is a
+    no-op for the Redis broker."""
+    queues = set(broker.get_declared_queues()) | set(broker.delay_queues)
+    total = 0
+    for queue_name in sorted(queues):
+        # The unacked set's name, as dispatch.lua defines it: <ns>:__acks__.<worker id>.<queue>.
+        key = f"{broker.namespace}:__acks__.{broker.broker_id}.{queue_name}"
+        ids = [raw.decode() if isinstance(raw, bytes) else raw for raw in broker.client.smembers(key)]
+        for start in range(0, len(ids), REQUEUE_BATCH):
+            batch = ids[start:start + REQUEUE_BATCH]
+            broker.do_requeue(queue_name, *batch)
+            total += len(batch)
+    return total
+
+
+class BrokerKeepalive:
+    """Refreshes this process's Redis-broker heartbeat every ``interval_s`` (see module doc)."""
+
+    def __init__(self, broker: Broker, interval_s: float) -> None:
+        self.broker = broker
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if not isinstance(self.broker, RedisBroker):
+            return
+        self._thread = threading.Thread(target=self._loop, name="broker-keepalive", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        assert isinstance(self.broker, RedisBroker)
+        while not self._stop.wait(self.interval_s):
+            try:
+                # Any broker command records the heartbeat; qsize only reads. It may also run
+                # the maintenance step, which returns dead workers' messages sooner.
+                for queue_name in sorted(self.broker.get_declared_queues()):
+                    self.broker.do_qsize(queue_name)
+            except Exception as exc:  # the consumers report broker outages; keep trying
+                log.warning("broker keepalive failed", error=str(exc))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.interval_s + 1.0)

@@ -1,0 +1,117 @@
+"""A job's payload schema, taken from its signature: argument names and simple annotated types.
+
+A message whose payload does not fit (a missing or unexpected argument, a string where an int
+is declared) can never succeed, however often it is retried, so it is a ``PayloadValidationError``
+(a permanent error). A deploy that changes a job's arguments then shows up as one group of dead
+letters with the same fingerprint, not as endless retries.
+
+Only JSON's own types are checked (``int``, ``float``, ``str``, ``bool``, ``None``, ``list``,
+``dict``, their ``X | None`` and unions, and ``list[...]``/``dict[...]`` by their container type);
+any other annotation is accepted as it comes.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from composition.errors import PayloadValidationError
+
+__all__ = ["PayloadSchema"]
+
+_SIMPLE: tuple[type, ...] = (int, float, str, bool, list, dict, type(None))
+# A checker answers whether a decoded JSON value fits; None means "not checked".
+_Checker = Callable[[Any], bool]
+
+
+def _fits(value: Any, expected: type) -> bool:
+    if expected is bool:
+        return isinstance(value, bool)
+    if expected is int:
+        # JSON true/false decode to bool, a subclass of int: not an int argument.
+        return isinstance(value, int) and not isinstance(value, bool)
+    if expected is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, expected)
+
+
+def _checker(annotation: Any) -> tuple[_Checker, str] | None:
+    """A predicate and a readable name for ``annotation``, or None when it is not checked."""
+    if annotation is None or annotation is type(None):
+        return (lambda value: value is None), "None"
+    if annotation in _SIMPLE:
+        return (lambda value: _fits(value, annotation)), annotation.__name__
+    origin = typing.get_origin(annotation)
+    if origin in (list, dict):
+        return (lambda value: isinstance(value, origin)), origin.__name__
+    if origin in (typing.Union, types.UnionType):
+        members = [_checker(arg) for arg in typing.get_args(annotation)]
+        if any(member is None for member in members):
+            return None
+        checks = [member[0] for member in members if member is not None]
+        name = " | ".join(member[1] for member in members if member is not None)
+        return (lambda value: any(check(value) for check in checks)), name
+    return None
+
+
+@dataclass(frozen=True)
+class PayloadSchema:
+    """The argument names and checked types of one job function."""
+
+    actor_name: str
+    signature: inspect.Signature
+    checks: Mapping[str, tuple[_Checker, str]]
+
+    @classmethod
+    def of(cls, fn: Callable[..., Any], actor_name: str) -> PayloadSchema:
+        try:
+            hints = typing.get_type_hints(fn)
+        except Exception:  # an unresolvable forward reference: check names only
+            hints = {}
+        checks = {}
+        named = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                 inspect.Parameter.KEYWORD_ONLY)
+        for name, parameter in inspect.signature(fn).parameters.items():
+            if parameter.kind in named and name in hints:
+                checker = _checker(hints[name])
+                if checker is not None:
+                    checks[name] = checker
+        return cls(actor_name, inspect.signature(fn), checks)
+
+    def validate(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        """Raise PayloadValidationError naming the first argument that does not fit."""
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise PayloadValidationError(
+                f"payload for {self.actor_name} does not fit its arguments: {self._mismatch(args, kwargs) or exc}"
+            ) from None
+        for name, value in bound.arguments.items():
+            check = self.checks.get(name)
+            if check is not None and not check[0](value):
+                raise PayloadValidationError(
+                    f"payload for {self.actor_name}: argument {name!r} must be {check[1]}, "
+                    f"got {type(value).__name__}"
+                )
+
+    def _mismatch(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        """Unexpected and missing argument names, both, so one message says the whole story."""
+        parameters = self.signature.parameters
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+        positional = [name for name, p in parameters.items()
+                      if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        given = set(positional[:len(args)]) | set(kwargs)
+        unexpected = [] if takes_any else sorted(set(kwargs) - set(parameters))
+        missing = [name for name, p in parameters.items()
+                   if p.default is inspect.Parameter.empty and name not in given
+                   and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+        parts = []
+        if unexpected:
+            parts.append("unexpected keyword argument " + ", ".join(repr(name) for name in unexpected))
+        if missing:
+            parts.append("missing a required argument " + ", ".join(repr(name) for name in missing))
+        return "; ".join(parts)

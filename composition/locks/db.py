@@ -1,0 +1,162 @@
+"""PostgreSQL locks: ``row_lock`` (SELECT ... FOR UPDATE) and ``advisory_lock``
+(pg_advisory_xact_lock). Both are transaction-scoped and need an open ``transaction.atomic()``.
+
+A lock that may fail (``nowait``, ``timeout_s``) is taken inside a savepoint: in PostgreSQL a
+lock error aborts the transaction, and rolling back to the savepoint is what leaves the caller's
+transaction usable. ``lock_timeout`` is set with ``set_config(..., true)`` (SET LOCAL) inside that
+savepoint and restored afterwards, since SET LOCAL otherwise lasts until the transaction ends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from django.db import DEFAULT_DB_ALIAS, OperationalError, connections, transaction
+from django.db.models import Model, QuerySet
+
+from composition.locks.errors import LockNotAcquired, TransactionRequired
+from composition.metrics import LOCK_ACQUIRE, LOCK_HOLD_SECONDS, LOCK_WAIT_SECONDS
+
+__all__ = ["advisory_key", "advisory_lock", "row_lock"]
+
+M = TypeVar("M", bound=Model)
+T = TypeVar("T")
+
+_LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE of both NOWAIT failures and lock_timeout expiries
+
+
+def advisory_key(namespace: str, key: object) -> int:
+    """The signed 64-bit advisory lock id of (namespace, key): blake2b, so it is the same in every
+    process (Python's ``hash()`` is salted per process)."""
+    digest = hashlib.blake2b(f"{namespace}\x1f{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def _require_transaction(alias: str, what: str) -> Any:
+    connection = connections[alias]
+    if not connection.in_atomic_block:
+        raise TransactionRequired(
+            f"{what} must run inside transaction.atomic(using={alias!r}); the lock is released when "
+            "that transaction ends, so outside one it would be released at once")
+    return connection
+
+
+def _record(kind: str, label: str, outcome: str, started: float) -> None:
+    LOCK_ACQUIRE.labels(kind, label, outcome).inc()
+    LOCK_WAIT_SECONDS.labels(kind, label).observe(time.monotonic() - started)
+
+
+@contextmanager
+def _held(kind: str, label: str) -> Iterator[None]:
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        LOCK_HOLD_SECONDS.labels(kind, label).observe(time.monotonic() - started)
+
+
+def _in_savepoint(connection: Any, name: str, timeout_s: float | None, take: Callable[[], T]) -> T:
+    """Run ``take`` in a savepoint with ``lock_timeout`` = ``timeout_s``; LockNotAcquired when it
+    cannot get its lock. Any other error propagates (the savepoint is rolled back either way)."""
+    try:
+        with transaction.atomic(using=connection.alias):
+            previous = None
+            if timeout_s is not None:
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)",
+                                   [f"{max(1, round(timeout_s * 1000))}ms"])
+                    previous = cursor.fetchone()[0]
+            result = take()
+            if previous is not None:
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
+            return result
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) == _LOCK_NOT_AVAILABLE:
+            reason = "busy (nowait)" if timeout_s is None else f"not free within {timeout_s}s"
+            raise LockNotAcquired(name, reason) from exc
+        raise
+
+
+@contextmanager
+def row_lock(queryset: QuerySet[M], *, nowait: bool = False, skip_locked: bool = False,
+             timeout_s: float | None = None) -> Iterator[list[M]]:
+    """Lock the rows of ``queryset`` (SELECT ... FOR UPDATE) until the transaction ends; yields them.
+
+    - ``nowait`` (or ``timeout_s=0``): raise LockNotAcquired at once if a row is locked;
+    - ``timeout_s``: wait at most this many seconds, then raise LockNotAcquired;
+    - ``skip_locked``: lock and yield only the rows nobody else holds (never raises for a busy row).
+
+    After LockNotAcquired the caller's transaction is still usable and ``lock_timeout`` is what it
+    was. Raises TransactionRequired outside ``transaction.atomic()``, ValueError for ``nowait``
+    together with ``skip_locked`` or ``timeout_s``. The lock name (and metric label) is the
+    model's label, e.g. ``billing.Invoice``.
+    """
+    if skip_locked and (nowait or timeout_s is not None):
+        raise ValueError("skip_locked cannot be combined with nowait or timeout_s")
+    if timeout_s is not None and timeout_s < 0:
+        raise ValueError(f"timeout_s must not be negative, got {timeout_s!r}")
+    if timeout_s == 0:
+        nowait, timeout_s = True, None
+    name = queryset.model._meta.label
+    connection = _require_transaction(queryset.db, "row_lock")
+    locking = queryset.select_for_update(nowait=nowait, skip_locked=skip_locked)
+    started = time.monotonic()
+    try:
+        if nowait or timeout_s is not None:
+            rows = _in_savepoint(connection, name, timeout_s, lambda: list(locking))
+        else:
+            rows = list(locking)
+    except LockNotAcquired:
+        _record("row", name, "busy", started)
+        raise
+    _record("row", name, "acquired", started)
+    with _held("row", name):
+        yield rows
+
+
+@contextmanager
+def advisory_lock(namespace: str, key: object, *, timeout_s: float | None = None, shared: bool = False,
+                  using: str | None = None) -> Iterator[int]:
+    """Take the transaction-scoped advisory lock of (namespace, key); yields its 64-bit id.
+
+    The lock is held until the enclosing transaction commits or rolls back (also when the body
+    raises), not merely until the with-block ends. ``timeout_s=None`` waits (bounded by the
+    session's statement_timeout); ``0`` tries once; a positive value waits that many seconds.
+    ``shared`` takes the shared variant (many shared holders, no exclusive one). Raises
+    LockNotAcquired (name ``"namespace:key"``) when not obtained, leaving the transaction usable;
+    TransactionRequired outside ``transaction.atomic()``. The metric label is ``namespace``.
+    """
+    if timeout_s is not None and timeout_s < 0:
+        raise ValueError(f"timeout_s must not be negative, got {timeout_s!r}")
+    connection = _require_transaction(using or DEFAULT_DB_ALIAS, "advisory_lock")
+    lock_id = advisory_key(namespace, key)
+    suffix = "_shared" if shared else ""
+    started = time.monotonic()
+    if timeout_s is None:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT pg_advisory_xact_lock{suffix}(%s)", [lock_id])
+    elif timeout_s == 0:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT pg_try_advisory_xact_lock{suffix}(%s)", [lock_id])
+            got = cursor.fetchone()[0]
+        if not got:
+            _record("advisory", namespace, "busy", started)
+            raise LockNotAcquired(f"{namespace}:{key}", "busy (try once)")
+    else:
+        def take() -> None:
+            with connection.cursor() as cursor:
+                cursor.execute(f"SELECT pg_advisory_xact_lock{suffix}(%s)", [lock_id])
+
+        try:
+            _in_savepoint(connection, f"{namespace}:{key}", timeout_s, take)
+        except LockNotAcquired:
+            _record("advisory", namespace, "busy", started)
+            raise
+    _record("advisory", namespace, "acquired", started)
+    with _held("advisory", namespace):
+        yield lock_id

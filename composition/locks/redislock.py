@@ -1,0 +1,214 @@
+"""``redis_lock``: a Redis lease lock with an owner token, a TTL and a fencing token.
+
+- acquire: one script does ``SET lock token NX PX ttl`` and, on success, issues the next fence;
+- release and extend compare the owner token in a script, so they never touch a lock that expired
+  and was taken by someone else;
+- fence = ``epoch << 32 | counter``: the counter lives in Redis (so fences follow the order in
+  which acquisitions happened), the epoch comes from a PostgreSQL sequence and is installed
+  whenever Redis has none (a restart without persistence, a flush): every fence issued after a
+  Redis restart is larger than every fence issued before it;
+- when Redis is unreachable acquisition raises LockBackendUnavailable: a correctness lock never
+  proceeds without its store. Calls are bounded by the cache's socket timeouts.
+
+The lock's store is the django-redis cache ``COMPOSITION['CACHE_ALIAS']``.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+from django.core.cache import caches
+from django.core.signals import setting_changed
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+
+from composition.locks.errors import LockBackendUnavailable, LockLost, LockNotAcquired
+from composition.metrics import LOCK_ACQUIRE, LOCK_HOLD_SECONDS, LOCK_WAIT_SECONDS
+
+__all__ = ["RedisLock", "acquire_redis_lock", "redis_lock"]
+
+REDIS_ERRORS: tuple[type[BaseException], ...] = (redis.exceptions.RedisError, OSError)
+_UNAVAILABLE: tuple[type[BaseException], ...] = (*REDIS_ERRORS, DatabaseError)
+_MAX_POLL_S = 0.05
+
+# KEYS: lock, fence hash. ARGV: token, px. Returns -1 (no epoch yet, or the counter is spent:
+# install a new epoch), 0 (busy) or {epoch, counter}. The counter is bumped in the same script
+# as the SET, so fence order is acquisition order.
+_ACQUIRE = """
+local state = redis.call('HMGET', KEYS[2], 'epoch', 'n')
+if not state[1] or tonumber(state[2] or '0') >= 4294967295 then return -1 end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {state[1], redis.call('HINCRBY', KEYS[2], 'n', 1)}
+end
+return 0
+"""
+
+# KEYS: fence hash. ARGV: epoch. Only a newer epoch replaces the current one.
+_INSTALL_EPOCH = """
+local current = tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0')
+if tonumber(ARGV[1]) > current then redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'n', 0) end
+return 1
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+_EXTEND = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+
+def _label(name: str) -> str:
+    return name.split(":", 1)[0]
+
+
+class _Store:
+    """The Redis client and registered scripts of one cache alias."""
+
+    def __init__(self, alias: str) -> None:
+        cache: Any = caches[alias]
+        self.client: redis.Redis = cache.client.get_client(write=True)
+        self.prefix = str(cache.make_key("composition:lock:"))
+        self.fence_key = str(cache.make_key("composition:lock-fence"))
+        self.acquire = self.client.register_script(_ACQUIRE)
+        self.install_epoch = self.client.register_script(_INSTALL_EPOCH)
+        self.release = self.client.register_script(_RELEASE)
+        self.extend = self.client.register_script(_EXTEND)
+
+
+_stores: dict[str, _Store] = {}
+_stores_lock = threading.Lock()
+
+
+def _store() -> _Store:
+    from composition.conf import conf
+
+    alias = conf.CACHE_ALIAS
+    store = _stores.get(alias)
+    if store is None:
+        with _stores_lock:
+            store = _stores.get(alias) or _stores.setdefault(alias, _Store(alias))
+    return store
+
+
+def _reset(*, setting: str, **_: Any) -> None:
+    if setting in ("CACHES", "COMPOSITION"):
+        with _stores_lock:
+            _stores.clear()
+
+
+setting_changed.connect(_reset, dispatch_uid="composition-redis-lock-reset")
+
+
+def _next_epoch() -> int:
+    with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+        cursor.execute("SELECT nextval('composition_lock_fence_epoch')")
+        return int(cursor.fetchone()[0])
+
+
+class RedisLock:
+    """A held Redis lock. ``fence`` is larger than the fence of every earlier acquisition of any
+    redis_lock (pass it to ``fenced_write``); ``token`` identifies this owner."""
+
+    def __init__(self, store: _Store, name: str, token: str, fence: int, acquired_at: float) -> None:
+        self._store = store
+        self.name = name
+        self.token = token
+        self.fence = fence
+        self._acquired_at = acquired_at
+        self.released = False
+
+    @property
+    def _key(self) -> str:
+        return self._store.prefix + self.name
+
+    def extend(self, ttl_s: float) -> None:
+        """Make the lock expire ``ttl_s`` seconds from now. Raises LockLost if it is no longer
+        ours (it expired, maybe someone else holds it), LockBackendUnavailable if Redis is down."""
+        try:
+            ok = self._store.extend(keys=[self._key], args=[self.token, max(1, round(ttl_s * 1000))])
+        except REDIS_ERRORS as exc:
+            raise LockBackendUnavailable(self.name, f"redis unreachable: {exc}") from exc
+        if not ok:
+            raise LockLost(self.name, "expired before extend(); another owner may hold it")
+
+    def release(self) -> bool:
+        """Delete the lock if this owner still holds it; False when it had already expired (then
+        whoever holds it now keeps it). Redis errors are swallowed: the TTL frees the lock."""
+        if self.released:
+            return False
+        self.released = True
+        LOCK_HOLD_SECONDS.labels("redis", _label(self.name)).observe(time.monotonic() - self._acquired_at)
+        try:
+            return bool(self._store.release(keys=[self._key], args=[self.token]))
+        except REDIS_ERRORS:
+            return False
+
+
+def acquire_redis_lock(name: str, *, ttl_s: float, wait_s: float = 0) -> RedisLock:
+    """Acquire the Redis lock ``name`` for ``ttl_s`` seconds, waiting up to ``wait_s`` seconds.
+
+    Raises LockNotAcquired(name) when it stays busy, LockBackendUnavailable (a LockNotAcquired)
+    when Redis cannot be reached. The caller must ``release()`` it (``redis_lock`` does).
+    """
+    if not ttl_s > 0:
+        raise ValueError(f"ttl_s must be positive, got {ttl_s!r}")
+    store = _store()
+    label = _label(name)
+    token = secrets.token_hex(16)
+    ttl_ms = max(1, round(ttl_s * 1000))
+    started = time.monotonic()
+    deadline = started + max(0.0, wait_s)
+    poll_s = 0.002
+    epochs_installed = 0
+    while True:
+        try:
+            result = store.acquire(keys=[store.prefix + name, store.fence_key], args=[token, ttl_ms])
+            if result == -1 and epochs_installed < 3:
+                epochs_installed += 1
+                store.install_epoch(keys=[store.fence_key], args=[_next_epoch()])
+                continue
+        except _UNAVAILABLE as exc:
+            _record(label, "unavailable", started)
+            raise LockBackendUnavailable(name, f"lock store unreachable: {exc}") from exc
+        if result == -1:
+            _record(label, "unavailable", started)
+            raise LockBackendUnavailable(name, "no fencing epoch could be installed")
+        if result != 0:
+            epoch, counter = int(result[0]), int(result[1])
+            _record(label, "acquired", started)
+            return RedisLock(store, name, token, epoch << 32 | counter, time.monotonic())
+        remaining_s = deadline - time.monotonic()
+        if remaining_s <= 0:
+            _record(label, "busy", started)
+            raise LockNotAcquired(name, "busy" if wait_s <= 0 else f"busy for {wait_s}s")
+        # Jittered backoff, so waiters on one lock do not poll in lockstep.
+        time.sleep(min(remaining_s, poll_s * random.uniform(0.5, 1.0)))
+        poll_s = min(poll_s * 2, _MAX_POLL_S)
+
+
+def _record(label: str, outcome: str, started: float) -> None:
+    LOCK_ACQUIRE.labels("redis", label, outcome).inc()
+    LOCK_WAIT_SECONDS.labels("redis", label).observe(time.monotonic() - started)
+
+
+@contextmanager
+def redis_lock(name: str, *, ttl_s: float, wait_s: float = 0) -> Iterator[RedisLock]:
+    """Hold the Redis lock ``name`` for the with-block (see ``acquire_redis_lock``); released on
+    exit, also when the body raises. If the body outlives ``ttl_s`` the lock may pass to someone
+    else: extend it, and guard writes with ``fenced_write(resource, lock.fence)``.
+    The metric label is the text of ``name`` before its first ``:``."""
+    lock = acquire_redis_lock(name, ttl_s=ttl_s, wait_s=wait_s)
+    try:
+        yield lock
+    finally:
+        lock.release()

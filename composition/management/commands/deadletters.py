@@ -1,0 +1,131 @@
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db.models import QuerySet
+
+from composition.errors import CompositionError
+from composition.jobs import replay as service
+from composition.jobs.models import DeadLetter
+
+LIST_LIMIT = 200
+
+
+def _summary(row: DeadLetter) -> dict[str, Any]:
+    return {"id": row.pk, "actor": row.actor, "status": row.status, "attempts": row.attempts,
+            "error_class": row.error_class, "error_message": row.error_message,
+            "fingerprint": row.fingerprint, "message_id": row.message_id,
+            "last_failed_at": row.last_failed_at.isoformat()}
+
+
+def _detail(row: DeadLetter) -> dict[str, Any]:
+    return {**_summary(row), "queue": row.queue, "payload": row.payload, "args": row.args,
+            "headers": row.headers, "first_failed_at": row.first_failed_at.isoformat(),
+            "replayed_at": row.replayed_at.isoformat() if row.replayed_at else None,
+            "replay_outbox_id": row.replay_outbox_id,
+            "discarded_at": row.discarded_at.isoformat() if row.discarded_at else None,
+            "traceback": row.traceback}
+
+
+class Command(BaseCommand):
+    help = ("List, show, replay or discard dead letters. Replay and discard act on one --id at once; "
+            "a bulk selection (several ids, a filter or --all) only prints its count unless --yes is given.")
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("action", choices=["list", "show", "replay", "discard"])
+        parser.add_argument("--id", dest="ids", type=int, action="append", default=None,
+                            help="a dead letter id (repeatable)")
+        parser.add_argument("--actor", help="only this actor")
+        parser.add_argument("--error", help="only this error class (full or last dotted part)")
+        parser.add_argument("--fingerprint", help="only this failure group")
+        parser.add_argument("--all", action="store_true",
+                            help="list: every status, not only dead; replay/discard: act without a filter")
+        parser.add_argument("--dry-run", action="store_true", help="print what would be done, do nothing")
+        parser.add_argument("--yes", action="store_true", help="carry out a bulk replay or discard")
+        parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        action = options["action"]
+        filtered = bool(options["ids"] or options["actor"] or options["error"] or options["fingerprint"])
+        if action == "list":
+            status = None if options["all"] else DeadLetter.Status.DEAD
+            self._list(self._select(options, status), options["json"])
+        elif action == "show":
+            if not options["ids"]:
+                raise CommandError("show needs --id")
+            self._show(self._select(options, None), options["json"])
+        else:
+            if not filtered and not options["all"]:
+                raise CommandError(f"{action} needs --id, a filter (--actor/--error/--fingerprint) or --all")
+            self._act(action, self._select(options, DeadLetter.Status.DEAD), options)
+
+    def _select(self, options: dict[str, Any], status: str | None) -> QuerySet[DeadLetter]:
+        return service.select(ids=options["ids"], actor=options["actor"], error=options["error"],
+                              fingerprint=options["fingerprint"], status=status)
+
+    def _emit(self, data: Any) -> None:
+        self.stdout.write(json.dumps(data, indent=2, sort_keys=True))
+
+    def _list(self, rows: QuerySet[DeadLetter], as_json: bool) -> None:
+        total = rows.count()
+        shown = [_summary(row) for row in rows.order_by("-last_failed_at", "-id")[:LIST_LIMIT]]
+        if as_json:
+            self._emit({"count": total, "dead_letters": shown})
+            return
+        for row in shown:
+            self.stdout.write(f"{row['id']:>8}  {row['status']:<9} {row['actor']:<30} "
+                              f"{row['error_class'].rsplit('.', 1)[-1]:<28} x{row['attempts']:<3} "
+                              f"{row['fingerprint'][:12]}  {row['error_message'][:80]}")
+        self.stdout.write(f"{total} dead letter(s)" + (f", newest {LIST_LIMIT} shown" if total > LIST_LIMIT else ""))
+
+    def _show(self, rows: QuerySet[DeadLetter], as_json: bool) -> None:
+        found = list(rows)
+        if not found:
+            raise CommandError("no such dead letter")
+        if as_json:
+            self._emit([_detail(row) for row in found])
+            return
+        for row in found:
+            for name, value in _detail(row).items():
+                if name != "traceback":
+                    self.stdout.write(f"{name}: {value}")
+            self.stdout.write(row.traceback)
+
+    def _act(self, action: str, rows: QuerySet[DeadLetter], options: dict[str, Any]) -> None:
+        count = rows.count()
+        ids = options["ids"] or []
+        bulk = len(ids) != 1 or bool(options["actor"] or options["error"] or options["fingerprint"]
+                                     or options["all"])
+        if options["dry_run"] or (bulk and not options["yes"]):
+            note = "dry run" if options["dry_run"] else "add --yes to carry it out"
+            if options["json"]:
+                self._emit({"action": action, "count": count, "done": False})
+            else:
+                self.stdout.write(f"{count} dead letter(s) would be {action}ed ({note}).")
+            return
+        if not bulk:
+            self._act_one(action, ids[0], options["json"])
+            return
+        result = (service.replay_many if action == "replay" else service.discard_many)(rows)
+        if options["json"]:
+            self._emit({"action": action, "count": count, **result.as_dict()})
+            return
+        self.stdout.write(f"{action}ed {len(result.done)} of {count} dead letter(s).")
+        for pk, reason in result.refused.items():
+            self.stderr.write(f"dead letter {pk} refused: {reason}")
+
+    def _act_one(self, action: str, pk: int, as_json: bool) -> None:
+        try:
+            row = (service.replay if action == "replay" else service.discard)(pk)
+        except DeadLetter.DoesNotExist:
+            raise CommandError(f"no dead letter with id {pk}") from None
+        except CompositionError as exc:
+            raise CommandError(str(exc)) from exc
+        if as_json:
+            self._emit({"action": action, "id": row.pk, "status": row.status,
+                        "replay_outbox_id": row.replay_outbox_id})
+        else:
+            extra = f" as outbox message {row.replay_outbox_id}" if row.replay_outbox_id else ""
+            self.stdout.write(f"dead letter {row.pk} {row.status}{extra}.")

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from composition.broker import configured_broker
+from composition.outbox.ops import outbox_status, prune_sent
+from composition.outbox.relay import Relay
+
+SECONDS_PER_DAY = 86_400.0
+
+
+class Command(BaseCommand):
+    help = ("Outbox operations: 'status' shows the backlog, 'relay' relays pending messages until none "
+            "is left, 'prune' deletes sent messages older than --older-than days (in batches).")
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("action", choices=("status", "relay", "prune"))
+        parser.add_argument("--older-than", type=float, default=7.0, dest="older_than",
+                            help="prune: sent messages older than this many days (default 7)")
+        parser.add_argument("--dry-run", action="store_true", help="prune: only count what would go")
+        parser.add_argument("--batch-size", type=int, default=None, dest="batch_size",
+                            help="relay: messages per batch (default OUTBOX_BATCH_SIZE)")
+        parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        action = options["action"]
+        if action == "status":
+            result: dict[str, Any] = outbox_status().as_dict()
+        elif action == "relay":
+            if options["batch_size"] is not None and options["batch_size"] < 1:
+                raise CommandError("--batch-size must be at least 1")
+            relay = Relay(configured_broker(), batch_size=options["batch_size"])
+            result = {"relayed": relay.run_until_idle(), "relay_id": relay.relay_id}
+        else:
+            if options["older_than"] < 0:
+                raise CommandError("--older-than must be >= 0 days")
+            deleted = prune_sent(options["older_than"] * SECONDS_PER_DAY, dry_run=options["dry_run"])
+            result = {"would_delete" if options["dry_run"] else "deleted": deleted,
+                      "older_than_days": options["older_than"]}
+        if options["json"]:
+            self.stdout.write(json.dumps(result, indent=2, default=str))
+            return
+        for name, value in result.items():
+            if isinstance(value, dict):
+                self.stdout.write(f"{name}:")
+                for inner, count in value.items():
+                    self.stdout.write(f"  {inner}: {count}")
+            else:
+                self.stdout.write(f"{name}: {value}")

@@ -1,0 +1,63 @@
+"""Errors raised by the outbox.
+
+``publish()`` validates its input at once, so a bad call fails in the caller's code path with
+a clear message instead of becoming a message no worker can run. Every publish error is also a
+``ValueError`` (or a ``LookupError`` for an unknown actor), so generic handlers still catch it.
+"""
+
+from __future__ import annotations
+
+from composition.errors import CompositionError
+
+__all__ = [
+    "InvalidDelayError",
+    "InvalidKeyError",
+    "OutboxError",
+    "PayloadNotSerializableError",
+    "PayloadTooLargeError",
+    "PublishError",
+    "UnknownActorError",
+]
+
+
+class OutboxError(CompositionError):
+    """Base class of the outbox's errors."""
+
+
+class PublishError(OutboxError, ValueError):
+    """``publish()`` was called with input that can never become a valid message."""
+
+
+class UnknownActorError(PublishError, LookupError):
+    """The actor is neither an actor object nor the name of an actor declared on the broker."""
+
+    def __init__(self, actor_name: str) -> None:
+        super().__init__(
+            f"unknown actor {actor_name!r}: no actor of that name is declared on the configured "
+            "broker (is its app's jobs module imported?)"
+        )
+        self.actor_name = actor_name
+
+
+class PayloadNotSerializableError(PublishError, TypeError):
+    """The payload is not a dict of JSON-serializable keyword arguments."""
+
+
+class PayloadTooLargeError(PublishError):
+    """The JSON-encoded payload exceeds ``COMPOSITION["OUTBOX_MAX_PAYLOAD_BYTES"]``."""
+
+    def __init__(self, size_bytes: int, limit_bytes: int) -> None:
+        super().__init__(
+            f"payload is {size_bytes} bytes encoded, above OUTBOX_MAX_PAYLOAD_BYTES={limit_bytes}; "
+            "send ids and let the job load the data"
+        )
+        self.size_bytes = size_bytes
+        self.limit_bytes = limit_bytes
+
+
+class InvalidKeyError(PublishError):
+    """The ordering key is not a non-empty string of at most 255 characters."""
+
+
+class InvalidDelayError(PublishError):
+    """``delay_s`` is negative, not finite or not a number."""

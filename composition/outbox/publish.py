@@ -1,0 +1,153 @@
+"""``publish()``: validate at once, write the outbox row in the caller's transaction, nudge the
+relay after commit."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import structlog
+from django.db import DEFAULT_DB_ALIAS, transaction
+from dramatiq.errors import ActorNotFound
+
+from composition.broker import configured_broker
+from composition.conf import conf
+from composition.outbox.errors import (
+    InvalidDelayError,
+    InvalidKeyError,
+    PayloadNotSerializableError,
+    PayloadTooLargeError,
+    UnknownActorError,
+)
+from composition.outbox.models import KEY_MAX_LENGTH, OutboxMessage
+
+__all__ = ["encode_payload", "publish"]
+
+log = structlog.get_logger("composition.outbox")
+
+# Deepest nesting a payload may have; payloads are meant to be a few ids, and the limit keeps the
+# validation walk from recursing without bound.
+_MAX_DEPTH = 32
+# Where the connection remembers the nudge it registered for the current transaction.
+_NUDGE_ATTR = "_composition_outbox_nudge"
+
+
+def publish(actor: Any, payload: Mapping[str, Any], *, key: str | None = None,
+            delay_s: float | None = None) -> OutboxMessage:
+    """Write one outbox message for ``actor`` with ``payload`` as its keyword arguments.
+
+    ``actor`` is an actor (anything with an ``actor_name``, such as a Dramatiq actor or a job) or
+    an actor name; it must be declared on the configured broker. Inside ``transaction.atomic()``
+    the row commits or rolls back with the caller's data; once committed, the relay is nudged
+    (and a periodic sweep catches anything a lost nudge missed). Messages with the same ``key``
+    are relayed in publish order. ``delay_s`` (seconds after publish) delays the job.
+
+    Raises ``UnknownActorError``, ``PayloadNotSerializableError`` (not a dict with string keys
+    of JSON values), ``PayloadTooLargeError`` (above ``OUTBOX_MAX_PAYLOAD_BYTES`` encoded),
+    ``InvalidKeyError`` or ``InvalidDelayError``; all are ``PublishError``/``ValueError``.
+    """
+    name = _actor_name(actor)
+    try:
+        declared = configured_broker().get_actor(name)
+    except ActorNotFound:
+        raise UnknownActorError(name) from None
+    encode_payload(payload)
+    if key is not None and (not isinstance(key, str) or not key or len(key) > KEY_MAX_LENGTH):
+        raise InvalidKeyError(f"key must be a non-empty string of at most {KEY_MAX_LENGTH} characters, "
+                              f"got {key!r}")
+    if delay_s is not None:
+        if isinstance(delay_s, bool) or not isinstance(delay_s, int | float) or not math.isfinite(delay_s) \
+                or delay_s < 0:
+            raise InvalidDelayError(f"delay_s must be a finite number of seconds >= 0, got {delay_s!r}")
+        delay_s = float(delay_s)
+    context = structlog.contextvars.get_contextvars()
+    headers = {"request_id": context.get("request_id"), "published_at": time.time()}
+    message = OutboxMessage.objects.create(
+        actor_name=name, queue_name=declared.queue_name, payload=dict(payload), key=key,
+        headers=headers, delay_s=delay_s,
+    )
+    _nudge_after_commit(DEFAULT_DB_ALIAS)
+    return message
+
+
+def encode_payload(payload: Any) -> bytes:
+    """The payload as compact UTF-8 JSON; raises the publish errors for a bad or oversize payload."""
+    if not isinstance(payload, Mapping):
+        raise PayloadNotSerializableError(
+            f"payload must be a dict of keyword arguments, got {type(payload).__name__}")
+    _check_json(payload, "payload", 0)
+    encoded = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    limit = int(conf.OUTBOX_MAX_PAYLOAD_BYTES)
+    if len(encoded) > limit:
+        raise PayloadTooLargeError(len(encoded), limit)
+    return encoded
+
+
+def _check_json(value: Any, path: str, depth: int) -> None:
+    # json.dumps alone would turn {1: "a"} into {"1": "a"} and a tuple into a list without a word,
+    # and the job would receive something else than what was published; refuse instead.
+    if depth > _MAX_DEPTH:
+        raise PayloadNotSerializableError(f"{path} is nested deeper than {_MAX_DEPTH} levels")
+    if value is None or isinstance(value, str | bool | int):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise PayloadNotSerializableError(f"{path} is {value!r}, which JSON cannot represent")
+        return
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_json(item, f"{path}[{index}]", depth + 1)
+        return
+    if isinstance(value, Mapping):
+        for item_key, item in value.items():
+            if not isinstance(item_key, str):
+                raise PayloadNotSerializableError(f"{path} has a non-string key {item_key!r}")
+            _check_json(item, f"{path}[{item_key!r}]", depth + 1)
+        return
+    raise PayloadNotSerializableError(
+        f"{path} is a {type(value).__name__}, which is not JSON; pass ids and plain values")
+
+
+def _actor_name(actor: Any) -> str:
+    if isinstance(actor, str):
+        return actor
+    name = getattr(actor, "actor_name", None)
+    if isinstance(name, str):
+        return name
+    raise UnknownActorError(repr(actor))
+
+
+def _nudge_after_commit(using: str) -> None:
+    """Register one relay nudge per transaction, run after it commits (at once in autocommit)."""
+    connection = transaction.get_connection(using)
+    registered = getattr(connection, _NUDGE_ATTR, None)
+    if registered is not None and connection.in_atomic_block:
+        # A transaction publishing thousands of rows needs one nudge, not thousands. The hook is
+        # still ours only if it sits where we put it: a rolled-back transaction or savepoint
+        # drops hooks, and then we register again (an extra nudge is harmless).
+        index, callback = registered
+        hooks = connection.run_on_commit
+        if index < len(hooks) and hooks[index][1] is callback:
+            return
+    nudge = _make_nudge()
+    if connection.in_atomic_block:
+        setattr(connection, _NUDGE_ATTR, (len(connection.run_on_commit), nudge))
+    transaction.on_commit(nudge, using=using)
+
+
+def _make_nudge() -> Callable[[], None]:
+    def nudge() -> None:
+        # After commit the row is safe; a failed nudge only delays it until the next sweep, so it
+        # must never turn the caller's successful commit into an exception.
+        try:
+            from composition.outbox.relay import relay_actor
+
+            relay_actor(configured_broker()).send()
+        except Exception as exc:
+            log.warning("outbox relay nudge failed; the sweep will relay the message",
+                        error=f"{type(exc).__name__}: {exc}")
+
+    return nudge

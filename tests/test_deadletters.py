@@ -1,0 +1,212 @@
+"""Dead letters: recording, replay through the outbox (once), discard, the command and the admin."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from io import StringIO
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.core.management import CommandError, call_command
+from django.db import transaction
+from django.test import Client
+from dramatiq import Message
+from dramatiq.broker import MessageProxy
+
+from composition.broker import configured_broker
+from composition.errors import DeadLetterStateError, PermanentError
+from composition.jobs import replay as service
+from composition.jobs.deadletters import record_dead_letter
+from composition.jobs.models import DeadLetter
+from composition.outbox import OutboxMessage, publish
+from composition.outbox.relay import RELAY_QUEUE_NAME
+from composition.testing import wait_until
+from tests.jobsapp import jobs
+from tests.jobsapp.models import Account, Effect
+
+
+def dead_letter(actor: str = "charge", *, account: str = "acme", key: str = "k",
+                error: str = "no account") -> DeadLetter:
+    """A dead letter recorded the way the worker records one, from a real Dramatiq message."""
+    message = MessageProxy(Message(queue_name=jobs.CHECK_QUEUE, actor_name=actor, args=(),
+                                   kwargs={"account": account, "key": key}, options={}))
+    try:
+        raise PermanentError(error)
+    except PermanentError as exc:
+        pk = record_dead_letter(message, exc, attempts=1)
+    return DeadLetter.objects.get(pk=pk)
+
+
+# -- replay and discard, in-process ----------------------------------------------------------------
+@pytest.mark.django_db
+def test_replay_publishes_through_the_outbox_once() -> None:
+    letter = dead_letter(key="once")
+    replayed = service.replay(letter.pk)
+    assert replayed.status == "replayed" and replayed.replayed_at is not None
+    outbox = OutboxMessage.objects.get(pk=replayed.replay_outbox_id)
+    assert (outbox.actor_name, outbox.payload) == ("charge", {"account": "acme", "key": "once"})
+    with pytest.raises(DeadLetterStateError, match="already replayed"):
+        service.replay(letter.pk)
+    with pytest.raises(DeadLetterStateError, match="already replayed"):
+        service.discard(letter.pk)
+    assert OutboxMessage.objects.filter(actor_name="charge").count() == 1
+
+
+@pytest.mark.django_db
+def test_replay_rolls_back_with_the_callers_transaction() -> None:
+    letter = dead_letter(key="rollback")
+    with pytest.raises(RuntimeError), transaction.atomic():
+        service.replay(letter.pk)
+        raise RuntimeError("operator's transaction failed")
+    letter.refresh_from_db()
+    assert letter.status == "dead" and letter.replay_outbox_id is None
+    assert not OutboxMessage.objects.filter(actor_name="charge").exists()
+
+
+@pytest.mark.django_db
+def test_replay_and_discard_need_their_permissions() -> None:
+    user = User.objects.create_user("viewer")
+    letter = dead_letter(key="perm")
+    with pytest.raises(service.PermissionDenied):
+        service.replay(letter.pk, user=user)
+    with pytest.raises(service.PermissionDenied):
+        service.discard(letter.pk, user=user)
+    user.user_permissions.add(Permission.objects.get(codename="discard_deadletter"))
+    user = User.objects.get(pk=user.pk)  # permissions are cached per instance
+    assert service.discard(letter.pk, user=user).discarded_by == user
+
+
+@pytest.mark.django_db
+def test_same_failure_refreshes_one_row() -> None:
+    first = dead_letter(key="same")
+    message = MessageProxy(Message(queue_name=jobs.CHECK_QUEUE, actor_name="charge", args=(),
+                                   kwargs={}, options={}, message_id=first.message_id))
+    record_dead_letter(message, PermanentError("again"), attempts=2)
+    first.refresh_from_db()
+    assert (first.attempts, first.error_message) == (2, "again")
+    assert DeadLetter.objects.filter(message_id=first.message_id).count() == 1
+
+
+# -- the command ------------------------------------------------------------------------------------
+def run(*args: str) -> str:
+    out = StringIO()
+    call_command("deadletters", *args, stdout=out)
+    return out.getvalue()
+
+
+@pytest.mark.django_db
+def test_command_bulk_action_without_yes_only_prints_the_count() -> None:
+    letters = [dead_letter(key=f"bulk-{index}", error=f"no account {index}") for index in range(3)]
+    dead_letter("other_actor", key="other")
+    assert "3 dead letter(s) would be replayed" in run("replay", "--actor", "charge")
+    assert "3 dead letter(s) would be discarded (dry run)" in run("discard", "--actor", "charge", "--yes", "--dry-run")
+    assert DeadLetter.objects.filter(status="dead").count() == 4
+    assert not OutboxMessage.objects.exists()
+
+    fingerprint = letters[0].fingerprint
+    assert all(letter.fingerprint == fingerprint for letter in letters), "numbers are normalised away"
+    result = json.loads(run("replay", "--fingerprint", fingerprint, "--yes", "--json"))
+    assert (result["count"], result["done_count"], result["refused_count"]) == (3, 3, 0)
+    assert OutboxMessage.objects.filter(actor_name="charge").count() == 3
+    assert json.loads(run("list", "--json"))["count"] == 1
+    assert json.loads(run("list", "--all", "--json"))["count"] == 4
+
+
+@pytest.mark.django_db
+def test_command_single_actions_and_refusals() -> None:
+    letter = dead_letter(key="single")
+    shown = json.loads(run("show", "--id", str(letter.pk), "--json"))[0]
+    assert "PermanentError" in shown["traceback"] and shown["payload"] == {"account": "acme", "key": "single"}
+    assert "discarded" in run("discard", "--id", str(letter.pk))
+    with pytest.raises(CommandError, match="already discarded"):
+        run("replay", "--id", str(letter.pk))
+    with pytest.raises(CommandError, match="needs --id, a filter"):
+        run("replay")
+    with pytest.raises(CommandError, match="no dead letter with id"):
+        run("discard", "--id", "999999")
+
+
+# -- the admin --------------------------------------------------------------------------------------
+def _staff(name: str, *codenames: str) -> Client:
+    user = User.objects.create_user(name, password="pw", is_staff=True)
+    for codename in ("view_deadletter", *codenames):
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.mark.django_db
+def test_admin_replay_is_refused_without_the_permission() -> None:
+    letter = dead_letter(key="admin-no")
+    client = _staff("viewer")
+    url = "/admin/composition/deadletter/"
+    page = client.get(url)
+    assert page.status_code == 200 and b"replay_selected" not in page.content
+    response = client.post(url, {"action": "replay_selected", "_selected_action": [letter.pk], "confirm": "yes"})
+    assert response.status_code in (200, 302)
+    letter.refresh_from_db()
+    assert letter.status == "dead"
+    assert not OutboxMessage.objects.exists()
+
+
+@pytest.mark.django_db
+def test_admin_replay_confirms_the_count_then_acts() -> None:
+    letters = [dead_letter(key=f"admin-{index}") for index in range(2)]
+    client = _staff("operator", "replay_deadletter")
+    url = "/admin/composition/deadletter/"
+    assert b"replay_selected" in client.get(url).content
+    detail = client.get(f"{url}{letters[0].pk}/change/")
+    assert detail.status_code == 200 and b"Traceback" in detail.content
+    selection = {"action": "replay_selected", "_selected_action": [letter.pk for letter in letters]}
+    confirm = client.post(url, selection)
+    assert confirm.status_code == 200
+    assert b"This will replay <strong>2</strong> dead letters" in confirm.content
+    assert DeadLetter.objects.filter(status="dead").count() == 2, "nothing happens before the confirmation"
+    done = client.post(url, {**selection, "confirm": "yes"})
+    assert done.status_code == 302
+    assert DeadLetter.objects.filter(status="replayed").count() == 2
+    assert OutboxMessage.objects.filter(actor_name="charge").count() == 2
+
+
+# -- fix the data, replay, once: with a real worker and relay ------------------------------------------
+@pytest.fixture
+def empty_queues() -> Iterator[None]:
+    broker = configured_broker()
+    for queue in (jobs.CHECK_QUEUE, RELAY_QUEUE_NAME):
+        broker.flush(queue)
+    yield
+    for queue in (jobs.CHECK_QUEUE, RELAY_QUEUE_NAME):
+        broker.flush(queue)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_replay_after_fixing_the_data_succeeds_once(worker_processes, empty_queues: None) -> None:
+    worker = worker_processes.spawn(["--threads", "4", "--queues", f"{jobs.CHECK_QUEUE},{RELAY_QUEUE_NAME}"])
+    with transaction.atomic():
+        publish(jobs.charge, {"account": "acme", "key": "charged"})
+    try:
+        wait_until(lambda: DeadLetter.objects.filter(actor="charge").exists(), timeout_s=30)
+    except AssertionError:
+        pytest.fail(f"no dead letter; log:\n{worker.output()[-3000:]}")
+    letter = DeadLetter.objects.get(actor="charge")
+    assert letter.error_message == "no account named acme"
+    first_outbox = OutboxMessage.objects.get(actor_name="charge")
+    assert letter.headers["outbox_id"] == first_outbox.pk, "the relay's headers travel with the message"
+    assert letter.message_id == first_outbox.message_id
+
+    Account.objects.create(name="acme")  # the operator fixes the data
+    replayed = service.replay(letter.pk)
+    wait_until(lambda: Effect.objects.filter(key="charged").exists(), timeout_s=30,
+               message="the replayed job did not run")
+    with pytest.raises(DeadLetterStateError):
+        service.replay(letter.pk)
+    with pytest.raises(CommandError, match="already replayed"):
+        run("replay", "--id", str(letter.pk))
+    outbox = OutboxMessage.objects.get(pk=replayed.replay_outbox_id)
+    wait_until(lambda: OutboxMessage.objects.get(pk=outbox.pk).status == "sent", timeout_s=10)
+    assert Effect.objects.filter(key="charged").count() == 1
+    assert DeadLetter.objects.filter(actor="charge").count() == 1
+    assert worker.terminate() == 0

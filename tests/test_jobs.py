@@ -1,0 +1,173 @@
+"""The job decorator, retry policy, payload schema, fingerprints and inbox ledger, in-process."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+from django.db import connection, transaction
+from dramatiq import Actor
+from hypothesis import given
+from hypothesis import strategies as st
+
+from composition.broker import configured_broker
+from composition.errors import PayloadValidationError, PermanentError
+from composition.jobs import JobPolicy, backoff_s, job
+from composition.jobs.deadletters import fingerprint, normalise_message
+from composition.jobs.inbox import claim
+from composition.jobs.models import ProcessedMessage
+from composition.jobs.schema import PayloadSchema
+from tests.jobsapp import jobs
+
+
+# -- backoff ----------------------------------------------------------------------------------------
+@given(initial_s=st.floats(0.001, 100), factor=st.floats(1, 10_000), seed=st.integers(0, 2**32))
+def test_backoff_grows_and_stays_within_bounds(initial_s: float, factor: float, seed: int) -> None:
+    max_s = initial_s * factor
+    rng = random.Random(seed)
+    delays = [backoff_s(retries, initial_s=initial_s, max_s=max_s, rng=rng) for retries in range(40)]
+    assert all(initial_s <= delay <= max_s for delay in delays)
+    assert delays == sorted(delays)
+    below_cap = [delay for delay in delays if delay < max_s]
+    assert len(set(below_cap)) == len(below_cap), "below the cap every step must grow"
+
+
+def test_backoff_has_jitter() -> None:
+    delays = {backoff_s(0, initial_s=10, max_s=900) for _ in range(50)}
+    assert len(delays) > 1
+    assert all(10 <= delay <= 15 for delay in delays)
+
+
+def test_backoff_rejects_inconsistent_bounds() -> None:
+    with pytest.raises(ValueError):
+        backoff_s(0, initial_s=5, max_s=1)
+    with pytest.raises(ValueError):
+        JobPolicy(max_attempts=0)
+    with pytest.raises(TypeError):
+        JobPolicy(permanent=("not an exception",))  # type: ignore[arg-type]
+
+
+# -- the decorator ----------------------------------------------------------------------------------
+def test_job_returns_a_dramatiq_actor_configured_with_the_policy() -> None:
+    actor = jobs.flaky
+    assert isinstance(actor, Actor)
+    assert actor.actor_name == "flaky"
+    assert actor.queue_name == jobs.RETRY_QUEUE
+    assert actor.broker is configured_broker()
+    assert configured_broker().get_actor("flaky") is actor
+    assert actor.options["max_retries"] == 4  # max_attempts 5 counts runs, not retries
+    assert actor.options["min_backoff"] == 50
+    assert actor.options["max_backoff"] == 300
+    assert PermanentError in actor.options["throws"]
+    assert LookupError in jobs.lookup.options["throws"]
+    assert jobs.slow.options["time_limit"] == 300_000
+
+
+def test_job_defaults_follow_the_worker_policy() -> None:
+    policy = JobPolicy()
+    assert (policy.max_attempts, policy.initial_delay_s, policy.max_delay_s, policy.timeout_s) == (5, 10, 900, 120)
+
+
+def test_job_declared_twice_under_one_name_is_refused() -> None:
+    with pytest.raises(ValueError, match="already registered"):
+        job(queue="jobs_check", actor_name="typed")(lambda: None)
+
+
+# -- payload schema -------------------------------------------------------------------------------------
+def _example(invoice_id: int, amount: float, note: str | None = None, tags: list[str] | None = None) -> None:
+    pass
+
+
+@pytest.mark.parametrize(("args", "kwargs", "error"), [
+    ((), {"amount": 1.0}, "missing a required argument 'invoice_id'"),
+    ((), {"invoice": 1, "amount": 1.0}, "unexpected keyword argument 'invoice'; missing a required argument "
+                                        "'invoice_id'"),
+    ((), {"invoice_id": 1, "amount": 1.0, "extra": 2}, "unexpected keyword argument 'extra'"),
+    ((), {"invoice_id": "7", "amount": 1.0}, "argument 'invoice_id' must be int, got str"),
+    ((), {"invoice_id": True, "amount": 1.0}, "argument 'invoice_id' must be int, got bool"),
+    ((), {"invoice_id": 1, "amount": "1"}, "argument 'amount' must be float, got str"),
+    ((), {"invoice_id": 1, "amount": 1, "note": 5}, "argument 'note' must be str | None, got int"),
+    ((), {"invoice_id": 1, "amount": 1, "tags": "a"}, "argument 'tags' must be list | None, got str"),
+])
+def test_schema_refuses_payloads_that_do_not_fit(args: tuple, kwargs: dict, error: str) -> None:
+    schema = PayloadSchema.of(_example, "example")
+    with pytest.raises(PayloadValidationError) as caught:
+        schema.validate(args, kwargs)
+    assert error in str(caught.value)
+    assert isinstance(caught.value, PermanentError)
+
+
+def test_schema_accepts_payloads_that_fit() -> None:
+    schema = PayloadSchema.of(_example, "example")
+    schema.validate((), {"invoice_id": 1, "amount": 2})  # an int is a fine float
+    schema.validate((3, 1.5), {"note": None, "tags": ["x"]})
+
+
+# -- fingerprints ---------------------------------------------------------------------------------------
+def test_fingerprint_groups_the_same_failure_of_different_messages() -> None:
+    a = fingerprint("charge", "ValueError", "invoice 41 not found (id 5f0c8a3e-1b2c-4d5e-8f90-a1b2c3d4e5f6)")
+    b = fingerprint("charge", "ValueError", "invoice 42 not found (id 0a1b2c3d-1b2c-4d5e-8f90-a1b2c3d4e5f6)")
+    assert a == b
+    assert a != fingerprint("charge", "KeyError", "invoice 41 not found")
+    assert a != fingerprint("refund", "ValueError", "invoice 41 not found")
+    assert normalise_message("at 0x7f3a   after 12.5s") == "at <addr> after <n>s"
+
+
+# -- the inbox ledger ---------------------------------------------------------------------------------
+@pytest.mark.django_db(transaction=True)
+def test_ledger_claims_a_message_id_once() -> None:
+    with transaction.atomic():
+        assert claim("m-1", "charge") is True
+    with transaction.atomic():
+        assert claim("m-1", "charge") is False
+    assert ProcessedMessage.objects.filter(message_id="m-1").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ledger_claim_rolls_back_with_the_effects() -> None:
+    with pytest.raises(RuntimeError), transaction.atomic():
+        assert claim("m-2", "charge") is True
+        raise RuntimeError("the job failed")
+    with transaction.atomic():
+        assert claim("m-2", "charge") is True
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_redelivery_waits_for_the_first_and_then_skips() -> None:
+    """Two deliveries of one message at once: the second blocks on the unique index while the
+    first is in flight and sees the committed row afterwards."""
+    first_claimed = threading.Event()
+    release = threading.Event()
+    outcome: list[bool] = []
+
+    def first() -> None:
+        try:
+            with transaction.atomic():
+                outcome.append(claim("m-3", "charge"))
+                first_claimed.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert first_claimed.wait(10)
+    second: list[bool] = []
+
+    def run_second() -> None:
+        try:
+            with transaction.atomic():
+                second.append(claim("m-3", "charge"))
+        finally:
+            connection.close()
+
+    other = threading.Thread(target=run_second)
+    other.start()
+    other.join(0.5)
+    assert other.is_alive(), "the second claim must wait for the first transaction"
+    release.set()
+    thread.join(10)
+    other.join(10)
+    assert outcome == [True]
+    assert second == [False]

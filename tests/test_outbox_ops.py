@@ -1,0 +1,150 @@
+"""Operator surfaces of the outbox: the `outbox` command, the admin screen and the gauges."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.core.management import CommandError, call_command
+from django.test import Client
+from django.utils import timezone
+from prometheus_client import REGISTRY
+
+from composition.outbox import OutboxMessage, publish
+from composition.outbox.ops import prune_sent
+from tests.outboxapp.helpers import enqueued, flush_broker
+
+PROBE = "outboxapp_relay_probe"
+QUEUE = "outboxapp_probe"
+
+
+@pytest.fixture(autouse=True)
+def _clean_broker() -> Iterator[None]:
+    flush_broker()
+    yield
+    flush_broker()
+
+
+def _outbox(*args: str) -> dict:  # type: ignore[type-arg]
+    out = StringIO()
+    call_command("outbox", *args, "--json", stdout=out)
+    return json.loads(out.getvalue())  # type: ignore[no-any-return]
+
+
+def _sent(days_ago: float, n: int) -> None:
+    sent_at = timezone.now() - timedelta(days=days_ago)
+    OutboxMessage.objects.bulk_create([
+        OutboxMessage(actor_name=PROBE, queue_name=QUEUE, payload={"seq": i}, status="sent", sent_at=sent_at)
+        for i in range(n)])
+
+
+# -- command --------------------------------------------------------------------------------------------------
+@pytest.mark.django_db
+def test_status_reports_backlog_by_actor_and_sets_the_gauges() -> None:
+    old = publish(PROBE, {"seq": 1})
+    OutboxMessage.objects.filter(pk=old.pk).update(created_at=timezone.now() - timedelta(seconds=90))
+    publish(PROBE, {"seq": 2})
+    _sent(1, 3)
+    status = _outbox("status")
+    assert status["pending"] == 2 and status["sent"] == 3 and status["leased"] == 0
+    assert status["pending_by_actor"] == {PROBE: 2}
+    assert 90 <= status["oldest_pending_age_s"] < 120
+    assert REGISTRY.get_sample_value("composition_outbox_pending_messages") == 2
+    assert 90 <= REGISTRY.get_sample_value("composition_outbox_oldest_pending_age_seconds") < 120  # type: ignore[operator]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_relay_command_relays_everything_pending() -> None:
+    for seq in range(7):
+        publish(PROBE, {"seq": seq}, key="k")
+    result = _outbox("relay", "--batch-size", "3")
+    assert result["relayed"] == 7
+    assert [m.kwargs["seq"] for m in enqueued(QUEUE)] == list(range(7))
+    assert _outbox("status")["pending"] == 0
+    with pytest.raises(CommandError):
+        call_command("outbox", "relay", "--batch-size", "0")
+
+
+@pytest.mark.django_db
+def test_prune_deletes_only_old_sent_rows_in_batches() -> None:
+    _sent(10, 7)
+    _sent(2, 2)
+    pending = publish(PROBE, {"seq": 1})
+    OutboxMessage.objects.filter(pk=pending.pk).update(created_at=timezone.now() - timedelta(days=30))
+    assert _outbox("prune", "--older-than", "5", "--dry-run") == {"would_delete": 7, "older_than_days": 5.0}
+    assert OutboxMessage.objects.count() == 10
+    assert prune_sent(5 * 86400, batch_size=3) == 7  # three batches: 3, 3, 1
+    assert _outbox("prune", "--older-than", "1") == {"deleted": 2, "older_than_days": 1.0}
+    assert list(OutboxMessage.objects.values_list("pk", flat=True)) == [pending.pk]
+
+
+@pytest.mark.django_db
+def test_plain_output_is_readable() -> None:
+    publish(PROBE, {"seq": 1})
+    out = StringIO()
+    call_command("outbox", "status", stdout=out)
+    assert "pending: 1" in out.getvalue() and f"  {PROBE}: 1" in out.getvalue()
+
+
+# -- admin -------------------------------------------------------------------------------------------------------
+@pytest.fixture
+def staff_client(db: None) -> Client:
+    user = User.objects.create_user("operator", password="x", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_outboxmessage"))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.mark.django_db
+def test_admin_list_shows_pending_count_and_oldest_age_and_filters(staff_client: Client) -> None:
+    old = publish(PROBE, {"seq": 1}, key="invoice:42")
+    OutboxMessage.objects.filter(pk=old.pk).update(created_at=timezone.now() - timedelta(seconds=300))
+    publish(PROBE, {"seq": 2}, key="invoice:7")
+    _sent(1, 1)
+    response = staff_client.get("/admin/composition/outboxmessage/")
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert "Pending: 2" in body and "oldest pending 30" in body
+    filtered = staff_client.get("/admin/composition/outboxmessage/", {"status__exact": "sent"})
+    assert filtered.context["cl"].result_count == 1
+    by_actor = staff_client.get("/admin/composition/outboxmessage/", {"actor_name": PROBE})
+    assert by_actor.context["cl"].result_count == 3
+    by_key = staff_client.get("/admin/composition/outboxmessage/", {"q": "invoice:42"})
+    assert [o.pk for o in by_key.context["cl"].result_list] == [old.pk]
+    by_id = staff_client.get("/admin/composition/outboxmessage/", {"q": str(old.pk)})
+    assert [o.pk for o in by_id.context["cl"].result_list] == [old.pk]
+
+
+@pytest.mark.django_db
+def test_admin_detail_is_read_only_with_a_pretty_payload(staff_client: Client) -> None:
+    row = publish(PROBE, {"seq": 1, "note": "<b>hi</b>"}, key="k")
+    response = staff_client.get(f"/admin/composition/outboxmessage/{row.pk}/change/")
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert "<pre>{\n  &quot;note&quot;: &quot;&lt;b&gt;hi&lt;/b&gt;&quot;,\n  &quot;seq&quot;: 1\n}</pre>" in body
+    assert row.message_id in body
+    assert staff_client.get("/admin/composition/outboxmessage/add/").status_code == 403
+    assert staff_client.post(f"/admin/composition/outboxmessage/{row.pk}/delete/").status_code == 403
+    assert staff_client.post(f"/admin/composition/outboxmessage/{row.pk}/change/",
+                             {"key": "changed"}).status_code == 403
+    row.refresh_from_db()
+    assert row.key == "k"
+
+
+# -- system checks ---------------------------------------------------------------------------------------------
+def test_system_checks_report_bad_outbox_settings(settings: object) -> None:
+    from composition.checks import check_outbox_settings
+
+    settings.COMPOSITION = {"OUTBOX_BATCH_SIZE": 0, "OUTBOX_MAX_PAYLOAD_BYTES": 1.5,  # type: ignore[attr-defined]
+                            "OUTBOX_LEASE_S": "30"}
+    assert sorted(m.id for m in check_outbox_settings()) == ["composition.E020", "composition.E021",
+                                                             "composition.E021"]
+    settings.COMPOSITION = {"OUTBOX_LEASE_S": 1.0, "OUTBOX_SWEEP_INTERVAL_S": 2.0}  # type: ignore[attr-defined]
+    assert [m.id for m in check_outbox_settings()] == ["composition.W020"]
+    settings.COMPOSITION = {}  # type: ignore[attr-defined]
+    assert check_outbox_settings() == []
