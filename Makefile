@@ -31,7 +31,7 @@ pytest: venv
 test: lint typecheck check pytest
 
 bench: venv
-	for b in bench/bench_*.py; do $(PY) $$b || exit 1; done
+	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 wheel: venv
 	$(PY) -m pip wheel --no-deps -w dist .

@@ -11,7 +11,7 @@ import os
 import sys
 import uuid
 
-from _cachebench_util import compare, report, setup_django
+from _util import compare, report, setup_django
 
 setup_django()
 

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from _cachebench_util import setup_django
+from _util import setup_django
 
 setup_django()
 

@@ -14,7 +14,7 @@ import os
 import sys
 import uuid
 
-from _cachebench_util import compare, report, setup_django
+from _util import compare, report, setup_django
 
 setup_django()
 
@@ -61,11 +61,6 @@ def bench_redis_lock() -> bool:
 
 
 def main() -> int:
-    with connection.cursor() as cursor:
-        # The fencing epoch sequence comes with composition's migration 0002; created here too so
-        # the benchmark also runs against a database that was never migrated.
-        cursor.execute("CREATE SEQUENCE IF NOT EXISTS composition_lock_fence_epoch AS bigint "
-                       "MINVALUE 1 MAXVALUE 2147483647")
     results = [bench_advisory(), bench_redis_lock()]
     return 0 if all(results) else 1
 

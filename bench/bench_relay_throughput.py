@@ -14,14 +14,10 @@ from __future__ import annotations
 import os
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+from _util import setup_django
 
-import django
-
-django.setup()
+setup_django()
 
 import dramatiq  # noqa: E402
 from django.db import connection, transaction  # noqa: E402

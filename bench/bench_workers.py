@@ -18,15 +18,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 os.environ.setdefault("LOG_LEVEL", "WARNING")
 
-import django  # noqa: E402
+from _util import setup_django  # noqa: E402
 
-django.setup()
-
-from django.core.management import call_command  # noqa: E402
+setup_django("tests.settings")
 
 from composition.broker import configured_broker  # noqa: E402
 from composition.conf import conf  # noqa: E402
@@ -79,11 +75,10 @@ def measure(argv: list[str], env: dict[str, str]) -> float:
 
 
 def main() -> None:
-    call_command("migrate", verbosity=0)
     env = dict(os.environ, BENCH_BROKER_URL=conf.BROKER_URL, BENCH_QUEUE=QUEUE)
     composed = [sys.executable, "manage.py", "runworkers", "--processes", "1", "--threads", THREADS,
                 "--queues", QUEUE]
-    plain = [str(Path(sys.executable).parent / "dramatiq"), "bench.bench_workers_baseline", "--processes", "1",
+    plain = [str(Path(sys.executable).parent / "dramatiq"), "bench._workers_baseline", "--processes", "1",
              "--threads", THREADS, "--queues", QUEUE]
     runworkers_rates, dramatiq_rates = [], []
     for _ in range(ROUNDS):

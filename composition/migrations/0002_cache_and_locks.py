@@ -32,7 +32,7 @@ class Migration(migrations.Migration):
             },
         ),
         migrations.RunSQL(
-            "CREATE SEQUENCE composition_lock_fence_epoch AS bigint MINVALUE 1 MAXVALUE 2147483647",
+            "CREATE SEQUENCE IF NOT EXISTS composition_lock_fence_epoch AS bigint MINVALUE 1 MAXVALUE 2147483647",
             reverse_sql="DROP SEQUENCE composition_lock_fence_epoch",
         ),
     ]

@@ -90,3 +90,12 @@ def slow(key: str, hold_s: float, gate: str = "") -> None:
 @job(queue=NOOP_QUEUE, max_attempts=1)
 def noop() -> None:
     """The benchmark's job: nothing but the machinery around it."""
+
+
+RABBIT_QUEUE = "jobs_rabbit"
+
+
+@job(queue=RABBIT_QUEUE, idempotent=True, max_attempts=3, initial_delay_s=0.05, max_delay_s=0.2)
+def rabbit_effect(key: str) -> None:
+    """Runs under a RabbitMQ broker in the RabbitMQ tests."""
+    Effect.objects.create(key=key)

@@ -1,4 +1,4 @@
-"""Shared set-up and timing for the cache and lock benchmarks.
+"""Shared set-up and timing for the benchmarks.
 
 Timing: the candidate and its baseline run in many short alternating rounds in the same process
 (so drift and noisy neighbours hit both alike), and each side's fastest round is reported: on a
@@ -14,12 +14,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def setup_django() -> None:
+def setup_django(settings_module: str = "project.settings") -> None:
+    """Set Django up and migrate, so a benchmark runs on a fresh database too."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", settings_module)
     import django
+    from django.core.management import call_command
 
     django.setup()
+    call_command("migrate", verbosity=0)
 
 
 def compare(candidate: Callable[[], object], baseline: Callable[[], object], *, calls: int,
