@@ -18,6 +18,24 @@ POSITIVE_INTEGERS = ("WORKER_PROCESSES", "WORKER_THREADS", "WORKER_IDLE_POLL_MS"
 DEPENDENCY_LEVELS = ("critical", "degraded", "ignore")
 
 
+def _merged() -> dict[str, Any] | None:
+    """COMPOSITION over the defaults, or None when it is not a dict (reported as E001)."""
+    user = getattr(settings, "COMPOSITION", {})
+    return {**DEFAULTS, **user} if isinstance(user, dict) else None
+
+
+def _not_positive_seconds(merged: dict[str, Any], keys: tuple[str, ...], check_id: str) -> list[CheckMessage]:
+    return [Error(f"COMPOSITION[{key!r}] must be a positive number of seconds, got {merged[key]!r}.", id=check_id)
+            for key in keys
+            if isinstance(merged[key], bool) or not isinstance(merged[key], int | float) or merged[key] <= 0]
+
+
+def _not_positive_integers(merged: dict[str, Any], keys: tuple[str, ...], check_id: str) -> list[CheckMessage]:
+    return [Error(f"COMPOSITION[{key!r}] must be a positive integer, got {merged[key]!r}.", id=check_id)
+            for key in keys
+            if isinstance(merged[key], bool) or not isinstance(merged[key], int) or merged[key] < 1]
+
+
 @register("composition")
 def check_settings(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
     user = getattr(settings, "COMPOSITION", {})
@@ -34,16 +52,8 @@ def check_settings(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
         broker_kind(str(merged["BROKER_URL"]))
     except Exception as exc:
         messages.append(Error(str(exc), id="composition.E003"))
-    for key in POSITIVE_NUMBERS:
-        value = merged[key]
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            messages.append(Error(f"COMPOSITION[{key!r}] must be a positive number of seconds, got {value!r}.",
-                                  id="composition.E004"))
-    for key in POSITIVE_INTEGERS:
-        value = merged[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            messages.append(Error(f"COMPOSITION[{key!r}] must be a positive integer, got {value!r}.",
-                                  id="composition.E005"))
+    messages += _not_positive_seconds(merged, POSITIVE_NUMBERS, "composition.E004")
+    messages += _not_positive_integers(merged, POSITIVE_INTEGERS, "composition.E005")
     levels = merged["HEALTH_DEPENDENCIES"]
     if not isinstance(levels, dict) or any(v not in DEPENDENCY_LEVELS for v in levels.values()):
         messages.append(Error(f"COMPOSITION['HEALTH_DEPENDENCIES'] values must be one of {DEPENDENCY_LEVELS}.",
@@ -71,20 +81,11 @@ CACHE_POSITIVE_NUMBERS = ("CACHE_LEASE_TTL_S", "CACHE_LEASE_WAIT_S", "CACHE_BREA
 
 @register("composition")
 def check_cache_settings(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
-    user = getattr(settings, "COMPOSITION", {})
-    if not isinstance(user, dict):
-        return []  # reported as E001 above
-    merged = {**DEFAULTS, **user}
-    messages: list[CheckMessage] = []
-    for key in CACHE_POSITIVE_NUMBERS:
-        value = merged[key]
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            messages.append(Error(f"COMPOSITION[{key!r}] must be a positive number of seconds, got {value!r}.",
-                                  id="composition.E040"))
-    failures = merged["CACHE_BREAKER_FAILURES"]
-    if isinstance(failures, bool) or not isinstance(failures, int) or failures < 1:
-        messages.append(Error(f"COMPOSITION['CACHE_BREAKER_FAILURES'] must be a positive integer, got "
-                              f"{failures!r}.", id="composition.E041"))
+    merged = _merged()
+    if merged is None:
+        return []
+    messages = _not_positive_seconds(merged, CACHE_POSITIVE_NUMBERS, "composition.E040")
+    messages += _not_positive_integers(merged, ("CACHE_BREAKER_FAILURES",), "composition.E041")
     try:
         from composition.cache.serializers import load_serializer
 
@@ -110,21 +111,11 @@ OUTBOX_POSITIVE_INTEGERS = ("OUTBOX_MAX_PAYLOAD_BYTES", "OUTBOX_BATCH_SIZE")
 
 @register("composition")
 def check_outbox_settings(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
-    user = getattr(settings, "COMPOSITION", {})
-    if not isinstance(user, dict):
-        return []  # reported as E001 above
-    merged = {**DEFAULTS, **user}
-    messages: list[CheckMessage] = []
-    for key in OUTBOX_POSITIVE_NUMBERS:
-        value = merged[key]
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            messages.append(Error(f"COMPOSITION[{key!r}] must be a positive number of seconds, got {value!r}.",
-                                  id="composition.E020"))
-    for key in OUTBOX_POSITIVE_INTEGERS:
-        value = merged[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            messages.append(Error(f"COMPOSITION[{key!r}] must be a positive integer, got {value!r}.",
-                                  id="composition.E021"))
+    merged = _merged()
+    if merged is None:
+        return []
+    messages = _not_positive_seconds(merged, OUTBOX_POSITIVE_NUMBERS, "composition.E020")
+    messages += _not_positive_integers(merged, OUTBOX_POSITIVE_INTEGERS, "composition.E021")
     if not messages and merged["OUTBOX_LEASE_S"] <= merged["OUTBOX_SWEEP_INTERVAL_S"]:
         messages.append(Warning("OUTBOX_LEASE_S should be several OUTBOX_SWEEP_INTERVAL_S, or relays take "
                                 "each other's rows and send them twice.", id="composition.W020"))
