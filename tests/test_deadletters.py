@@ -106,6 +106,10 @@ def test_command_bulk_action_without_yes_only_prints_the_count() -> None:
 
     fingerprint = letters[0].fingerprint
     assert all(letter.fingerprint == fingerprint for letter in letters), "numbers are normalised away"
+    groups = json.loads(run("list", "--json"))["groups"]
+    assert (groups[0]["fingerprint"], groups[0]["actor"], groups[0]["count"]) == (fingerprint, "charge", 3)
+    assert [g["count"] for g in groups] == [3, 1]
+    assert f"x3      {fingerprint[:12]}" in run("list")
     result = json.loads(run("replay", "--fingerprint", fingerprint, "--yes", "--json"))
     assert (result["count"], result["done_count"], result["refused_count"]) == (3, 3, 0)
     assert OutboxMessage.objects.filter(actor_name="charge").count() == 3
