@@ -120,3 +120,29 @@ def check_outbox_settings(app_configs: Any = None, **_: Any) -> list[CheckMessag
         messages.append(Warning("OUTBOX_LEASE_S should be several OUTBOX_SWEEP_INTERVAL_S, or relays take "
                                 "each other's rows and send them twice.", id="composition.W020"))
     return messages
+
+
+# --- backpressure -------------------------------------------------------------------------------
+@register("composition")
+def check_backpressure_settings(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
+    merged = _merged()
+    if merged is None:
+        return []
+    messages = _not_positive_seconds(merged, ("BACKPRESSURE_CACHE_S", "BACKPRESSURE_RETRY_AFTER_S"),
+                                     "composition.E050")
+    queues = merged["BACKPRESSURE_QUEUES"]
+    if not isinstance(queues, dict) or any(
+            not isinstance(limit, int) or isinstance(limit, bool) or limit < 1 for limit in queues.values()):
+        messages.append(Error("COMPOSITION['BACKPRESSURE_QUEUES'] must map queue names to positive integers.",
+                              id="composition.E051"))
+    paths = merged["BACKPRESSURE_PATHS"]
+    if not isinstance(paths, dict) or any(
+            not str(prefix).startswith("/") or not isinstance(queue, str) for prefix, queue in paths.items()):
+        messages.append(Error("COMPOSITION['BACKPRESSURE_PATHS'] must map path prefixes ('/...') to queue names.",
+                              id="composition.E052"))
+    elif isinstance(queues, dict):
+        for prefix, queue in sorted(paths.items()):
+            if queue not in queues:
+                messages.append(Warning(f"BACKPRESSURE_PATHS[{prefix!r}] names queue {queue!r}, which has no limit "
+                                        "in BACKPRESSURE_QUEUES: it is never refused.", id="composition.W050"))
+    return messages

@@ -70,6 +70,13 @@ DEFAULTS: dict[str, Any] = {
     # WORKER_STALE_AFTER_S counts as a dead or stuck process.
     "WORKER_HEARTBEAT_S": 5.0,
     "WORKER_STALE_AFTER_S": 30.0,
+    # Backpressure: queue name -> the backlog (pending outbox rows + broker messages) at which
+    # admit() refuses new work; path prefix -> queue, for BackpressureMiddleware's unsafe requests.
+    "BACKPRESSURE_QUEUES": {},
+    "BACKPRESSURE_PATHS": {},
+    # How often a process re-measures a queue's depth, and what Retry-After tells callers.
+    "BACKPRESSURE_CACHE_S": 0.5,
+    "BACKPRESSURE_RETRY_AFTER_S": 5.0,
     # Logging: "json" or "console".
     "LOG_FORMAT": "json",
     "LOG_LEVEL": "INFO",

@@ -111,3 +111,21 @@ OUTBOX_RELAY_LAG_SECONDS = Histogram(
     "Time from publish to broker enqueue (commit to enqueue for short transactions).",
     buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
 )
+
+
+# --- backpressure -------------------------------------------------------------------------------
+QUEUE_DEPTH = Gauge(
+    "composition_queue_depth_messages", "Backlog of a queue: pending outbox rows plus broker messages.", ["queue"],
+    multiprocess_mode="livemax",
+)
+BACKPRESSURE_REJECTIONS_TOTAL = Counter(
+    "composition_backpressure_rejections_total", "Work refused because its queue was full.", ["queue"],
+)
+CIRCUIT_STATE = Gauge(
+    "composition_circuit_state", "Circuit breaker state: 0 closed, 1 half-open, 2 open.", ["name"],
+    multiprocess_mode="livemax",
+)
+CIRCUIT_REJECTIONS_TOTAL = Counter(
+    "composition_circuit_rejections_total", "Calls refused by an open circuit.", ["name"],
+)
+__all__ += ["BACKPRESSURE_REJECTIONS_TOTAL", "CIRCUIT_REJECTIONS_TOTAL", "CIRCUIT_STATE", "QUEUE_DEPTH"]

@@ -47,6 +47,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "composition.logging.RequestIdMiddleware",
+    # Shed payments before the receipt queue overflows: 503 with Retry-After.
+    "composition.backpressure.BackpressureMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -92,6 +94,8 @@ CACHES = {
 
 COMPOSITION = {
     "BROKER_URL": BROKER_URL,
+    "BACKPRESSURE_QUEUES": {"billing": int(os.environ.get("BILLING_QUEUE_LIMIT", "10000"))},
+    "BACKPRESSURE_PATHS": {"/api/invoices": "billing"},
     "LOG_FORMAT": LOG_FORMAT,
     "LOG_LEVEL": LOG_LEVEL,
 }
