@@ -19,6 +19,7 @@ __all__ = [
     "AlreadyPaid",
     "AmountMismatch",
     "BillingError",
+    "DuplicateInvoice",
     "InvoiceBusy",
     "InvoiceNotFound",
     "PaymentIdReused",
@@ -55,6 +56,10 @@ class PaymentIdReused(BillingError):
     """The payment id was already used for another invoice."""
 
 
+class DuplicateInvoice(BillingError):
+    pass
+
+
 class InvoiceBusy(BillingError):
     """Another payment of the same invoice holds its lock; retry shortly."""
 
@@ -70,8 +75,13 @@ def invoice_cache_key(invoice_id: int) -> str:
 
 
 def create_invoice(*, number: str, customer: str, amount_cents: int, currency: str = "EUR") -> Invoice:
-    return Invoice.objects.create(number=number, customer=customer, amount_cents=amount_cents,
-                                  currency=currency)
+    """A new open invoice; raises DuplicateInvoice when ``number`` is taken (the constraint decides)."""
+    try:
+        with transaction.atomic():
+            return Invoice.objects.create(number=number, customer=customer, amount_cents=amount_cents,
+                                          currency=currency)
+    except IntegrityError as exc:
+        raise DuplicateInvoice(f"invoice number {number!r} already exists") from exc
 
 
 def get_invoice(invoice_id: int) -> dict[str, Any] | None:

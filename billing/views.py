@@ -17,6 +17,7 @@ ERROR_STATUS = {
     services.AmountMismatch: 422,
     services.PaymentIdReused: 409,
     services.InvoiceBusy: 409,
+    services.DuplicateInvoice: 409,
 }
 
 
@@ -54,10 +55,15 @@ def _error(status: int, message: str, **extra: Any) -> JsonResponse:
 def create_invoice(request: HttpRequest) -> JsonResponse:
     try:
         data = _body(request, {"number": str, "customer": str, "amount_cents": int})
+        currency = data.get("currency", "EUR")
+        if not (isinstance(currency, str) and len(currency) == 3 and currency.isascii() and currency.isupper()):
+            raise BadRequest("field 'currency' must be a three-letter code such as 'EUR'")
+        invoice = services.create_invoice(number=data["number"], customer=data["customer"],
+                                          amount_cents=data["amount_cents"], currency=currency)
     except BadRequest as exc:
         return _error(400, str(exc))
-    invoice = services.create_invoice(number=data["number"], customer=data["customer"],
-                                      amount_cents=data["amount_cents"], currency=data.get("currency", "EUR"))
+    except services.DuplicateInvoice as exc:
+        return _error(409, str(exc))
     return JsonResponse(invoice.as_dict(), status=201)
 
 

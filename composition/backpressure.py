@@ -92,15 +92,20 @@ def _outbox_depth(queue: str) -> int:
     return int(OutboxMessage.objects.filter(status="pending", queue_name=queue).count())
 
 
-def queue_depth(queue: str) -> int:
+def queue_depth(queue: str, *, broker_breaker: CircuitBreaker | None = None) -> int:
     """The backlog of ``queue``: pending outbox rows plus the broker's messages.
 
-    A broker that cannot be asked counts as empty (the outbox then holds the backlog and is
-    still counted); the failure is logged.
+    A broker that cannot be asked (or whose ``broker_breaker`` is open) counts as empty: the
+    outbox then holds the backlog, and that is still counted. The failure is logged.
     """
     depth = _outbox_depth(queue)
     try:
-        depth += _broker_depth(queue)
+        if broker_breaker is None:
+            depth += _broker_depth(queue)
+        else:
+            depth += broker_breaker.call(_broker_depth, queue)
+    except CircuitOpen:
+        pass
     except Exception as exc:
         log.warning("could not read the broker's queue depth", queue=queue, error=str(exc))
     QUEUE_DEPTH.labels(queue).set(depth)
@@ -108,26 +113,55 @@ def queue_depth(queue: str) -> int:
 
 
 class _DepthCache:
-    """Per-process depths, refreshed at most every ``BACKPRESSURE_CACHE_S``."""
+    """Per-process depths, refreshed at most every ``BACKPRESSURE_CACHE_S`` by one thread at a
+    time (the others keep answering with the previous value), with the broker behind a breaker
+    so a frozen broker costs one socket timeout per reset period, not one per request."""
+
+    BROKER_RESET_S = 5.0
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._values: dict[str, tuple[float, int]] = {}
+        self._refreshing: dict[str, threading.Lock] = {}
+        self._breaker: CircuitBreaker | None = None
 
-    def get(self, queue: str) -> int:
-        now = time.monotonic()
+    def _broker_breaker(self) -> CircuitBreaker:
+        if self._breaker is None:
+            self._breaker = CircuitBreaker("backpressure-broker-depth", failure_threshold=1,
+                                           reset_timeout_s=self.BROKER_RESET_S)
+        return self._breaker
+
+    def _fresh(self, queue: str) -> tuple[float, int] | None:
         with self._lock:
             cached = self._values.get(queue)
-        if cached is not None and now - cached[0] < float(conf.BACKPRESSURE_CACHE_S):
-            return cached[1]
-        depth = queue_depth(queue)
+        if cached is not None and time.monotonic() - cached[0] < float(conf.BACKPRESSURE_CACHE_S):
+            return cached
+        return None
+
+    def get(self, queue: str) -> int:
+        fresh = self._fresh(queue)
+        if fresh is not None:
+            return fresh[1]
         with self._lock:
-            self._values[queue] = (time.monotonic(), depth)
-        return depth
+            cached = self._values.get(queue)
+            refreshing = self._refreshing.setdefault(queue, threading.Lock())
+        if not refreshing.acquire(blocking=cached is None):
+            return cached[1] if cached is not None else 0  # another thread is measuring
+        try:
+            fresh = self._fresh(queue)  # measured by the thread we waited for
+            if fresh is not None:
+                return fresh[1]
+            depth = queue_depth(queue, broker_breaker=self._broker_breaker())
+            with self._lock:
+                self._values[queue] = (time.monotonic(), depth)
+            return depth
+        finally:
+            refreshing.release()
 
     def clear(self) -> None:
         with self._lock:
             self._values.clear()
+            self._breaker = None
 
 
 _depths = _DepthCache()

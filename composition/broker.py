@@ -36,18 +36,28 @@ def broker_kind(url: str) -> str:
     )
 
 
-def build_broker(url: str, *, heartbeat_timeout_s: float, maintenance_chance: int) -> Broker:
+def build_broker(url: str, *, heartbeat_timeout_s: float, maintenance_chance: int,
+                 socket_timeout_s: float = 2.0, connect_timeout_s: float = 1.0) -> Broker:
     """A new, unconnected broker for ``url``, with the job middleware (retry policy, dead
-    letters, per-message hygiene) in place of Dramatiq's plain Retries."""
+    letters, per-message hygiene) in place of Dramatiq's plain Retries.
+
+    Redis calls are bounded by ``socket_timeout_s`` / ``connect_timeout_s``: without them a
+    frozen Redis (accepting, never answering) would hold a publishing request or a draining
+    worker for as long as the client's default allows. Dramatiq's Redis consumer polls with
+    short non-blocking scripts, so short timeouts are safe for it.
+    """
     # Imported here: composition.jobs declares actors against this module's broker.
     from composition.jobs.middleware import job_middleware
 
     kind = broker_kind(url)
     if kind == "redis":
+        import redis
         from dramatiq.brokers.redis import RedisBroker
 
+        pool = redis.ConnectionPool.from_url(url, socket_timeout=socket_timeout_s,
+                                             socket_connect_timeout=connect_timeout_s)
         return RedisBroker(
-            url=url,
+            client=redis.Redis(connection_pool=pool),
             middleware=job_middleware(),
             heartbeat_timeout=int(heartbeat_timeout_s * 1000),
             maintenance_chance=maintenance_chance,
@@ -70,6 +80,8 @@ def configured_broker() -> Broker:
                 conf.BROKER_URL,
                 heartbeat_timeout_s=float(conf.BROKER_HEARTBEAT_TIMEOUT_S),
                 maintenance_chance=int(conf.BROKER_MAINTENANCE_CHANCE),
+                socket_timeout_s=float(conf.BROKER_SOCKET_TIMEOUT_S),
+                connect_timeout_s=float(conf.BROKER_CONNECT_TIMEOUT_S),
             )
             dramatiq.set_broker(_installed)
         return _installed

@@ -18,7 +18,7 @@ from django.db import connections
 from dramatiq import Worker
 from dramatiq.broker import Broker
 
-from composition import health
+from composition import health, heartbeats
 from composition.broker import configured_broker
 from composition.jobs.middleware import find_job_middleware
 from composition.jobs.runtime import BrokerKeepalive, drain_worker, stop_intake
@@ -91,6 +91,8 @@ class DatabaseComponent:
     def start(self) -> None:
         with connections[self.alias].cursor() as cursor:
             cursor.execute("SELECT 1")
+        # The main thread only supervises: it must not keep a connection the budget does not count.
+        connections[self.alias].close()
 
     def stop(self, timeout_s: float) -> None:
         connections.close_all()
@@ -216,7 +218,7 @@ class HeartbeatComponent:
 
     def _beat(self) -> None:
         try:
-            health.write_heartbeat(self._client, self.worker_id, self.state())
+            heartbeats.write_heartbeat(self._client, self.worker_id, self.state())
             WORKER_HEARTBEAT_TIMESTAMP.set(time.time())
         except Exception as exc:
             log.warning("heartbeat failed", error=str(exc))
@@ -230,7 +232,7 @@ class HeartbeatComponent:
         if self._thread is not None:
             self._thread.join(timeout_s)
         try:
-            health.clear_heartbeat(self._client, self.worker_id)
+            heartbeats.clear_heartbeat(self._client, self.worker_id)
         except Exception as exc:  # best effort: the key expires by itself anyway
             log.warning("could not withdraw heartbeat", error=str(exc))
         finally:

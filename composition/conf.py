@@ -23,6 +23,9 @@ DEFAULTS: dict[str, Any] = {
     # Out of a million broker commands, how many run the Redis broker's maintenance step that
     # requeues dead workers' messages (Dramatiq's default is 1,000, i.e. 1 in 1,000).
     "BROKER_MAINTENANCE_CHANCE": 100_000,
+    # Every Redis-broker call is bounded by these, so a frozen broker costs seconds, not forever.
+    "BROKER_SOCKET_TIMEOUT_S": 2.0,
+    "BROKER_CONNECT_TIMEOUT_S": 1.0,
     # Connection settings applied to every new PostgreSQL connection.
     "DB_STATEMENT_TIMEOUT_S": 30.0,
     "DB_IDLE_IN_TRANSACTION_TIMEOUT_S": 60.0,
@@ -70,6 +73,8 @@ DEFAULTS: dict[str, Any] = {
     # WORKER_STALE_AFTER_S counts as a dead or stuck process.
     "WORKER_HEARTBEAT_S": 5.0,
     "WORKER_STALE_AFTER_S": 30.0,
+    # A worker holding one job longer than this (for a job without its own time limit) is stuck.
+    "WORKER_STUCK_AFTER_S": 600.0,
     # Backpressure: queue name -> the backlog (pending outbox rows + broker messages) at which
     # admit() refuses new work; path prefix -> queue, for BackpressureMiddleware's unsafe requests.
     "BACKPRESSURE_QUEUES": {},

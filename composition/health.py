@@ -13,7 +13,7 @@ runs in a daemon thread, so neither the answer nor the process exit waits for it
 
 from __future__ import annotations
 
-import json
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +25,7 @@ from django.db import connections
 
 from composition.broker import broker_kind
 from composition.conf import conf
+from composition.heartbeats import read_heartbeats
 from composition.metrics import HEALTH_CHECK_SECONDS, HEALTH_CHECK_UP
 
 __all__ = [
@@ -36,8 +37,6 @@ __all__ = [
     "set_draining",
     "workers",
 ]
-
-HEARTBEAT_KEY_PREFIX = "composition:worker:"
 
 _draining = threading.Event()
 _cache_lock = threading.Lock()
@@ -93,14 +92,16 @@ def liveness() -> HealthReport:
 
 # -- probes ------------------------------------------------------------------------------------
 def probe_database(timeout_s: float) -> None:
-    alias = "default"
-    conn = connections[alias]
-    try:
-        with conn.cursor() as cursor:
-            cursor.execute("SELECT 1")
-            cursor.fetchone()
-    finally:
-        conn.close()
+    """A fresh connection (never one a request or job is using) with the probe's own connect
+    and statement timeouts, so a frozen server cannot hold the probe beyond ``timeout_s``."""
+    import psycopg
+
+    params = {key: value for key, value in connections["default"].get_connection_params().items()
+              if key in ("dbname", "user", "password", "host", "port", "sslmode", "sslrootcert")}
+    timeout_ms = max(1, int(timeout_s * 1000))
+    with psycopg.connect(**params, connect_timeout=max(1, math.ceil(timeout_s)),
+                         options=f"-c statement_timeout={timeout_ms}") as conn:
+        conn.execute("SELECT 1").fetchone()
 
 
 def _redis_url_of_cache() -> str:
@@ -144,7 +145,13 @@ PROBES: dict[str, Callable[[float], None]] = {
 }
 
 
+_running_probes: dict[str, threading.Thread] = {}
+
+
 def _run_probes(deadline_s: float) -> list[CheckResult]:
+    """Run every probe concurrently under one deadline. A probe still hanging from an earlier
+    round is not started again (its dependency is reported down), so a frozen server does
+    not pile up a thread per readiness request."""
     levels = conf.HEALTH_DEPENDENCIES
     outcomes: dict[str, tuple[float, str | None]] = {}
     done = threading.Condition()
@@ -163,7 +170,13 @@ def _run_probes(deadline_s: float) -> list[CheckResult]:
 
     names = [name for name in PROBES if levels.get(name, "critical") != "ignore"]
     for name in names:
-        threading.Thread(target=run, args=(name, PROBES[name]), name=f"probe-{name}", daemon=True).start()
+        previous = _running_probes.get(name)
+        if previous is not None and previous.is_alive():
+            outcomes[name] = (0.0, "the previous probe has not answered yet")
+            continue
+        thread = threading.Thread(target=run, args=(name, PROBES[name]), name=f"probe-{name}", daemon=True)
+        _running_probes[name] = thread
+        thread.start()
     with done:
         done.wait_for(lambda: len(outcomes) == len(names), timeout=deadline_s)
         snapshot = dict(outcomes)
@@ -205,26 +218,6 @@ def _heartbeat_client() -> Any:
                                 socket_timeout=timeout_s)
 
 
-def write_heartbeat(client: Any, worker_id: str, state: dict[str, Any]) -> None:
-    """Record one worker process's heartbeat; it expires by itself when the process dies."""
-    payload = dict(state, worker=worker_id, beat_at=time.time())
-    client.set(HEARTBEAT_KEY_PREFIX + worker_id, json.dumps(payload),
-               ex=max(1, int(float(conf.WORKER_STALE_AFTER_S))))
-
-
-def clear_heartbeat(client: Any, worker_id: str) -> None:
-    client.delete(HEARTBEAT_KEY_PREFIX + worker_id)
-
-
-def read_heartbeats(client: Any) -> list[dict[str, Any]]:
-    beats = []
-    for key in client.scan_iter(match=HEARTBEAT_KEY_PREFIX + "*", count=500):
-        raw = client.get(key)
-        if raw:
-            beats.append(json.loads(raw))
-    return sorted(beats, key=lambda beat: beat["worker"])
-
-
 def workers() -> HealthReport:
     """Healthy when at least one worker process beat recently and none is stuck on old work."""
     stale_after_s = float(conf.WORKER_STALE_AFTER_S)
@@ -238,9 +231,9 @@ def workers() -> HealthReport:
         return HealthReport("workers", False, detail={"error": f"{type(exc).__name__}: {exc}"})
     now = time.time()
     fresh = [b for b in beats if now - b["beat_at"] <= stale_after_s]
-    # A worker that keeps beating but has held one job for far longer than any job may run is
-    # stuck; jobs report ``busy_since`` through the heartbeat.
-    stuck = [b["worker"] for b in fresh
-             if b.get("oldest_job_started_at") and now - b["oldest_job_started_at"] > b.get("max_job_s", 1e9)]
+    # A worker that keeps beating but has held one job for longer than that job may run (its
+    # time limit, or WORKER_STUCK_AFTER_S for a job without one) is stuck.
+    stuck = [b["worker"] for b in fresh if b.get("oldest_job_started_at")
+             and now - b["oldest_job_started_at"] > (b.get("max_job_s") or float(conf.WORKER_STUCK_AFTER_S))]
     ok = bool(fresh) and not stuck
     return HealthReport("workers", ok, detail={"workers": beats, "fresh": len(fresh), "stuck": stuck})

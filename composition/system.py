@@ -119,30 +119,39 @@ class System:
             COMPONENT_START_SECONDS.labels(component.name).observe(took)
             log.info("component started", component=component.name, duration_s=round(took, 4))
 
-    def drain(self, deadline: float) -> None:
-        """Stop intake and let in-flight work finish, newest component first, until deadline."""
+    def drain(self, deadline: float) -> list[StopResult]:
+        """Stop intake and let in-flight work finish, newest component first, until deadline.
+
+        Each hook runs bounded by the deadline (a hung one is abandoned); returns the hooks that
+        failed or overran, named ``"<component> (drain)"``, so a dirty drain is never reported
+        as clean. The stops that follow run whatever happened here.
+        """
         if self.on_draining is not None:
             self.on_draining()
+        problems: list[StopResult] = []
         for hook in ("begin_drain", "drain"):
             for component in reversed(self.started):
                 method = getattr(component, hook, None)
                 if method is None:
                     continue
-                try:
-                    method(deadline) if hook == "drain" else method()
-                except Exception as exc:  # a failed drain must not stop the shutdown
-                    log.error("component failed to drain", component=component.name,
-                              error=f"{type(exc).__name__}: {exc}")
+                budget = max(MIN_STOP_BUDGET_S, deadline - time.monotonic())
+                call = (lambda m=method: m(deadline)) if hook == "drain" else method
+                result = call_with_timeout(f"{component.name} (drain)", call, budget)
+                if result.status != "stopped":
+                    log.error("component did not drain cleanly", component=component.name,
+                              status=result.status, error=result.error)
+                    problems.append(result)
+        return problems
 
     def stop(self, *, drain: bool = True) -> list[StopResult]:
-        """Drain (optional), then stop every started component in reverse; return the report."""
+        """Drain (optional), then stop every started component in reverse; return the report:
+        the drain hooks that failed or overran, then one entry per stopped component."""
         if self._stopping:
             return []
         self._stopping = True
         deadline = time.monotonic() + self.shutdown_timeout_s
-        if drain:
-            self.drain(deadline)
-        return self._stop_started(deadline)
+        problems = self.drain(deadline) if drain else []
+        return problems + self._stop_started(deadline)
 
     def _stop_started(self, deadline: float) -> list[StopResult]:
         report = []
@@ -212,26 +221,32 @@ class System:
 
 def stop_with_timeout(component: Component, timeout_s: float) -> StopResult:
     """Run ``component.stop`` in a helper thread and give up on it after ``timeout_s``."""
+    return call_with_timeout(component.name, lambda: component.stop(timeout_s), timeout_s)
+
+
+def call_with_timeout(name: str, call: Callable[[], object], timeout_s: float) -> StopResult:
+    """Run ``call`` in a daemon thread; "stopped" when it returned, "failed" when it raised,
+    "timeout" (and abandoned) when it was still running after ``timeout_s``."""
     outcome: list[BaseException | None] = []
 
     def target() -> None:
         try:
-            component.stop(timeout_s)
+            call()
             outcome.append(None)
         except BaseException as exc:
             outcome.append(exc)
 
     began = time.monotonic()
-    thread = threading.Thread(target=target, name=f"stop-{component.name}", daemon=True)
+    thread = threading.Thread(target=target, name=f"stop-{name}", daemon=True)
     thread.start()
     thread.join(timeout_s)
     took = time.monotonic() - began
     if thread.is_alive():
-        return StopResult(component.name, "timeout", took, f"stop did not return within {timeout_s:.1f}s")
+        return StopResult(name, "timeout", took, f"did not return within {timeout_s:.1f}s")
     error = outcome[0] if outcome else None
     if error is not None:
-        return StopResult(component.name, "failed", took, f"{type(error).__name__}: {error}")
-    return StopResult(component.name, "stopped", took)
+        return StopResult(name, "failed", took, f"{type(error).__name__}: {error}")
+    return StopResult(name, "stopped", took)
 
 
 def order_components(components: Iterable[Component]) -> list[Component]:

@@ -25,6 +25,7 @@ __all__ = [
     "free_port",
     "subprocess_env",
     "throwaway_redis",
+    "use_broker",
     "wait_until",
 ]
 
@@ -91,6 +92,30 @@ def throwaway_redis() -> Iterator[ThrowawayRedis]:
         yield server
     finally:
         server.stop()
+
+
+@contextmanager
+def use_broker(url: str) -> Iterator[Any]:
+    """Make a broker for ``url`` this process's configured broker for the block, then put the
+    original (with its declared actors) back. The temporary broker has no actors of its own."""
+    import dramatiq
+
+    from composition import broker as broker_module
+    from composition.conf import conf
+
+    original = broker_module.configured_broker()
+    temporary = broker_module.build_broker(
+        url, heartbeat_timeout_s=float(conf.BROKER_HEARTBEAT_TIMEOUT_S),
+        maintenance_chance=int(conf.BROKER_MAINTENANCE_CHANCE),
+        socket_timeout_s=float(conf.BROKER_SOCKET_TIMEOUT_S), connect_timeout_s=float(conf.BROKER_CONNECT_TIMEOUT_S))
+    broker_module._installed = temporary
+    dramatiq.set_broker(temporary)
+    try:
+        yield temporary
+    finally:
+        broker_module._installed = original
+        dramatiq.set_broker(original)
+        temporary.close()
 
 
 def current_database_url(alias: str = "default") -> str:

@@ -33,10 +33,10 @@ from composition.system import Component, System
 
 __all__ = ["BACKGROUND_DB_THREADS", "WorkerOptions", "build_supervisor", "build_worker_system"]
 
-# Threads besides the worker threads that may hold a database connection in a worker process
-# (the outbox relay sweeper and the deferred cache invalidation replay); counted in the
-# connection budget.
-BACKGROUND_DB_THREADS = 2
+# Threads besides the worker threads that may hold a database connection in a worker process,
+# counted in the connection budget: the outbox relay sweeper, the deferred cache invalidation
+# replay, and the cache breaker's recovery probe (it replays deferred invalidations too).
+BACKGROUND_DB_THREADS = 3
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -18,6 +19,7 @@ from composition.checks import check_backpressure_settings
 from composition.jobs import TransientError
 from composition.outbox import publish
 from composition.outbox.relay import Relay
+from composition.testing import ThrowawayRedis, use_broker
 from tests.outboxapp.jobs import QUEUE, record_effect
 
 
@@ -176,3 +178,17 @@ def test_only_failure_types_count_and_successes_reset_the_count() -> None:
 
 def _raise_connection_error() -> None:
     raise ConnectionError("refused")
+
+
+@pytest.mark.django_db
+def test_a_frozen_broker_costs_one_timeout_per_reset_period_not_one_per_request(
+        throwaway_redis_server: ThrowawayRedis) -> None:
+    throwaway_redis_server.freeze()
+    with _limits(billing=1000), use_broker(throwaway_redis_server.url):
+        began = time.monotonic()
+        for _ in range(20):
+            admit("billing")  # the outbox is empty and the broker cannot answer: admitted
+            backpressure._depths._values.clear()  # force a measurement every time
+        took = time.monotonic() - began
+    # One broker socket timeout (2 s) opens the breaker; the other 19 measurements skip it.
+    assert took < 2 * 2.0 + 1.0, took

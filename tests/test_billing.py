@@ -121,6 +121,11 @@ def test_bad_input_gets_a_clear_error_and_writes_nothing() -> None:
         response = client.post(url, data=body, content_type="application/json")
         assert response.status_code == status, (body, response.content)
         assert words in response.json()["error"]
+    for invoice_body, words in (({"number": "N-1", "customer": "c", "amount_cents": 5, "currency": "euro"}, "currency"),
+                                ({"number": "N-1", "customer": "c", "amount_cents": 0}, "positive"),
+                                ({"number": invoice.number, "customer": "c", "amount_cents": 5}, "already exists")):
+        response = _post(client, "/api/invoices", invoice_body)
+        assert response.status_code in (400, 409) and words in response.json()["error"], response.content
     missing = _post(client, "/api/invoices/999999/pay", {"payment_id": "p", "amount_cents": 1})
     assert missing.status_code == 404
     assert Payment.objects.count() == 0 and OutboxMessage.objects.count() == 0

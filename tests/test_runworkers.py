@@ -12,7 +12,7 @@ import time
 import pytest
 from django.conf import settings
 
-from composition import health
+from composition import heartbeats
 from composition.testing import subprocess_env, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -37,7 +37,7 @@ def _heartbeats() -> list[dict[str, object]]:
 
     client = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
     try:
-        return health.read_heartbeats(client)
+        return heartbeats.read_heartbeats(client)
     finally:
         client.close()
 
@@ -129,10 +129,10 @@ def test_system_command_prints_order_and_connection_budget() -> None:
     assert report["start_order"][0] == "logging"
     assert report["stop_order"] == list(reversed(report["start_order"]))
     budget = report["connection_budget"]
-    assert budget["lines"][0] == {"role": "workers", "processes": 3, "per_process": 6, "total": 18}
+    assert budget["lines"][0] == {"role": "workers", "processes": 3, "per_process": 7, "total": 21}
     assert budget["lines"][1]["total"] == 8
-    assert budget["total"] == 26
-    assert budget["max_connections"] >= 26
+    assert budget["total"] == 29
+    assert budget["max_connections"] >= 29
     assert budget["over_budget"] is False
 
     result = subprocess.run([sys.executable, "manage.py", "system", "--worker-processes", "100",

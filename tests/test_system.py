@@ -190,3 +190,30 @@ def test_second_signal_exits_at_once() -> None:
     assert time.monotonic() - began < 5
     assert process.returncode == 130
     assert not [line for line in out.splitlines() if line.startswith("stopped")]
+
+
+def test_a_failing_or_hanging_drain_is_reported_and_bounded_by_the_deadline() -> None:
+    journal: list[str] = []
+
+    class BadDrain(Recorder):
+        def drain(self, deadline: float) -> None:
+            self.journal.append(f"drain:{self.name}")
+            raise ConnectionError("broker frozen")
+
+    class HungDrain(Recorder):
+        def drain(self, deadline: float) -> None:
+            self.journal.append(f"drain:{self.name}")
+            time.sleep(60)
+
+    system = System([Recorder("db", journal), BadDrain("workers", journal), HungDrain("http", journal)],
+                    shutdown_timeout_s=1.5)
+    system.start()
+    began = time.monotonic()
+    report = system.stop()
+    took = time.monotonic() - began
+    statuses = [(r.name, r.status) for r in report]
+    assert statuses[:2] == [("http (drain)", "timeout"), ("workers (drain)", "failed")]
+    assert statuses[2:] == [("http", "stopped"), ("workers", "stopped"), ("db", "stopped")]
+    assert "broker frozen" in (report[1].error or "")
+    # The hung drain was abandoned at the deadline; later drains and every stop still ran.
+    assert took < 1.5 + 3 * 1.0 + 1.0, took

@@ -23,14 +23,19 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         defaults = WorkerOptions.from_settings()
         queues = [q.strip() for q in options["queues"].split(",") if q.strip()] if options["queues"] else None
+        def given(name: str, default: Any) -> Any:
+            return default if options[name] is None else options[name]
+
         worker_options = WorkerOptions(
-            processes=options["processes"] or defaults.processes,
-            threads=options["threads"] or defaults.threads,
+            processes=given("processes", defaults.processes),
+            threads=given("threads", defaults.threads),
             queues=queues or defaults.queues,
-            shutdown_timeout_s=options["shutdown_timeout"] or float(conf.SHUTDOWN_TIMEOUT_S),
+            shutdown_timeout_s=given("shutdown_timeout", float(conf.SHUTDOWN_TIMEOUT_S)),
         )
         if worker_options.processes < 1 or worker_options.threads < 1:
             raise CommandError("--processes and --threads must be at least 1")
+        if worker_options.shutdown_timeout_s <= 0:
+            raise CommandError("--shutdown-timeout must be a positive number of seconds")
         system = (build_worker_system(worker_options) if worker_options.processes == 1
                   else build_supervisor(worker_options))
         try:

@@ -1,0 +1,74 @@
+"""``health workers``: progress of real worker processes, stale and stuck workers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+from django.test import override_settings
+
+from composition import health, heartbeats
+from composition.testing import subprocess_env, wait_until
+
+
+@pytest.fixture
+def client() -> Iterator[Any]:
+    connection = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
+    # Workers SIGKILLed by earlier tests may still look alive for a stale period: start empty.
+    connection.delete(heartbeats.REGISTRY_KEY)
+    yield connection
+    connection.delete(heartbeats.REGISTRY_KEY)
+    connection.close()
+
+
+def _health_workers() -> tuple[int, dict[str, Any]]:
+    result = subprocess.run([sys.executable, "manage.py", "health", "workers", "--json"], env=subprocess_env(),
+                            capture_output=True, text=True, timeout=30)
+    return result.returncode, json.loads(result.stdout[result.stdout.index("{"):])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_exit_codes_follow_a_real_worker_process(client: Any, worker_processes) -> None:  # type: ignore[no-untyped-def]
+    code, body = _health_workers()
+    assert (code, body["fresh"]) == (1, 0)
+
+    worker = worker_processes.spawn(["--threads", "1", "--shutdown-timeout", "10"])
+    wait_until(lambda: _health_workers()[0] == 0, 30, interval_s=0.5, message=worker.output())
+    code, body = _health_workers()
+    (beat,) = body["workers"]
+    assert beat["worker"].endswith(f":{worker.pid}")
+    assert beat["jobs_in_flight"] == 0 and body["stuck"] == []
+
+    assert worker.terminate(20) == 0
+    assert _health_workers()[0] == 1  # a cleanly stopped worker withdraws its heartbeat
+
+
+def test_stale_and_stuck_workers_are_unhealthy(client: Any) -> None:
+    with override_settings(COMPOSITION={**settings.COMPOSITION, "WORKER_STALE_AFTER_S": 1.0,
+                                        "WORKER_STUCK_AFTER_S": 60.0}):
+        now = time.time()
+        heartbeats.write_heartbeat(client, "host:1", {"jobs_in_flight": 0})
+        assert health.workers().ok
+        # Busy on one job for longer than its time limit, or (no time limit) than WORKER_STUCK_AFTER_S.
+        heartbeats.write_heartbeat(client, "host:2", {"jobs_in_flight": 1, "oldest_job_started_at": now - 30,
+                                                      "max_job_s": 10})
+        heartbeats.write_heartbeat(client, "host:3", {"jobs_in_flight": 1, "oldest_job_started_at": now - 90,
+                                                      "max_job_s": None})
+        heartbeats.write_heartbeat(client, "host:4", {"jobs_in_flight": 1, "oldest_job_started_at": now - 30,
+                                                      "max_job_s": None})
+        report = health.workers()
+        assert not report.ok
+        assert report.detail["stuck"] == ["host:2", "host:3"]
+        for worker_id in ("host:2", "host:3", "host:4"):
+            heartbeats.clear_heartbeat(client, worker_id)
+        assert health.workers().ok
+        time.sleep(1.2)
+        report = health.workers()
+        assert not report.ok and report.detail["fresh"] == 0
