@@ -144,8 +144,11 @@ def invalidate(key: str, *, using: str | None = None) -> None:
     outside a transaction). Nothing happens if the transaction rolls back.
 
     Also revokes any rebuild lease on the key, so a reader that loaded the old value before this
-    write cannot cache it afterwards. If Redis is unreachable the invalidation is stored in
-    PostgreSQL and applied when Redis is back (see ``replay_pending_invalidations``).
+    write cannot cache it afterwards. Inside a transaction the invalidation is recorded in
+    PostgreSQL in that transaction (durable at COMMIT; repeats of the same key are free) and the
+    record is dropped once Redis applied it; whatever Redis did not apply (outage, a process that
+    died after COMMIT) is applied by ``replay_pending_invalidations``. Outside a transaction it is
+    recorded only when Redis cannot be reached. Raises the database error of that INSERT.
     """
     from composition.cache.models import PendingInvalidation
 
@@ -160,6 +163,7 @@ def invalidate_namespace(namespace: str, *, using: str | None = None) -> None:
 
 
 def replay_pending_invalidations(alias: str | None = None) -> int:
-    """Apply the invalidations deferred during a Redis outage; returns how many. Raises the Redis
-    or database error that prevented it (the rows stay for the next attempt)."""
+    """Apply the recorded invalidations Redis has not applied yet; returns how many. Safe to run
+    concurrently (rows another replayer holds are skipped). Raises the Redis or database error
+    that prevented it (the rows stay for the next attempt)."""
     return get_cache_aside(alias).invalidations.replay_pending()

@@ -10,7 +10,8 @@ Protocol (memcache-style leases, versioned namespaces):
   was revoked or the namespace bumped since; lease losers serve the stale value when allowed,
   otherwise poll for the winner's value until ``CACHE_LEASE_WAIT_S``, then load uncached;
 - invalidation (``composition.cache.invalidation``) deletes the entry and its lease after commit;
-  one that cannot reach Redis is written to PostgreSQL and replayed before the breaker closes;
+  inside a transaction it is first recorded in PostgreSQL with the write, so one that did not
+  reach Redis (outage, dead process) is replayed, also before the breaker closes;
 - Redis failures (bounded by the client's socket timeouts) and an open breaker degrade to the
   loader; nothing raises because Redis is down.
 """

@@ -1,12 +1,20 @@
-"""Invalidation that is never lost: after commit when Redis answers, else through PostgreSQL.
+"""Invalidation that is never lost: durable at COMMIT, applied right after it, replayed if not.
 
-- ``schedule`` runs the invalidation after the writer's transaction commits (``on_commit``); when
-  the breaker is already open it writes a PendingInvalidation row *inside* that transaction, so
-  the deferred invalidation commits, or rolls back, with the data it is about;
-- ``apply_now`` deletes the entry and its rebuild lease (or bumps the namespace version); if
-  Redis cannot be reached it writes the row (autocommit, right after the failed attempt);
-- ``replay_pending`` applies and deletes the rows. The breaker's probe runs it before closing,
-  and InvalidationReplayComponent runs it periodically for everyone else.
+- ``schedule`` inside a transaction writes a PendingInvalidation row *in the writer's transaction*
+  (one INSERT per distinct key or namespace; a repeat in the same transaction is free), so the
+  invalidation commits, or rolls back, with the data it is about. One robust ``on_commit``
+  callback per transaction then applies them all in one Redis pipeline (``apply_committed``) and
+  deletes their rows with one DELETE. If the process dies after COMMIT, Redis cannot be reached,
+  the breaker is open, or an earlier ``on_commit`` callback raised (Django then skips the rest),
+  the rows stay and the replay applies them;
+- outside a transaction (autocommit) ``apply_now`` deletes at once and writes the row only if
+  Redis could not be reached;
+- ``replay_pending`` claims rows with ``FOR UPDATE SKIP LOCKED``, applies them and deletes them in
+  the same short transaction, so concurrent replayers never take the same row. The breaker's probe
+  runs it before closing, and InvalidationReplayComponent runs it periodically for everyone else.
+
+Applying an invalidation twice is harmless (a delete is idempotent; a namespace bump only costs
+misses), which is what lets the writer and a replayer overlap without coordination.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ REDIS_ERRORS: tuple[type[BaseException], ...] = (redis.exceptions.RedisError, OS
 KIND_KEY = "key"
 KIND_NAMESPACE = "namespace"
 
+_BATCHES_ATTR = "_composition_cache_invalidations"  # {cache alias: _Batch} on a DB connection
+
 
 class KeySpace:
     """Redis key names of cache_aside: entry, rebuild lease and namespace version."""
@@ -46,6 +56,42 @@ class KeySpace:
         return f"{self.prefix}n:{namespace}"
 
 
+class _Batch:
+    """The invalidations of one transaction on one database connection, for one cache alias.
+
+    ``targets`` maps (kind, target) to the savepoints that were open when its row was inserted;
+    ``row_ids`` are every row this transaction inserted.
+    """
+
+    def __init__(self, invalidations: Invalidations, db_alias: str) -> None:
+        self.invalidations = invalidations
+        self.db_alias = db_alias
+        self.targets: dict[tuple[str, str], frozenset[str]] = {}
+        self.row_ids: list[int] = []
+        self.hook_index = -1
+        self.callback = self.run  # bound once: run_on_commit is searched by identity
+
+    def run(self) -> None:
+        self.invalidations.apply_committed(self)
+
+    def registered(self, connection: Any) -> bool:
+        """True while this batch's on_commit callback is still queued: not yet run (a finished
+        transaction clears the queue) and not dropped by a savepoint rollback."""
+        hooks = connection.run_on_commit
+        index = self.hook_index
+        if 0 <= index < len(hooks) and hooks[index][1] is self.callback:
+            return True
+        return any(hook[1] is self.callback for hook in hooks)
+
+    def recorded(self, item: tuple[str, str], connection: Any) -> bool:
+        """True when ``item``'s row is certain to commit if the current context commits: it was
+        inserted under savepoints that are all still open. A row inserted in a savepoint that has
+        since been released or rolled back is not trusted (the two cannot be told apart), so the
+        caller inserts again; a duplicate row costs one INSERT, a missing one would lose it."""
+        sids = self.targets.get(item)
+        return sids is not None and sids.issubset(connection.savepoint_ids)
+
+
 class Invalidations:
     """Invalidations of one cache alias (see the module docstring)."""
 
@@ -58,13 +104,85 @@ class Invalidations:
 
     def schedule(self, kind: str, target: str, *, using: str | None = None) -> None:
         """Invalidate after the transaction on ``using`` commits (at once outside one); nothing
-        happens if it rolls back."""
+        happens if it rolls back. Inside a transaction the invalidation is recorded in it; the
+        database error of that INSERT propagates (the writer's transaction is broken anyway)."""
         db_alias = using or self.db_alias
-        if self.breaker.is_open and connections[db_alias].in_atomic_block:
-            # Redis is known to be down: record it in the writer's transaction.
-            self._defer(kind, target, db_alias)
+        connection = connections[db_alias]
+        if not connection.in_atomic_block:
+            # Autocommit: apply now (on_commit runs it at once; it still refuses manual
+            # transaction management, as before).
+            transaction.on_commit(lambda: self.apply_now(kind, target, db_alias), using=db_alias)
             return
-        transaction.on_commit(lambda: self.apply_now(kind, target, db_alias), using=db_alias)
+        batch = self._batch(connection, db_alias)
+        item = (kind, target)
+        if batch.recorded(item, connection):
+            return
+        batch.row_ids.append(self._record(kind, target, db_alias))
+        batch.targets[item] = frozenset(connection.savepoint_ids)
+
+    def _batch(self, connection: Any, db_alias: str) -> _Batch:
+        batches: dict[str, _Batch] | None = getattr(connection, _BATCHES_ATTR, None)
+        if batches is None:
+            batches = {}
+            setattr(connection, _BATCHES_ATTR, batches)
+        batch = batches.get(self.alias)
+        if batch is not None and batch.invalidations is self and batch.registered(connection):
+            return batch
+        # A new transaction, or the savepoint that registered the previous batch rolled back
+        # (taking every row of that batch with it, since they were all inserted inside it).
+        batch = batches[self.alias] = _Batch(self, db_alias)
+        batch.hook_index = len(connection.run_on_commit)
+        transaction.on_commit(batch.callback, using=db_alias, robust=True)
+        return batch
+
+    def _record(self, kind: str, target: str, db_alias: str) -> int:
+        from composition.cache.models import PendingInvalidation
+
+        row = PendingInvalidation.objects.using(db_alias).create(alias=self.alias, kind=kind, target=target)
+        return int(row.pk)
+
+    def apply_committed(self, batch: _Batch) -> None:
+        """After COMMIT: apply a transaction's invalidations in one Redis pipeline, then delete
+        their rows. Never raises: when Redis is unreachable (or the breaker open) the rows stay
+        for the replay; when the DELETE fails they stay too, and replaying them is harmless."""
+        count = len(batch.targets)
+        if not count:
+            return  # the only INSERT failed; there is nothing to apply
+        if not self.breaker.allow():
+            self._left_for_replay(count, "circuit open")
+            return
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for kind, target in batch.targets:
+                self._apply(pipe, kind, target)
+            pipe.execute()
+        except REDIS_ERRORS as exc:
+            self.breaker.failure()
+            self._left_for_replay(count, str(exc))
+            return
+        self.breaker.success()
+        CACHE_INVALIDATIONS.labels("applied").inc(count)
+        try:
+            self._forget(batch.row_ids, batch.db_alias)
+        except DatabaseError as exc:
+            log.warning("applied cache invalidations stay recorded; the replay repeats them",
+                        alias=self.alias, count=count, error=str(exc))
+
+    def _left_for_replay(self, count: int, reason: str) -> None:
+        CACHE_INVALIDATIONS.labels("deferred").inc(count)
+        log.warning("cache invalidation deferred until redis is back", alias=self.alias, count=count,
+                    reason=reason)
+
+    def _forget(self, row_ids: list[int], db_alias: str) -> None:
+        """Delete applied rows, skipping any a replayer holds (it is applying them, and deletes
+        them itself), so the writer never waits for a replayer."""
+        from composition.cache.models import PendingInvalidation
+
+        connection = connections[db_alias]
+        table = connection.ops.quote_name(PendingInvalidation._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(f"DELETE FROM {table} WHERE id IN "
+                           f"(SELECT id FROM {table} WHERE id = ANY(%s) FOR UPDATE SKIP LOCKED)", [row_ids])
 
     def apply_now(self, kind: str, target: str, db_alias: str | None = None) -> None:
         """Apply an invalidation in Redis now, or record it in PostgreSQL if Redis is unreachable.
@@ -89,41 +207,40 @@ class Invalidations:
             client.delete(self.keys.entry(target), self.keys.lease(target))
 
     def _defer(self, kind: str, target: str, db_alias: str) -> None:
-        from composition.cache.models import PendingInvalidation
-
         try:
-            PendingInvalidation.objects.using(db_alias).create(alias=self.alias, kind=kind, target=target)
+            self._record(kind, target, db_alias)
         except DatabaseError as exc:
             CACHE_INVALIDATIONS.labels("lost").inc()
             log.error("cache invalidation lost: redis and the database both failed", alias=self.alias,
                       kind=kind, target=target, error=str(exc))
-            if connections[db_alias].in_atomic_block:
-                raise  # the writer's transaction is broken anyway; let it roll back
             return
-        CACHE_INVALIDATIONS.labels("deferred").inc()
-        log.warning("cache invalidation deferred until redis is back", alias=self.alias, kind=kind,
-                    target=target)
+        self._left_for_replay(1, "redis unreachable")
 
     def replay_pending(self, *, batch: int = 500) -> int:
-        """Apply every deferred invalidation of this alias, oldest first, then delete its rows;
-        returns how many.
+        """Apply every recorded invalidation of this alias, oldest first, and delete its rows;
+        returns how many rows.
 
-        Replaying twice is harmless (a delete is idempotent, a namespace bump only costs misses),
-        so concurrent replayers need no lock. Raises the Redis or database error that stopped it;
-        the remaining rows stay for the next attempt.
+        Each round claims up to ``batch`` rows with ``FOR UPDATE SKIP LOCKED``, applies them in one
+        pipeline (a key or namespace recorded many times is applied once) and deletes them in the
+        same transaction, so a concurrent replayer (or a writer deleting its own rows) skips them
+        instead of applying them twice or waiting. The lock is held only for that one bounded
+        Redis round trip (the client's socket timeout). Raises the Redis or database error that
+        stopped it; the claimed rows are released for the next attempt.
         """
         from composition.cache.models import PendingInvalidation
 
         rows = PendingInvalidation.objects.using(self.db_alias).filter(alias=self.alias)
         total = 0
         while True:
-            batch_rows = list(rows.order_by("id").values_list("id", "kind", "target")[:batch])
-            if not batch_rows:
-                return total
-            pipe = self.client.pipeline(transaction=False)
-            for _, kind, target in batch_rows:
-                self._apply(pipe, kind, target)
-            pipe.execute()
-            rows.filter(id__in=[row[0] for row in batch_rows]).delete()
-            total += len(batch_rows)
-            CACHE_INVALIDATIONS.labels("replayed").inc(len(batch_rows))
+            with transaction.atomic(using=self.db_alias):
+                claimed = list(rows.order_by("id").select_for_update(skip_locked=True)
+                               .values_list("id", "kind", "target")[:batch])
+                if not claimed:
+                    return total
+                pipe = self.client.pipeline(transaction=False)
+                for kind, target in dict.fromkeys((kind, target) for _, kind, target in claimed):
+                    self._apply(pipe, kind, target)
+                pipe.execute()
+                rows.filter(id__in=[row[0] for row in claimed]).delete()
+            total += len(claimed)
+            CACHE_INVALIDATIONS.labels("replayed").inc(len(claimed))

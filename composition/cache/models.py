@@ -1,4 +1,4 @@
-"""Invalidations that could not reach Redis, kept in PostgreSQL until some process replays them."""
+"""Invalidations recorded in PostgreSQL until Redis has applied them (see composition.cache.invalidation)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ __all__ = ["PendingInvalidation"]
 
 
 class PendingInvalidation(models.Model):
-    """One deferred invalidation: delete a key's entry, or bump a namespace's version.
+    """One recorded invalidation: delete a key's entry, or bump a namespace's version.
 
-    Written in the writer's own transaction when the breaker is already open (so it commits with
-    the data it invalidates), else right after a failed Redis delete; deleted once replayed.
+    Written in the writer's own transaction by every ``invalidate()`` inside one (so it commits
+    with the data it invalidates), and deleted right after commit once Redis applied it; outside
+    a transaction, written only after a failed Redis delete. A row still here (Redis unreachable,
+    or the process died after COMMIT) is applied and deleted by the replay.
     """
 
     KIND_KEY = "key"  # the values of composition.cache.invalidation.KIND_*

@@ -1,8 +1,8 @@
-"""A component that replays deferred cache invalidations periodically.
+"""A component that replays recorded cache invalidations periodically.
 
 The breaker of a process that saw the outage replays before it closes; this covers the processes
 that never noticed it (their Redis calls kept working, or they were idle) and invalidations left
-by a process that died after deferring them.
+by a process that died after committing them, before Redis applied them.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ log = structlog.get_logger("composition.cache")
 
 
 class InvalidationReplayComponent:
-    """Every ``interval_s`` (default ``CACHE_REPLAY_INTERVAL_S``) apply deferred invalidations of
-    cache ``alias``. Failures are logged and retried at the next tick."""
+    """Every ``interval_s`` (default ``CACHE_REPLAY_INTERVAL_S``) apply recorded invalidations of
+    cache ``alias`` that Redis has not applied. Several processes may run it at once (rows are
+    claimed with SKIP LOCKED). Failures are logged and retried at the next tick."""
 
     name = "cache-invalidation-replay"
     depends_on = ("database", "cache")
