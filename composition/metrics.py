@@ -66,8 +66,9 @@ CACHE_LEASE_REJECTIONS = Counter("composition_cache_lease_rejections_total",
 CACHE_REBUILD_SECONDS = Histogram("composition_cache_rebuild_seconds", "Loader run time of one rebuild.",
                                   ["pattern"], buckets=_LOCK_BUCKETS)
 CACHE_INVALIDATIONS = Counter("composition_cache_invalidations_total",
-                              "Invalidations by outcome: applied, deferred (recorded in PostgreSQL "
-                              "while Redis was unreachable), replayed, lost (neither worked).", ["outcome"])
+                              "Invalidations by outcome: applied, deferred (left in PostgreSQL for the "
+                              "replay: Redis unreachable, breaker open or apply failed), replayed, lost "
+                              "(neither worked).", ["outcome"])
 LOCK_ACQUIRE = Counter("composition_lock_acquire_total",
                        "Lock acquisitions by kind (row, advisory, redis), name and outcome "
                        "(acquired, busy, unavailable).", ["kind", "name", "outcome"])
