@@ -91,6 +91,12 @@ JOB_DURATION_SECONDS = Histogram(
 JOBS_IN_PROGRESS = Gauge("composition_jobs_in_progress", "Jobs running now.", ["actor"],
                          multiprocess_mode="livesum")
 DEAD_LETTERS_TOTAL = Counter("composition_dead_letters_total", "Messages dead-lettered, by actor.", ["actor"])
+__all__ += ["DEAD_LETTER_RECORD_FAILURES_TOTAL"]
+DEAD_LETTER_RECORD_FAILURES_TOTAL = Counter(
+    "composition_dead_letter_record_failures_total",
+    "Dead letters that could not be written after every retry, by actor and what became of the "
+    "message: requeued (to fail again later) or broker_dlq (only in the broker's expiring DLQ).",
+    ["actor", "outcome"])
 
 # --- outbox (composition.outbox) ------------------------------------------------------------
 __all__ += [

@@ -18,7 +18,7 @@ from composition.broker import configured_broker
 from composition.errors import DeadLetterStateError, PermanentError
 from composition.jobs import replay as service
 from composition.jobs.deadletters import record_dead_letter
-from composition.jobs.models import DeadLetter
+from composition.jobs.models import DeadLetter, ProcessedMessage
 from composition.outbox import OutboxMessage, publish
 from composition.outbox.relay import RELAY_QUEUE_NAME
 from composition.testing import wait_until
@@ -46,11 +46,25 @@ def test_replay_publishes_through_the_outbox_once() -> None:
     assert replayed.status == "replayed" and replayed.replayed_at is not None
     outbox = OutboxMessage.objects.get(pk=replayed.replay_outbox_id)
     assert (outbox.actor_name, outbox.payload) == ("charge", {"account": "acme", "key": "once"})
+    assert outbox.headers["idempotency_key"] == letter.message_id, "the ledger key of the original travels"
     with pytest.raises(DeadLetterStateError, match="already replayed"):
         service.replay(letter.pk)
     with pytest.raises(DeadLetterStateError, match="already replayed"):
         service.discard(letter.pk)
     assert OutboxMessage.objects.filter(actor_name="charge").count() == 1
+
+
+@pytest.mark.django_db
+def test_replaying_a_replay_keeps_the_original_idempotency_key() -> None:
+    letter = dead_letter(key="twice-dead")
+    first = OutboxMessage.objects.get(pk=service.replay(letter.pk).replay_outbox_id)
+    # The replay failed for good too; its dead letter carries the relay's headers.
+    message = MessageProxy(Message(queue_name=jobs.CHECK_QUEUE, actor_name="charge", args=(),
+                                   kwargs=first.payload, options={"composition": first.headers},
+                                   message_id=first.message_id))
+    again = DeadLetter.objects.get(pk=record_dead_letter(message, PermanentError("still no account"), attempts=1))
+    second = OutboxMessage.objects.get(pk=service.replay(again.pk).replay_outbox_id)
+    assert second.headers["idempotency_key"] == letter.message_id
 
 
 @pytest.mark.django_db
@@ -213,4 +227,46 @@ def test_replay_after_fixing_the_data_succeeds_once(worker_processes, empty_queu
     wait_until(lambda: OutboxMessage.objects.get(pk=outbox.pk).status == "sent", timeout_s=10)
     assert Effect.objects.filter(key="charged").count() == 1
     assert DeadLetter.objects.filter(actor="charge").count() == 1
+    # The ledger holds the original message id: a late redelivery of it would be skipped.
+    assert list(ProcessedMessage.objects.filter(actor="charge").values_list("message_id", flat=True)) \
+        == [letter.message_id]
+    assert worker.terminate() == 0
+
+
+def _in_queue(queue: str) -> int:
+    broker = configured_broker()
+    client = broker.client  # type: ignore[attr-defined]
+    return sum(int(client.hlen(f"{broker.namespace}:{name}.msgs")) for name in (queue, f"{queue}.DQ"))
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_replay_after_a_late_redelivery_has_no_second_effect(worker_processes, empty_queues: None) -> None:
+    worker = worker_processes.spawn(["--threads", "4", "--queues", f"{jobs.CHECK_QUEUE},{RELAY_QUEUE_NAME}"])
+    with transaction.atomic():
+        publish(jobs.charge, {"account": "late", "key": "late-charge"})
+    try:
+        wait_until(lambda: DeadLetter.objects.filter(actor="charge").exists(), timeout_s=30)
+    except AssertionError:
+        pytest.fail(f"no dead letter; log:\n{worker.output()[-3000:]}")
+    letter = DeadLetter.objects.get(actor="charge")
+    Account.objects.create(name="late")  # the data gets fixed...
+
+    # ...and the original message comes back late (its worker was killed after writing the dead
+    # letter, before the broker's acknowledgement), with its own id: it runs, once.
+    configured_broker().enqueue(Message(
+        queue_name=jobs.CHECK_QUEUE, actor_name="charge", args=(), kwargs=letter.payload,
+        options={"composition": letter.headers}, message_id=letter.message_id))
+    wait_until(lambda: Effect.objects.filter(key="late-charge").exists(), timeout_s=30,
+               message="the late redelivery did not run")
+
+    # The operator replays the dead letter anyway: the replay runs but has no second effect.
+    replayed = service.replay(letter.pk)
+    wait_until(lambda: OutboxMessage.objects.get(pk=replayed.replay_outbox_id).status == "sent"
+               and _in_queue(jobs.CHECK_QUEUE) == 0, timeout_s=30,
+               message=f"the replay was not processed; log:\n{worker.output()[-3000:]}")
+    assert Effect.objects.filter(key="late-charge").count() == 1
+    assert list(ProcessedMessage.objects.filter(actor="charge").values_list("message_id", flat=True)) \
+        == [letter.message_id]
+    assert "already processed" in worker.output()
     assert worker.terminate() == 0

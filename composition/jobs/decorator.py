@@ -20,7 +20,7 @@ from dramatiq import Actor
 
 from composition.broker import configured_broker
 from composition.errors import PermanentError
-from composition.jobs.inbox import claim
+from composition.jobs.inbox import claim, ledger_key
 from composition.jobs.middleware import current_message
 from composition.jobs.policy import JobPolicy
 from composition.jobs.schema import PayloadSchema
@@ -47,8 +47,9 @@ def job(*, queue: str = "default", max_attempts: int = 5, initial_delay_s: float
     ``PermanentError``, the types in ``permanent`` and a payload that does not fit the function's
     arguments go straight to the dead letters; ``TransientError`` and any other exception retry.
     With ``idempotent=True`` the function's database effects commit in one transaction with the
-    inbox ledger row of the message id, so a redelivered message has no second effect (the
-    function must not commit on its own). The actor binds to ``composition.broker.configured_broker()``
+    inbox ledger row of the message id (for a replayed dead letter, the original message's id),
+    so a redelivered or replayed message has no second effect (the function must not commit on
+    its own). The actor binds to ``composition.broker.configured_broker()``
     at decoration time; the actor name defaults to the function's name.
 
     Raises ValueError/TypeError for an inconsistent policy, and Dramatiq's ValueError when the
@@ -69,7 +70,7 @@ def job(*, queue: str = "default", max_attempts: int = 5, initial_delay_s: float
             if not policy.idempotent or message is None:
                 return fn(*args, **kwargs)
             with transaction.atomic():
-                if not claim(message.message_id, name):
+                if not claim(ledger_key(message), name):
                     log.info("message already processed, skipped")
                     return None
                 return fn(*args, **kwargs)

@@ -4,17 +4,38 @@
 False when the id is already there. A concurrent redelivery of the same message waits on the
 unique index until the first transaction ends, then sees the row (committed: skip) or takes
 over (rolled back: run), so two deliveries never both commit effects.
+
+The ledger key is the message id, except for a replayed dead letter: its message carries the
+original message's id as ``idempotency_key`` in its composition headers, so the replay and a
+late redelivery of the original cannot both commit effects (``ledger_key``).
 """
 
 from __future__ import annotations
 
-from django.db import connection
+from typing import Any
 
-__all__ = ["claim"]
+from django.db import connection
+from dramatiq.broker import MessageProxy
+
+__all__ = ["IDEMPOTENCY_KEY_HEADER", "claim", "ledger_key"]
+
+# Key in message.options["composition"] that replaces the message id in the ledger.
+IDEMPOTENCY_KEY_HEADER = "idempotency_key"
+
+
+def ledger_key(message: MessageProxy) -> str:
+    """The id under which ``message``'s effects are recorded: its idempotency key, else its id."""
+    headers: Any = message.options.get("composition")
+    if isinstance(headers, dict):
+        key = headers.get(IDEMPOTENCY_KEY_HEADER)
+        if isinstance(key, str) and key:
+            return key
+    return str(message.message_id)
 
 
 def claim(message_id: str, actor: str) -> bool:
-    """Insert the ledger row for ``message_id``; False when it was processed already.
+    """Insert the ledger row for ``message_id`` (a ``ledger_key``); False when it was processed
+    already.
 
     Must run inside ``transaction.atomic()`` together with the job's effects.
     """

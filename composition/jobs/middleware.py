@@ -7,7 +7,13 @@
 - ``JobMiddleware`` wraps every message: ``close_old_connections()`` before and after (worker
   threads never see ``request_finished``), a fresh structlog context bound with job_id, actor and
   attempt, the in-flight table the heartbeat reports, the job metrics, and the dead letter when
-  the message failed for good.
+  the message failed for good (including a message for an actor this worker does not know,
+  which Dramatiq rejects before any job runs). An actor declared with ``dead_letter=False`` (the
+  outbox relay's nudges) fails without one.
+
+Dramatiq's broker-side dead-letter queue expires and is not searchable, so it must never be the
+only copy: writing the dead letter is retried for a few seconds, and when the database stays
+unreachable the message goes back on its queue to fail (and be recorded) again later.
 
 ``job_middleware()`` is the broker's full middleware list (Dramatiq's defaults with these two).
 """
@@ -21,19 +27,26 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import current_millis
-from dramatiq.errors import Retry
+from dramatiq.errors import ActorNotFound, Retry
 from dramatiq.middleware import Middleware, Retries, Shutdown, default_middleware
 
 from composition.jobs.deadletters import FIRST_FAILED_OPTION, record_dead_letter
 from composition.jobs.policy import backoff_s
-from composition.metrics import JOB_DURATION_SECONDS, JOBS_IN_PROGRESS, JOBS_TOTAL
+from composition.metrics import (
+    DEAD_LETTER_RECORD_FAILURES_TOTAL,
+    JOB_DURATION_SECONDS,
+    JOBS_IN_PROGRESS,
+    JOBS_TOTAL,
+)
 
 __all__ = [
     "BACKOFF_OPTION",
+    "DEAD_LETTER_OPTION",
+    "DEAD_LETTER_RETRY_DELAYS_S",
     "InFlight",
     "JobMiddleware",
     "JobRetries",
@@ -47,6 +60,11 @@ log = structlog.get_logger("composition.jobs")
 
 # message.options key holding the delay (ms) computed before this attempt, for logs and tests.
 BACKOFF_OPTION = "composition_backoff_ms"
+# Actor (or message) option: False means a message that fails for good leaves no dead letter.
+DEAD_LETTER_OPTION = "dead_letter"
+# Pauses between tries to write a dead letter (4 tries, about 3 s in all): long enough to ride
+# out a database blip or failover, short enough not to hold a worker thread for long.
+DEAD_LETTER_RETRY_DELAYS_S = (0.25, 0.75, 2.0)
 
 _current: ContextVar[MessageProxy | None] = ContextVar("composition_current_message", default=None)
 
@@ -86,7 +104,12 @@ class JobRetries(Retries):
             requeue_message(broker, message)
             return
         message.options.setdefault(FIRST_FAILED_OPTION, current_millis())
-        actor = broker.get_actor(message.actor_name)
+        try:
+            actor = broker.get_actor(message.actor_name)
+        except ActorNotFound:
+            # Nothing can run it, however often it is retried; JobMiddleware dead-letters it.
+            message.fail()
+            return
         throws = message.options.get("throws") or actor.options.get("throws")
         permanent = throws is not None and isinstance(exception, throws)
         if not permanent and not (isinstance(exception, Retry) and exception.delay is not None):
@@ -122,7 +145,7 @@ class JobMiddleware(Middleware):
 
     @property
     def actor_options(self) -> set[str]:
-        return {"job_policy"}
+        return {"job_policy", DEAD_LETTER_OPTION}
 
     # -- what the heartbeat and the drain read ---------------------------------------------------
     def in_flight(self) -> dict[int, InFlight]:
@@ -170,13 +193,36 @@ class JobMiddleware(Middleware):
         job = self._finish(message)
         try:
             if exception is not None or not message.failed:
-                self._outcome(message, exception, job)
+                self._outcome(broker, message, exception, job)
         finally:
             self._reset()
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         self._finish(message)
         self._reset()
+
+    def before_nack(self, broker: Broker, message: MessageProxy) -> None:
+        # A message for an actor this worker does not know (a deploy removed or renamed the job)
+        # is rejected by Dramatiq's consumer thread without running any other hook: this is the
+        # one place to dead-letter it. Messages of known actors were handled after processing.
+        try:
+            broker.get_actor(message.actor_name)
+            return
+        except ActorNotFound:
+            pass
+        error = ActorNotFound(f"no actor named {message.actor_name!r} is declared in this worker "
+                              "(removed or renamed by a deploy?)")
+        structlog.contextvars.bind_contextvars(job_id=message.message_id, actor=message.actor_name)
+        JOBS_TOTAL.labels(message.actor_name, "dead").inc()
+        close_old_connections()
+        try:
+            # The nack is already under way: only Redis's requeue can still turn it into a no-op.
+            self._dead_letter(broker, message, error, attempt_of(message),
+                              can_requeue=_requeue_voids_nack(broker, message))
+        finally:
+            self._reset()
+            # A consumer thread is no worker thread: it does not keep a database connection.
+            connections.close_all()
 
     # -- helpers -------------------------------------------------------------------------------
     def _finish(self, message: MessageProxy) -> InFlight | None:
@@ -186,7 +232,8 @@ class JobMiddleware(Middleware):
             JOBS_IN_PROGRESS.labels(message.actor_name).dec()
         return job
 
-    def _outcome(self, message: MessageProxy, exception: BaseException | None, job: InFlight | None) -> None:
+    def _outcome(self, broker: Broker, message: MessageProxy, exception: BaseException | None,
+                 job: InFlight | None) -> None:
         took_s = time.monotonic() - job.started_monotonic if job else 0.0
         JOB_DURATION_SECONDS.labels(message.actor_name).observe(took_s)
         if exception is None:
@@ -204,19 +251,87 @@ class JobMiddleware(Middleware):
             return
         JOBS_TOTAL.labels(message.actor_name, "dead").inc()
         attempts = job.attempt if job else attempt_of(message)
-        try:
-            dead_letter_id = record_dead_letter(message, exception, attempts)
-        except Exception as exc:
-            # The broker's own dead-letter queue still holds the message; say loudly what it was.
-            log.error("could not record dead letter", error=error, record_error=f"{type(exc).__name__}: {exc}",
-                      payload=message.kwargs, args=message.args)
+        if not _wants_dead_letter(broker, message):
+            log.error("job failed for good; its actor keeps no dead letters", error=error, attempts=attempts)
             return
-        log.error("job dead-lettered", error=error, attempts=attempts, dead_letter_id=dead_letter_id)
+        self._dead_letter(broker, message, exception, attempts)
+
+    def _dead_letter(self, broker: Broker, message: MessageProxy, exception: BaseException, attempts: int, *,
+                     can_requeue: bool = True) -> None:
+        """Write the dead letter, retrying through a database blip; failing that, put the
+        message back on its queue (when ``can_requeue``) so that it fails, and is recorded, again
+        later."""
+        error = f"{type(exception).__name__}: {exception}"
+        dead_letter_id, record_error = _record_with_retries(message, exception, attempts, error)
+        if dead_letter_id is not None:
+            log.error("job dead-lettered", error=error, attempts=attempts, dead_letter_id=dead_letter_id)
+            return
+        if not can_requeue:
+            DEAD_LETTER_RECORD_FAILURES_TOTAL.labels(message.actor_name, "broker_dlq").inc()
+            log.critical("could not record dead letter; only the broker's expiring dead-letter queue holds the "
+                         "message", error=error, record_error=record_error, queue=message.queue_name,
+                         payload=message.kwargs, args=message.args)
+            return
+        try:
+            _requeue_instead_of_rejecting(broker, message)
+        except Exception as exc:
+            DEAD_LETTER_RECORD_FAILURES_TOTAL.labels(message.actor_name, "broker_dlq").inc()
+            log.critical("could not record dead letter nor requeue the message; only the broker's expiring "
+                         "dead-letter queue holds it", error=error, record_error=record_error,
+                         requeue_error=f"{type(exc).__name__}: {exc}", queue=message.queue_name,
+                         payload=message.kwargs, args=message.args)
+            return
+        DEAD_LETTER_RECORD_FAILURES_TOTAL.labels(message.actor_name, "requeued").inc()
+        log.critical("could not record dead letter; message requeued to fail and be recorded again later",
+                     error=error, record_error=record_error, queue=message.queue_name,
+                     payload=message.kwargs, args=message.args)
 
     def _reset(self) -> None:
         _current.set(None)
         structlog.contextvars.clear_contextvars()
         close_old_connections()
+
+
+def _record_with_retries(message: MessageProxy, exception: BaseException, attempts: int,
+                         error: str) -> tuple[int | None, str]:
+    """The dead letter's id, or None and the last recording error after every try failed."""
+    record_error = ""
+    for delay_s in (*DEAD_LETTER_RETRY_DELAYS_S, None):
+        try:
+            return record_dead_letter(message, exception, attempts), ""
+        except Exception as exc:
+            record_error = f"{type(exc).__name__}: {exc}"
+            # A connection the error broke is replaced on the next try.
+            close_old_connections()
+            if delay_s is None:
+                break
+            log.warning("could not record dead letter, retrying", error=error, record_error=record_error,
+                        retry_in_s=delay_s)
+            time.sleep(delay_s)
+    return None, record_error
+
+
+def _wants_dead_letter(broker: Broker, message: MessageProxy) -> bool:
+    """Per-message option, else the actor's, else yes (an unknown actor always gets one)."""
+    try:
+        declared = broker.get_actor(message.actor_name).options.get(DEAD_LETTER_OPTION, True)
+    except ActorNotFound:
+        declared = True
+    return message.options.get(DEAD_LETTER_OPTION, declared) is not False
+
+
+def _requeue_instead_of_rejecting(broker: Broker, message: MessageProxy) -> None:
+    """Put a failed message back on its queue so that the broker's nack does not move it to the
+    dead-letter queue: on Redis the requeue takes it out of this worker's unacked set, and
+    dispatch.lua's nack then finds nothing to move; elsewhere a copy is enqueued and the
+    original must be acknowledged, not rejected, or it would exist twice."""
+    requeue_message(broker, message)
+    if not _requeue_voids_nack(broker, message):
+        message.failed = False
+
+
+def _requeue_voids_nack(broker: Broker, message: MessageProxy) -> bool:
+    return isinstance(broker, RedisBroker) and message.options.get("redis_message_id") is not None
 
 
 def job_middleware() -> list[Middleware]:

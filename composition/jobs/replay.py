@@ -3,8 +3,11 @@
 Replay goes through the outbox: the new outbox message and the dead letter's change to
 "replayed" commit in one transaction, under a row lock on the dead letter, so a dead letter is
 replayed at most once, even by two operators at the same moment; the second is refused with
-``DeadLetterStateError``. The replayed message gets a new message id (from its outbox row), so
-the inbox ledger does not mistake it for the failed delivery. Discard marks it "discarded".
+``DeadLetterStateError``. The replayed message gets a new message id (from its outbox row) but
+carries the original message's id as its idempotency key, which the inbox ledger of an
+idempotent job uses in its place: should the original be redelivered late (its worker died
+after writing the dead letter, before the broker's acknowledgement) once the data is fixed,
+the redelivery and the replay cannot both have an effect. Discard marks it "discarded".
 
 Bulk actions take a queryset from ``select()`` and act row by row, each in its own transaction,
 so one refused row does not undo the others.
@@ -23,6 +26,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from composition.errors import CompositionError, DeadLetterStateError, PayloadValidationError
+from composition.jobs.inbox import IDEMPOTENCY_KEY_HEADER
 from composition.jobs.models import DeadLetter
 
 __all__ = [
@@ -83,6 +87,15 @@ def replay_payload(dead_letter: DeadLetter) -> dict[str, Any]:
     return {**bound.arguments, **payload}
 
 
+def replay_headers(dead_letter: DeadLetter) -> dict[str, Any]:
+    """Headers of the replayed message: the idempotency key of the first message in the chain
+    (a replay of a replay keeps the original's) and the dead letter it replays."""
+    headers = dead_letter.headers if isinstance(dead_letter.headers, dict) else {}
+    key = headers.get(IDEMPOTENCY_KEY_HEADER)
+    return {IDEMPOTENCY_KEY_HEADER: key if isinstance(key, str) and key else dead_letter.message_id,
+            "replay_of": dead_letter.pk}
+
+
 def replay(dead_letter_id: int, *, user: Any = None) -> DeadLetter:
     """Publish the dead letter's message again through the outbox and mark it replayed.
 
@@ -91,13 +104,13 @@ def replay(dead_letter_id: int, *, user: Any = None) -> DeadLetter:
     ``composition.outbox.publish`` raises (unknown actor, payload too large).
     """
     _require(user, REPLAY_PERMISSION)
-    from composition.outbox import publish
+    from composition.outbox.publish import publish_with_headers
 
     with transaction.atomic():
         row = DeadLetter.objects.select_for_update().get(pk=dead_letter_id)
         if row.status != DeadLetter.Status.DEAD:
             raise DeadLetterStateError(row.pk, row.status)
-        outbox_message = publish(row.actor, replay_payload(row))
+        outbox_message = publish_with_headers(row.actor, replay_payload(row), headers=replay_headers(row))
         row.status = DeadLetter.Status.REPLAYED
         row.replayed_at = timezone.now()
         row.replayed_by = user if user is not None and user.is_authenticated else None

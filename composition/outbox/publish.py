@@ -1,16 +1,25 @@
 """``publish()``: validate at once, write the outbox row in the caller's transaction, nudge the
-relay after commit."""
+relay after commit.
+
+The nudge runs in the caller's request right after its commit, so it must never make the
+request pay for a broker that is down or frozen: each broker's nudges go through a
+``CircuitBreaker`` that, after one failure, skips them for ``NUDGE_BREAKER_RESET_S``. A skipped
+or failed nudge only delays a message until the relay's next sweep.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from django.db import DEFAULT_DB_ALIAS, transaction
+from dramatiq.broker import Broker
 from dramatiq.errors import ActorNotFound
 
 from composition.broker import configured_broker
@@ -24,7 +33,10 @@ from composition.outbox.errors import (
 )
 from composition.outbox.models import KEY_MAX_LENGTH, OutboxMessage
 
-__all__ = ["encode_payload", "publish"]
+if TYPE_CHECKING:
+    from composition.backpressure import CircuitBreaker
+
+__all__ = ["encode_payload", "nudge_breaker", "publish", "publish_with_headers"]
 
 log = structlog.get_logger("composition.outbox")
 
@@ -33,6 +45,12 @@ log = structlog.get_logger("composition.outbox")
 _MAX_DEPTH = 32
 # Where the connection remembers the nudge it registered for the current transaction.
 _NUDGE_ATTR = "_composition_outbox_nudge"
+# One failed nudge opens the broker's nudge circuit: a frozen broker then costs one socket
+# timeout per NUDGE_BREAKER_RESET_S for the whole process, not one per commit.
+NUDGE_BREAKER_FAILURES = 1
+NUDGE_BREAKER_RESET_S = 5.0
+# Headers publish() sets itself; extra headers cannot replace them.
+_OWN_HEADERS = frozenset({"request_id", "published_at"})
 
 
 def publish(actor: Any, payload: Mapping[str, Any], *, key: str | None = None,
@@ -49,6 +67,16 @@ def publish(actor: Any, payload: Mapping[str, Any], *, key: str | None = None,
     of JSON values), ``PayloadTooLargeError`` (above ``OUTBOX_MAX_PAYLOAD_BYTES`` encoded),
     ``InvalidKeyError`` or ``InvalidDelayError``; all are ``PublishError``/``ValueError``.
     """
+    return publish_with_headers(actor, payload, headers={}, key=key, delay_s=delay_s)
+
+
+def publish_with_headers(actor: Any, payload: Mapping[str, Any], *, headers: Mapping[str, Any],
+                         key: str | None = None, delay_s: float | None = None) -> OutboxMessage:
+    """``publish()`` with extra message headers (JSON values under string keys) that travel in
+    the Dramatiq message's ``options["composition"]``, such as the idempotency key of a replayed
+    dead letter. The request id and publish time are always publish's own. Raises like
+    ``publish()``, and ``PayloadNotSerializableError`` for headers that are not JSON.
+    """
     name = _actor_name(actor)
     try:
         declared = configured_broker().get_actor(name)
@@ -63,11 +91,13 @@ def publish(actor: Any, payload: Mapping[str, Any], *, key: str | None = None,
                 or delay_s < 0:
             raise InvalidDelayError(f"delay_s must be a finite number of seconds >= 0, got {delay_s!r}")
         delay_s = float(delay_s)
+    extra = {header: value for header, value in headers.items() if header not in _OWN_HEADERS}
+    _check_json(extra, "headers", 0)
     context = structlog.contextvars.get_contextvars()
-    headers = {"request_id": context.get("request_id"), "published_at": time.time()}
     message = OutboxMessage.objects.create(
         actor_name=name, queue_name=declared.queue_name, payload=dict(payload), key=key,
-        headers=headers, delay_s=delay_s,
+        headers={**extra, "request_id": context.get("request_id"), "published_at": time.time()},
+        delay_s=delay_s,
     )
     _nudge_after_commit(DEFAULT_DB_ALIAS)
     return message
@@ -138,14 +168,36 @@ def _nudge_after_commit(using: str) -> None:
     transaction.on_commit(nudge, using=using)
 
 
+_breakers_lock = threading.Lock()
+_breakers: weakref.WeakKeyDictionary[Broker, CircuitBreaker] = weakref.WeakKeyDictionary()
+
+
+def nudge_breaker(broker: Broker) -> CircuitBreaker:
+    """The circuit breaker of ``broker``'s relay nudges in this process (one per broker)."""
+    from composition.backpressure import CircuitBreaker
+
+    with _breakers_lock:
+        breaker = _breakers.get(broker)
+        if breaker is None:
+            breaker = CircuitBreaker("outbox_nudge", failure_threshold=NUDGE_BREAKER_FAILURES,
+                                     reset_timeout_s=NUDGE_BREAKER_RESET_S)
+            _breakers[broker] = breaker
+        return breaker
+
+
 def _make_nudge() -> Callable[[], None]:
     def nudge() -> None:
         # After commit the row is safe; a failed nudge only delays it until the next sweep, so it
         # must never turn the caller's successful commit into an exception.
-        try:
-            from composition.outbox.relay import relay_actor
+        from composition.backpressure import CircuitOpen
+        from composition.outbox.relay import relay_actor
 
-            relay_actor(configured_broker()).send()
+        try:
+            broker = configured_broker()
+            nudge_breaker(broker).call(relay_actor(broker).send)
+        except CircuitOpen as exc:
+            log.debug("outbox relay nudge skipped, the broker is failing; the sweep will relay the message",
+                      retry_after_s=round(exc.retry_after_s, 2))
         except Exception as exc:
             log.warning("outbox relay nudge failed; the sweep will relay the message",
                         error=f"{type(exc).__name__}: {exc}")

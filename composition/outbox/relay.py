@@ -54,6 +54,9 @@ NUDGE_MAX_AGE_S = 60.0
 # sweep carries on, and Dramatiq's time limit never interrupts a batch.
 NUDGE_BUDGET_S = 30.0
 NUDGE_TIME_LIMIT_S = 120.0
+# The actor option (composition.jobs.middleware.DEAD_LETTER_OPTION) that turns dead letters off;
+# spelled here so the outbox does not import the jobs package.
+DEAD_LETTER_OPTION = "dead_letter"
 
 _CLAIM_SQL = """
 WITH heads AS (
@@ -274,8 +277,13 @@ def relay_actor(broker: Broker) -> Actor[[], None]:
             finally:
                 close_old_connections()
 
+        options: dict[str, Any] = {}
+        if any(DEAD_LETTER_OPTION in middleware.actor_options for middleware in broker.middleware):
+            # A failed nudge (a database blip) is not work an operator should see or replay: the
+            # rows it was about stay pending and the next nudge or sweep relays them.
+            options[DEAD_LETTER_OPTION] = False
         declare = dramatiq.actor(
             actor_name=RELAY_ACTOR_NAME, queue_name=RELAY_QUEUE_NAME, broker=broker, max_retries=0,
-            max_age=int(NUDGE_MAX_AGE_S * 1000), time_limit=int(NUDGE_TIME_LIMIT_S * 1000),
+            max_age=int(NUDGE_MAX_AGE_S * 1000), time_limit=int(NUDGE_TIME_LIMIT_S * 1000), **options,
         )
         return declare(composition_outbox_relay)

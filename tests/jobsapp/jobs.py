@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 import time
 
+import dramatiq
 from django.db import transaction
 
+from composition.broker import configured_broker
 from composition.jobs import PermanentError, TransientError, current_message, job
 from composition.jobs.middleware import BACKOFF_OPTION
 from tests.jobsapp.models import Account, Attempt, Effect
@@ -99,3 +101,14 @@ RABBIT_QUEUE = "jobs_rabbit"
 def rabbit_effect(key: str) -> None:
     """Runs under a RabbitMQ broker in the RabbitMQ tests."""
     Effect.objects.create(key=key)
+
+
+def _fails_quietly(key: str) -> None:
+    raise ValueError(f"no dead letter wanted for {key}")
+
+
+# A plain Dramatiq actor that opts out of dead letters, as the outbox relay does.
+fails_without_dead_letter = dramatiq.actor(
+    actor_name="jobsapp_fails_without_dead_letter", queue_name=CHECK_QUEUE, broker=configured_broker(),
+    max_retries=0, dead_letter=False,
+)(_fails_quietly)

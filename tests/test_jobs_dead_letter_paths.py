@@ -1,0 +1,158 @@
+"""Every way a message can fail for good ends as exactly one dead letter, or on purpose as none,
+with real ``runworkers`` processes against real PostgreSQL and Redis: a database blip while the
+dead letter is written, a message for an actor this deploy no longer has, and an actor that opts
+out of dead letters (the outbox relay)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import OperationalError
+from dramatiq import Message
+from dramatiq.broker import MessageProxy
+
+from composition.broker import configured_broker
+from composition.jobs.middleware import DEAD_LETTER_RETRY_DELAYS_S, find_job_middleware
+from composition.jobs.models import DeadLetter
+from composition.outbox.relay import RELAY_ACTOR_NAME, RELAY_QUEUE_NAME, relay_actor
+from composition.testing import wait_until
+from tests.jobsapp import jobs
+from tests.jobsapp.apps import FAILURES_ENV
+from tests.jobsapp.models import Attempt, Effect
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+THREADS = "2"
+
+
+@pytest.fixture(autouse=True)
+def empty_queues() -> Iterator[None]:
+    broker = configured_broker()
+    queues = (jobs.RETRY_QUEUE, jobs.CHECK_QUEUE, RELAY_QUEUE_NAME)
+    for queue in queues:
+        broker.flush(queue)
+    yield
+    for queue in queues:
+        broker.flush(queue)
+
+
+def _redis() -> Any:
+    return configured_broker().client  # type: ignore[attr-defined]
+
+
+def in_queue(queue: str) -> int:
+    """Messages the broker holds for ``queue`` (waiting, delayed or fetched but not acked)."""
+    namespace = configured_broker().namespace  # type: ignore[attr-defined]
+    return sum(int(_redis().hlen(f"{namespace}:{name}.msgs")) for name in (queue, f"{queue}.DQ"))
+
+
+def in_broker_dead_letter_queue(queue: str) -> list[Message[Any]]:
+    """What Dramatiq's own (expiring) dead-letter queue holds for ``queue``."""
+    namespace = configured_broker().namespace  # type: ignore[attr-defined]
+    return [Message.decode(body) for body in _redis().hvals(f"{namespace}:{queue}.XQ.msgs")]
+
+
+@pytest.mark.slow
+def test_dead_letter_written_exactly_once_through_a_database_blip(worker_processes: Any) -> None:
+    # Recording fails more often than one handling retries it: the first handling gives up and
+    # requeues the message, the second handling records it.
+    tries_per_handling = len(DEAD_LETTER_RETRY_DELAYS_S) + 1
+    failures = tries_per_handling + 2
+    worker = worker_processes.spawn(["--threads", THREADS, "--queues", jobs.RETRY_QUEUE],
+                                    **{FAILURES_ENV: str(failures)})
+    sent = jobs.refuses.send(key="blip")
+    try:
+        wait_until(lambda: DeadLetter.objects.filter(actor="refuses").exists(), timeout_s=60, interval_s=0.2)
+    except AssertionError:
+        pytest.fail(f"no dead letter after the blip; log:\n{worker.output()[-4000:]}")
+    # Once recorded, the message leaves the queue (into Dramatiq's DLQ, as every failure does).
+    wait_until(lambda: in_queue(jobs.RETRY_QUEUE) == 0, timeout_s=10,
+               message="the message is still on its queue after its dead letter was written")
+
+    letter = DeadLetter.objects.get(actor="refuses")
+    assert letter.message_id == sent.message_id
+    assert (letter.attempts, letter.error_class) == (1, "composition.errors.PermanentError")
+    # The job ran once per handling: the requeue made it run again, not vanish.
+    assert [run.attempt for run in Attempt.objects.filter(key="blip")] == [1, 1]
+    assert [m.message_id for m in in_broker_dead_letter_queue(jobs.RETRY_QUEUE)] == [sent.message_id]
+    assert "requeued" in worker.output()
+
+    # The worker carries on: the next failure is recorded at the first try.
+    jobs.refuses.send(key="after-blip")
+    wait_until(lambda: DeadLetter.objects.filter(payload={"key": "after-blip"}).exists(), timeout_s=30,
+               message=f"worker stopped after the blip; log:\n{worker.output()[-3000:]}")
+    assert DeadLetter.objects.filter(actor="refuses").count() == 2
+    assert worker.terminate() == 0
+
+
+@pytest.mark.slow
+def test_message_for_an_unknown_actor_becomes_a_grouped_dead_letter(worker_processes: Any) -> None:
+    worker = worker_processes.spawn(["--threads", THREADS, "--queues", jobs.CHECK_QUEUE])
+    broker = configured_broker()
+    # What an older deploy may still have queued: a job that was removed (or renamed) since.
+    removed = [Message(queue_name=jobs.CHECK_QUEUE, actor_name="removed_job", args=(),
+                       kwargs={"invoice_id": invoice_id}, options={"composition": {"outbox_id": invoice_id}})
+               for invoice_id in (41, 42)]
+    for message in removed:
+        broker.enqueue(message)
+    try:
+        wait_until(lambda: DeadLetter.objects.filter(actor="removed_job").count() == 2, timeout_s=30)
+    except AssertionError:
+        pytest.fail(f"unknown actor not dead-lettered; log:\n{worker.output()[-4000:]}")
+
+    letters = {letter.message_id: letter for letter in DeadLetter.objects.filter(actor="removed_job")}
+    assert set(letters) == {message.message_id for message in removed}
+    for message in removed:
+        letter = letters[message.message_id]
+        assert letter.error_class == "dramatiq.errors.ActorNotFound"
+        assert "removed_job" in letter.error_message
+        assert (letter.queue, letter.payload, letter.attempts) == (jobs.CHECK_QUEUE, message.kwargs, 1)
+        assert letter.headers == {"outbox_id": message.kwargs["invoice_id"]}
+    assert len({letter.fingerprint for letter in letters.values()}) == 1, "one cause, one group"
+
+    # The worker keeps running.
+    jobs.typed.send(invoice_id=7, note="alive")
+    wait_until(lambda: Effect.objects.filter(key="typed-7-alive").exists(), timeout_s=30,
+               message=f"the worker stopped after an unknown actor; log:\n{worker.output()[-3000:]}")
+    assert worker.process is not None and worker.process.poll() is None
+    assert DeadLetter.objects.filter(actor="removed_job").count() == 2
+    assert worker.terminate() == 0
+
+
+@pytest.mark.slow
+def test_actor_declared_without_dead_letters_writes_none(worker_processes: Any) -> None:
+    worker = worker_processes.spawn(["--threads", THREADS, "--queues", jobs.CHECK_QUEUE])
+    quiet = jobs.fails_without_dead_letter.send(key="quiet")
+    loud = jobs.charge.send(account="nobody", key="loud")  # an ordinary job that fails for good
+    try:
+        wait_until(lambda: {m.message_id for m in in_broker_dead_letter_queue(jobs.CHECK_QUEUE)}
+                   == {quiet.message_id, loud.message_id}, timeout_s=30)
+    except AssertionError:
+        pytest.fail(f"messages not processed; log:\n{worker.output()[-4000:]}")
+    wait_until(lambda: DeadLetter.objects.filter(message_id=loud.message_id).exists(), timeout_s=10)
+    assert not DeadLetter.objects.filter(actor="jobsapp_fails_without_dead_letter").exists()
+    assert worker.terminate() == 0
+
+
+def test_the_outbox_relay_actor_opts_out_of_dead_letters() -> None:
+    broker = configured_broker()
+    relay = relay_actor(broker)
+    assert relay.options["dead_letter"] is False
+    middleware = find_job_middleware(broker)
+    assert middleware is not None
+
+    # A nudge that failed for good (max_retries=0), as a database blip in the relay would make it.
+    message = MessageProxy(Message(queue_name=RELAY_QUEUE_NAME, actor_name=RELAY_ACTOR_NAME, args=(),
+                                   kwargs={}, options={}))
+    message.fail()
+    middleware.after_process_message(broker, message, exception=OperationalError("database blip"))
+    assert not DeadLetter.objects.exists()
+
+    # The same failure of an ordinary job is recorded.
+    message = MessageProxy(Message(queue_name=jobs.CHECK_QUEUE, actor_name="charge", args=(),
+                                   kwargs={"account": "a", "key": "k"}, options={}))
+    message.fail()
+    middleware.after_process_message(broker, message, exception=OperationalError("database blip"))
+    assert DeadLetter.objects.filter(message_id=message.message_id).count() == 1

@@ -1,0 +1,53 @@
+"""The after-commit nudge must not make requests pay for a frozen broker: a circuit breaker per
+broker skips the nudge while the broker is failing, and the sweep relays what it missed."""
+
+from __future__ import annotations
+
+import time
+
+import dramatiq
+import pytest
+from django.db import transaction
+
+from composition.conf import conf
+from composition.outbox import OutboxMessage, publish
+from composition.outbox.relay import Relay
+from composition.testing import ThrowawayRedis, use_broker
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+MESSAGES = 20
+
+
+def _probe(seq: int) -> None:
+    """Never consumed: the test reads what reached the broker."""
+
+
+def test_publishing_against_a_frozen_broker_costs_at_most_one_socket_timeout(
+        throwaway_redis_server: ThrowawayRedis) -> None:
+    with use_broker(throwaway_redis_server.url) as broker:
+        probe = dramatiq.actor(actor_name="nudge_probe", queue_name="nudge_probe", broker=broker,
+                               max_retries=0)(_probe)
+        publish(probe, {"seq": -1})  # a healthy broker: the nudge goes through
+        assert broker.client.llen("dramatiq:composition.outbox") == 1  # type: ignore[attr-defined]
+
+        throwaway_redis_server.freeze()
+        try:
+            started = time.monotonic()
+            for seq in range(MESSAGES):
+                with transaction.atomic():
+                    publish(probe, {"seq": seq})
+            took_s = time.monotonic() - started
+        finally:
+            throwaway_redis_server.thaw()
+
+        # Without the breaker every commit would wait for the socket timeout (20 x 2 s).
+        timeout_s = float(conf.BROKER_SOCKET_TIMEOUT_S)
+        assert took_s < timeout_s * 1.5 + 2.0, f"{MESSAGES} publishes took {took_s:.1f}s"
+
+        # Every row committed and waits for the sweep, which relays it once the broker is back.
+        pending = OutboxMessage.objects.filter(actor_name="nudge_probe", status="pending")
+        assert pending.count() == MESSAGES + 1  # the first one's nudge is queued but nobody ran it
+        assert Relay(broker).run_until_idle() == MESSAGES + 1
+        queued = broker.client.lrange("dramatiq:nudge_probe", 0, -1)  # type: ignore[attr-defined]
+        assert len(queued) == MESSAGES + 1
