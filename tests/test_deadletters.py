@@ -270,3 +270,11 @@ def test_replay_after_a_late_redelivery_has_no_second_effect(worker_processes, e
         == [letter.message_id]
     assert "already processed" in worker.output()
     assert worker.terminate() == 0
+
+
+@pytest.mark.django_db
+def test_command_takes_several_ids_after_one_flag_or_repeated() -> None:
+    first, second, third = (dead_letter(key=f"ids-{index}") for index in range(3))
+    assert "2 dead letter(s) would be discarded" in run("discard", "--id", str(first.pk), str(second.pk))
+    run("discard", "--id", str(first.pk), str(second.pk), "--id", str(third.pk), "--yes")
+    assert set(DeadLetter.objects.values_list("status", flat=True)) == {"discarded"}

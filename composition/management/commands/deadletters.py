@@ -43,8 +43,8 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("action", choices=["list", "show", "replay", "discard"])
-        parser.add_argument("--id", dest="ids", type=int, action="append", default=None,
-                            help="a dead letter id (repeatable)")
+        parser.add_argument("--id", dest="ids", type=int, action="extend", nargs="+", default=None,
+                            help="dead letter ids: --id 3 4 or --id 3 --id 4")
         parser.add_argument("--actor", help="only this actor")
         parser.add_argument("--error", help="only this error class (full or last dotted part)")
         parser.add_argument("--fingerprint", help="only this failure group")
