@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 SHUTDOWN_TIMEOUT_S = 4.0
 # Process exit after the drain: the remaining components' stops and interpreter shutdown.
-EXIT_MARGIN_S = 3.0
+EXIT_MARGIN_S = 5.0  # interpreter exit and process teardown on a loaded 2-core machine
 
 
 @pytest.fixture(autouse=True)
@@ -77,7 +77,9 @@ def test_sigterm_drains_in_time_and_loses_no_job(worker_processes, tmp_path: Pat
         pytest.fail(f"runworkers did not exit in time; log:\n{worker.output()[-3000:]}")
     took_s = time.monotonic() - began
     assert code == 0, worker.output()[-3000:]
-    assert took_s < SHUTDOWN_TIMEOUT_S + EXIT_MARGIN_S
+    # Within the shutdown timeout, plus a moment for the interpreter to exit.
+    print(f"runworkers exited {took_s:.2f}s after SIGTERM (shutdown timeout {SHUTDOWN_TIMEOUT_S}s)")
+    assert took_s < SHUTDOWN_TIMEOUT_S + 1.5, took_s
 
     # The short jobs finished during the drain; the long ones were interrupted, leaving no effect.
     assert set(Effect.objects.values_list("key", flat=True)) == {"short-1", "short-2"}
