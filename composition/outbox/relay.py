@@ -30,7 +30,7 @@ from typing import Any
 
 import dramatiq
 import structlog
-from django.db import close_old_connections, connection
+from django.db import close_old_connections, connection, transaction
 from dramatiq.actor import Actor
 from dramatiq.broker import Broker
 from dramatiq.errors import ActorNotFound
@@ -132,6 +132,20 @@ class ClaimedMessage:
         return message, delay_ms
 
 
+def _relaxed(sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """Run one relay statement in its own short transaction without waiting for the WAL flush.
+
+    The relay's own bookkeeping (leases, sent marks) needs no durability: if a server crash
+    loses the last few such commits, the rows are simply claimed and relayed again, which the
+    relay's at-least-once contract (and the inbox ledger behind it) already covers. Not waiting
+    for two fsyncs per batch is most of the relay's throughput on a real disk.
+    """
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL synchronous_commit TO OFF")
+        cursor.execute(sql, params)
+        return cursor.fetchall() if cursor.description else []
+
+
 def _decode_json(value: Any) -> Any:
     # psycopg returns jsonb decoded; a raw cursor on another driver might hand back text.
     if isinstance(value, str | bytes):
@@ -166,10 +180,8 @@ class Relay:
     def claim(self, limit: int | None = None) -> list[ClaimedMessage]:
         """Lease up to ``limit`` claimable rows (one short transaction); oldest first."""
         table = connection.ops.quote_name(OutboxMessage._meta.db_table)
-        with connection.cursor() as cursor:
-            cursor.execute(_CLAIM_SQL.format(table=table), {
-                "limit": limit or self.batch_size, "lease_s": self.lease_s, "relay_id": self.relay_id})
-            rows = cursor.fetchall()
+        rows = _relaxed(_CLAIM_SQL.format(table=table), {
+            "limit": limit or self.batch_size, "lease_s": self.lease_s, "relay_id": self.relay_id})
         claimed = [ClaimedMessage(id=row[0], actor_name=row[1], queue_name=row[2],
                                   payload=_decode_json(row[3]), key=row[4], headers=_decode_json(row[5]) or {},
                                   delay_s=row[6], created_at=row[7]) for row in rows]
@@ -199,9 +211,8 @@ class Relay:
                                {"ids": ids, "error": error, "relay_id": self.relay_id})
             raise
         enqueued_s = time.time()
-        with connection.cursor() as cursor:
-            cursor.execute(_MARK_SENT_SQL.format(table=table), {
-                "ids": ids, "sent_at": datetime.fromtimestamp(enqueued_s, tz=UTC)})
+        _relaxed(_MARK_SENT_SQL.format(table=table), {
+            "ids": ids, "sent_at": datetime.fromtimestamp(enqueued_s, tz=UTC)})
         for actor_name, count in Counter(message.actor_name for message in claimed).items():
             OUTBOX_RELAYED.labels(actor_name).inc(count)
         for message in claimed:
