@@ -157,6 +157,7 @@ class WorkerComponent:
         self.idle_poll_ms = idle_poll_ms
         self.worker: Worker | None = None
         self._stopped = False
+        self._drained = threading.Event()
         # Several beats within the broker's heartbeat timeout, so one late beat does not count.
         heartbeat_timeout_s = float(getattr(broker, "heartbeat_timeout", 60_000)) / 1000
         self.keepalive = BrokerKeepalive(broker, interval_s=max(0.5, heartbeat_timeout_s / 4))
@@ -176,15 +177,24 @@ class WorkerComponent:
 
     def stop(self, timeout_s: float) -> None:
         self._stop(time.monotonic() + timeout_s)
+        # The drain may overrun its deadline a little by design (unwinding interrupted jobs,
+        # then handing messages back); the System abandons it at the deadline, so wait here for
+        # it to finish before the broker is closed under it.
+        if not self._drained.wait(timeout_s):
+            raise TimeoutError(f"the worker drain did not finish within {timeout_s:.1f}s more")
 
     def _stop(self, deadline: float) -> None:
-        if self.worker is None or self._stopped:
+        if self.worker is None:
+            self._drained.set()
+            return
+        if self._stopped:
             return
         self._stopped = True
         try:
             drain_worker(self.worker, deadline)
         finally:
             self.keepalive.stop()
+            self._drained.set()
 
 
 class HeartbeatComponent:

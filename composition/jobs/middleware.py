@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from django.db import close_old_connections, connections
+from django.db import InterfaceError, OperationalError, close_old_connections, connections
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import current_millis
@@ -262,11 +262,11 @@ class JobMiddleware(Middleware):
         message back on its queue (when ``can_requeue``) so that it fails, and is recorded, again
         later."""
         error = f"{type(exception).__name__}: {exception}"
-        dead_letter_id, record_error = _record_with_retries(message, exception, attempts, error)
+        dead_letter_id, record_error, database_lost = _record_with_retries(message, exception, attempts, error)
         if dead_letter_id is not None:
             log.error("job dead-lettered", error=error, attempts=attempts, dead_letter_id=dead_letter_id)
             return
-        if not can_requeue:
+        if not can_requeue or not database_lost:
             DEAD_LETTER_RECORD_FAILURES_TOTAL.labels(message.actor_name, "broker_dlq").inc()
             log.critical("could not record dead letter; only the broker's expiring dead-letter queue holds the "
                          "message", error=error, record_error=record_error, queue=message.queue_name,
@@ -293,13 +293,15 @@ class JobMiddleware(Middleware):
 
 
 def _record_with_retries(message: MessageProxy, exception: BaseException, attempts: int,
-                         error: str) -> tuple[int | None, str]:
-    """The dead letter's id, or None and the last recording error after every try failed."""
+                         error: str) -> tuple[int | None, str, bool]:
+    """The dead letter's id, or None, the last recording error and whether that error was a
+    lost connection (worth a requeue: the database comes back) rather than one that would fail
+    the same way every time (no requeue: that would rerun the job forever)."""
     record_error = ""
     for delay_s in (*DEAD_LETTER_RETRY_DELAYS_S, None):
         try:
-            return record_dead_letter(message, exception, attempts), ""
-        except Exception as exc:
+            return record_dead_letter(message, exception, attempts), "", False
+        except (OperationalError, InterfaceError) as exc:
             record_error = f"{type(exc).__name__}: {exc}"
             # A connection the error broke is replaced on the next try.
             close_old_connections()
@@ -308,7 +310,10 @@ def _record_with_retries(message: MessageProxy, exception: BaseException, attemp
             log.warning("could not record dead letter, retrying", error=error, record_error=record_error,
                         retry_in_s=delay_s)
             time.sleep(delay_s)
-    return None, record_error
+        except Exception as exc:
+            close_old_connections()
+            return None, f"{type(exc).__name__}: {exc}", False
+    return None, record_error, True
 
 
 def _wants_dead_letter(broker: Broker, message: MessageProxy) -> bool:

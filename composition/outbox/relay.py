@@ -140,8 +140,11 @@ def _relaxed(sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
     relay's at-least-once contract (and the inbox ledger behind it) already covers. Not waiting
     for two fsyncs per batch is most of the relay's throughput on a real disk.
     """
+    # Inside a caller's transaction the setting would cover the caller's own commit: leave it.
+    relax = not connection.in_atomic_block
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SET LOCAL synchronous_commit TO OFF")
+        if relax:
+            cursor.execute("SET LOCAL synchronous_commit TO OFF")
         cursor.execute(sql, params)
         return cursor.fetchall() if cursor.description else []
 
