@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 MATRIX_VENV := .venv-matrix
 MATRIX_STAMP := $(MATRIX_VENV)/.installed
 
-.PHONY: venv test lint typecheck check pytest matrix bench wheel clean
+.PHONY: venv run test lint typecheck check pytest matrix bench wheel clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,6 +16,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# A convenience: ./run is the README's command. Under make, Ctrl-C still drains the system in
+# order, but make itself then reports exit 130 (it re-raises SIGINT).
+run: venv
+	./run
 
 lint: venv
 	$(VENV)/bin/ruff check .
