@@ -1,5 +1,5 @@
 """The stock components: logging, metrics, database, cache, broker, Dramatiq workers, heartbeat
-and child processes. Each is a plain object with its dependencies passed in.
+(child processes are in composition.processes). Each is a plain object with its dependencies passed in.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from composition.broker import configured_broker
 from composition.jobs.middleware import find_job_middleware
 from composition.jobs.runtime import BrokerKeepalive, drain_worker, stop_intake
 from composition.metrics import WORKER_HEARTBEAT_TIMESTAMP
-from composition.processes import ProcessComponent, detach_and_die_with_parent
 
 __all__ = [
     "BrokerComponent",
@@ -32,9 +31,7 @@ __all__ = [
     "HeartbeatComponent",
     "LoggingComponent",
     "MetricsComponent",
-    "ProcessComponent",
     "WorkerComponent",
-    "detach_and_die_with_parent",
 ]
 
 log = structlog.get_logger("composition.components")
@@ -221,7 +218,7 @@ class HeartbeatComponent:
         return middleware.state() if middleware is not None else {}
 
     def start(self) -> None:
-        self._client = health._heartbeat_client()
+        self._client = health.heartbeat_client()
         self._beat()
         self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
         self._thread.start()

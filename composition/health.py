@@ -233,7 +233,8 @@ def readiness(*, use_cache: bool = True) -> HealthReport:
 
 
 # -- worker heartbeats -----------------------------------------------------------------------------
-def _heartbeat_client() -> Any:
+def heartbeat_client() -> Any:
+    """A Redis client for the heartbeats, bounded by the health deadline."""
     import redis
 
     timeout_s = float(conf.HEALTH_DEADLINE_S)
@@ -245,7 +246,7 @@ def workers() -> HealthReport:
     """Healthy when at least one worker process beat recently and none is stuck on old work."""
     stale_after_s = float(conf.WORKER_STALE_AFTER_S)
     try:
-        client = _heartbeat_client()
+        client = heartbeat_client()
         try:
             beats = read_heartbeats(client)
         finally:

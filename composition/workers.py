@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from django.conf import settings
 
@@ -24,11 +24,11 @@ from composition.components import (
     HeartbeatComponent,
     LoggingComponent,
     MetricsComponent,
-    ProcessComponent,
     WorkerComponent,
 )
 from composition.conf import conf
 from composition.outbox.sweeper import RelaySweeperComponent
+from composition.processes import ProcessComponent
 from composition.system import Component, System
 
 __all__ = ["BACKGROUND_DB_THREADS", "WorkerOptions", "build_supervisor", "build_worker_system"]
@@ -45,7 +45,6 @@ class WorkerOptions:
     threads: int = 8
     queues: Sequence[str] | None = None
     shutdown_timeout_s: float = 30.0
-    extra: Sequence[str] = field(default_factory=tuple)
 
     @classmethod
     def from_settings(cls) -> WorkerOptions:

