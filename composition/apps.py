@@ -1,9 +1,14 @@
 from __future__ import annotations
 
-from typing import Any
-
 from django.apps import AppConfig
 from django.db.backends.signals import connection_created
+from django.db.models.signals import post_migrate, pre_migrate
+
+from composition.database import (
+    apply_session_timeouts,
+    lift_timeouts_for_migrate,
+    restore_timeouts_after_migrate,
+)
 
 
 class CompositionConfig(AppConfig):
@@ -21,23 +26,10 @@ class CompositionConfig(AppConfig):
 
         configure_structlog()
         connection_created.connect(apply_session_timeouts, dispatch_uid="composition-timeouts")
+        # Migrations (index builds, data migrations) run without the short session timeouts.
+        pre_migrate.connect(lift_timeouts_for_migrate, dispatch_uid="composition-timeouts-migrate")
+        post_migrate.connect(restore_timeouts_after_migrate, dispatch_uid="composition-timeouts-migrate")
         # The configured broker must exist before any actor is declared; then each app's
         # ``jobs`` module declares its actors against it.
         configured_broker()
         autodiscover_modules("jobs")
-
-
-def apply_session_timeouts(sender: Any, connection: Any, **_: Any) -> None:
-    """Short query and idle-transaction timeouts on every new PostgreSQL connection."""
-    if connection.vendor != "postgresql":
-        return
-    from composition.conf import conf
-
-    statement_ms = int(float(conf.DB_STATEMENT_TIMEOUT_S) * 1000)
-    idle_ms = int(float(conf.DB_IDLE_IN_TRANSACTION_TIMEOUT_S) * 1000)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT set_config('statement_timeout', %s, false),"
-            " set_config('idle_in_transaction_session_timeout', %s, false)",
-            [f"{statement_ms}ms", f"{idle_ms}ms"],
-        )

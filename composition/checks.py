@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from django.conf import settings
@@ -106,7 +107,8 @@ def check_cache_settings(app_configs: Any = None, **_: Any) -> list[CheckMessage
 
 
 # --- outbox ------------------------------------------------------------------------------------
-OUTBOX_POSITIVE_NUMBERS = ("OUTBOX_LEASE_S", "OUTBOX_SWEEP_INTERVAL_S")
+OUTBOX_POSITIVE_NUMBERS = ("OUTBOX_LEASE_S", "OUTBOX_SWEEP_INTERVAL_S", "OUTBOX_RELAY_BUDGET_S",
+                           "OUTBOX_RELAY_TIME_LIMIT_S")
 OUTBOX_POSITIVE_INTEGERS = ("OUTBOX_MAX_PAYLOAD_BYTES", "OUTBOX_BATCH_SIZE")
 
 
@@ -120,6 +122,11 @@ def check_outbox_settings(app_configs: Any = None, **_: Any) -> list[CheckMessag
     if not messages and merged["OUTBOX_LEASE_S"] <= merged["OUTBOX_SWEEP_INTERVAL_S"]:
         messages.append(Warning("OUTBOX_LEASE_S should be several OUTBOX_SWEEP_INTERVAL_S, or relays take "
                                 "each other's rows and send them twice.", id="composition.W020"))
+    if not messages and merged["OUTBOX_RELAY_BUDGET_S"] * 2 > merged["OUTBOX_RELAY_TIME_LIMIT_S"]:
+        messages.append(Warning(
+            "OUTBOX_RELAY_BUDGET_S should be well below OUTBOX_RELAY_TIME_LIMIT_S (at most half): a relay "
+            "round that outlasts its time limit is interrupted between batches and its worker looks stuck.",
+            id="composition.W021"))
     return messages
 
 
@@ -146,4 +153,40 @@ def check_backpressure_settings(app_configs: Any = None, **_: Any) -> list[Check
             if queue not in queues:
                 messages.append(Warning(f"BACKPRESSURE_PATHS[{prefix!r}] names queue {queue!r}, which has no limit "
                                         "in BACKPRESSURE_QUEUES: it is never refused.", id="composition.W050"))
+    return messages
+
+
+# --- retention ----------------------------------------------------------------------------------
+RETENTION_PERIODS = ("INBOX_RETENTION_S", "OUTBOX_RETENTION_S", "DEAD_LETTER_RETENTION_S")
+
+
+@register("composition")
+def check_retention_settings(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
+    merged = _merged()
+    if merged is None:
+        return []
+    # None is allowed for a period: that table is kept forever.
+    periods = tuple(key for key in RETENTION_PERIODS if merged[key] is not None)
+    messages = _not_positive_seconds(merged, ("RETENTION_INTERVAL_S", *periods), "composition.E060")
+    messages += _not_positive_integers(merged, ("RETENTION_BATCH_SIZE",), "composition.E061")
+    inbox_s = merged["INBOX_RETENTION_S"]
+    # The window is built from these two; E004 and E020 report them when they are wrong.
+    window_inputs = ("BROKER_HEARTBEAT_TIMEOUT_S", "OUTBOX_LEASE_S")
+    if messages or inbox_s is None or _not_positive_seconds(merged, window_inputs, "composition.E004"):
+        return messages
+    from composition.errors import BrokerConfigurationError
+    from composition.retention import longest_redelivery_window
+
+    try:
+        longest = longest_redelivery_window()
+    except BrokerConfigurationError:  # reported as E003
+        return messages
+    if longest is not None and inbox_s < longest[1]:
+        actor, window_s = longest
+        messages.append(Warning(
+            f"COMPOSITION['INBOX_RETENTION_S'] is {inbox_s:g} s, shorter than the redelivery window of job "
+            f"{actor!r} ({window_s:g} s: its retry schedule, BROKER_HEARTBEAT_TIMEOUT_S and OUTBOX_LEASE_S); "
+            "ledger rows are kept for the window instead.",
+            hint=f"Set INBOX_RETENTION_S to at least {math.ceil(window_s)}, or shorten the job's retries.",
+            id="composition.W060"))
     return messages

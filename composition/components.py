@@ -20,9 +20,11 @@ from dramatiq.broker import Broker
 
 from composition import health, heartbeats
 from composition.broker import configured_broker
+from composition.database import close_all_connections
 from composition.jobs.middleware import find_job_middleware
 from composition.jobs.runtime import BrokerKeepalive, drain_worker, stop_intake
 from composition.metrics import WORKER_HEARTBEAT_TIMESTAMP
+from composition.time_limits import boot_worker_process
 
 __all__ = [
     "BrokerComponent",
@@ -77,7 +79,8 @@ class MetricsComponent:
 
 
 class DatabaseComponent:
-    """Fails the start when the database is unreachable; closes this thread's connections on stop."""
+    """Fails the start when the database is unreachable; on stop closes every connection the
+    process opened, in whatever thread (worker threads' included)."""
 
     name = "database"
     depends_on = ("logging",)
@@ -92,7 +95,7 @@ class DatabaseComponent:
         connections[self.alias].close()
 
     def stop(self, timeout_s: float) -> None:
-        connections.close_all()
+        close_all_connections()
 
     def check(self) -> None:
         health.probe_database(2.0)
@@ -160,6 +163,8 @@ class WorkerComponent:
         self.keepalive = BrokerKeepalive(broker, interval_s=max(0.5, heartbeat_timeout_s / 4))
 
     def start(self) -> None:
+        # As Dramatiq's CLI does, once per process before any worker: starts the time limits.
+        boot_worker_process(self.broker)
         self.worker = Worker(self.broker, queues=self.queues, worker_threads=self.threads,
                              worker_timeout=self.idle_poll_ms)
         self.worker.start()

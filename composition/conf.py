@@ -62,6 +62,11 @@ DEFAULTS: dict[str, Any] = {
     "OUTBOX_LEASE_S": 30.0,
     # runworkers sweeps the outbox this often for messages whose after-commit nudge was lost.
     "OUTBOX_SWEEP_INTERVAL_S": 1.0,
+    # One relay nudge relays for at most this long (plus the batch under way), then gives its
+    # worker thread back and hands the rest to a fresh nudge. Keep it well below the relay's
+    # time limit: time limits never cut a batch, they only end a round between batches.
+    "OUTBOX_RELAY_BUDGET_S": 5.0,
+    "OUTBOX_RELAY_TIME_LIMIT_S": 120.0,
     # runworkers
     "WORKER_PROCESSES": 1,
     "WORKER_THREADS": 8,
@@ -82,6 +87,19 @@ DEFAULTS: dict[str, Any] = {
     # How often a process re-measures a queue's depth, and what Retry-After tells callers.
     "BACKPRESSURE_CACHE_S": 0.5,
     "BACKPRESSURE_RETRY_AFTER_S": 5.0,
+    # Retention: runworkers prunes old rows this often (one process of the cluster at a time,
+    # RETENTION_BATCH_SIZE rows per short transaction). Each *_RETENTION_S may be None: keep forever.
+    "RETENTION_INTERVAL_S": 3600.0,
+    "RETENTION_BATCH_SIZE": 1000,
+    # Inbox ledger rows (ProcessedMessage) older than this go. It is never cut below the longest
+    # redelivery window of a declared job (its retry schedule plus BROKER_HEARTBEAT_TIMEOUT_S plus
+    # OUTBOX_LEASE_S), or a late redelivery would find no row and run its effects twice.
+    "INBOX_RETENTION_S": 7 * 86_400.0,
+    # Sent outbox rows older than this (by sent_at) go; pending rows are never pruned.
+    "OUTBOX_RETENTION_S": 7 * 86_400.0,
+    # Replayed or discarded dead letters older than this (by replayed_at / discarded_at) go;
+    # unresolved ("dead") ones are never pruned. Long enough for post-mortems.
+    "DEAD_LETTER_RETENTION_S": 30 * 86_400.0,
     # Logging: "json" or "console".
     "LOG_FORMAT": "json",
     "LOG_LEVEL": "INFO",

@@ -90,6 +90,9 @@ JOB_DURATION_SECONDS = Histogram(
 )
 JOBS_IN_PROGRESS = Gauge("composition_jobs_in_progress", "Jobs running now.", ["actor"],
                          multiprocess_mode="livesum")
+__all__ += ["JOB_TIMEOUTS_TOTAL"]
+JOB_TIMEOUTS_TOTAL = Counter("composition_job_timeouts_total",
+                             "Job runs interrupted by their time limit (timeout_s), by actor.", ["actor"])
 DEAD_LETTERS_TOTAL = Counter("composition_dead_letters_total", "Messages dead-lettered, by actor.", ["actor"])
 __all__ += ["DEAD_LETTER_RECORD_FAILURES_TOTAL"]
 DEAD_LETTER_RECORD_FAILURES_TOTAL = Counter(
@@ -136,3 +139,10 @@ CIRCUIT_REJECTIONS_TOTAL = Counter(
     "composition_circuit_rejections_total", "Calls refused by an open circuit.", ["name"],
 )
 __all__ += ["BACKPRESSURE_REJECTIONS_TOTAL", "CIRCUIT_REJECTIONS_TOTAL", "CIRCUIT_STATE", "QUEUE_DEPTH"]
+
+# --- retention (composition.retention) ---------------------------------------------------------
+# Labelled by database table (a handful, fixed by the models): the inbox ledger, sent outbox rows
+# and resolved dead letters, whether pruned by runworkers on its schedule or by hand.
+__all__ += ["RETENTION_PRUNED_TOTAL"]
+RETENTION_PRUNED_TOTAL = Counter("composition_retention_pruned_total",
+                                 "Rows deleted by retention pruning, by table.", ["table"])

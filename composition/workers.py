@@ -1,7 +1,7 @@
 """The worker side as a composed system: what ``manage.py runworkers`` runs.
 
 One process: logging → metrics → database → cache → broker → worker threads → outbox relay
-sweeper → deferred cache invalidation replay → heartbeat.
+sweeper → deferred cache invalidation replay → retention → heartbeat.
 Several processes: a supervisor whose components are the child processes, each running the
 one-process system; children live in their own session and die with the supervisor.
 """
@@ -29,14 +29,16 @@ from composition.components import (
 from composition.conf import conf
 from composition.outbox.sweeper import RelaySweeperComponent
 from composition.processes import ProcessComponent
+from composition.retention import RetentionComponent
 from composition.system import Component, System
 
 __all__ = ["BACKGROUND_DB_THREADS", "WorkerOptions", "build_supervisor", "build_worker_system"]
 
 # Threads besides the worker threads that may hold a database connection in a worker process,
 # counted in the connection budget: the outbox relay sweeper, the deferred cache invalidation
-# replay, and the cache breaker's recovery probe (it replays deferred invalidations too).
-BACKGROUND_DB_THREADS = 3
+# replay, the cache breaker's recovery probe (it replays deferred invalidations too) and the
+# retention pruner.
+BACKGROUND_DB_THREADS = 4
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ def worker_components(options: WorkerOptions) -> list[Component]:
                         idle_poll_ms=int(conf.WORKER_IDLE_POLL_MS)),
         RelaySweeperComponent(broker),
         InvalidationReplayComponent(alias=conf.CACHE_ALIAS),
+        RetentionComponent(),
         HeartbeatComponent(float(conf.WORKER_HEARTBEAT_S), broker=broker),
     ]
 

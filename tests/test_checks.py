@@ -37,3 +37,15 @@ def test_conf_is_lazy_and_follows_override_settings() -> None:
     with override_settings(COMPOSITION={"SHUTDOWN_TIMEOUT_S": 3.0}):
         assert conf.SHUTDOWN_TIMEOUT_S == 3.0
     assert DEFAULTS["SHUTDOWN_TIMEOUT_S"] == conf.SHUTDOWN_TIMEOUT_S
+
+
+def test_a_relay_budget_close_to_its_time_limit_is_warned_about() -> None:
+    from composition.checks import check_outbox_settings
+
+    def outbox_ids(**overrides: object) -> set[str]:
+        with override_settings(COMPOSITION={**settings.COMPOSITION, **overrides}):
+            return {message.id for message in check_outbox_settings()}
+
+    assert outbox_ids() == set()
+    assert outbox_ids(OUTBOX_RELAY_BUDGET_S=70, OUTBOX_RELAY_TIME_LIMIT_S=120) == {"composition.W021"}
+    assert outbox_ids(OUTBOX_RELAY_BUDGET_S=0) == {"composition.E020"}

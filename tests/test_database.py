@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+
+import psycopg
 import pytest
 from django.db import OperationalError, connection, transaction
 from django.test import override_settings
+
+from composition.testing import current_database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -31,3 +36,37 @@ def test_a_slow_statement_is_cancelled() -> None:
             connection.cursor() as cursor:
         cursor.execute("SELECT pg_sleep(2)")
     connection.close()
+
+
+def test_stopping_closes_every_threads_connection_not_only_the_stoppers() -> None:
+    from composition.components import DatabaseComponent
+
+    # Worker-like threads each open a connection and stay alive, as Dramatiq's threads do.
+    backend_pids: list[int] = []
+    opened, release = threading.Barrier(4), threading.Event()
+
+    def worker() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            backend_pids.append(cursor.fetchone()[0])
+        opened.wait()
+        release.wait()
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    opened.wait()
+    try:
+        assert _open_backends(backend_pids) == set(backend_pids)
+        DatabaseComponent().stop(5.0)
+        assert _open_backends(backend_pids) == set()
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join()
+
+
+def _open_backends(pids: list[int]) -> set[int]:
+    with psycopg.connect(current_database_url(), autocommit=True) as observer:
+        rows = observer.execute("SELECT pid FROM pg_stat_activity WHERE pid = ANY(%s)", [pids]).fetchall()
+    return {row[0] for row in rows}

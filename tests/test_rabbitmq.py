@@ -49,3 +49,23 @@ def test_outbox_messages_run_once_through_a_rabbitmq_broker(worker_processes) ->
                message="effects missing:\n" + worker.output()[-3000:])
     assert worker.terminate(20) == 0, worker.output()[-3000:]
     assert sorted(Effect.objects.filter(key__startswith=run).values_list("key", flat=True)) == sorted(keys)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_time_limits_are_enforced_under_a_rabbitmq_broker(worker_processes) -> None:  # type: ignore[no-untyped-def]
+    from composition.jobs.models import DeadLetter
+    from tests.jobsapp.jobs import TIME_LIMIT_QUEUE
+    from tests.jobsapp.models import Attempt
+
+    key = f"rabbit-overrun-{uuid.uuid4().hex[:8]}"
+    worker = worker_processes.spawn(
+        ["--threads", "2", "--queues", f"{TIME_LIMIT_QUEUE},composition.outbox", "--shutdown-timeout", "10"],
+        BROKER_URL=RABBITMQ_URL)
+    publish("overruns", {"key": key, "run_s": 10})
+    wait_until(lambda: DeadLetter.objects.filter(actor="overruns", payload__key=key).exists(), 40,
+               message="no dead letter:\n" + worker.output()[-3000:])
+    assert DeadLetter.objects.get(payload__key=key).error_class.endswith("TimeLimitExceeded")
+    assert list(Attempt.objects.filter(key=key).values_list("attempt", flat=True).order_by("attempt")) == [1, 2]
+    assert not Effect.objects.filter(key=key).exists()
+    assert worker.terminate(20) == 0, worker.output()[-3000:]

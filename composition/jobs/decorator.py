@@ -24,6 +24,7 @@ from composition.jobs.inbox import claim, ledger_key
 from composition.jobs.middleware import current_message
 from composition.jobs.policy import JobPolicy
 from composition.jobs.schema import PayloadSchema
+from composition.time_limits import disarm_time_limit
 
 __all__ = ["job"]
 
@@ -34,6 +35,15 @@ R = TypeVar("R")
 
 def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
+
+
+def _body(fn: Callable[..., R], args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+    """Run the job body and end its time limit as soon as it returns or raises: an interrupt
+    after that point would undo (or retry) a run that already finished."""
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        disarm_time_limit()
 
 
 def job(*, queue: str = "default", max_attempts: int = 5, initial_delay_s: float = 10,
@@ -68,12 +78,13 @@ def job(*, queue: str = "default", max_attempts: int = 5, initial_delay_s: float
             schema.validate(args, kwargs)
             message = current_message()
             if not policy.idempotent or message is None:
-                return fn(*args, **kwargs)
+                return _body(fn, args, kwargs)
             with transaction.atomic():
                 if not claim(ledger_key(message), name):
                     log.info("message already processed, skipped")
                     return None
-                return fn(*args, **kwargs)
+                # Disarmed before this block commits the effects with their ledger row.
+                return _body(fn, args, kwargs)
 
         declare = dramatiq.actor(
             broker=configured_broker(),

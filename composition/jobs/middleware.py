@@ -32,16 +32,18 @@ from dramatiq.broker import Broker, MessageProxy
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import current_millis
 from dramatiq.errors import ActorNotFound, Retry
-from dramatiq.middleware import Middleware, Retries, Shutdown, default_middleware
+from dramatiq.middleware import Middleware, Retries, Shutdown, TimeLimit, default_middleware
 
 from composition.jobs.deadletters import FIRST_FAILED_OPTION, record_dead_letter
 from composition.jobs.policy import backoff_s
 from composition.metrics import (
     DEAD_LETTER_RECORD_FAILURES_TOTAL,
     JOB_DURATION_SECONDS,
+    JOB_TIMEOUTS_TOTAL,
     JOBS_IN_PROGRESS,
     JOBS_TOTAL,
 )
+from composition.time_limits import JobTimeLimit, TimeLimitExceeded
 
 __all__ = [
     "BACKOFF_OPTION",
@@ -240,6 +242,15 @@ class JobMiddleware(Middleware):
             JOBS_TOTAL.labels(message.actor_name, "success").inc()
             log.debug("job succeeded", duration_s=round(took_s, 4))
             return
+        if isinstance(exception, TimeLimitExceeded):
+            # Raised asynchronously with no message: say which limit, for the logs and the
+            # dead letter (the class still names the time-out).
+            limit = f"{job.time_limit_s:g}s" if job and job.time_limit_s else "its time limit"
+            exception = TimeLimitExceeded(f"job ran longer than {limit} and was interrupted").with_traceback(
+                exception.__traceback__)
+            JOB_TIMEOUTS_TOTAL.labels(message.actor_name).inc()
+            log.warning("job exceeded its time limit", time_limit_s=job.time_limit_s if job else None,
+                        duration_s=round(took_s, 4))
         error = f"{type(exception).__name__}: {exception}"
         if isinstance(exception, Shutdown):
             JOBS_TOTAL.labels(message.actor_name, "retry").inc()
@@ -342,14 +353,17 @@ def _requeue_voids_nack(broker: Broker, message: MessageProxy) -> bool:
 def job_middleware() -> list[Middleware]:
     """Dramatiq's default middleware with ``JobRetries`` in place of ``Retries`` and
     ``JobMiddleware`` just before it (after-hooks run in reverse, so the retry decision is made
-    before the dead letter is written)."""
+    before the dead letter is written), and ``JobTimeLimit`` in place of ``TimeLimit``, last:
+    armed after every other before-hook, disarmed before any other after-hook runs."""
     stack: list[Middleware] = []
     for middleware_class in default_middleware:
         if middleware_class is Retries:
             stack += [JobMiddleware(), JobRetries()]
+        elif middleware_class is TimeLimit:
+            continue  # JobTimeLimit goes last, so its after-hook disarms the limit first
         else:
             stack.append(middleware_class())
-    return stack
+    return [*stack, JobTimeLimit()]
 
 
 def find_job_middleware(broker: Broker) -> JobMiddleware | None:

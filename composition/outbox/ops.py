@@ -6,18 +6,16 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.db import connection
-from django.db.models import Count, Min, Q
+from django.db.models import Count, Min, Q, QuerySet
 from django.utils import timezone
 
+from composition.conf import conf
 from composition.metrics import OUTBOX_OLDEST_PENDING_AGE_SECONDS, OUTBOX_PENDING
 from composition.outbox.models import OutboxMessage
+from composition.pruning import delete_in_batches
 
-__all__ = ["OutboxStatus", "outbox_status", "pending_summary", "prune_sent", "refresh_gauges"]
-
-# Rows deleted per statement when pruning: big enough to be quick, small enough that no single
-# DELETE holds locks or WAL for long.
-PRUNE_BATCH_SIZE = 2000
+__all__ = ["OutboxStatus", "outbox_status", "pending_summary", "prune_sent", "refresh_gauges",
+           "sent_older_than"]
 
 
 @dataclass(frozen=True)
@@ -63,22 +61,15 @@ def outbox_status() -> OutboxStatus:
                         oldest_pending_age_s=round(age_s, 3), pending_by_actor=by_actor)
 
 
-def prune_sent(older_than_s: float, *, batch_size: int = PRUNE_BATCH_SIZE, dry_run: bool = False) -> int:
-    """Delete sent rows whose ``sent_at`` is older than ``older_than_s`` seconds, in batches of
-    ``batch_size`` (each its own short transaction); returns how many were (or would be) deleted.
-    Pending rows are never deleted."""
+def sent_older_than(older_than_s: float) -> QuerySet[OutboxMessage]:
+    """Sent rows whose ``sent_at`` is more than ``older_than_s`` seconds ago (never a pending row)."""
     cutoff = timezone.now() - timedelta(seconds=older_than_s)
-    old_sent = OutboxMessage.objects.filter(status=OutboxMessage.Status.SENT, sent_at__lt=cutoff)
-    if dry_run:
-        return old_sent.count()
-    table = connection.ops.quote_name(OutboxMessage._meta.db_table)
-    sql = (f"DELETE FROM {table} WHERE id IN (SELECT id FROM {table} WHERE status = 'sent' "
-           "AND sent_at < %s LIMIT %s)")
-    total = 0
-    while True:
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [cutoff, batch_size])
-            deleted = cursor.rowcount
-        total += deleted
-        if deleted < batch_size:
-            return total
+    return OutboxMessage.objects.filter(status=OutboxMessage.Status.SENT, sent_at__lt=cutoff)
+
+
+def prune_sent(older_than_s: float, *, batch_size: int | None = None, dry_run: bool = False) -> int:
+    """Delete sent rows whose ``sent_at`` is older than ``older_than_s`` seconds, in batches of
+    ``batch_size`` (default ``RETENTION_BATCH_SIZE``), each its own short transaction; returns
+    how many were (or would be) deleted. Pending rows are never deleted."""
+    size = int(conf.RETENTION_BATCH_SIZE) if batch_size is None else batch_size
+    return delete_in_batches(sent_older_than(older_than_s), batch_size=size, dry_run=dry_run).deleted

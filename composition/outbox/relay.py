@@ -40,8 +40,11 @@ from composition.conf import conf
 from composition.metrics import OUTBOX_RELAY_ERRORS, OUTBOX_RELAY_LAG_SECONDS, OUTBOX_RELAYED
 from composition.outbox.enqueue import enqueue_many
 from composition.outbox.models import OutboxMessage, message_id_for
+from composition.time_limits import shielded
 
-__all__ = ["RELAY_ACTOR_NAME", "RELAY_QUEUE_NAME", "ClaimedMessage", "Relay", "relay_actor", "relay_for"]
+__all__ = [
+    "RELAY_ACTOR_NAME", "RELAY_QUEUE_NAME", "ClaimedMessage", "Relay", "RelayRound", "relay_actor", "relay_for",
+]
 
 log = structlog.get_logger("composition.outbox.relay")
 
@@ -50,10 +53,6 @@ RELAY_ACTOR_NAME = "composition_outbox_relay"
 RELAY_QUEUE_NAME = "composition.outbox"
 # A nudge older than this is dropped unrun: the sweep has long relayed whatever it was about.
 NUDGE_MAX_AGE_S = 60.0
-# One nudge relays until the outbox is idle, but not for longer than this; the next nudge or
-# sweep carries on, and Dramatiq's time limit never interrupts a batch.
-NUDGE_BUDGET_S = 30.0
-NUDGE_TIME_LIMIT_S = 120.0
 # The actor option (composition.jobs.middleware.DEAD_LETTER_OPTION) that turns dead letters off;
 # spelled here so the outbox does not import the jobs package.
 DEAD_LETTER_OPTION = "dead_letter"
@@ -101,6 +100,15 @@ _RELEASE_SQL = """
 UPDATE {table} SET claimed_until = NULL, last_error = %(error)s
 WHERE id = ANY(%(ids)s) AND status = 'pending' AND claimed_by = %(relay_id)s
 """
+
+
+@dataclass(frozen=True)
+class RelayRound:
+    """What one bounded relay round did: messages relayed, and whether the outbox was left idle
+    (False: time ran out with work remaining, to be handed on)."""
+
+    relayed: int
+    finished: bool
 
 
 @dataclass(frozen=True)
@@ -195,8 +203,14 @@ class Relay:
         """Claim, enqueue and mark one batch; return how many messages were relayed.
 
         When the broker fails, the batch's claims are released (with the error recorded on the
-        rows) and the broker's exception propagates.
+        rows) and the broker's exception propagates. A batch is never cut by a job time limit
+        (the relay actor's included): an interrupt between enqueue and mark-sent would send the
+        batch twice, so it waits until the batch is done.
         """
+        with shielded():
+            return self._run_batch(limit)
+
+    def _run_batch(self, limit: int | None) -> int:
         claimed = self.claim(limit)
         if not claimed:
             return 0
@@ -233,26 +247,36 @@ class Relay:
             if relayed == 0 or (deadline is not None and time.monotonic() >= deadline):
                 return total
 
-    def nudged(self, *, max_s: float | None = None) -> int:
-        """Relay until idle, coalescing concurrent calls in this process.
+    def nudged(self, *, max_s: float) -> RelayRound:
+        """Relay until idle, for at most ``max_s`` seconds (plus the batch under way), coalescing
+        concurrent calls in this process.
 
-        When another thread is already relaying, ask it to go round once more and return 0 at
-        once: a burst of nudges costs one claim loop, not one per nudge.
+        When another thread is already relaying, ask it to go round once more and return at
+        once: a burst of nudges costs one claim loop, not one per nudge. A round that runs out of
+        time while work remains returns ``finished=False``; the caller hands the rest on (a
+        fresh nudge, the sweeper's next turn) instead of holding its thread.
         """
         self._again.set()
+        if not self._running.acquire(blocking=False):
+            return RelayRound(0, finished=True)
+        deadline = time.monotonic() + max_s
         total = 0
-        while self._again.is_set():
-            if not self._running.acquire(blocking=False):
-                return total
-            try:
-                while self._again.is_set():
-                    self._again.clear()
-                    total += self.run_until_idle(max_s=max_s)
-            finally:
-                self._running.release()
-            # A nudge may have arrived between our last check and the release; it saw the lock
-            # held and left the work to us, so look once more.
-        return total
+        try:
+            while self._again.is_set():
+                self._again.clear()
+                while True:
+                    relayed = self.run_once()
+                    total += relayed
+                    if relayed == 0:
+                        break
+                    if time.monotonic() >= deadline:
+                        return RelayRound(total, finished=False)
+                if time.monotonic() >= deadline:
+                    break
+        finally:
+            self._running.release()
+        # A nudge that came in after our last look saw the lock held and left the work to us.
+        return RelayRound(total, finished=not self._again.is_set())
 
 
 # -- the relay actor ------------------------------------------------------------------------------
@@ -287,9 +311,17 @@ def relay_actor(broker: Broker) -> Actor[[], None]:
             # Dramatiq threads never see request_finished: manage the connection per message.
             close_old_connections()
             try:
-                relay.nudged(max_s=NUDGE_BUDGET_S)
+                round_ = relay.nudged(max_s=float(conf.OUTBOX_RELAY_BUDGET_S))
             finally:
                 close_old_connections()
+            if not round_.finished:
+                # Give this worker thread back and let the next free one carry on; should the
+                # send fail, the sweeper carries on within a sweep interval.
+                try:
+                    actor.send()
+                except Exception as exc:
+                    log.warning("could not hand the rest of the outbox on; the sweep will relay it",
+                                error=f"{type(exc).__name__}: {exc}")
 
         options: dict[str, Any] = {}
         if any(DEAD_LETTER_OPTION in middleware.actor_options for middleware in broker.middleware):
@@ -298,6 +330,8 @@ def relay_actor(broker: Broker) -> Actor[[], None]:
             options[DEAD_LETTER_OPTION] = False
         declare = dramatiq.actor(
             actor_name=RELAY_ACTOR_NAME, queue_name=RELAY_QUEUE_NAME, broker=broker, max_retries=0,
-            max_age=int(NUDGE_MAX_AGE_S * 1000), time_limit=int(NUDGE_TIME_LIMIT_S * 1000), **options,
+            max_age=int(NUDGE_MAX_AGE_S * 1000), time_limit=int(float(conf.OUTBOX_RELAY_TIME_LIMIT_S) * 1000),
+            **options,
         )
-        return declare(composition_outbox_relay)
+        actor: Actor[[], None] = declare(composition_outbox_relay)
+        return actor

@@ -15,14 +15,15 @@ from django.db import close_old_connections, connection
 from dramatiq.broker import Broker
 
 from composition.conf import conf
-from composition.outbox.relay import relay_actor, relay_for
+from composition.outbox.relay import RelayRound, relay_actor, relay_for
 
 __all__ = ["RelaySweeperComponent"]
 
 log = structlog.get_logger("composition.outbox.sweeper")
 
-# A sweep that keeps finding work hands over after this long, so that stopping is prompt.
-SWEEP_BUDGET_S = 10.0
+# A sweep that keeps finding work ends after this long (and the next starts at once), so that
+# stopping is prompt and the gauges are sampled.
+SWEEP_BUDGET_S = 5.0
 
 
 class RelaySweeperComponent:
@@ -51,25 +52,28 @@ class RelaySweeperComponent:
         self._thread = threading.Thread(target=self._loop, name="outbox-sweeper", daemon=True)
         self._thread.start()
 
-    def sweep(self) -> int:
-        """One sweep: relay what is pending, then sample the gauges; returns messages relayed."""
+    def sweep(self) -> RelayRound:
+        """One sweep: relay what is pending for a bounded time, then sample the gauges."""
         from composition.outbox.ops import refresh_gauges
 
         close_old_connections()
-        relayed = self.relay.nudged(max_s=SWEEP_BUDGET_S)
+        round_ = self.relay.nudged(max_s=SWEEP_BUDGET_S)
         refresh_gauges()
-        return relayed
+        return round_
 
     def _loop(self) -> None:
         try:
             while not self._stop_event.is_set():
+                finished = True
                 try:
-                    relayed = self.sweep()
-                    if relayed:
-                        log.info("outbox sweep relayed messages", count=relayed)
+                    round_ = self.sweep()
+                    finished = round_.finished
+                    if round_.relayed:
+                        log.info("outbox sweep relayed messages", count=round_.relayed)
                 except Exception as exc:  # a broker or database blip must not end the sweeper
                     log.warning("outbox sweep failed", error=f"{type(exc).__name__}: {exc}")
-                self._stop_event.wait(self.interval_s)
+                # Work left over: go round again at once (checking for a stop in between).
+                self._stop_event.wait(self.interval_s if finished else 0)
         finally:
             connection.close()
 

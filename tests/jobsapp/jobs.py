@@ -112,3 +112,26 @@ fails_without_dead_letter = dramatiq.actor(
     actor_name="jobsapp_fails_without_dead_letter", queue_name=CHECK_QUEUE, broker=configured_broker(),
     max_retries=0, dead_letter=False,
 )(_fails_quietly)
+
+
+TIME_LIMIT_QUEUE = "jobs_time_limit"
+
+
+@job(queue=TIME_LIMIT_QUEUE, timeout_s=1, max_attempts=2, initial_delay_s=0.05, max_delay_s=0.1)
+def overruns(key: str, run_s: float) -> None:
+    """Works ``run_s`` seconds in short steps (a time limit can interrupt between them), then
+    writes its effect: an interrupted run leaves none."""
+    _record_attempt(key)
+    deadline = time.monotonic() + run_s
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+    Effect.objects.create(key=key)
+
+
+@job(queue=TIME_LIMIT_QUEUE, timeout_s=2, max_attempts=3, initial_delay_s=0.05, max_delay_s=0.1,
+     idempotent=True)
+def nearly_overruns(key: str, run_s: float) -> None:
+    """Finishes just inside its 2 s limit; its effect commits with the inbox ledger after."""
+    _record_attempt(key)
+    time.sleep(run_s)
+    Effect.objects.create(key=key)

@@ -9,6 +9,8 @@ from django.db.models import Count, Max, QuerySet
 from composition.errors import CompositionError
 from composition.jobs import replay as service
 from composition.jobs.models import DeadLetter
+from composition.management.retention_option import SECONDS_PER_DAY, older_than_days
+from composition.retention import prune_dead_letters
 
 LIST_LIMIT = 200
 
@@ -38,11 +40,12 @@ def _detail(row: DeadLetter) -> dict[str, Any]:
 
 
 class Command(BaseCommand):
-    help = ("List, show, replay or discard dead letters. Replay and discard act on one --id at once; "
-            "a bulk selection (several ids, a filter or --all) only prints its count unless --yes is given.")
+    help = ("List, show, replay, discard or prune dead letters. Replay and discard act on one --id at once; "
+            "a bulk selection (several ids, a filter or --all) only prints its count unless --yes is given. "
+            "Prune deletes replayed or discarded dead letters older than --older-than days, in batches.")
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("action", choices=["list", "show", "replay", "discard"])
+        parser.add_argument("action", choices=["list", "show", "replay", "discard", "prune"])
         parser.add_argument("--id", dest="ids", type=int, action="extend", nargs="+", default=None,
                             help="dead letter ids: --id 3 4 or --id 3 --id 4")
         parser.add_argument("--actor", help="only this actor")
@@ -50,6 +53,8 @@ class Command(BaseCommand):
         parser.add_argument("--fingerprint", help="only this failure group")
         parser.add_argument("--all", action="store_true",
                             help="list: every status, not only dead; replay/discard: act without a filter")
+        parser.add_argument("--older-than", type=float, default=None, dest="older_than",
+                            help="prune: resolved over this many days ago (default DEAD_LETTER_RETENTION_S)")
         parser.add_argument("--dry-run", action="store_true", help="print what would be done, do nothing")
         parser.add_argument("--yes", action="store_true", help="carry out a bulk replay or discard")
         parser.add_argument("--json", action="store_true", help="machine-readable output")
@@ -60,6 +65,11 @@ class Command(BaseCommand):
         if action == "list":
             status = None if options["all"] else DeadLetter.Status.DEAD
             self._list(self._select(options, status), options["json"])
+        elif action == "prune":
+            if filtered or options["all"]:
+                raise CommandError("prune takes no --id, filter or --all: it deletes every replayed or "
+                                   "discarded dead letter older than --older-than days")
+            self._prune(options)
         elif action == "show":
             if not options["ids"]:
                 raise CommandError("show needs --id")
@@ -130,6 +140,19 @@ class Command(BaseCommand):
         self.stdout.write(f"{action}ed {len(result.done)} of {count} dead letter(s).")
         for pk, reason in result.refused.items():
             self.stderr.write(f"dead letter {pk} refused: {reason}")
+
+    def _prune(self, options: dict[str, Any]) -> None:
+        days = older_than_days(options["older_than"], "DEAD_LETTER_RETENTION_S")
+        result = prune_dead_letters(days * SECONDS_PER_DAY, dry_run=options["dry_run"])
+        if options["json"]:
+            self._emit({"would_delete" if result.dry_run else "deleted": result.deleted,
+                        "older_than_days": days})
+        elif result.dry_run:
+            self.stdout.write(f"{result.deleted} replayed or discarded dead letter(s) older than "
+                              f"{days:g} days would be pruned (dry run).")
+        else:
+            self.stdout.write(f"pruned {result.deleted} replayed or discarded dead letter(s) older than "
+                              f"{days:g} days.")
 
     def _act_one(self, action: str, pk: int, as_json: bool) -> None:
         try:

@@ -6,10 +6,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from composition.broker import configured_broker
+from composition.management.retention_option import SECONDS_PER_DAY, older_than_days
 from composition.outbox.ops import outbox_status, prune_sent
 from composition.outbox.relay import Relay
-
-SECONDS_PER_DAY = 86_400.0
 
 
 class Command(BaseCommand):
@@ -18,8 +17,8 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("action", choices=("status", "relay", "prune"))
-        parser.add_argument("--older-than", type=float, default=7.0, dest="older_than",
-                            help="prune: sent messages older than this many days (default 7)")
+        parser.add_argument("--older-than", type=float, default=None, dest="older_than",
+                            help="prune: sent messages older than this many days (default OUTBOX_RETENTION_S)")
         parser.add_argument("--dry-run", action="store_true", help="prune: only count what would go")
         parser.add_argument("--batch-size", type=int, default=None, dest="batch_size",
                             help="relay: messages per batch (default OUTBOX_BATCH_SIZE)")
@@ -35,11 +34,9 @@ class Command(BaseCommand):
             relay = Relay(configured_broker(), batch_size=options["batch_size"])
             result = {"relayed": relay.run_until_idle(), "relay_id": relay.relay_id}
         else:
-            if options["older_than"] < 0:
-                raise CommandError("--older-than must be >= 0 days")
-            deleted = prune_sent(options["older_than"] * SECONDS_PER_DAY, dry_run=options["dry_run"])
-            result = {"would_delete" if options["dry_run"] else "deleted": deleted,
-                      "older_than_days": options["older_than"]}
+            days = older_than_days(options["older_than"], "OUTBOX_RETENTION_S")
+            deleted = prune_sent(days * SECONDS_PER_DAY, dry_run=options["dry_run"])
+            result = {"would_delete" if options["dry_run"] else "deleted": deleted, "older_than_days": days}
         if options["json"]:
             self.stdout.write(json.dumps(result, indent=2, default=str))
             return

@@ -1,0 +1,252 @@
+"""Retention: what old rows go, when, and who prunes them.
+
+Three tables grow with traffic and are pruned in small batches (``composition.pruning``):
+
+- the inbox ledger (``ProcessedMessage``), after ``INBOX_RETENTION_S``, but never while a
+  message could still come back: a ledger row pruned too early lets a late redelivery run its
+  effects a second time. The window of a job is its whole retry schedule plus the broker's
+  heartbeat timeout plus the outbox lease (``redelivery_window_s``);
+- sent outbox rows, after ``OUTBOX_RETENTION_S`` (pending rows never go);
+- replayed or discarded dead letters, after ``DEAD_LETTER_RETENTION_S`` (unresolved ones never go).
+
+``RetentionComponent`` runs ``prune_expired`` in ``runworkers`` every ``RETENTION_INTERVAL_S``.
+Every worker process runs one, and a session-level advisory lock lets only one of them prune at a
+time across the cluster; the others skip that round.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+import structlog
+from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from composition.conf import conf
+from composition.jobs.policy import JobPolicy, backoff_s
+from composition.locks import advisory_key
+from composition.pruning import PruneResult, delete_in_batches
+
+__all__ = [
+    "RetentionComponent",
+    "dead_letters_older_than",
+    "ledger_older_than",
+    "ledger_retention_s",
+    "longest_redelivery_window",
+    "prune_dead_letters",
+    "prune_expired",
+    "redelivery_window_s",
+]
+
+log = structlog.get_logger("composition.retention")
+
+# The advisory lock (namespace, key) that makes one process the pruner of the whole cluster.
+LOCK_NAMESPACE = "composition.retention"
+LOCK_KEY = "prune"
+
+
+class _UpperJitter(random.Random):
+    """A source of randomness that always draws the top of the range: with it ``backoff_s``
+    returns the longest delay it can ever choose, without restating its formula here."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return b
+
+
+_LONGEST = _UpperJitter()
+
+
+def redelivery_window_s(policy: JobPolicy, *, heartbeat_timeout_s: float, lease_s: float) -> float:
+    """Seconds during which a message of a job with ``policy`` may still be delivered again after
+    its effects committed, at worst: every backoff delay at its jittered maximum, every attempt
+    running to its ``timeout_s``, plus the time a dead worker's message takes to return
+    (``heartbeat_timeout_s``) and a crashed relay's row to be sent again (``lease_s``)."""
+    delays_s = sum(backoff_s(retries, initial_s=policy.initial_delay_s, max_s=policy.max_delay_s, rng=_LONGEST)
+                   for retries in range(policy.max_retries))
+    return delays_s + policy.max_attempts * policy.timeout_s + heartbeat_timeout_s + lease_s
+
+
+def longest_redelivery_window(actors: Iterable[Any] | None = None) -> tuple[str, float] | None:
+    """(actor name, window in seconds) of the job with the longest ``redelivery_window_s`` among
+    ``actors`` (default: every actor of the configured broker); None when none is a ``@job``.
+    Plain Dramatiq actors carry no ``job_policy`` and are skipped."""
+    if actors is None:
+        from composition.broker import configured_broker
+
+        actors = configured_broker().actors.values()
+    heartbeat_timeout_s = float(conf.BROKER_HEARTBEAT_TIMEOUT_S)
+    lease_s = float(conf.OUTBOX_LEASE_S)
+    longest: tuple[str, float] | None = None
+    for actor in actors:
+        policy = actor.options.get("job_policy")
+        if not isinstance(policy, JobPolicy):
+            continue
+        window_s = redelivery_window_s(policy, heartbeat_timeout_s=heartbeat_timeout_s, lease_s=lease_s)
+        if longest is None or window_s > longest[1]:
+            longest = (actor.actor_name, window_s)
+    return longest
+
+
+def ledger_retention_s() -> float | None:
+    """How long ledger rows are kept: ``INBOX_RETENTION_S``, raised to the longest redelivery
+    window of a declared job (system check W060 says when that happens); None keeps them forever."""
+    setting = conf.INBOX_RETENTION_S
+    if setting is None:
+        return None
+    longest = longest_redelivery_window()
+    return max(float(setting), longest[1]) if longest else float(setting)
+
+
+def _before(older_than_s: float) -> Any:
+    return timezone.now() - timedelta(seconds=older_than_s)
+
+
+def ledger_older_than(older_than_s: float) -> QuerySet[Any]:
+    """Ledger rows written more than ``older_than_s`` seconds ago."""
+    from composition.jobs.models import ProcessedMessage
+
+    return ProcessedMessage.objects.filter(processed_at__lt=_before(older_than_s))
+
+
+def dead_letters_older_than(older_than_s: float) -> QuerySet[Any]:
+    """Dead letters replayed or discarded more than ``older_than_s`` seconds ago; never an
+    unresolved one, whatever its age."""
+    from composition.jobs.models import DeadLetter
+
+    cutoff = _before(older_than_s)
+    return DeadLetter.objects.filter(Q(status=DeadLetter.Status.REPLAYED, replayed_at__lt=cutoff)
+                                     | Q(status=DeadLetter.Status.DISCARDED, discarded_at__lt=cutoff))
+
+
+def _batch_size(batch_size: int | None) -> int:
+    return int(conf.RETENTION_BATCH_SIZE) if batch_size is None else batch_size
+
+
+def prune_dead_letters(older_than_s: float, *, batch_size: int | None = None, dry_run: bool = False) -> PruneResult:
+    """Delete replayed or discarded dead letters resolved more than ``older_than_s`` seconds ago,
+    ``batch_size`` (default ``RETENTION_BATCH_SIZE``) per transaction; a dry run only counts."""
+    return delete_in_batches(dead_letters_older_than(older_than_s), batch_size=_batch_size(batch_size),
+                             dry_run=dry_run)
+
+
+def _expired() -> Iterator[tuple[str, QuerySet[Any]]]:
+    """(name, rows past their retention) per table whose retention is set, built lazily so the
+    cutoffs are taken when each table's turn comes."""
+    from composition.outbox.ops import sent_older_than
+
+    ledger_s = ledger_retention_s()
+    if ledger_s is not None:
+        yield "inbox ledger", ledger_older_than(ledger_s)
+    if conf.OUTBOX_RETENTION_S is not None:
+        yield "sent outbox", sent_older_than(float(conf.OUTBOX_RETENTION_S))
+    if conf.DEAD_LETTER_RETENTION_S is not None:
+        yield "resolved dead letters", dead_letters_older_than(float(conf.DEAD_LETTER_RETENTION_S))
+
+
+@contextmanager
+def _sole_pruner(using: str = DEFAULT_DB_ALIAS) -> Iterator[bool]:
+    """Yields True when this process holds the cluster's pruning lock (until the block ends),
+    False at once when another process does.
+
+    A session-level lock, not ``composition.locks.advisory_lock``: that one lasts one transaction,
+    and pruning is many short transactions on purpose.
+    """
+    connection = connections[using]
+    lock_id = advisory_key(LOCK_NAMESPACE, LOCK_KEY)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [lock_id])
+        held = bool(cursor.fetchone()[0])
+    try:
+        yield held
+    finally:
+        if held:
+            try:
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_advisory_unlock(%s)", [lock_id])
+            except Exception:
+                # Closing the session is the other way to release it; never leave it held by a
+                # pooled connection that lives on.
+                connection.close()
+                raise
+
+
+def prune_expired(*, batch_size: int | None = None,
+                  should_stop: Callable[[], bool] | None = None) -> list[PruneResult] | None:
+    """Prune every table past its retention; None when another process is pruning right now.
+
+    A table whose prune fails is logged and left for the next round; the others still go.
+    ``should_stop`` is asked between batches, so that a drain does not wait for a long prune.
+    """
+    size = _batch_size(batch_size)
+    with _sole_pruner() as held:
+        if not held:
+            return None
+        results: list[PruneResult] = []
+        for name, rows in _expired():
+            if should_stop is not None and should_stop():
+                break
+            try:
+                results.append(delete_in_batches(rows, batch_size=size, should_stop=should_stop))
+            except Exception as exc:  # one table's trouble must not starve the others
+                log.warning("retention prune failed", table=name, error=f"{type(exc).__name__}: {exc}")
+        return results
+
+
+class RetentionComponent:
+    """Runs ``prune_expired`` at start and then every ``interval_s`` (default
+    ``RETENTION_INTERVAL_S``) on a background thread that holds one database connection."""
+
+    name = "retention"
+    depends_on = ("database",)
+
+    def __init__(self, *, interval_s: float | None = None, batch_size: int | None = None) -> None:
+        self._interval_s = interval_s
+        self._batch_size = batch_size
+        self._stop_event = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def interval_s(self) -> float:
+        return self._interval_s if self._interval_s is not None else float(conf.RETENTION_INTERVAL_S)
+
+    def start(self) -> None:
+        self._stop_event.clear()
+        self._thread = threading.Thread(target=self._loop, name="retention", daemon=True)
+        self._thread.start()
+
+    def run_once(self) -> list[PruneResult] | None:
+        """One round (see ``prune_expired``)."""
+        close_old_connections()
+        return prune_expired(batch_size=self._batch_size, should_stop=self._stop_event.is_set)
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop_event.is_set():
+                try:
+                    results = self.run_once()
+                    for result in results or ():
+                        if result.deleted:
+                            log.info("retention pruned rows", table=result.table, count=result.deleted,
+                                     batches=result.batches)
+                except Exception as exc:  # a database blip must not end the pruner
+                    log.warning("retention round failed", error=f"{type(exc).__name__}: {exc}")
+                self._stop_event.wait(self.interval_s)
+        finally:
+            connections.close_all()
+
+    def alive(self) -> bool:
+        return self._thread is None or self._thread.is_alive() or self._stop_event.is_set()
+
+    def begin_drain(self) -> None:
+        self._stop_event.set()
+
+    def stop(self, timeout_s: float) -> None:
+        self._stop_event.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)

@@ -1,0 +1,168 @@
+"""Job time limits: Dramatiq's ``TimeLimit`` with a watchdog that can be disarmed and shielded.
+
+Dramatiq's ``TimeLimit`` is used for its options and hooks (``time_limit`` per actor or message,
+armed before each message). It falls short in two ways that matter to at-least-once jobs, so
+its watchdog thread is replaced:
+
+- Its watchdog raises the asynchronous ``TimeLimitExceeded`` after releasing its lock, so a
+  disarm racing an expiring deadline cannot know whether an interrupt is still on its way. Ours
+  fires under its lock, and ``disarm()`` either wins (no interrupt ever) or clears an interrupt
+  that is set but not yet delivered: a job whose body returned is never interrupted afterwards.
+- Its disarm runs in its after-hook, which runs late (after-hooks run in reverse order), while
+  the retry bookkeeping and the dead-letter write (retried for seconds) run armed; an interrupt
+  there would be handled as a second failure of the same run. ``job_middleware()`` puts this
+  middleware last, so its after-hook runs first, and ``@job`` disarms the moment the job body
+  returns, before the inbox ledger commits.
+
+``shielded()`` defers the interrupt while a block that must not be cut runs (the outbox relay's
+claim, enqueue and mark-sent); a deadline that passed meanwhile fires when the block ends.
+
+Dramatiq's CLI starts the watchdog by emitting ``process_boot`` once per worker process;
+``boot_worker_process(broker)`` does the same for ``runworkers`` (only once: a thread cannot
+start twice).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from dramatiq.broker import Broker
+from dramatiq.middleware import TimeLimit, TimeLimitExceeded
+from dramatiq.middleware.threading import raise_thread_exception
+
+__all__ = [
+    "JobTimeLimit",
+    "TimeLimitExceeded",
+    "boot_worker_process",
+    "disarm_time_limit",
+    "shielded",
+]
+
+# How often the watchdog looks at the deadlines (Dramatiq's default is 1 s): a time limit is
+# enforced within this much of its value.
+WATCHDOG_INTERVAL_S = 0.1
+
+# Thread ident -> nesting depth of shielded() blocks; read by every watchdog of this process.
+_shield_lock = threading.Lock()
+_shield_depth: dict[int, int] = {}
+_watchdogs: weakref.WeakSet[_Watchdog] = weakref.WeakSet()
+
+
+def _clear_pending_interrupt(thread_id: int) -> None:
+    # PyThreadState_SetAsyncExc with NULL withdraws an asynchronous exception not yet delivered.
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), None)
+
+
+class _Watchdog(threading.Thread):
+    """Interrupts worker threads whose deadline passed; see the module doc for how it differs
+    from Dramatiq's."""
+
+    def __init__(self, interval_s: float) -> None:
+        super().__init__(name="composition-time-limit", daemon=True)
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._deadlines: dict[int, float] = {}
+        self._fired: set[int] = set()
+        self._boot_lock = threading.Lock()
+        _watchdogs.add(self)
+
+    def start(self) -> None:
+        with self._boot_lock:  # idempotent: a second process_boot must not crash the worker
+            if not self.is_alive() and self.ident is None:
+                super().start()
+
+    def add_timeout(self, thread_id: int, ttl_ms: float) -> None:
+        with self._lock:
+            self._fired.discard(thread_id)
+            self._deadlines[thread_id] = time.monotonic() + ttl_ms / 1000
+
+    def remove_timeout(self, thread_id: int) -> None:
+        self.disarm(thread_id)
+
+    def disarm(self, thread_id: int) -> None:
+        with self._lock:
+            self._deadlines.pop(thread_id, None)
+            if thread_id in self._fired:
+                self._fired.discard(thread_id)
+                _clear_pending_interrupt(thread_id)
+
+    def fired(self, thread_id: int) -> bool:
+        with self._lock:
+            return thread_id in self._fired
+
+    def run(self) -> None:
+        while True:
+            time.sleep(self.interval_s)
+            now = time.monotonic()
+            with _shield_lock:
+                shielded = set(_shield_depth)
+            with self._lock:
+                for thread_id, deadline in list(self._deadlines.items()):
+                    if now >= deadline and thread_id not in shielded:
+                        del self._deadlines[thread_id]
+                        self._fired.add(thread_id)
+                        raise_thread_exception(thread_id, TimeLimitExceeded)
+
+
+class JobTimeLimit(TimeLimit):
+    """Dramatiq's ``TimeLimit`` with the watchdog above (``time_limit`` in milliseconds, as in
+    Dramatiq; ``float("inf")`` means none)."""
+
+    def __init__(self, *, time_limit: float = 600_000, interval_s: float = WATCHDOG_INTERVAL_S) -> None:
+        super().__init__(time_limit=time_limit)
+        self.manager = _Watchdog(interval_s)  # type: ignore[assignment]
+
+    def disarm(self) -> None:
+        """Drop the calling thread's deadline, and withdraw its interrupt if it fired but has not
+        been delivered yet."""
+        self.manager.remove_timeout(threading.get_ident())
+
+
+def disarm_time_limit() -> None:
+    """End the calling worker thread's time limit now (the job body has returned or raised).
+
+    A no-op outside a job. If the interrupt was delivered while this ran, it is swallowed: the
+    body had already finished.
+    """
+    thread_id = threading.get_ident()
+    try:
+        for watchdog in list(_watchdogs):
+            watchdog.disarm(thread_id)
+    except TimeLimitExceeded:
+        pass
+
+
+@contextmanager
+def shielded() -> Iterator[None]:
+    """No time-limit interrupt lands in the calling thread inside this block; one that became
+    due meanwhile is delivered at the watchdog's next look after the block."""
+    thread_id = threading.get_ident()
+    with _shield_lock:
+        _shield_depth[thread_id] = _shield_depth.get(thread_id, 0) + 1
+    try:
+        yield
+    finally:
+        with _shield_lock:
+            depth = _shield_depth.pop(thread_id) - 1
+            if depth:
+                _shield_depth[thread_id] = depth
+
+
+_booted: weakref.WeakSet[Broker] = weakref.WeakSet()
+_boot_lock = threading.Lock()
+
+
+def boot_worker_process(broker: Broker) -> None:
+    """Emit ``process_boot`` for ``broker`` once in this process, as Dramatiq's CLI does before
+    its workers start: it starts the time-limit watchdog (and any other middleware's
+    per-process set-up)."""
+    with _boot_lock:
+        if broker in _booted:
+            return
+        _booted.add(broker)
+    broker.emit_after("process_boot")

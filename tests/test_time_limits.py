@@ -1,0 +1,162 @@
+"""Job time limits: the watchdog on real threads, then ``runworkers`` processes that interrupt,
+retry and dead-letter an overrunning job, and never retry one that finishes just inside."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, multiprocess
+
+from composition.broker import configured_broker
+from composition.jobs.models import DeadLetter, ProcessedMessage
+from composition.testing import wait_until
+from composition.time_limits import JobTimeLimit, TimeLimitExceeded, disarm_time_limit, shielded
+from tests.jobsapp import jobs
+from tests.jobsapp.models import Attempt, Effect
+
+
+@pytest.fixture
+def watchdog() -> Iterator[JobTimeLimit]:
+    middleware = JobTimeLimit(interval_s=0.02)
+    middleware.manager.start()
+    yield middleware
+    middleware.disarm()
+
+
+def _busy(seconds: float) -> None:
+    # Short sleeps, as a job's own work would be: an interrupt lands between them.
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_an_overrunning_body_is_interrupted(watchdog: JobTimeLimit) -> None:
+    watchdog.manager.add_timeout(threading.get_ident(), 100)
+    began = time.monotonic()
+    with pytest.raises(TimeLimitExceeded):
+        _busy(5)
+    assert time.monotonic() - began < 1.0
+
+
+def test_once_disarmed_no_interrupt_arrives_however_long_the_after_work(watchdog: JobTimeLimit) -> None:
+    # The body returns at 0.8 of its limit; what follows (retry bookkeeping, a dead-letter write
+    # retried through a database blip) may run far past the deadline, and must not be cut.
+    watchdog.manager.add_timeout(threading.get_ident(), 250)
+    _busy(0.2)
+    disarm_time_limit()
+    _busy(0.5)
+
+
+def test_disarm_withdraws_an_interrupt_set_but_not_yet_delivered(watchdog: JobTimeLimit) -> None:
+    # The worker thread sits in one long C call, so the interrupt the watchdog sets cannot be
+    # delivered until it returns; the disarm (here from outside) withdraws it.
+    outcome: list[str] = []
+    armed = threading.Event()
+
+    def worker() -> None:
+        watchdog.manager.add_timeout(threading.get_ident(), 50)
+        armed.set()
+        try:
+            time.sleep(0.5)
+            outcome.append("finished")
+        except TimeLimitExceeded:
+            outcome.append("interrupted")
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    armed.wait()
+    assert thread.ident is not None
+    wait_until(lambda: watchdog.manager.fired(thread.ident), 2)  # type: ignore[attr-defined, arg-type]
+    watchdog.manager.remove_timeout(thread.ident)
+    thread.join()
+    assert outcome == ["finished"]
+
+
+def test_a_shielded_block_is_never_cut_and_the_interrupt_follows_it(watchdog: JobTimeLimit) -> None:
+    watchdog.manager.add_timeout(threading.get_ident(), 50)
+    with shielded():
+        _busy(0.3)  # well past the deadline
+    with pytest.raises(TimeLimitExceeded):
+        _busy(2)
+
+
+def test_the_watchdog_starts_once_however_often_the_process_boots(watchdog: JobTimeLimit) -> None:
+    watchdog.after_process_boot(configured_broker())  # already started by the fixture
+    assert watchdog.manager.is_alive()
+
+
+# -- real worker processes ------------------------------------------------------------------------
+
+def _timeouts_counted(metrics_dir: Path, actor: str) -> float:
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=str(metrics_dir))
+    return registry.get_sample_value("composition_job_timeouts_total", {"actor": actor}) or 0.0
+
+
+@pytest.fixture
+def empty_queue() -> Iterator[None]:
+    broker = configured_broker()
+    broker.flush(jobs.TIME_LIMIT_QUEUE)
+    yield
+    broker.flush(jobs.TIME_LIMIT_QUEUE)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_runworkers_interrupts_retries_and_dead_letters_an_overrunning_job(
+        worker_processes, empty_queue: None, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    worker = worker_processes.spawn(["--threads", "2", "--queues", jobs.TIME_LIMIT_QUEUE],
+                                    PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
+    message = jobs.overruns.send(key="overrun", run_s=10)
+    began = time.monotonic()
+
+    wait_until(lambda: DeadLetter.objects.filter(actor="overruns").exists(), 30,
+               message=f"no dead letter; worker log:\n{worker.output()[-3000:]}")
+    # Two attempts of a 1 s limit (plus a short backoff), far from the body's 10 s.
+    assert time.monotonic() - began < 8
+    dead = DeadLetter.objects.get(actor="overruns")
+    assert dead.error_class.endswith("TimeLimitExceeded")
+    assert "1s" in dead.error_message and dead.attempts == 2
+    assert [run.attempt for run in Attempt.objects.filter(key="overrun").order_by("attempt")] == [1, 2]
+    assert not Effect.objects.filter(key="overrun").exists()
+    assert worker.terminate() == 0
+    assert _timeouts_counted(tmp_path, "overruns") == 2
+    log = worker.output()
+    assert log.count("job exceeded its time limit") == 2 and message.message_id in log
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_job_finishing_at_nine_tenths_of_its_limit_is_never_retried_under_load(
+        worker_processes, empty_queue: None) -> None:  # type: ignore[no-untyped-def]
+    # Load: one busy process per core, competing with the worker for the CPU.
+    burners = [multiprocessing.Process(target=_burn, args=(30,), daemon=True) for _ in range(2)]
+    for burner in burners:
+        burner.start()
+    try:
+        worker = worker_processes.spawn(["--threads", "8", "--queues", jobs.TIME_LIMIT_QUEUE])
+        keys = [f"near-{index}" for index in range(16)]
+        for key in keys:
+            jobs.nearly_overruns.send(key=key, run_s=1.8)
+        wait_until(lambda: Effect.objects.filter(key__in=keys).count() == len(keys), 60,
+                   message=f"jobs did not finish; worker log:\n{worker.output()[-3000:]}")
+        assert worker.terminate() == 0
+    finally:
+        for burner in burners:
+            burner.terminate()
+    assert sorted(Attempt.objects.filter(key__in=keys).values_list("attempt", flat=True)) == [1] * len(keys)
+    assert Effect.objects.filter(key__in=keys).count() == len(keys)
+    assert ProcessedMessage.objects.filter(actor="nearly_overruns").count() == len(keys)
+    assert not DeadLetter.objects.filter(actor="nearly_overruns").exists()
+    assert "exceeded its time limit" not in worker.output()
+
+
+def _burn(seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        pass
