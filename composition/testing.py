@@ -23,6 +23,7 @@ __all__ = [
     "WorkerProcess",
     "current_database_url",
     "free_port",
+    "http_status",
     "subprocess_env",
     "throwaway_redis",
     "use_broker",
@@ -34,6 +35,20 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def http_status(url: str, timeout_s: float = 2.0) -> int:
+    """The HTTP status ``url`` answers with, or 0 when nothing answers."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except OSError:
+        return 0
 
 
 def wait_until(predicate: Any, timeout_s: float, interval_s: float = 0.05, message: str = "") -> None:

@@ -12,21 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from composition.testing import free_port
+from composition.testing import free_port, http_status
 
 ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.slow
 
 
-def _status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
-    except OSError:
-        return 0
 
 
 def test_run_command_serves_readyz_on_embedded_servers_and_ctrl_c_stops_in_reverse(tmp_path: Path) -> None:
@@ -41,11 +33,11 @@ def test_run_command_serves_readyz_on_embedded_servers_and_ctrl_c_stops_in_rever
                                    start_new_session=True)
     try:
         deadline = time.monotonic() + 60
-        while _status(f"http://127.0.0.1:{port}/readyz") != 200:
+        while http_status(f"http://127.0.0.1:{port}/readyz") != 200:
             assert process.poll() is None, log_path.read_text()
             assert time.monotonic() < deadline, "not ready within 60 s:\n" + log_path.read_text()
             time.sleep(0.25)
-        assert _status(f"http://127.0.0.1:{port}/healthz") == 200
+        assert http_status(f"http://127.0.0.1:{port}/healthz") == 200
         # Multiprocess metrics: the web's /metrics also shows what the worker process wrote.
         def metrics() -> bytes:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
