@@ -135,3 +135,33 @@ def nearly_overruns(key: str, run_s: float) -> None:
     _record_attempt(key)
     time.sleep(run_s)
     Effect.objects.create(key=key)
+
+
+BENCH_QUEUE = "jobs_bench"
+# Where the benchmark jobs leave their marks: one Redis list entry "<seq> <unix time at start>".
+BENCH_STAMPS_KEY = "bench:job-stamps"
+
+
+def _stamp(seq: int) -> None:
+    import redis
+    from django.conf import settings
+
+    global _stamps_client
+    if _stamps_client is None:
+        _stamps_client = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
+    _stamps_client.rpush(BENCH_STAMPS_KEY, f"{seq} {time.time()}")
+
+
+_stamps_client = None
+
+
+@job(queue=BENCH_QUEUE, max_attempts=1)
+def bench_stamp(seq: int) -> None:
+    """The latency and throughput benchmarks' job: notes when its body started."""
+    _stamp(seq)
+
+
+@job(queue=BENCH_QUEUE, max_attempts=1, idempotent=True)
+def bench_stamp_idempotent(seq: int) -> None:
+    """The same under the inbox ledger."""
+    _stamp(seq)
