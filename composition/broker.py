@@ -5,20 +5,30 @@ and ``@dramatiq.actor`` binds to whatever broker exists at import. ``configured_
 closes that trap: it builds the broker the settings ask for (never a default), installs it as
 Dramatiq's global broker once, and is what the app's ``ready()`` and every ``@job`` call first.
 Building a broker does not connect; the first command does.
+
+This module sits below ``composition.jobs``, whose ``@job`` binds actors to its broker, so it
+imports nothing from there: the job middleware stack is named by dotted path
+(``JOB_MIDDLEWARE``) and loaded when a broker is built, as Django loads its ``MIDDLEWARE``.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 import dramatiq
+from django.utils.module_loading import import_string
 from dramatiq.broker import Broker
+from dramatiq.middleware import Middleware
 
 from composition.conf import conf
 from composition.errors import BrokerConfigurationError
 
-__all__ = ["broker_kind", "build_broker", "configured_broker", "reset_broker"]
+__all__ = ["JOB_MIDDLEWARE", "broker_kind", "build_broker", "configured_broker", "reset_broker"]
+
+# Builds a broker's default middleware list, the job middleware; its module doc explains the order.
+JOB_MIDDLEWARE = "composition.jobs.stack.job_middleware"
 
 _lock = threading.Lock()
 _installed: Broker | None = None
@@ -37,18 +47,18 @@ def broker_kind(url: str) -> str:
 
 
 def build_broker(url: str, *, heartbeat_timeout_s: float, maintenance_chance: int,
-                 socket_timeout_s: float = 2.0, connect_timeout_s: float = 1.0) -> Broker:
-    """A new, unconnected broker for ``url``, with the job middleware (retry policy, dead
-    letters, per-message hygiene) in place of Dramatiq's plain Retries.
+                 socket_timeout_s: float = 2.0, connect_timeout_s: float = 1.0,
+                 middleware: Sequence[Middleware] | None = None) -> Broker:
+    """A new, unconnected broker for ``url`` with ``middleware``, by default the job middleware
+    (``JOB_MIDDLEWARE``: retry policy, dead letters, per-message hygiene) in place of Dramatiq's
+    plain Retries and TimeLimit.
 
     Redis calls are bounded by ``socket_timeout_s`` / ``connect_timeout_s``: without them a
     frozen Redis (accepting, never answering) would hold a publishing request or a draining
     worker for as long as the client's default allows. Dramatiq's Redis consumer polls with
     short non-blocking scripts, so short timeouts are safe for it.
     """
-    # Imported here: composition.jobs declares actors against this module's broker.
-    from composition.jobs.middleware import job_middleware
-
+    stack = list(middleware) if middleware is not None else import_string(JOB_MIDDLEWARE)()
     kind = broker_kind(url)
     if kind == "redis":
         import redis
@@ -58,7 +68,7 @@ def build_broker(url: str, *, heartbeat_timeout_s: float, maintenance_chance: in
                                              socket_connect_timeout=connect_timeout_s)
         return RedisBroker(
             client=redis.Redis(connection_pool=pool),
-            middleware=job_middleware(),
+            middleware=stack,
             heartbeat_timeout=int(heartbeat_timeout_s * 1000),
             maintenance_chance=maintenance_chance,
         )
@@ -68,7 +78,7 @@ def build_broker(url: str, *, heartbeat_timeout_s: float, maintenance_chance: in
         raise BrokerConfigurationError(
             "an amqp:// BROKER_URL needs the rabbitmq extra: pip install 'django-backend-composition[rabbitmq]'"
         ) from exc
-    return RabbitmqBroker(url=url, middleware=job_middleware())
+    return RabbitmqBroker(url=url, middleware=stack)
 
 
 def configured_broker() -> Broker:

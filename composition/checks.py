@@ -8,7 +8,11 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
+from composition.broker import broker_kind
+from composition.cache.serializers import load_serializer
 from composition.conf import DEFAULTS
+from composition.errors import BrokerConfigurationError
+from composition.retention import longest_redelivery_window
 
 POSITIVE_NUMBERS = (
     "BROKER_HEARTBEAT_TIMEOUT_S", "BROKER_SOCKET_TIMEOUT_S", "BROKER_CONNECT_TIMEOUT_S",
@@ -49,8 +53,6 @@ def check_settings(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
         messages.append(Error(f"COMPOSITION has unknown key {key!r}.",
                               hint="See composition.conf.DEFAULTS for the keys.", id="composition.E002"))
     try:
-        from composition.broker import broker_kind
-
         broker_kind(str(merged["BROKER_URL"]))
     except Exception as exc:
         messages.append(Error(str(exc), id="composition.E003"))
@@ -89,8 +91,6 @@ def check_cache_settings(app_configs: Any = None, **_: Any) -> list[CheckMessage
     messages = _not_positive_seconds(merged, CACHE_POSITIVE_NUMBERS, "composition.E040")
     messages += _not_positive_integers(merged, ("CACHE_BREAKER_FAILURES",), "composition.E041")
     try:
-        from composition.cache.serializers import load_serializer
-
         load_serializer(merged["CACHE_SERIALIZER"])
     except Exception as exc:
         messages.append(Error(str(exc), id="composition.E042"))
@@ -174,9 +174,6 @@ def check_retention_settings(app_configs: Any = None, **_: Any) -> list[CheckMes
     window_inputs = ("BROKER_HEARTBEAT_TIMEOUT_S", "OUTBOX_LEASE_S")
     if messages or inbox_s is None or _not_positive_seconds(merged, window_inputs, "composition.E004"):
         return messages
-    from composition.errors import BrokerConfigurationError
-    from composition.retention import longest_redelivery_window
-
     try:
         longest = longest_redelivery_window()
     except BrokerConfigurationError:  # reported as E003

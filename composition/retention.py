@@ -17,7 +17,6 @@ time across the cluster; the others skip that round.
 from __future__ import annotations
 
 import random
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -28,9 +27,13 @@ from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from composition.broker import configured_broker
 from composition.conf import conf
+from composition.jobs.models import DeadLetter, ProcessedMessage
 from composition.jobs.policy import JobPolicy, backoff_s
+from composition.lifecycle.periodic import PeriodicComponent
 from composition.locks import advisory_key
+from composition.outbox.maintenance import sent_older_than
 from composition.pruning import PruneResult, delete_in_batches
 
 __all__ = [
@@ -77,8 +80,6 @@ def longest_redelivery_window(actors: Iterable[Any] | None = None) -> tuple[str,
     ``actors`` (default: every actor of the configured broker); None when none is a ``@job``.
     Plain Dramatiq actors carry no ``job_policy`` and are skipped."""
     if actors is None:
-        from composition.broker import configured_broker
-
         actors = configured_broker().actors.values()
     heartbeat_timeout_s = float(conf.BROKER_HEARTBEAT_TIMEOUT_S)
     lease_s = float(conf.OUTBOX_LEASE_S)
@@ -109,16 +110,12 @@ def _before(older_than_s: float) -> Any:
 
 def ledger_older_than(older_than_s: float) -> QuerySet[Any]:
     """Ledger rows written more than ``older_than_s`` seconds ago."""
-    from composition.jobs.models import ProcessedMessage
-
     return ProcessedMessage.objects.filter(processed_at__lt=_before(older_than_s))
 
 
 def dead_letters_older_than(older_than_s: float) -> QuerySet[Any]:
     """Dead letters replayed or discarded more than ``older_than_s`` seconds ago; never an
     unresolved one, whatever its age."""
-    from composition.jobs.models import DeadLetter
-
     cutoff = _before(older_than_s)
     return DeadLetter.objects.filter(Q(status=DeadLetter.Status.REPLAYED, replayed_at__lt=cutoff)
                                      | Q(status=DeadLetter.Status.DISCARDED, discarded_at__lt=cutoff))
@@ -138,8 +135,6 @@ def prune_dead_letters(older_than_s: float, *, batch_size: int | None = None, dr
 def _expired() -> Iterator[tuple[str, QuerySet[Any]]]:
     """(name, rows past their retention) per table whose retention is set, built lazily so the
     cutoffs are taken when each table's turn comes."""
-    from composition.outbox.ops import sent_older_than
-
     ledger_s = ledger_retention_s()
     if ledger_s is not None:
         yield "inbox ledger", ledger_older_than(ledger_s)
@@ -198,55 +193,27 @@ def prune_expired(*, batch_size: int | None = None,
         return results
 
 
-class RetentionComponent:
+class RetentionComponent(PeriodicComponent):
     """Runs ``prune_expired`` at start and then every ``interval_s`` (default
     ``RETENTION_INTERVAL_S``) on a background thread that holds one database connection."""
 
     name = "retention"
     depends_on = ("database",)
+    interval_setting = "RETENTION_INTERVAL_S"
+    failure_event = "retention round failed"
+    logger = log
 
     def __init__(self, *, interval_s: float | None = None, batch_size: int | None = None) -> None:
-        self._interval_s = interval_s
+        super().__init__(interval_s=interval_s)
         self._batch_size = batch_size
-        self._stop_event = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    @property
-    def interval_s(self) -> float:
-        return self._interval_s if self._interval_s is not None else float(conf.RETENTION_INTERVAL_S)
-
-    def start(self) -> None:
-        self._stop_event.clear()
-        self._thread = threading.Thread(target=self._loop, name="retention", daemon=True)
-        self._thread.start()
 
     def run_once(self) -> list[PruneResult] | None:
         """One round (see ``prune_expired``)."""
         close_old_connections()
-        return prune_expired(batch_size=self._batch_size, should_stop=self._stop_event.is_set)
+        return prune_expired(batch_size=self._batch_size, should_stop=self.stopping)
 
-    def _loop(self) -> None:
-        try:
-            while not self._stop_event.is_set():
-                try:
-                    results = self.run_once()
-                    for result in results or ():
-                        if result.deleted:
-                            log.info("retention pruned rows", table=result.table, count=result.deleted,
-                                     batches=result.batches)
-                except Exception as exc:  # a database blip must not end the pruner
-                    log.warning("retention round failed", error=f"{type(exc).__name__}: {exc}")
-                self._stop_event.wait(self.interval_s)
-        finally:
-            connections.close_all()
-
-    def alive(self) -> bool:
-        return self._thread is None or self._thread.is_alive() or self._stop_event.is_set()
-
-    def begin_drain(self) -> None:
-        self._stop_event.set()
-
-    def stop(self, timeout_s: float) -> None:
-        self._stop_event.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+    def tick(self) -> None:
+        for result in self.run_once() or ():
+            if result.deleted:
+                log.info("retention pruned rows", table=result.table, count=result.deleted,
+                         batches=result.batches)

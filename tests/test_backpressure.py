@@ -19,7 +19,7 @@ from composition.checks import check_backpressure_settings
 from composition.jobs import TransientError
 from composition.outbox import publish
 from composition.outbox.relay import Relay
-from composition.testing import ThrowawayRedis, use_broker
+from composition.testing import ThrowawayRedis, use_broker, wait_until
 from tests.outboxapp.jobs import QUEUE, record_effect
 
 
@@ -192,3 +192,43 @@ def test_a_frozen_broker_costs_one_timeout_per_reset_period_not_one_per_request(
         took = time.monotonic() - began
     # One broker socket timeout (2 s) opens the breaker; the other 19 measurements skip it.
     assert took < 2 * 2.0 + 1.0, took
+
+
+def test_with_a_probe_only_the_probe_closes_the_circuit_and_callers_never_wait_for_it() -> None:
+    clock = Clock()
+    started, release = threading.Event(), threading.Event()
+    outcomes: list[bool] = [False, True]  # the first probe fails, the second succeeds
+    probes: list[str] = []
+
+    def probe() -> None:
+        probes.append("probe")
+        started.set()
+        release.wait(5)
+        if not outcomes.pop(0):
+            raise ConnectionError("still down")
+
+    breaker = CircuitBreaker("with-probe", failure_threshold=2, reset_timeout_s=10, clock=clock, probe=probe)
+    assert breaker.allow()
+    breaker.record_failure()
+    breaker.record_failure()
+    assert breaker.is_open and not breaker.allow()
+    breaker.record_success()  # a call let through before it opened: no trial, still open
+    assert breaker.state == "open"
+
+    clock.now += 10
+    assert breaker.state == "open"  # reading the state starts nothing
+    assert not breaker.allow()  # starts the probe in the background; this caller is refused
+    assert started.wait(5) and breaker.state == "half_open"
+    with pytest.raises(CircuitOpen):
+        breaker.call(lambda: "no trial calls")
+    release.set()
+    wait_until(lambda: breaker.state == "open", 5, message="the failed probe did not reopen it")
+    assert not breaker.allow()  # a full period again
+
+    started.clear()
+    clock.now += 10
+    assert not breaker.allow()
+    wait_until(lambda: breaker.state == "closed", 5, message="the successful probe did not close it")
+    assert probes == ["probe", "probe"]
+    assert breaker.allow() and not breaker.is_open
+    assert breaker.call(lambda: "ok") == "ok"

@@ -15,7 +15,7 @@ from composition.broker import configured_broker
 from composition.errors import PayloadValidationError, PermanentError
 from composition.jobs import JobPolicy, backoff_s, job
 from composition.jobs.deadletters import fingerprint, normalise_message
-from composition.jobs.inbox import claim
+from composition.jobs.inbox import record_processed
 from composition.jobs.models import ProcessedMessage
 from composition.jobs.schema import PayloadSchema
 from tests.jobsapp import jobs
@@ -118,19 +118,19 @@ def test_fingerprint_groups_the_same_failure_of_different_messages() -> None:
 @pytest.mark.django_db(transaction=True)
 def test_ledger_claims_a_message_id_once() -> None:
     with transaction.atomic():
-        assert claim("m-1", "charge") is True
+        assert record_processed("m-1", "charge") is True
     with transaction.atomic():
-        assert claim("m-1", "charge") is False
+        assert record_processed("m-1", "charge") is False
     assert ProcessedMessage.objects.filter(message_id="m-1").count() == 1
 
 
 @pytest.mark.django_db(transaction=True)
 def test_ledger_claim_rolls_back_with_the_effects() -> None:
     with pytest.raises(RuntimeError), transaction.atomic():
-        assert claim("m-2", "charge") is True
+        assert record_processed("m-2", "charge") is True
         raise RuntimeError("the job failed")
     with transaction.atomic():
-        assert claim("m-2", "charge") is True
+        assert record_processed("m-2", "charge") is True
 
 
 @pytest.mark.django_db(transaction=True)
@@ -144,7 +144,7 @@ def test_concurrent_redelivery_waits_for_the_first_and_then_skips() -> None:
     def first() -> None:
         try:
             with transaction.atomic():
-                outcome.append(claim("m-3", "charge"))
+                outcome.append(record_processed("m-3", "charge"))
                 first_claimed.set()
                 release.wait(10)
         finally:
@@ -158,7 +158,7 @@ def test_concurrent_redelivery_waits_for_the_first_and_then_skips() -> None:
     def run_second() -> None:
         try:
             with transaction.atomic():
-                second.append(claim("m-3", "charge"))
+                second.append(record_processed("m-3", "charge"))
         finally:
             connection.close()
 

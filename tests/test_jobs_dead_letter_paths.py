@@ -14,8 +14,9 @@ from dramatiq import Message
 from dramatiq.broker import MessageProxy
 
 from composition.broker import configured_broker
-from composition.jobs.middleware import DEAD_LETTER_RETRY_DELAYS_S, find_job_middleware
+from composition.jobs.dead_lettering import DEAD_LETTER_RETRY_DELAYS_S, DeadLetters
 from composition.jobs.models import DeadLetter
+from composition.jobs.stack import find_middleware
 from composition.outbox.relay import RELAY_ACTOR_NAME, RELAY_QUEUE_NAME, relay_actor
 from composition.testing import wait_until
 from tests.jobsapp import jobs
@@ -140,7 +141,7 @@ def test_the_outbox_relay_actor_opts_out_of_dead_letters() -> None:
     broker = configured_broker()
     relay = relay_actor(broker)
     assert relay.options["dead_letter"] is False
-    middleware = find_job_middleware(broker)
+    middleware = find_middleware(broker, DeadLetters)
     assert middleware is not None
 
     # A nudge that failed for good (max_retries=0), as a database blip in the relay would make it.

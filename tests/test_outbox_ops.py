@@ -15,7 +15,7 @@ from django.utils import timezone
 from prometheus_client import REGISTRY
 
 from composition.outbox import OutboxMessage, publish
-from composition.outbox.ops import prune_sent
+from composition.outbox.maintenance import prune_sent
 from tests.outboxapp.helpers import enqueued, flush_broker
 
 PROBE = "outboxapp_relay_probe"

@@ -13,7 +13,9 @@ import time
 import pytest
 
 from composition.errors import ComponentError, SystemStartError
+from composition.lifecycle import Component, PeriodicComponent, ProcessComponent
 from composition.system import System
+from composition.testing import wait_until
 
 
 class Recorder:
@@ -217,3 +219,69 @@ def test_a_failing_or_hanging_drain_is_reported_and_bounded_by_the_deadline() ->
     assert "broker frozen" in (report[1].error or "")
     # The hung drain was abandoned at the deadline; later drains and every stop still ran.
     assert took < 1.5 + 3 * 1.0 + 1.0, took
+
+
+class Rounds(PeriodicComponent):
+    """Plays back ``outcomes`` as the results of its rounds (an exception is raised)."""
+
+    name = "rounds"
+
+    def __init__(self, outcomes: list[bool | Exception], *, interval_s: float) -> None:
+        super().__init__(interval_s=interval_s)
+        self.outcomes = outcomes
+        self.ticks = 0
+
+    def tick(self) -> bool | None:
+        self.ticks += 1
+        outcome = self.outcomes.pop(0) if self.outcomes else None
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+
+def test_periodic_component_goes_again_at_once_survives_a_failed_round_and_ends_at_drain() -> None:
+    rounds = Rounds([True, RuntimeError("database blip")], interval_s=60)
+    rounds.start()
+    # The first round runs at start and asks for another at once; that one fails, and the loop
+    # lives on to wait its interval.
+    wait_until(lambda: rounds.ticks == 2, 5)
+    time.sleep(0.2)
+    assert rounds.ticks == 2 and rounds.alive()
+    rounds.begin_drain()
+    assert rounds.stopping()
+    rounds.stop(5)
+    assert rounds._thread is not None and not rounds._thread.is_alive()
+    assert rounds.alive(), "a loop that was asked to stop did not die"
+
+
+def test_periodic_component_that_keeps_running_through_the_drain() -> None:
+    class Beats(Rounds):
+        tick_at_start = False
+        stop_on_drain = False
+
+    beats = Beats([], interval_s=0.05)
+    beats.start()
+    beats.begin_drain()
+    seen = beats.ticks
+    wait_until(lambda: beats.ticks > seen + 1, 5, message="the loop stopped at begin_drain")
+    beats.stop(5)
+    assert beats._thread is not None and not beats._thread.is_alive()
+
+
+def test_old_import_paths_name_the_same_objects() -> None:
+    from composition import components, processes, workers
+    from composition import system as old_system
+    from composition.lifecycle import heartbeat, worker_threads
+    from composition.lifecycle import workers as lifecycle_workers
+    from composition.lifecycle.components import DatabaseComponent
+    from composition.outbox import maintenance, ops
+    from composition.outbox.relay import Relay
+
+    assert old_system.System is System and old_system.Component is Component
+    assert components.DatabaseComponent is DatabaseComponent
+    assert components.HeartbeatComponent is heartbeat.HeartbeatComponent
+    assert components.WorkerComponent is worker_threads.WorkerComponent
+    assert processes.ProcessComponent is ProcessComponent
+    assert workers.build_worker_system is lifecycle_workers.build_worker_system
+    assert ops.prune_sent is maintenance.prune_sent
+    assert Relay.nudged is Relay.run_coalesced_round

@@ -7,8 +7,8 @@ A missing namespace key means version ``0``.
 
 from __future__ import annotations
 
-# KEYS: namespace, entry, lease. ARGV: token, lease ms, now ms, force (1: take the lease even
-# when the entry is fresh; the early-refresh path). Returns {status, namespace version, entry}
+# KEYS: namespace, entry, lease. ARGV: token, lease ms, now ms, rebuild even if fresh (1: take
+# the lease even when the entry is fresh; the early-refresh path). Returns {status, namespace version, entry}
 # with status 0 = fresh hit, 1 = lease taken (rebuild now), 2 = someone else holds the lease.
 ACQUIRE = """
 local ns = redis.call('GET', KEYS[1]) or '0'

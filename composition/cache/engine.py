@@ -1,4 +1,5 @@
-"""The cache-aside engine for one django-redis cache alias.
+"""The cache-aside engine for one django-redis cache alias: the policy of who loads, who waits and
+what is served (the Redis key layout, entry format and scripts are ``composition.cache.store``).
 
 Protocol (memcache-style leases, versioned namespaces):
 
@@ -11,7 +12,8 @@ Protocol (memcache-style leases, versioned namespaces):
   otherwise poll for the winner's value until ``CACHE_LEASE_WAIT_S``, then load uncached;
 - invalidation (``composition.cache.invalidation``) deletes the entry and its lease after commit;
   inside a transaction it is first recorded in PostgreSQL with the write, so one that did not
-  reach Redis (outage, dead process) is replayed, also before the breaker closes;
+  reach Redis (outage, dead process) is replayed, also by the breaker's probe before it closes,
+  so nothing invalidated during an outage is served after it;
 - Redis failures (bounded by the client's socket timeouts) and an open breaker degrade to the
   loader; nothing raises because Redis is down.
 """
@@ -21,7 +23,6 @@ from __future__ import annotations
 import math
 import random
 import secrets
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,10 +32,11 @@ import structlog
 from django.core.cache import caches
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from composition.cache import _scripts
-from composition.cache._breaker import _Breaker
-from composition.cache.invalidation import REDIS_ERRORS, Invalidations, KeySpace
+from composition.breaker import CircuitBreaker
+from composition.cache.flights import Flights
+from composition.cache.invalidation import Invalidations
 from composition.cache.serializers import Serializer
+from composition.cache.store import FRESH, LEASED, Entry, KeySpace, LeaseStore, decode_entry, encode_entry
 from composition.metrics import (
     CACHE_COALESCED,
     CACHE_ERRORS,
@@ -44,6 +46,7 @@ from composition.metrics import (
     CACHE_REBUILD_SECONDS,
     CACHE_STALE_SERVED,
 )
+from composition.redis_errors import REDIS_ERRORS
 
 __all__ = ["CacheAside", "CacheResult", "namespace_of"]
 
@@ -73,22 +76,6 @@ class CacheResult(NamedTuple):
     outcome: str
 
 
-class _Entry(NamedTuple):
-    fresh_until_ms: int
-    rebuild_ms: int
-    payload: bytes
-
-
-def _decode(raw: bytes | None, ns_raw: bytes | None) -> _Entry | None:
-    """The entry, or None when absent or written under an older namespace version."""
-    if raw is None:
-        return None
-    version, fresh, rebuild, payload = raw.split(b"|", 3)
-    if version != (ns_raw or b"0"):
-        return None
-    return _Entry(int(fresh), int(rebuild), payload)
-
-
 class _Metrics:
     """The labelled metric children of one pattern, resolved once (the hit path is hot)."""
 
@@ -105,15 +92,6 @@ class _Metrics:
 
     def lease_rejected(self, stage: str) -> None:
         CACHE_LEASE_REJECTIONS.labels(self.pattern, stage).inc()
-
-
-class _Flight:
-    """One in-process rebuild that other threads asking for the same key wait on."""
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.payload: bytes | None = None
-        self.error: BaseException | None = None
 
 
 @dataclass(frozen=True)
@@ -138,22 +116,20 @@ class CacheAside:
         self.serializer = serializer
         self.lease_ttl_s = lease_ttl_s
         self.lease_wait_s = lease_wait_s
-        self.breaker = _Breaker(f"cache:{alias}", failure_threshold=breaker_failures,
-                                reset_timeout_s=breaker_reset_s, probe=self._recover)
+        # No trial calls: the probe (which replays deferred invalidations first) closes it.
+        self.breaker = CircuitBreaker(f"cache:{alias}", failure_threshold=breaker_failures,
+                                      reset_timeout_s=breaker_reset_s, probe=self._recover)
         self.keys = KeySpace(str(cache.make_key("composition:ca:")))
         self.invalidations = Invalidations(alias, self.client, self.keys, self.breaker, db_alias=db_alias)
+        self.store = LeaseStore(self.client)
         self._execute = self.client.execute_command
-        self._acquire = self.client.register_script(_scripts.ACQUIRE)
-        self._fill = self.client.register_script(_scripts.FILL)
-        self._release = self.client.register_script(_scripts.RELEASE)
         self._metrics: dict[str, _Metrics] = {}
-        self._flights: dict[str, _Flight] = {}
-        self._flights_lock = threading.Lock()
+        self._flights = Flights()
 
     def peek(self, key: str) -> Any:
         """The value cached for ``key`` now (fresh or stale), or None; for tests and debugging."""
         ns_raw, raw = self.client.mget(self.keys.namespace(namespace_of(key)), self.keys.entry(key))
-        entry = _decode(raw, ns_raw)
+        entry = decode_entry(raw, ns_raw)
         return None if entry is None else self.serializer.loads(entry.payload)
 
     # -- reads ----------------------------------------------------------------------------------
@@ -174,8 +150,8 @@ class CacheAside:
             except REDIS_ERRORS as exc:
                 self._redis_failed(metrics, exc)
             else:
-                self.breaker.success()
-                entry = _decode(raw, ns_raw)
+                self.breaker.record_success()
+                entry = decode_entry(raw, ns_raw)
                 if entry is not None and entry[0] > time.time() * 1000 and early_refresh <= 0:
                     metrics.hits.inc()
                     return CacheResult(self.serializer.loads(entry[2]), HIT)
@@ -188,25 +164,25 @@ class CacheAside:
                      metrics)
         return self._coalesce(call, None, lambda: self._load_degraded(call))
 
-    def _slow_path(self, call: _Call, entry: _Entry | None, early_refresh: float) -> CacheResult:
+    def _slow_path(self, call: _Call, entry: Entry | None, early_refresh: float) -> CacheResult:
         """A miss, a stale entry, or a fresh entry that early refresh picked for rebuilding."""
         metrics = call.metrics
         stale_ttl_s = call.stale_ttl_s
         now_ms = time.time() * 1000
-        usable: CacheResult | None = None
+        fallback: CacheResult | None = None
         if entry is not None and entry.fresh_until_ms > now_ms:
             metrics.hits.inc()  # a hit either way
             if not self._refresh_early(entry, now_ms, early_refresh):
                 return CacheResult(self.serializer.loads(entry.payload), HIT)
-            usable = CacheResult(entry.payload, HIT)
+            fallback = CacheResult(entry.payload, HIT)
         else:
             metrics.misses.inc()
             if entry is not None and stale_ttl_s and now_ms < entry.fresh_until_ms + stale_ttl_s * 1000:
-                usable = CacheResult(entry.payload, STALE)
-        return self._coalesce(call, usable, lambda: self._rebuild(call, usable))
+                fallback = CacheResult(entry.payload, STALE)
+        return self._coalesce(call, fallback, lambda: self._rebuild(call, fallback))
 
     @staticmethod
-    def _refresh_early(entry: _Entry, now_ms: float, beta: float) -> bool:
+    def _refresh_early(entry: Entry, now_ms: float, beta: float) -> bool:
         if beta <= 0:
             return False
         # XFetch (Vattani et al.): refresh with a probability that grows as expiry nears, scaled
@@ -214,40 +190,28 @@ class CacheAside:
         gap_ms = -entry.rebuild_ms * beta * math.log(1.0 - random.random())
         return now_ms + gap_ms >= entry.fresh_until_ms
 
-    def _coalesce(self, call: _Call, usable: CacheResult | None,
+    def _coalesce(self, call: _Call, fallback: CacheResult | None,
                   produce: Callable[[], CacheResult]) -> CacheResult:
         """Run ``produce`` once per key in this process; other threads share its payload, or take
-        ``usable`` (a stale or early-refresh value) without waiting."""
-        with self._flights_lock:
-            flight = self._flights.get(call.key)
-            leader = flight is None
-            if flight is None:
-                flight = self._flights[call.key] = _Flight()
+        ``fallback`` (the stale value, or the fresh one an early refresh replaces) at once."""
+        flight, leader = self._flights.join(call.key)
         if not leader:
-            if usable is not None:
-                return self._serve(usable, call.metrics)
+            if fallback is not None:
+                return self._serve(fallback, call.metrics)
             call.metrics.coalesced.inc()
-            flight.done.wait()
-            if flight.error is not None:
-                raise flight.error
-            assert flight.payload is not None
-            return CacheResult(self.serializer.loads(flight.payload), COALESCED)
+            return CacheResult(self.serializer.loads(flight.wait()), COALESCED)
         try:
             result = produce()
-            flight.payload = result.value
-            return CacheResult(self.serializer.loads(result.value), result.outcome)
         except BaseException as exc:
-            flight.error = exc
+            self._flights.land(call.key, flight, error=exc)
             raise
-        finally:
-            with self._flights_lock:
-                del self._flights[call.key]
-            flight.done.set()
+        self._flights.land(call.key, flight, payload=result.value)
+        return CacheResult(self.serializer.loads(result.value), result.outcome)
 
-    def _serve(self, usable: CacheResult, metrics: _Metrics) -> CacheResult:
-        if usable.outcome == STALE:
+    def _serve(self, fallback: CacheResult, metrics: _Metrics) -> CacheResult:
+        if fallback.outcome == STALE:
             metrics.stale.inc()
-        return CacheResult(self.serializer.loads(usable.value), usable.outcome)
+        return CacheResult(self.serializer.loads(fallback.value), fallback.outcome)
 
     # The producers below return CacheResult whose value is the serialized payload (bytes), so
     # every caller, leader or not, gets its own copy decoded the same way.
@@ -255,33 +219,33 @@ class CacheAside:
     def _load_degraded(self, call: _Call) -> CacheResult:
         return CacheResult(self.serializer.dumps(call.loader()), DEGRADED)
 
-    def _rebuild(self, call: _Call, usable: CacheResult | None) -> CacheResult:
+    def _rebuild(self, call: _Call, fallback: CacheResult | None) -> CacheResult:
         token = secrets.token_hex(16)
         lease_ms = int(self.lease_ttl_s * 1000)
-        force = "1" if usable is not None and usable.outcome == HIT else "0"
+        # Early refresh: the entry is fresh and this caller rebuilds it anyway.
+        rebuild_even_if_fresh = fallback is not None and fallback.outcome == HIT
         deadline = time.monotonic() + self.lease_wait_s
         poll_s = 0.005
         waited = False
         while True:
             try:
-                status, ns_raw, raw = self._acquire(
-                    keys=call.keys, args=[token, lease_ms, int(time.time() * 1000), force])
+                status, ns_raw, entry = self.store.acquire(call.keys, token, lease_ms,
+                                                           rebuild_even_if_fresh=rebuild_even_if_fresh)
             except REDIS_ERRORS as exc:
                 self._redis_failed(call.metrics, exc)
                 return self._load_degraded(call)
-            if status == 0:
-                entry = _decode(raw, ns_raw)
+            if status == FRESH:
                 assert entry is not None
                 return CacheResult(entry.payload, WAITED if waited else HIT)
-            if status == 1:
+            if status == LEASED:
                 return self._load_and_fill(call, token, ns_raw)
             if not waited:
                 call.metrics.lease_rejected("acquire")
                 waited = True
-            if usable is not None:
-                if usable.outcome == STALE:
+            if fallback is not None:
+                if fallback.outcome == STALE:
                     call.metrics.stale.inc()
-                return usable
+                return fallback
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0:
                 call.metrics.error("lease_wait_timeout")
@@ -301,25 +265,25 @@ class CacheAside:
         ttl_s = call.ttl_s * (1.0 - call.jitter * random.random())  # jitter only shortens the TTL
         fresh_until_ms = int((time.time() + ttl_s) * 1000)
         expire_ms = max(1, int((ttl_s + (call.stale_ttl_s or 0.0)) * 1000))
-        entry = b"%s|%d|%d|" % (ns_raw, fresh_until_ms, int(rebuild_s * 1000)) + payload
+        entry = encode_entry(ns_raw, fresh_until_ms, int(rebuild_s * 1000), payload)
         try:
-            filled = self._fill(keys=call.keys, args=[token, ns_raw, entry, expire_ms])
+            filled = self.store.fill(call.keys, token, ns_raw, entry, expire_ms)
         except REDIS_ERRORS as exc:
             self._redis_failed(call.metrics, exc)
             return CacheResult(payload, DEGRADED)
-        if filled != 1:
+        if not filled:
             call.metrics.lease_rejected("fill")
             return CacheResult(payload, UNCACHED)
         return CacheResult(payload, LOADED)
 
     def _give_back(self, call: _Call, token: str) -> None:
         try:
-            self._release(keys=[call.keys[2]], args=[token])
+            self.store.release(call.keys[2], token)
         except REDIS_ERRORS:
             pass  # the lease expires on its own
 
     def _redis_failed(self, metrics: _Metrics | None, exc: BaseException) -> None:
-        self.breaker.failure()
+        self.breaker.record_failure()
         if metrics is not None:
             metrics.error("redis_error")
         log.warning("cache redis call failed", alias=self.alias, error=str(exc))

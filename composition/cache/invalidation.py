@@ -2,11 +2,11 @@
 
 - ``schedule`` inside a transaction writes a PendingInvalidation row *in the writer's transaction*
   (one INSERT per distinct key or namespace; a repeat in the same transaction is free), so the
-  invalidation commits, or rolls back, with the data it is about. One robust ``on_commit``
-  callback per transaction then applies them all in one Redis pipeline (``apply_committed``) and
-  deletes their rows with one DELETE. If the process dies after COMMIT, Redis cannot be reached,
-  the breaker is open, or an earlier ``on_commit`` callback raised (Django then skips the rest),
-  the rows stay and the replay applies them;
+  invalidation commits, or rolls back, with the data it is about. One robust after-commit hook
+  per transaction (``composition.transactions.on_commit_once``) then applies them all in one
+  Redis pipeline (``apply_committed``) and deletes their rows with one DELETE. If the process
+  dies after COMMIT, Redis cannot be reached, the breaker is open, or an earlier ``on_commit``
+  callback raised (Django then skips the rest), the rows stay and the replay applies them;
 - outside a transaction (autocommit) ``apply_now`` deletes at once and writes the row only if
   Redis could not be reached;
 - ``replay_pending`` claims rows with ``FOR UPDATE SKIP LOCKED``, applies them and deletes them in
@@ -21,43 +21,26 @@ from __future__ import annotations
 
 from typing import Any
 
-import redis
 import structlog
 from django.db import DatabaseError, connections, transaction
 
-from composition.cache._breaker import _Breaker
+from composition.breaker import CircuitBreaker
+from composition.cache.store import KeySpace
 from composition.metrics import CACHE_INVALIDATIONS
+from composition.redis_errors import REDIS_ERRORS
+from composition.transactions import on_commit_once, open_savepoints
 
-__all__ = ["REDIS_ERRORS", "Invalidations", "KeySpace"]
+__all__ = ["REDIS_ERRORS", "Invalidations", "KeySpace"]  # the first and last kept here for old imports
 
 log = structlog.get_logger("composition.cache")
-
-REDIS_ERRORS: tuple[type[BaseException], ...] = (redis.exceptions.RedisError, OSError)
 
 KIND_KEY = "key"
 KIND_NAMESPACE = "namespace"
 
-_BATCHES_ATTR = "_composition_cache_invalidations"  # {cache alias: _Batch} on a DB connection
 
-
-class KeySpace:
-    """Redis key names of cache_aside: entry, rebuild lease and namespace version."""
-
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-
-    def entry(self, key: str) -> str:
-        return f"{self.prefix}e:{key}"
-
-    def lease(self, key: str) -> str:
-        return f"{self.prefix}l:{key}"
-
-    def namespace(self, namespace: str) -> str:
-        return f"{self.prefix}n:{namespace}"
-
-
-class _Batch:
-    """The invalidations of one transaction on one database connection, for one cache alias.
+class TransactionInvalidations:
+    """The invalidations one transaction recorded for one cache alias on one database: applied
+    together by one hook after that transaction commits (the hook is the object itself).
 
     ``targets`` maps (kind, target) to the savepoints that were open when its row was inserted;
     ``row_ids`` are every row this transaction inserted.
@@ -66,36 +49,25 @@ class _Batch:
     def __init__(self, invalidations: Invalidations, db_alias: str) -> None:
         self.invalidations = invalidations
         self.db_alias = db_alias
-        self.targets: dict[tuple[str, str], frozenset[str]] = {}
+        self.targets: dict[tuple[str, str], frozenset[str | None]] = {}
         self.row_ids: list[int] = []
-        self.hook_index = -1
-        self.callback = self.run  # bound once: run_on_commit is searched by identity
 
-    def run(self) -> None:
+    def __call__(self) -> None:
         self.invalidations.apply_committed(self)
 
-    def registered(self, connection: Any) -> bool:
-        """True while this batch's on_commit callback is still queued: not yet run (a finished
-        transaction clears the queue) and not dropped by a savepoint rollback."""
-        hooks = connection.run_on_commit
-        index = self.hook_index
-        if 0 <= index < len(hooks) and hooks[index][1] is self.callback:
-            return True
-        return any(hook[1] is self.callback for hook in hooks)
-
-    def recorded(self, item: tuple[str, str], connection: Any) -> bool:
+    def recorded(self, item: tuple[str, str], savepoints: frozenset[str | None]) -> bool:
         """True when ``item``'s row is certain to commit if the current context commits: it was
-        inserted under savepoints that are all still open. A row inserted in a savepoint that has
+        inserted under ``savepoints`` that are all still open. A row inserted in a savepoint that has
         since been released or rolled back is not trusted (the two cannot be told apart), so the
         caller inserts again; a duplicate row costs one INSERT, a missing one would lose it."""
         sids = self.targets.get(item)
-        return sids is not None and sids.issubset(connection.savepoint_ids)
+        return sids is not None and sids.issubset(savepoints)
 
 
 class Invalidations:
     """Invalidations of one cache alias (see the module docstring)."""
 
-    def __init__(self, alias: str, client: Any, keys: KeySpace, breaker: _Breaker, *, db_alias: str) -> None:
+    def __init__(self, alias: str, client: Any, keys: KeySpace, breaker: CircuitBreaker, *, db_alias: str) -> None:
         self.alias = alias
         self.client = client
         self.keys = keys
@@ -113,35 +85,27 @@ class Invalidations:
             # transaction management, as before).
             transaction.on_commit(lambda: self.apply_now(kind, target, db_alias), using=db_alias)
             return
-        batch = self._batch(connection, db_alias)
+        # The transaction's batch, or a new one when this is its first invalidation here or the
+        # savepoint that registered the previous batch rolled back (taking every row of that
+        # batch with it, since they were all inserted inside it). Keyed by this object, so an
+        # engine rebuilt mid-transaction (new settings) starts its own batch.
+        batch = on_commit_once(self, TransactionInvalidations(self, db_alias), using=db_alias, robust=True)
         item = (kind, target)
-        if batch.recorded(item, connection):
+        savepoints = open_savepoints(db_alias)
+        if batch.recorded(item, savepoints):
             return
-        batch.row_ids.append(self._record(kind, target, db_alias))
-        batch.targets[item] = frozenset(connection.savepoint_ids)
+        batch.row_ids.append(self._insert_pending_row(kind, target, db_alias))
+        batch.targets[item] = savepoints
 
-    def _batch(self, connection: Any, db_alias: str) -> _Batch:
-        batches: dict[str, _Batch] | None = getattr(connection, _BATCHES_ATTR, None)
-        if batches is None:
-            batches = {}
-            setattr(connection, _BATCHES_ATTR, batches)
-        batch = batches.get(self.alias)
-        if batch is not None and batch.invalidations is self and batch.registered(connection):
-            return batch
-        # A new transaction, or the savepoint that registered the previous batch rolled back
-        # (taking every row of that batch with it, since they were all inserted inside it).
-        batch = batches[self.alias] = _Batch(self, db_alias)
-        batch.hook_index = len(connection.run_on_commit)
-        transaction.on_commit(batch.callback, using=db_alias, robust=True)
-        return batch
-
-    def _record(self, kind: str, target: str, db_alias: str) -> int:
+    def _insert_pending_row(self, kind: str, target: str, db_alias: str) -> int:
+        """Record the invalidation as a PendingInvalidation row; returns its id."""
+        # Late: models need the app registry, and composition.cache is importable before it.
         from composition.cache.models import PendingInvalidation
 
         row = PendingInvalidation.objects.using(db_alias).create(alias=self.alias, kind=kind, target=target)
         return int(row.pk)
 
-    def apply_committed(self, batch: _Batch) -> None:
+    def apply_committed(self, batch: TransactionInvalidations) -> None:
         """After COMMIT: apply a transaction's invalidations in one Redis pipeline, then delete
         their rows. Never raises: when Redis is unreachable (or the breaker open) the rows stay
         for the replay; when the DELETE fails they stay too, and replaying them is harmless."""
@@ -157,10 +121,10 @@ class Invalidations:
                 self._apply(pipe, kind, target)
             pipe.execute()
         except REDIS_ERRORS as exc:
-            self.breaker.failure()
+            self.breaker.record_failure()
             self._left_for_replay(count, str(exc))
             return
-        self.breaker.success()
+        self.breaker.record_success()
         CACHE_INVALIDATIONS.labels("applied").inc(count)
         try:
             self._forget(batch.row_ids, batch.db_alias)
@@ -176,7 +140,7 @@ class Invalidations:
     def _forget(self, row_ids: list[int], db_alias: str) -> None:
         """Delete applied rows, skipping any a replayer holds (it is applying them, and deletes
         them itself), so the writer never waits for a replayer."""
-        from composition.cache.models import PendingInvalidation
+        from composition.cache.models import PendingInvalidation  # late: needs the app registry
 
         connection = connections[db_alias]
         table = connection.ops.quote_name(PendingInvalidation._meta.db_table)
@@ -191,10 +155,10 @@ class Invalidations:
             try:
                 self._apply(self.client, kind, target)
             except REDIS_ERRORS as exc:
-                self.breaker.failure()
+                self.breaker.record_failure()
                 log.warning("cache invalidation could not reach redis", alias=self.alias, error=str(exc))
             else:
-                self.breaker.success()
+                self.breaker.record_success()
                 CACHE_INVALIDATIONS.labels("applied").inc()
                 return
         self._defer(kind, target, db_alias or self.db_alias)
@@ -208,7 +172,7 @@ class Invalidations:
 
     def _defer(self, kind: str, target: str, db_alias: str) -> None:
         try:
-            self._record(kind, target, db_alias)
+            self._insert_pending_row(kind, target, db_alias)
         except DatabaseError as exc:
             CACHE_INVALIDATIONS.labels("lost").inc()
             log.error("cache invalidation lost: redis and the database both failed", alias=self.alias,
@@ -227,7 +191,7 @@ class Invalidations:
         Redis round trip (the client's socket timeout). Raises the Redis or database error that
         stopped it; the claimed rows are released for the next attempt.
         """
-        from composition.cache.models import PendingInvalidation
+        from composition.cache.models import PendingInvalidation  # late: needs the app registry
 
         rows = PendingInvalidation.objects.using(self.db_alias).filter(alias=self.alias)
         total = 0

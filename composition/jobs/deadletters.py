@@ -81,6 +81,7 @@ def record_dead_letter(message: MessageProxy, exception: BaseException, attempts
     between this write and the broker's acknowledgement), the same row is refreshed, and a row
     that was replayed or discarded meanwhile keeps its status.
     """
+    # Imported here: the worker middleware imports this module, possibly before Django's apps are.
     from composition.jobs.models import DeadLetter
 
     error_class = error_class_name(exception)

@@ -20,8 +20,8 @@ from dramatiq import Actor
 
 from composition.broker import configured_broker
 from composition.errors import PermanentError
-from composition.jobs.inbox import claim, ledger_key
-from composition.jobs.middleware import current_message
+from composition.jobs.current import current_message
+from composition.jobs.inbox import ledger_key, record_processed
 from composition.jobs.policy import JobPolicy
 from composition.jobs.schema import PayloadSchema
 from composition.time_limits import disarm_time_limit
@@ -80,7 +80,7 @@ def job(*, queue: str = "default", max_attempts: int = 5, initial_delay_s: float
             if not policy.idempotent or message is None:
                 return _body(fn, args, kwargs)
             with transaction.atomic():
-                if not claim(ledger_key(message), name):
+                if not record_processed(ledger_key(message), name):
                     log.info("message already processed, skipped")
                     return None
                 # Disarmed before this block commits the effects with their ledger row.

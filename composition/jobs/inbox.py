@@ -1,6 +1,6 @@
 """The inbox ledger: a message id's database effects commit at most once.
 
-``claim(message_id, actor)`` inserts the ledger row inside the caller's transaction; it answers
+``record_processed(message_id, actor)`` inserts the ledger row inside the caller's transaction; it answers
 False when the id is already there. A concurrent redelivery of the same message waits on the
 unique index until the first transaction ends, then sees the row (committed: skip) or takes
 over (rolled back: run), so two deliveries never both commit effects.
@@ -17,7 +17,7 @@ from typing import Any
 from django.db import connection
 from dramatiq.broker import MessageProxy
 
-__all__ = ["IDEMPOTENCY_KEY_HEADER", "claim", "ledger_key"]
+__all__ = ["IDEMPOTENCY_KEY_HEADER", "ledger_key", "record_processed"]
 
 # Key in message.options["composition"] that replaces the message id in the ledger.
 IDEMPOTENCY_KEY_HEADER = "idempotency_key"
@@ -33,12 +33,13 @@ def ledger_key(message: MessageProxy) -> str:
     return str(message.message_id)
 
 
-def claim(message_id: str, actor: str) -> bool:
+def record_processed(message_id: str, actor: str) -> bool:
     """Insert the ledger row for ``message_id`` (a ``ledger_key``); False when it was processed
     already.
 
     Must run inside ``transaction.atomic()`` together with the job's effects.
     """
+    # Imported here: composition.jobs (hence this module) may be imported before Django's apps are.
     from composition.jobs.models import ProcessedMessage
 
     table = connection.ops.quote_name(ProcessedMessage._meta.db_table)
@@ -51,3 +52,7 @@ def claim(message_id: str, actor: str) -> bool:
             [message_id, actor],
         )
         return cursor.fetchone() is not None
+
+
+# The old name ("claim" also means the outbox relay's lease), kept for callers outside the app.
+claim = record_processed

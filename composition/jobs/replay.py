@@ -9,8 +9,8 @@ idempotent job uses in its place: should the original be redelivered late (its w
 after writing the dead letter, before the broker's acknowledgement) once the data is fixed,
 the redelivery and the replay cannot both have an effect. Discard marks it "discarded".
 
-Bulk actions take a queryset from ``select()`` and act row by row, each in its own transaction,
-so one refused row does not undo the others.
+Bulk actions take a queryset from ``filter_dead_letters()`` and act row by row, each in its
+own transaction, so one refused row does not undo the others.
 """
 
 from __future__ import annotations
@@ -25,9 +25,11 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from composition.broker import configured_broker
 from composition.errors import CompositionError, DeadLetterStateError, PayloadValidationError
 from composition.jobs.inbox import IDEMPOTENCY_KEY_HEADER
 from composition.jobs.models import DeadLetter
+from composition.outbox.publish import publish_with_headers
 
 __all__ = [
     "DISCARD_PERMISSION",
@@ -35,17 +37,18 @@ __all__ = [
     "BulkResult",
     "discard",
     "discard_many",
+    "filter_dead_letters",
     "replay",
     "replay_many",
-    "select",
 ]
 
 REPLAY_PERMISSION = "composition.replay_deadletter"
 DISCARD_PERMISSION = "composition.discard_deadletter"
 
 
-def select(*, ids: Iterable[int] | None = None, actor: str | None = None, error: str | None = None,
-           fingerprint: str | None = None, status: str | None = DeadLetter.Status.DEAD) -> QuerySet[DeadLetter]:
+def filter_dead_letters(*, ids: Iterable[int] | None = None, actor: str | None = None,
+                        error: str | None = None, fingerprint: str | None = None,
+                        status: str | None = DeadLetter.Status.DEAD) -> QuerySet[DeadLetter]:
     """Dead letters matching every given filter; ``error`` matches the error class exactly or by
     its last dotted part (``ValueError``, ``PayloadValidationError``)."""
     rows = DeadLetter.objects.all()
@@ -62,6 +65,10 @@ def select(*, ids: Iterable[int] | None = None, actor: str | None = None, error:
     return rows.order_by("id")
 
 
+# The old name, kept for callers outside the app.
+select = filter_dead_letters
+
+
 def _require(user: Any, permission: str) -> None:
     # No user means a trusted caller (a shell command run by an operator); a user must hold it.
     if user is not None and not user.has_perm(permission):
@@ -74,8 +81,6 @@ def replay_payload(dead_letter: DeadLetter) -> dict[str, Any]:
     payload = dict(dead_letter.payload or {})
     if not dead_letter.args:
         return payload
-    from composition.broker import configured_broker
-
     fn = configured_broker().get_actor(dead_letter.actor).fn
     try:
         bound = inspect.signature(fn).bind_partial(*dead_letter.args)
@@ -104,8 +109,6 @@ def replay(dead_letter_id: int, *, user: Any = None) -> DeadLetter:
     ``composition.outbox.publish`` raises (unknown actor, payload too large).
     """
     _require(user, REPLAY_PERMISSION)
-    from composition.outbox.publish import publish_with_headers
-
     with transaction.atomic():
         row = DeadLetter.objects.select_for_update().get(pk=dead_letter_id)
         if row.status != DeadLetter.Status.DEAD:

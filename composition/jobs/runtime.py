@@ -28,7 +28,7 @@ from dramatiq.broker import Broker
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Shutdown, raise_thread_exception
 
-from composition.jobs.middleware import find_job_middleware
+from composition.jobs.stack import find_in_flight
 
 __all__ = ["BrokerKeepalive", "drain_worker", "requeue_unacked", "stop_intake"]
 
@@ -81,8 +81,8 @@ def drain_worker(worker: Worker, deadline: float) -> int:
     grace_s = min(INTERRUPT_GRACE_S, max(0.0, deadline - time.monotonic()) / 4)
     _join(worker.workers, deadline - grace_s)
     busy = [thread for thread in worker.workers if thread.is_alive()]
-    middleware = find_job_middleware(broker)
-    running = middleware.in_flight() if middleware is not None else {}
+    registry = find_in_flight(broker)
+    running = registry.in_flight() if registry is not None else {}
     for thread in busy:
         if thread.ident in running:
             log.warning("job still running at the deadline, interrupting", job_id=running[thread.ident].job_id,

@@ -28,12 +28,13 @@ from django.core.cache import caches
 from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
+from composition.conf import conf
 from composition.locks.errors import LockBackendUnavailable, LockLost, LockNotAcquired
 from composition.metrics import LOCK_ACQUIRE, LOCK_HOLD_SECONDS, LOCK_WAIT_SECONDS
+from composition.redis_errors import REDIS_ERRORS
 
 __all__ = ["RedisLock", "acquire_redis_lock", "redis_lock"]
 
-REDIS_ERRORS: tuple[type[BaseException], ...] = (redis.exceptions.RedisError, OSError)
 _UNAVAILABLE: tuple[type[BaseException], ...] = (*REDIS_ERRORS, DatabaseError)
 _MAX_POLL_S = 0.05
 
@@ -90,8 +91,6 @@ _stores_lock = threading.Lock()
 
 
 def _store() -> _Store:
-    from composition.conf import conf
-
     alias = conf.CACHE_ALIAS
     store = _stores.get(alias)
     if store is None:

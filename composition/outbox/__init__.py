@@ -1,12 +1,15 @@
 """Transactional outbox: ``publish()`` writes a row in the caller's transaction, a relay sends it.
 
-- ``publish(actor, payload, *, key=None, delay_s=None)`` validates and writes an
-  ``OutboxMessage``; inside ``transaction.atomic()`` it commits or rolls back with the business
-  data, and after commit it nudges the relay;
-- the relay (``composition.outbox.relay``) claims pending rows with ``FOR UPDATE SKIP LOCKED``
-  and a lease, enqueues them to Dramatiq in one batched round trip and marks them sent;
-- ``RelaySweeperComponent`` (``composition.outbox.sweeper``) runs the relay periodically inside
-  ``runworkers`` for whatever a nudge missed.
+- ``publish(actor, payload, *, key=None, delay_s=None)`` (``publish``) validates and writes an
+  ``OutboxMessage`` (``models``); inside ``transaction.atomic()`` it commits or rolls back with
+  the business data, and after commit it nudges the relay;
+- ``claims``: the claim (``FOR UPDATE SKIP LOCKED`` with a lease), mark-sent and release
+  statements, each its own short transaction;
+- ``relay``: the loop that claims, enqueues to Dramatiq in one batched round trip
+  (``enqueue``) and marks sent; ``relay_actor``: the actor a nudge runs;
+- ``sweeper``: ``RelaySweeperComponent`` runs the relay periodically inside ``runworkers`` for
+  whatever a nudge missed;
+- ``maintenance``: status, the pending gauges and pruning of sent rows.
 """
 
 from composition.outbox.errors import (

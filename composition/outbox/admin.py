@@ -9,8 +9,8 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html
 
+from composition.outbox.maintenance import pending_summary
 from composition.outbox.models import OutboxMessage
-from composition.outbox.ops import pending_summary
 
 __all__ = ["OutboxMessageAdmin"]
 

@@ -14,14 +14,15 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 import structlog
-from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db import DEFAULT_DB_ALIAS
 from dramatiq.broker import Broker
 from dramatiq.errors import ActorNotFound
 
+from composition.breaker import CircuitBreaker, CircuitOpen
 from composition.broker import configured_broker
 from composition.conf import conf
 from composition.outbox.errors import (
@@ -32,9 +33,8 @@ from composition.outbox.errors import (
     UnknownActorError,
 )
 from composition.outbox.models import KEY_MAX_LENGTH, OutboxMessage
-
-if TYPE_CHECKING:
-    from composition.backpressure import CircuitBreaker
+from composition.outbox.relay import relay_actor
+from composition.transactions import on_commit_once
 
 __all__ = ["encode_payload", "nudge_breaker", "publish", "publish_with_headers"]
 
@@ -43,8 +43,8 @@ log = structlog.get_logger("composition.outbox")
 # Deepest nesting a payload may have; payloads are meant to be a few ids, and the limit keeps the
 # validation walk from recursing without bound.
 _MAX_DEPTH = 32
-# Where the connection remembers the nudge it registered for the current transaction.
-_NUDGE_ATTR = "_composition_outbox_nudge"
+# The key of the one relay nudge per transaction (see on_commit_once).
+_NUDGE_KEY = "composition.outbox.nudge"
 # One failed nudge opens the broker's nudge circuit: a frozen broker then costs one socket
 # timeout per NUDGE_BREAKER_RESET_S for the whole process, not one per commit.
 NUDGE_BREAKER_FAILURES = 1
@@ -99,7 +99,8 @@ def publish_with_headers(actor: Any, payload: Mapping[str, Any], *, headers: Map
         headers={**extra, "request_id": context.get("request_id"), "published_at": time.time()},
         delay_s=delay_s,
     )
-    _nudge_after_commit(DEFAULT_DB_ALIAS)
+    # A transaction publishing thousands of rows needs one nudge, not thousands.
+    on_commit_once(_NUDGE_KEY, _nudge, using=DEFAULT_DB_ALIAS)
     return message
 
 
@@ -150,32 +151,12 @@ def _actor_name(actor: Any) -> str:
     raise UnknownActorError(repr(actor))
 
 
-def _nudge_after_commit(using: str) -> None:
-    """Register one relay nudge per transaction, run after it commits (at once in autocommit)."""
-    connection = transaction.get_connection(using)
-    registered = getattr(connection, _NUDGE_ATTR, None)
-    if registered is not None and connection.in_atomic_block:
-        # A transaction publishing thousands of rows needs one nudge, not thousands. The hook is
-        # still ours only if it sits where we put it: a rolled-back transaction or savepoint
-        # drops hooks, and then we register again (an extra nudge is harmless).
-        index, callback = registered
-        hooks = connection.run_on_commit
-        if index < len(hooks) and hooks[index][1] is callback:
-            return
-    nudge = _make_nudge()
-    if connection.in_atomic_block:
-        setattr(connection, _NUDGE_ATTR, (len(connection.run_on_commit), nudge))
-    transaction.on_commit(nudge, using=using)
-
-
 _breakers_lock = threading.Lock()
 _breakers: weakref.WeakKeyDictionary[Broker, CircuitBreaker] = weakref.WeakKeyDictionary()
 
 
 def nudge_breaker(broker: Broker) -> CircuitBreaker:
     """The circuit breaker of ``broker``'s relay nudges in this process (one per broker)."""
-    from composition.backpressure import CircuitBreaker
-
     with _breakers_lock:
         breaker = _breakers.get(broker)
         if breaker is None:
@@ -185,21 +166,16 @@ def nudge_breaker(broker: Broker) -> CircuitBreaker:
         return breaker
 
 
-def _make_nudge() -> Callable[[], None]:
-    def nudge() -> None:
-        # After commit the row is safe; a failed nudge only delays it until the next sweep, so it
-        # must never turn the caller's successful commit into an exception.
-        from composition.backpressure import CircuitOpen
-        from composition.outbox.relay import relay_actor
-
-        try:
-            broker = configured_broker()
-            nudge_breaker(broker).call(relay_actor(broker).send)
-        except CircuitOpen as exc:
-            log.debug("outbox relay nudge skipped, the broker is failing; the sweep will relay the message",
-                      retry_after_s=round(exc.retry_after_s, 2))
-        except Exception as exc:
-            log.warning("outbox relay nudge failed; the sweep will relay the message",
-                        error=f"{type(exc).__name__}: {exc}")
-
-    return nudge
+def _nudge() -> None:
+    """Ask the relay to run now, through the broker's nudge breaker; never raises. After commit the
+    row is safe and a failed nudge only delays it until the next sweep, so it must never turn the
+    caller's successful commit into an exception."""
+    try:
+        broker = configured_broker()
+        nudge_breaker(broker).call(relay_actor(broker).send)
+    except CircuitOpen as exc:
+        log.debug("outbox relay nudge skipped, the broker is failing; the sweep will relay the message",
+                  retry_after_s=round(exc.retry_after_s, 2))
+    except Exception as exc:
+        log.warning("outbox relay nudge failed; the sweep will relay the message",
+                    error=f"{type(exc).__name__}: {exc}")

@@ -80,8 +80,8 @@ class Command(BaseCommand):
             self._act(action, self._select(options, DeadLetter.Status.DEAD), options)
 
     def _select(self, options: dict[str, Any], status: str | None) -> QuerySet[DeadLetter]:
-        return service.select(ids=options["ids"], actor=options["actor"], error=options["error"],
-                              fingerprint=options["fingerprint"], status=status)
+        return service.filter_dead_letters(ids=options["ids"], actor=options["actor"], error=options["error"],
+                                           fingerprint=options["fingerprint"], status=status)
 
     def _emit(self, data: Any) -> None:
         self.stdout.write(json.dumps(data, indent=2, sort_keys=True))

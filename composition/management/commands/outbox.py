@@ -7,7 +7,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from composition.broker import configured_broker
 from composition.management.retention_option import SECONDS_PER_DAY, older_than_days
-from composition.outbox.ops import outbox_status, prune_sent
+from composition.outbox.maintenance import outbox_status, prune_sent
 from composition.outbox.relay import Relay
 
 

@@ -6,7 +6,12 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from composition.conf import conf
 from composition.errors import SystemStartError
-from composition.workers import WorkerOptions, build_supervisor, build_worker_system
+from composition.lifecycle.workers import WorkerOptions, build_supervisor, build_worker_system
+
+
+def _option_or(options: dict[str, Any], name: str, default: Any) -> Any:
+    """The command-line value of ``name``, or ``default`` when it was not given."""
+    return default if options[name] is None else options[name]
 
 
 class Command(BaseCommand):
@@ -23,14 +28,11 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         defaults = WorkerOptions.from_settings()
         queues = [q.strip() for q in options["queues"].split(",") if q.strip()] if options["queues"] else None
-        def given(name: str, default: Any) -> Any:
-            return default if options[name] is None else options[name]
-
         worker_options = WorkerOptions(
-            processes=given("processes", defaults.processes),
-            threads=given("threads", defaults.threads),
+            processes=_option_or(options, "processes", defaults.processes),
+            threads=_option_or(options, "threads", defaults.threads),
             queues=queues or defaults.queues,
-            shutdown_timeout_s=given("shutdown_timeout", float(conf.SHUTDOWN_TIMEOUT_S)),
+            shutdown_timeout_s=_option_or(options, "shutdown_timeout", float(conf.SHUTDOWN_TIMEOUT_S)),
         )
         if worker_options.processes < 1 or worker_options.threads < 1:
             raise CommandError("--processes and --threads must be at least 1")

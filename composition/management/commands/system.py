@@ -7,7 +7,7 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from composition.budget import BudgetLine, connection_budget, connections_per_process, server_max_connections
 from composition.conf import conf
-from composition.workers import BACKGROUND_DB_THREADS, WorkerOptions, build_worker_system
+from composition.lifecycle.workers import BACKGROUND_DB_THREADS, WorkerOptions, build_worker_system
 
 
 class Command(BaseCommand):

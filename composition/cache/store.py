@@ -1,0 +1,85 @@
+"""The Redis side of cache_aside: key names, the entry format and the scripted lease protocol.
+
+Under one cache alias's prefix a cached key has three Redis keys: its entry, its rebuild lease
+(an owner token with a short TTL) and its namespace's version (missing means ``0``). An entry is
+``b"<namespace version>|<fresh until, unix ms>|<rebuild ms>|<payload>"``; it counts only while
+its version is the namespace's current one, so bumping the version invalidates the namespace.
+Each check and the write it guards run as one Lua script (``composition.cache._scripts``), so
+no other client's command can come between them. Redis errors propagate: the caller degrades.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple
+
+from composition.cache._scripts import ACQUIRE, FILL, RELEASE
+
+__all__ = ["BUSY", "FRESH", "LEASED", "Entry", "KeySpace", "LeaseStore", "decode_entry", "encode_entry"]
+
+# What ACQUIRE found: a fresh entry, a lease granted to the caller, or a lease someone else holds.
+FRESH, LEASED, BUSY = 0, 1, 2
+
+
+class KeySpace:
+    """Redis key names of cache_aside: entry, rebuild lease and namespace version."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def entry(self, key: str) -> str:
+        return f"{self.prefix}e:{key}"
+
+    def lease(self, key: str) -> str:
+        return f"{self.prefix}l:{key}"
+
+    def namespace(self, namespace: str) -> str:
+        return f"{self.prefix}n:{namespace}"
+
+
+class Entry(NamedTuple):
+    fresh_until_ms: int
+    rebuild_ms: int
+    payload: bytes
+
+
+def decode_entry(raw: bytes | None, ns_raw: bytes | None) -> Entry | None:
+    """The entry, or None when absent or written under an older namespace version."""
+    if raw is None:
+        return None
+    version, fresh, rebuild, payload = raw.split(b"|", 3)
+    if version != (ns_raw or b"0"):
+        return None
+    return Entry(int(fresh), int(rebuild), payload)
+
+
+def encode_entry(ns_raw: bytes, fresh_until_ms: int, rebuild_ms: int, payload: bytes) -> bytes:
+    return b"%s|%d|%d|" % (ns_raw, fresh_until_ms, rebuild_ms) + payload
+
+
+class LeaseStore:
+    """The lease protocol's scripts on one Redis ``client`` (bytes replies). ``keys`` arguments
+    are the (namespace, entry, lease) Redis keys of one cached key."""
+
+    def __init__(self, client: Any) -> None:
+        self._acquire = client.register_script(ACQUIRE)
+        self._fill = client.register_script(FILL)
+        self._release = client.register_script(RELEASE)
+
+    def acquire(self, keys: tuple[str, str, str], token: str, lease_ms: int, *,
+                rebuild_even_if_fresh: bool) -> tuple[int, bytes, Entry | None]:
+        """(status, namespace version, entry): ``FRESH`` with the fresh entry (never when
+        ``rebuild_even_if_fresh``); ``LEASED`` when ``token`` now holds the rebuild lease for
+        ``lease_ms``; ``BUSY`` when someone else holds it. The entry is given only when FRESH."""
+        status, ns_raw, raw = self._acquire(
+            keys=keys, args=[token, lease_ms, int(time.time() * 1000), "1" if rebuild_even_if_fresh else "0"])
+        return status, ns_raw, decode_entry(raw, ns_raw) if status == FRESH else None
+
+    def fill(self, keys: tuple[str, str, str], token: str, ns_raw: bytes, entry: bytes, expire_ms: int) -> bool:
+        """Store ``entry`` for ``expire_ms`` and give the lease back, only while ``token`` still
+        holds the lease and the namespace version is still ``ns_raw``; False when refused."""
+        return bool(self._fill(keys=keys, args=[token, ns_raw, entry, expire_ms]) == 1)
+
+    def release(self, lease_key: str, token: str) -> None:
+        """Give the lease back unless it has passed to someone else."""
+        self._release(keys=[lease_key], args=[token])

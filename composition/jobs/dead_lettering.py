@@ -1,0 +1,153 @@
+"""Dead-lettering in the worker: a message that failed for good leaves a dead letter, or goes
+back on its queue.
+
+Dramatiq's broker-side dead-letter queue expires and is not searchable, so it must never be the
+only copy. ``write_dead_letter`` retries the write through a database blip
+(``DEAD_LETTER_RETRY_DELAYS_S``); when the connection stays lost, the message goes back on its
+queue to fail, and be recorded, again later. That fallback relies on how the Redis broker nacks
+(see ``_requeue_instead_of_rejecting``). Other errors are not retried: they would fail the same
+way every time, and a requeue would rerun the job forever.
+
+``DeadLetters`` calls it after a job's last run. An actor (or a message) declared with
+``dead_letter=False`` (the outbox relay's nudges) fails without one. The row itself is written
+by ``composition.jobs.deadletters.record_dead_letter``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import structlog
+from django.db import InterfaceError, OperationalError, close_old_connections
+from dramatiq.broker import Broker, MessageProxy
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.errors import ActorNotFound
+from dramatiq.middleware import Middleware, Shutdown
+
+from composition.jobs.current import attempt_of
+from composition.jobs.deadletters import record_dead_letter
+from composition.jobs.in_flight import InFlightRegistry
+from composition.jobs.observability import error_text, explained
+from composition.jobs.retries import requeue_message
+from composition.metrics import DEAD_LETTER_RECORD_FAILURES_TOTAL
+
+__all__ = [
+    "DEAD_LETTER_OPTION",
+    "DEAD_LETTER_RETRY_DELAYS_S",
+    "DeadLetters",
+    "requeue_voids_nack",
+    "write_dead_letter",
+]
+
+log = structlog.get_logger("composition.jobs")
+
+# Actor (or message) option: False means a message that fails for good leaves no dead letter.
+DEAD_LETTER_OPTION = "dead_letter"
+# Pauses between tries to write a dead letter (4 tries, about 3 s in all): long enough to ride
+# out a database blip or failover, short enough not to hold a worker thread for long.
+DEAD_LETTER_RETRY_DELAYS_S = (0.25, 0.75, 2.0)
+
+
+class DeadLetters(Middleware):
+    """Writes the dead letter of a message whose last run failed (see module doc)."""
+
+    def __init__(self, in_flight: InFlightRegistry) -> None:
+        self.in_flight = in_flight
+
+    @property
+    def actor_options(self) -> set[str]:
+        return {DEAD_LETTER_OPTION}
+
+    def after_process_message(self, broker: Broker, message: MessageProxy, *, result: Any = None,
+                              exception: BaseException | None = None) -> None:
+        # A drained job was requeued as it was (JobRetries); anything not failed will run again.
+        if exception is None or isinstance(exception, Shutdown) or not message.failed:
+            return
+        job = self.in_flight.finished(message)
+        exception = explained(exception, job)
+        attempts = job.attempt if job else attempt_of(message)
+        if not _wants_dead_letter(broker, message):
+            log.error("job failed for good; its actor keeps no dead letters", error=error_text(exception),
+                      attempts=attempts)
+            return
+        write_dead_letter(broker, message, exception, attempts)
+
+
+def write_dead_letter(broker: Broker, message: MessageProxy, exception: BaseException, attempts: int, *,
+                      can_requeue: bool = True) -> None:
+    """Write the dead letter, retrying through a database blip; failing that, put the message
+    back on its queue (when ``can_requeue``) so that it fails, and is recorded, again later.
+    Never raises for a failed write: it is logged critical and counted."""
+    error = error_text(exception)
+    dead_letter_id, record_error, database_lost = _record_with_retries(message, exception, attempts, error)
+    if dead_letter_id is not None:
+        log.error("job dead-lettered", error=error, attempts=attempts, dead_letter_id=dead_letter_id)
+        return
+    if not can_requeue or not database_lost:
+        DEAD_LETTER_RECORD_FAILURES_TOTAL.labels(message.actor_name, "broker_dlq").inc()
+        log.critical("could not record dead letter; only the broker's expiring dead-letter queue holds the "
+                     "message", error=error, record_error=record_error, queue=message.queue_name,
+                     payload=message.kwargs, args=message.args)
+        return
+    try:
+        _requeue_instead_of_rejecting(broker, message)
+    except Exception as exc:
+        DEAD_LETTER_RECORD_FAILURES_TOTAL.labels(message.actor_name, "broker_dlq").inc()
+        log.critical("could not record dead letter nor requeue the message; only the broker's expiring "
+                     "dead-letter queue holds it", error=error, record_error=record_error,
+                     requeue_error=error_text(exc), queue=message.queue_name,
+                     payload=message.kwargs, args=message.args)
+        return
+    DEAD_LETTER_RECORD_FAILURES_TOTAL.labels(message.actor_name, "requeued").inc()
+    log.critical("could not record dead letter; message requeued to fail and be recorded again later",
+                 error=error, record_error=record_error, queue=message.queue_name,
+                 payload=message.kwargs, args=message.args)
+
+
+def _record_with_retries(message: MessageProxy, exception: BaseException, attempts: int,
+                         error: str) -> tuple[int | None, str, bool]:
+    """The dead letter's id, or None, the last recording error and whether that error was a
+    lost connection (worth a requeue: the database comes back) rather than one that would fail
+    the same way every time (no requeue: that would rerun the job forever)."""
+    record_error = ""
+    for delay_s in (*DEAD_LETTER_RETRY_DELAYS_S, None):
+        try:
+            return record_dead_letter(message, exception, attempts), "", False
+        except (OperationalError, InterfaceError) as exc:
+            record_error = error_text(exc)
+            # A connection the error broke is replaced on the next try.
+            close_old_connections()
+            if delay_s is None:
+                break
+            log.warning("could not record dead letter, retrying", error=error, record_error=record_error,
+                        retry_in_s=delay_s)
+            time.sleep(delay_s)
+        except Exception as exc:
+            close_old_connections()
+            return None, error_text(exc), False
+    return None, record_error, True
+
+
+def _wants_dead_letter(broker: Broker, message: MessageProxy) -> bool:
+    """Per-message option, else the actor's, else yes (an unknown actor always gets one)."""
+    try:
+        declared = broker.get_actor(message.actor_name).options.get(DEAD_LETTER_OPTION, True)
+    except ActorNotFound:
+        declared = True
+    return message.options.get(DEAD_LETTER_OPTION, declared) is not False
+
+
+def _requeue_instead_of_rejecting(broker: Broker, message: MessageProxy) -> None:
+    """Put a failed message back on its queue so that the broker's nack does not move it to the
+    dead-letter queue: on Redis the requeue takes it out of this worker's unacked set, and
+    dispatch.lua's nack then finds nothing to move; elsewhere a copy is enqueued and the
+    original must be acknowledged, not rejected, or it would exist twice."""
+    requeue_message(broker, message)
+    if not requeue_voids_nack(broker, message):
+        message.failed = False
+
+
+def requeue_voids_nack(broker: Broker, message: MessageProxy) -> bool:
+    """Whether requeueing ``message`` turns the broker's coming nack into a no-op (Redis only)."""
+    return isinstance(broker, RedisBroker) and message.options.get("redis_message_id") is not None

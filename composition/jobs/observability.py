@@ -1,0 +1,108 @@
+"""What every message leaves for operators: connection hygiene, log context, metrics, outcome logs.
+
+- ``MessageContext`` opens and closes the round around each message: ``close_old_connections()``
+  before and after (worker threads never see Django's ``request_finished``), and a fresh
+  structlog context bound with job_id, actor, attempt and the request_id a message carries,
+  cleared afterwards (worker threads are reused). It sits outside the other job middleware, so
+  everything they log about the message, the dead letter included, carries that context.
+- ``JobMetrics`` counts each run by outcome (success, retry, dead), observes its duration,
+  counts time-outs, and logs the outcome; it runs before the dead letter is written, so the
+  ``dead`` count never trails a dead letter that is already visible.
+
+``explained()`` gives a ``TimeLimitExceeded`` (the watchdog raises it with no message) one that
+names the limit, for these logs and for the dead letter.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import structlog
+from django.db import close_old_connections
+from dramatiq.broker import Broker, MessageProxy
+from dramatiq.middleware import Middleware, Shutdown
+
+from composition.jobs.current import attempt_of
+from composition.jobs.in_flight import InFlight, InFlightRegistry
+from composition.jobs.retries import BACKOFF_OPTION
+from composition.metrics import JOB_DURATION_SECONDS, JOB_TIMEOUTS_TOTAL, JOBS_TOTAL
+from composition.time_limits import TimeLimitExceeded
+
+__all__ = ["JobMetrics", "MessageContext", "error_text", "explained"]
+
+log = structlog.get_logger("composition.jobs")
+
+
+def error_text(exception: BaseException) -> str:
+    """``Class: message``, as the logs and the dead-letter fallback report an error."""
+    return f"{type(exception).__name__}: {exception}"
+
+
+def explained(exception: BaseException, job: InFlight | None) -> BaseException:
+    """``exception``, or for a time-out the same class with a message naming the limit (and the
+    original traceback)."""
+    if not isinstance(exception, TimeLimitExceeded):
+        return exception
+    limit = f"{job.time_limit_s:g}s" if job and job.time_limit_s else "its time limit"
+    return TimeLimitExceeded(f"job ran longer than {limit} and was interrupted").with_traceback(
+        exception.__traceback__)
+
+
+class MessageContext(Middleware):
+    """Fresh database connections and structlog context per message (see module doc)."""
+
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        close_old_connections()
+        structlog.contextvars.clear_contextvars()
+        context: dict[str, Any] = {"job_id": message.message_id, "actor": message.actor_name,
+                                   "attempt": attempt_of(message)}
+        headers = message.options.get("composition")
+        if isinstance(headers, dict) and headers.get("request_id"):
+            context["request_id"] = headers["request_id"]
+        structlog.contextvars.bind_contextvars(**context)
+
+    def after_process_message(self, broker: Broker, message: MessageProxy, *, result: Any = None,
+                              exception: BaseException | None = None) -> None:
+        self._reset()
+
+    def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        structlog.contextvars.clear_contextvars()
+        close_old_connections()
+
+
+class JobMetrics(Middleware):
+    """Outcome counts, durations, time-outs and outcome logs per run (see module doc)."""
+
+    def __init__(self, in_flight: InFlightRegistry) -> None:
+        self.in_flight = in_flight
+
+    def after_process_message(self, broker: Broker, message: MessageProxy, *, result: Any = None,
+                              exception: BaseException | None = None) -> None:
+        if exception is None and message.failed:
+            return  # failed by a middleware before it ran: no run to count
+        job = self.in_flight.finished(message)
+        took_s = time.monotonic() - job.started_monotonic if job else 0.0
+        JOB_DURATION_SECONDS.labels(message.actor_name).observe(took_s)
+        if exception is None:
+            JOBS_TOTAL.labels(message.actor_name, "success").inc()
+            log.debug("job succeeded", duration_s=round(took_s, 4))
+            return
+        if isinstance(exception, TimeLimitExceeded):
+            JOB_TIMEOUTS_TOTAL.labels(message.actor_name).inc()
+            log.warning("job exceeded its time limit", time_limit_s=job.time_limit_s if job else None,
+                        duration_s=round(took_s, 4))
+        if isinstance(exception, Shutdown):
+            JOBS_TOTAL.labels(message.actor_name, "retry").inc()
+            log.warning("job interrupted by shutdown, requeued without using an attempt")
+            return
+        if not message.failed:
+            JOBS_TOTAL.labels(message.actor_name, "retry").inc()
+            log.warning("job failed, will retry", error=error_text(explained(exception, job)),
+                        delay_ms=message.options.get(BACKOFF_OPTION))
+            return
+        # Counted before DeadLetters (whose after-hook runs next) writes the dead letter.
+        JOBS_TOTAL.labels(message.actor_name, "dead").inc()

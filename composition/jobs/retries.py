@@ -1,0 +1,77 @@
+"""The retry policy in the worker: ``JobRetries``, Dramatiq's ``Retries`` with two changes.
+
+- The delay comes from ``composition.jobs.policy.backoff_s`` (exponential with jitter, within
+  [initial, max]) instead of Dramatiq's, whose jitter can fall below the minimum.
+- A job interrupted by a drain (Dramatiq's ``Shutdown``) goes back on its queue as it was,
+  without using an attempt (``requeue_message``).
+
+Everything else (``max_retries``, ``throws``, a ``Retry`` with its own delay) is Dramatiq's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dramatiq.broker import Broker, MessageProxy
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.common import current_millis
+from dramatiq.errors import ActorNotFound, Retry
+from dramatiq.middleware import Retries, Shutdown
+
+from composition.jobs.deadletters import FIRST_FAILED_OPTION
+from composition.jobs.policy import backoff_s
+
+__all__ = ["BACKOFF_OPTION", "JobRetries", "requeue_message"]
+
+# message.options key holding the delay (ms) computed before this attempt, for logs and tests.
+BACKOFF_OPTION = "composition_backoff_ms"
+
+
+def requeue_message(broker: Broker, message: MessageProxy) -> None:
+    """Put a fetched message back at the end of its queue unchanged (same retries count).
+
+    On Redis this moves the broker's own copy back from this worker's unacked set, so the
+    worker's later acknowledgement of it does nothing; elsewhere a copy is enqueued and the
+    original is acknowledged as usual.
+    """
+    redis_id = message.options.get("redis_message_id")
+    if isinstance(broker, RedisBroker) and redis_id is not None:
+        broker.do_requeue(message.queue_name, redis_id)
+    else:
+        broker.enqueue(message.copy())
+
+
+class JobRetries(Retries):
+    """Dramatiq's Retries with the composition backoff and shutdown requeue (see module doc)."""
+
+    @property
+    def actor_options(self) -> set[str]:
+        # @job stores its JobPolicy on the actor, for retention and operators' tools.
+        return {*super().actor_options, "job_policy"}
+
+    def after_process_message(self, broker: Broker, message: MessageProxy, *, result: Any = None,
+                              exception: BaseException | None = None) -> None:
+        if exception is None:
+            return
+        if isinstance(exception, Shutdown):
+            requeue_message(broker, message)
+            return
+        message.options.setdefault(FIRST_FAILED_OPTION, current_millis())
+        try:
+            actor = broker.get_actor(message.actor_name)
+        except ActorNotFound:
+            # Nothing can run it, however often it is retried; DeadLetters records it.
+            message.fail()
+            return
+        throws = message.options.get("throws") or actor.options.get("throws")
+        permanent = throws is not None and isinstance(exception, throws)
+        if not permanent and not (isinstance(exception, Retry) and exception.delay is not None):
+            retries = int(message.options.get("retries", 0))
+            min_ms = message.options.get("min_backoff", actor.options.get("min_backoff", self.min_backoff))
+            max_ms = message.options.get("max_backoff", actor.options.get("max_backoff", self.max_backoff))
+            delay_ms = int(backoff_s(retries, initial_s=min_ms / 1000, max_s=max_ms / 1000) * 1000)
+            message.options[BACKOFF_OPTION] = delay_ms
+            # Retries takes a Retry's delay as given; the original stays the current exception,
+            # so the traceback Retries stores is still the job's own.
+            exception = Retry(str(exception), delay=delay_ms)
+        super().after_process_message(broker, message, result=result, exception=exception)

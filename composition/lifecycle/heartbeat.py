@@ -1,0 +1,70 @@
+"""The worker process's heartbeat as a component, for ``health workers``."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from dramatiq.broker import Broker
+
+from composition import health, heartbeats
+from composition.broker import configured_broker
+from composition.jobs.stack import find_in_flight
+from composition.lifecycle.periodic import PeriodicComponent
+from composition.metrics import WORKER_HEARTBEAT_TIMESTAMP
+
+__all__ = ["HeartbeatComponent"]
+
+log = structlog.get_logger("composition.components")
+
+
+class HeartbeatComponent(PeriodicComponent):
+    """Writes this worker process's heartbeat every ``interval_s`` for ``health workers``: once
+    before ``start`` returns, then on a background thread; ``stop`` withdraws it.
+
+    ``state`` adds fields to each beat; by default the jobs in flight and since when, from the
+    job middleware of ``broker`` (the configured broker when not given).
+    """
+
+    name = "heartbeat"
+    depends_on = ("cache",)
+    tick_at_start = False  # start() has just beaten
+    # A draining process still beats, so ``health workers`` shows its jobs until it is gone.
+    stop_on_drain = False
+
+    def __init__(self, interval_s: float, *, state: Callable[[], dict[str, Any]] | None = None,
+                 broker: Broker | None = None) -> None:
+        super().__init__(interval_s=interval_s)
+        self.state = state or self._jobs_state
+        self.broker = broker
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
+
+    def _jobs_state(self) -> dict[str, Any]:
+        registry = find_in_flight(self.broker or configured_broker())
+        return registry.state() if registry is not None else {}
+
+    def start(self) -> None:
+        self._client = health.heartbeat_client()
+        self.tick()
+        super().start()
+
+    def tick(self) -> None:
+        """One beat; a failure is logged (the next beat may well succeed)."""
+        try:
+            heartbeats.write_heartbeat(self._client, self.worker_id, self.state())
+            WORKER_HEARTBEAT_TIMESTAMP.set(time.time())
+        except Exception as exc:
+            log.warning("heartbeat failed", error=str(exc))
+
+    def stop(self, timeout_s: float) -> None:
+        super().stop(timeout_s)
+        try:
+            heartbeats.clear_heartbeat(self._client, self.worker_id)
+        except Exception as exc:  # best effort: the key expires by itself anyway
+            log.warning("could not withdraw heartbeat", error=str(exc))
+        finally:
+            self._client.close()

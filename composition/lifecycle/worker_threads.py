@@ -1,0 +1,74 @@
+"""Dramatiq worker threads as a component: consume, drain on the first signal, hand back the rest."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+from dramatiq import Worker
+from dramatiq.broker import Broker
+
+from composition.jobs.runtime import BrokerKeepalive, drain_worker, stop_intake
+from composition.time_limits import boot_worker_process
+
+__all__ = ["WorkerComponent"]
+
+
+class WorkerComponent:
+    """Dramatiq worker threads. ``begin_drain`` stops consumption at once; ``drain`` lets running
+    jobs finish until the deadline, interrupts the rest (requeued without using an attempt) and
+    hands every unfinished message back to the broker (``composition.jobs.runtime``). While
+    started, a keepalive keeps the Redis broker from taking this process for a dead worker."""
+
+    name = "workers"
+    depends_on = ("database", "broker")
+
+    def __init__(self, broker: Broker, *, queues: Sequence[str] | None, threads: int,
+                 idle_poll_ms: int) -> None:
+        self.broker = broker
+        self.queues = set(queues) if queues else None
+        self.threads = threads
+        self.idle_poll_ms = idle_poll_ms
+        self.worker: Worker | None = None
+        self._stopped = False
+        self._drained = threading.Event()
+        # Several beats within the broker's heartbeat timeout, so one late beat does not count.
+        heartbeat_timeout_s = float(getattr(broker, "heartbeat_timeout", 60_000)) / 1000
+        self.keepalive = BrokerKeepalive(broker, interval_s=max(0.5, heartbeat_timeout_s / 4))
+
+    def start(self) -> None:
+        # As Dramatiq's CLI does, once per process before any worker: starts the time limits.
+        boot_worker_process(self.broker)
+        self.worker = Worker(self.broker, queues=self.queues, worker_threads=self.threads,
+                             worker_timeout=self.idle_poll_ms)
+        self.worker.start()
+        self.keepalive.start()
+
+    def begin_drain(self) -> None:
+        if self.worker is not None and not self._stopped:
+            stop_intake(self.worker)
+
+    def drain(self, deadline: float) -> None:
+        self._stop(deadline)
+
+    def stop(self, timeout_s: float) -> None:
+        self._stop(time.monotonic() + timeout_s)
+        # The drain may overrun its deadline a little by design (unwinding interrupted jobs,
+        # then handing messages back); the System abandons it at the deadline, so wait here for
+        # it to finish before the broker is closed under it.
+        if not self._drained.wait(timeout_s):
+            raise TimeoutError(f"the worker drain did not finish within {timeout_s:.1f}s more")
+
+    def _stop(self, deadline: float) -> None:
+        if self.worker is None:
+            self._drained.set()
+            return
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            drain_worker(self.worker, deadline)
+        finally:
+            self.keepalive.stop()
+            self._drained.set()

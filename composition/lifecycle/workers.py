@@ -1,0 +1,102 @@
+"""The worker side as a composed system: what ``manage.py runworkers`` runs.
+
+One process: logging → metrics → database → cache → broker → worker threads → outbox relay
+sweeper → deferred cache invalidation replay → retention → heartbeat.
+Several processes: a supervisor whose components are the child processes, each running the
+one-process system; children live in their own session and die with the supervisor.
+
+The top of the lifecycle package: it wires the stock components to the jobs runtime, the outbox,
+the cache, retention and health, so nothing below it imports it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from composition import health
+from composition.broker import configured_broker
+from composition.cache import InvalidationReplayComponent
+from composition.conf import conf
+from composition.lifecycle.base import Component
+from composition.lifecycle.components import (
+    BrokerComponent,
+    CacheComponent,
+    DatabaseComponent,
+    LoggingComponent,
+    MetricsComponent,
+)
+from composition.lifecycle.heartbeat import HeartbeatComponent
+from composition.lifecycle.processes import ProcessComponent
+from composition.lifecycle.system import System
+from composition.lifecycle.worker_threads import WorkerComponent
+from composition.outbox.sweeper import RelaySweeperComponent
+from composition.retention import RetentionComponent
+
+__all__ = ["BACKGROUND_DB_THREADS", "WorkerOptions", "build_supervisor", "build_worker_system", "child_argv",
+           "worker_components"]
+
+# Threads besides the worker threads that may hold a database connection in a worker process,
+# counted in the connection budget: the outbox relay sweeper, the deferred cache invalidation
+# replay, the cache breaker's recovery probe (it replays deferred invalidations too) and the
+# retention pruner.
+BACKGROUND_DB_THREADS = 4
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    processes: int = 1
+    threads: int = 8
+    queues: Sequence[str] | None = None
+    shutdown_timeout_s: float = 30.0
+
+    @classmethod
+    def from_settings(cls) -> WorkerOptions:
+        return cls(processes=int(conf.WORKER_PROCESSES), threads=int(conf.WORKER_THREADS),
+                   queues=conf.WORKER_QUEUES, shutdown_timeout_s=float(conf.SHUTDOWN_TIMEOUT_S))
+
+
+def worker_components(options: WorkerOptions) -> list[Component]:
+    broker = configured_broker()
+    return [
+        LoggingComponent(),
+        MetricsComponent(),
+        DatabaseComponent(),
+        CacheComponent(conf.CACHE_ALIAS),
+        BrokerComponent(broker),
+        WorkerComponent(broker, queues=options.queues, threads=options.threads,
+                        idle_poll_ms=int(conf.WORKER_IDLE_POLL_MS)),
+        RelaySweeperComponent(broker),
+        InvalidationReplayComponent(alias=conf.CACHE_ALIAS),
+        RetentionComponent(),
+        HeartbeatComponent(float(conf.WORKER_HEARTBEAT_S), broker=broker),
+    ]
+
+
+def build_worker_system(options: WorkerOptions) -> System:
+    return System(worker_components(options), shutdown_timeout_s=options.shutdown_timeout_s,
+                  on_draining=health.set_draining)
+
+
+def child_argv(options: WorkerOptions) -> list[str]:
+    argv = [sys.executable, "-m", "django", "runworkers", "--processes", "1",
+            "--threads", str(options.threads), "--shutdown-timeout", str(options.shutdown_timeout_s),
+            "--settings", settings.SETTINGS_MODULE]
+    if options.queues:
+        argv += ["--queues", ",".join(options.queues)]
+    return argv
+
+
+def build_supervisor(options: WorkerOptions) -> System:
+    """A system of ``options.processes`` child worker processes."""
+    children: list[Component] = [
+        ProcessComponent(f"worker-process-{index}", child_argv(options))
+        for index in range(options.processes)
+    ]
+    # Children drain concurrently on the first signal (each gets SIGTERM and the same deadline);
+    # the supervisor adds a little to its own timeout so it never cuts a clean child drain short.
+    return System([LoggingComponent(), *children], shutdown_timeout_s=options.shutdown_timeout_s + 2.0,
+                  on_draining=health.set_draining)

@@ -1,0 +1,124 @@
+"""How much work a queue holds: its pending outbox rows plus the messages the broker holds for it.
+
+- ``queue_depth(queue)`` measures now (one COUNT and one broker round trip) and exports
+  ``composition_queue_depth_messages``;
+- ``QueueDepths`` keeps one process's measurements for up to ``max_age_s``, refreshed by one
+  thread at a time, with the broker behind a ``CircuitBreaker``: this is what admission
+  (``composition.backpressure.admit``) reads on the request path.
+
+The broker is asked through its client: a Redis broker keeps every message body in the queue's
+hash until it is acked, RabbitMQ reports a passive declare's message count.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import structlog
+
+from composition.breaker import CircuitBreaker, CircuitOpen
+from composition.broker import configured_broker
+from composition.metrics import QUEUE_DEPTH
+
+__all__ = ["QueueDepths", "queue_depth"]
+
+log = structlog.get_logger("composition.backpressure")
+
+
+def _broker_depth(queue: str) -> int:
+    """Messages the broker holds for ``queue`` (waiting, delayed and in flight)."""
+    broker = configured_broker()
+    client = getattr(broker, "client", None)
+    if client is not None:  # Redis: every message body lives in the queue's hash until acked
+        namespace = getattr(broker, "namespace", "dramatiq")
+        pipe = client.pipeline(transaction=False)
+        pipe.hlen(f"{namespace}:{queue}.msgs")
+        pipe.hlen(f"{namespace}:{queue}.DQ.msgs")
+        return int(sum(pipe.execute()))
+    channel = broker.channel  # type: ignore[attr-defined]
+    return int(channel.queue_declare(queue, passive=True).method.message_count)
+
+
+def _outbox_depth(queue: str) -> int:
+    # Late: this module (and composition.backpressure, which imports it) must be importable
+    # before Django's app registry is ready, and importing a model needs it.
+    from composition.outbox.models import OutboxMessage
+
+    return int(OutboxMessage.objects.filter(status="pending", queue_name=queue).count())
+
+
+def queue_depth(queue: str, *, broker_breaker: CircuitBreaker | None = None) -> int:
+    """The backlog of ``queue``: pending outbox rows plus the broker's messages.
+
+    A broker that cannot be asked (or whose ``broker_breaker`` is open) counts as empty: the
+    outbox then holds the backlog, and that is still counted. The failure is logged. Database
+    errors propagate.
+    """
+    depth = _outbox_depth(queue)
+    try:
+        if broker_breaker is None:
+            depth += _broker_depth(queue)
+        else:
+            depth += broker_breaker.call(_broker_depth, queue)
+    except CircuitOpen:
+        pass
+    except Exception as exc:
+        log.warning("could not read the broker's queue depth", queue=queue, error=str(exc))
+    QUEUE_DEPTH.labels(queue).set(depth)
+    return depth
+
+
+class QueueDepths:
+    """Per-process depths, refreshed when older than ``max_age_s`` by one thread at a time (the
+    others keep answering with the previous value), with the broker behind a breaker so a frozen
+    broker costs one socket timeout per ``BROKER_RESET_S``, not one per request."""
+
+    BROKER_RESET_S = 5.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[str, tuple[float, int]] = {}
+        self._refreshing: dict[str, threading.Lock] = {}
+        self._breaker: CircuitBreaker | None = None
+
+    def _broker_breaker(self) -> CircuitBreaker:
+        if self._breaker is None:
+            self._breaker = CircuitBreaker("backpressure-broker-depth", failure_threshold=1,
+                                           reset_timeout_s=self.BROKER_RESET_S)
+        return self._breaker
+
+    def _fresh(self, queue: str, max_age_s: float) -> tuple[float, int] | None:
+        with self._lock:
+            cached = self._values.get(queue)
+        if cached is not None and time.monotonic() - cached[0] < max_age_s:
+            return cached
+        return None
+
+    def get(self, queue: str, *, max_age_s: float) -> int:
+        """The depth of ``queue`` measured at most ``max_age_s`` seconds ago; while another thread
+        refreshes it, the previous measurement (the first measurement is waited for)."""
+        fresh = self._fresh(queue, max_age_s)
+        if fresh is not None:
+            return fresh[1]
+        with self._lock:
+            cached = self._values.get(queue)
+            refreshing = self._refreshing.setdefault(queue, threading.Lock())
+        if not refreshing.acquire(blocking=cached is None):
+            return cached[1] if cached is not None else 0  # another thread is measuring
+        try:
+            fresh = self._fresh(queue, max_age_s)  # measured by the thread we waited for
+            if fresh is not None:
+                return fresh[1]
+            depth = queue_depth(queue, broker_breaker=self._broker_breaker())
+            with self._lock:
+                self._values[queue] = (time.monotonic(), depth)
+            return depth
+        finally:
+            refreshing.release()
+
+    def clear(self) -> None:
+        """Forget every measurement and the broker breaker's state."""
+        with self._lock:
+            self._values.clear()
+            self._breaker = None

@@ -1,0 +1,137 @@
+"""The layering of ``composition`` is true: no import cycle, function-level imports included.
+
+Every ``import`` of a ``composition`` module anywhere in a module (at the top, inside a function,
+inside a method) is an edge; imports under ``if TYPE_CHECKING:`` never run and are left out.
+``from package import name`` runs the package's ``__init__`` and, when ``name`` is a submodule,
+that submodule too; importing ``a.b.c`` from outside ``a.b`` runs ``a.b``'s ``__init__`` first.
+A function-level import that would close a cycle still closes it when the function runs;
+hiding it in a function is how cycles were kept out of sight, so it counts.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "composition"
+
+# Cycles allowed on purpose, each with its reason. Keep this list short.
+ALLOWED_CYCLES: dict[frozenset[str], str] = {}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(path): path for path in (ROOT / PACKAGE).rglob("*.py")
+            if "migrations" not in path.parts}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                yield from _imports(child)
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        yield from _imports(node)
+
+
+def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[:len(base) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the ``composition`` modules it imports, anywhere in its body."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in _imports(tree):
+            targets: set[str] = set()
+            if isinstance(node, ast.Import):
+                targets = {alias.name for alias in node.names}
+            else:
+                source = _resolve(name, path.name == "__init__.py", node)
+                targets.add(source)
+                targets |= {f"{source}.{alias.name}" for alias in node.names}
+            for target in targets:
+                if target in modules and target != name:
+                    graph[name] |= {target, *_packages_run_first(name, target, modules)}
+    return graph
+
+
+def _packages_run_first(importer: str, target: str, modules: dict[str, Path]) -> set[str]:
+    """The packages whose ``__init__`` runs before ``target`` does: its ancestors, except those
+    the importer is itself inside (already running when the importer runs)."""
+    parts = target.split(".")
+    ancestors = {".".join(parts[:end]) for end in range(1, len(parts))}
+    own = {".".join(importer.split(".")[:end]) for end in range(1, importer.count(".") + 2)}
+    return {package for package in ancestors - own if package in modules}
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
+    """Tarjan's strongly connected components with more than one module: the import cycles."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(component)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_composition_has_no_import_cycle() -> None:
+    graph = import_graph()
+    cycles = [cycle for cycle in strongly_connected(graph) if frozenset(cycle) not in ALLOWED_CYCLES]
+    assert not cycles, "import cycles (function-level imports included):\n" + "\n".join(
+        " <-> ".join(sorted(cycle)) for cycle in cycles)
+
+
+def test_the_graph_sees_function_level_imports() -> None:
+    # The checker itself: a cycle closed only inside a function is found.
+    tree = ast.parse("import os\n\ndef later():\n    from composition import broker\n")
+    assert [type(node).__name__ for node in _imports(tree)] == ["Import", "ImportFrom"]
+    assert strongly_connected({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [{"a", "b"}]
+    assert "composition.system" in import_graph()
