@@ -17,9 +17,10 @@ __all__ = ["DEFAULTS", "conf"]
 DEFAULTS: dict[str, Any] = {
     # Dramatiq broker: redis://, rediss:// or amqp://.
     "BROKER_URL": "redis://127.0.0.1:6379/0",
-    # A dead Redis-broker worker's unacked messages return after this many seconds
-    # (Dramatiq's own default is 60 s).
-    "BROKER_HEARTBEAT_TIMEOUT_S": 15.0,
+    # A dead Redis-broker worker's unacked messages return after this many seconds (Dramatiq's
+    # own default is 60 s). Live workers beat every quarter of it; a worker process frozen for
+    # longer (SIGSTOP, swapping) is taken for dead and its messages run again elsewhere.
+    "BROKER_HEARTBEAT_TIMEOUT_S": 4.0,
     # Out of a million broker commands, how many run the Redis broker's maintenance step that
     # requeues dead workers' messages (Dramatiq's default is 1,000, i.e. 1 in 1,000).
     "BROKER_MAINTENANCE_CHANCE": 100_000,
@@ -57,9 +58,14 @@ DEFAULTS: dict[str, Any] = {
     # The relay claims and enqueues up to this many messages per batch (one claim transaction,
     # one batched broker call, one update).
     "OUTBOX_BATCH_SIZE": 500,
-    # A relay's claim expires after this long; a crashed relay's rows are then claimed again.
-    # Keep it well above the time one batch takes, or a slow relay's rows are sent twice.
-    "OUTBOX_LEASE_S": 30.0,
+    # A relay's claim expires after this long; a crashed relay's rows are then claimed again
+    # (within this plus one sweep interval). Keep it well above the time one batch takes (a batch
+    # is bounded by the broker's socket timeout), or a slow relay's rows are sent twice.
+    "OUTBOX_LEASE_S": 4.0,
+    # True: right after COMMIT the publishing process sends the rows it published to the broker
+    # itself (one hop; the relay only sweeps what that missed). False: it only nudges the relay,
+    # so publishing processes never talk to the broker beyond one small message.
+    "OUTBOX_SEND_ON_COMMIT": True,
     # runworkers sweeps the outbox this often for messages whose after-commit nudge was lost.
     "OUTBOX_SWEEP_INTERVAL_S": 1.0,
     # One relay nudge relays for at most this long (plus the batch under way), then gives its

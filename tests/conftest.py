@@ -31,6 +31,17 @@ def worker_processes(transactional_db: None) -> Iterator[list[WorkerProcess]]:
         process.close()
 
 
+@pytest.fixture
+def nudge_only() -> Iterator[None]:
+    """Publishing only nudges the relay (``OUTBOX_SEND_ON_COMMIT`` off): committed rows stay
+    pending for a test to relay, or to watch the relay take, itself."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    with override_settings(COMPOSITION={**settings.COMPOSITION, "OUTBOX_SEND_ON_COMMIT": False}):
+        yield
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # RabbitMQ tests run wherever the broker is reachable; CI always provides it.
     if os.environ.get("RABBITMQ_URL") or os.environ.get("CI"):

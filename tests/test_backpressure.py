@@ -38,6 +38,7 @@ def _limits(**queues: int) -> override_settings:
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("nudge_only")
 def test_admit_counts_outbox_backlog_and_broker_messages() -> None:
     with _limits(**{QUEUE: 4}):
         admit(QUEUE)
@@ -58,7 +59,17 @@ def test_admit_counts_outbox_backlog_and_broker_messages() -> None:
     admit("a-queue-without-limit")
 
 
+@pytest.fixture
+def empty_billing_queue() -> Iterator[None]:
+    from composition.broker import configured_broker
+
+    configured_broker().flush("billing")
+    yield
+    configured_broker().flush("billing")
+
+
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("nudge_only", "empty_billing_queue")
 def test_middleware_sheds_unsafe_requests_with_503_and_retry_after() -> None:
     client = Client()
     with transaction.atomic():

@@ -136,7 +136,7 @@ def test_sigkill_storm_leaves_every_effect_exactly_once(worker_processes) -> Non
     assert Effect.objects.values("key").distinct().count() < total, "the storm ended before the backlog did"
 
     worker = worker_processes.spawn(args)
-    # The killed workers' unacked messages come back after BROKER_HEARTBEAT_TIMEOUT_S (15 s),
+    # The killed workers' unacked messages come back after BROKER_HEARTBEAT_TIMEOUT_S (4 s),
     # not Dramatiq's 60 s default plus a 1-in-1,000 maintenance chance.
     try:
         wait_until(lambda: _pending_in_broker(jobs.CRASH_QUEUE) == 0

@@ -23,6 +23,7 @@ def _probe(seq: int) -> None:
     """Never consumed: the test reads what reached the broker."""
 
 
+@pytest.mark.usefixtures("nudge_only")
 def test_publishing_against_a_frozen_broker_costs_at_most_one_socket_timeout(
         throwaway_redis_server: ThrowawayRedis) -> None:
     with use_broker(throwaway_redis_server.url) as broker:
@@ -51,3 +52,33 @@ def test_publishing_against_a_frozen_broker_costs_at_most_one_socket_timeout(
         assert Relay(broker).run_until_idle() == MESSAGES + 1
         queued = broker.client.lrange("dramatiq:nudge_probe", 0, -1)  # type: ignore[attr-defined]
         assert len(queued) == MESSAGES + 1
+
+
+def test_sending_on_commit_to_a_frozen_broker_costs_at_most_one_socket_timeout(
+        throwaway_redis_server: ThrowawayRedis) -> None:
+    with use_broker(throwaway_redis_server.url) as broker:
+        probe = dramatiq.actor(actor_name="send_probe", queue_name="send_probe", broker=broker,
+                               max_retries=0)(_probe)
+        publish(probe, {"seq": -1})  # a healthy broker: sent at once, no relay involved
+        assert broker.client.llen("dramatiq:send_probe") == 1  # type: ignore[attr-defined]
+        assert broker.client.llen("dramatiq:composition.outbox") == 0  # type: ignore[attr-defined]
+        assert OutboxMessage.objects.get(actor_name="send_probe").status == "sent"
+
+        throwaway_redis_server.freeze()
+        try:
+            started = time.monotonic()
+            for seq in range(MESSAGES):
+                with transaction.atomic():
+                    publish(probe, {"seq": seq})
+            took_s = time.monotonic() - started
+        finally:
+            throwaway_redis_server.thaw()
+
+        timeout_s = float(conf.BROKER_SOCKET_TIMEOUT_S)
+        assert took_s < timeout_s * 1.5 + 2.0, f"{MESSAGES} publishes took {took_s:.1f}s"
+        # The failed send released its claim at once: the sweep relays every row, once.
+        assert OutboxMessage.objects.filter(actor_name="send_probe", status="pending").count() == MESSAGES
+        assert Relay(broker).run_until_idle() == MESSAGES
+        # At least once: the send that timed out may still have reached the broker when it thawed.
+        queued = broker.client.lrange("dramatiq:send_probe", 0, -1)  # type: ignore[attr-defined]
+        assert MESSAGES + 1 <= len(queued) <= MESSAGES + 2

@@ -58,6 +58,7 @@ def test_status_reports_backlog_by_actor_and_sets_the_gauges() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("nudge_only")  # rows stay pending for the command to relay
 def test_relay_command_relays_everything_pending() -> None:
     for seq in range(7):
         publish(PROBE, {"seq": seq}, key="k")

@@ -120,6 +120,7 @@ def test_publish_in_a_rolled_back_block_leaves_no_row_and_no_nudge() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("nudge_only")
 def test_publish_in_a_committed_block_leaves_one_row_and_nudges_once() -> None:
     with transaction.atomic():
         Order.objects.create(reference="B")
@@ -154,6 +155,7 @@ def test_only_savepoint_publish_rolled_back_means_no_nudge_from_it() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("nudge_only")
 def test_autocommit_publish_nudges_at_once() -> None:
     publish(PROBE, {"seq": 1})
     assert len(enqueued(RELAY_QUEUE_NAME)) == 1

@@ -23,7 +23,8 @@ from tests.outboxapp.helpers import delayed, enqueued, flush_broker
 PROBE = "outboxapp_relay_probe"
 QUEUE = "outboxapp_probe"
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# These tests relay (or watch relays take) committed rows themselves.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("nudge_only")]
 
 
 @pytest.fixture(autouse=True)

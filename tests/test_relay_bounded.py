@@ -52,6 +52,7 @@ def _relay_runs(worker_pid: int) -> list[float]:
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("nudge_only")  # every commit nudges: the relay's worst case
 def test_nudges_under_steady_publishing_never_hold_a_thread(worker_processes: Any) -> None:
     overrides = {"OUTBOX_RELAY_TIME_LIMIT_S": RELAY_TIME_LIMIT_S, "OUTBOX_RELAY_BUDGET_S": RELAY_BUDGET_S,
                  "WORKER_HEARTBEAT_S": 0.25}

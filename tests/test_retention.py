@@ -194,8 +194,8 @@ def test_the_check_warns_when_the_ledger_is_kept_shorter_than_a_job_can_come_bac
         @job(queue="retention_check", actor_name="retention_short_job")
         def short_job() -> None: ...
 
-        # 100*1.5 + min(150, 300) + 3 * 1000 + heartbeat 15 + lease 30
-        window_s = 150 + 150 + 3000 + 15 + 30
+        # 100*1.5 + min(150, 300) + 3 * 1000 + the broker's heartbeat timeout + the outbox lease
+        window_s = round(150 + 150 + 3000 + conf.BROKER_HEARTBEAT_TIMEOUT_S + conf.OUTBOX_LEASE_S)
         assert longest_redelivery_window() == ("retention_long_job", window_s)
         with override_settings(COMPOSITION={**settings.COMPOSITION, "INBOX_RETENTION_S": window_s - 1}):
             (message,) = check_retention_settings()

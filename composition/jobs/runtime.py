@@ -28,6 +28,7 @@ from dramatiq.broker import Broker
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Shutdown, raise_thread_exception
 
+from composition.jobs.recovery import return_dead_workers_messages
 from composition.jobs.stack import find_in_flight
 
 __all__ = ["BrokerKeepalive", "drain_worker", "requeue_unacked", "stop_intake"]
@@ -133,12 +134,13 @@ class BrokerKeepalive:
 
     def _loop(self) -> None:
         assert isinstance(self.broker, RedisBroker)
-        while not self._stop.wait(self.interval_s):
+        wait_s = 0.0  # at start: a dead predecessor's messages come back now
+        while not self._stop.wait(wait_s):
+            wait_s = self.interval_s
             try:
-                # Any broker command records the heartbeat; qsize only reads. It may also run
-                # the maintenance step, which returns dead workers' messages sooner.
-                for queue_name in sorted(self.broker.get_declared_queues()):
-                    self.broker.do_qsize(queue_name)
+                # Records this worker's heartbeat, and returns dead workers' messages at once
+                # rather than by Dramatiq's chance maintenance (composition.jobs.recovery).
+                return_dead_workers_messages(self.broker)
             except Exception as exc:  # the consumers report broker outages; keep trying
                 log.warning("broker keepalive failed", error=str(exc))
 

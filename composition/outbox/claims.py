@@ -38,6 +38,7 @@ WITH heads AS (
     FROM {table} o
     WHERE o.status = 'pending'
       AND (o.claimed_until IS NULL OR o.claimed_until < now())
+      AND (%(only_ids)s::bigint[] IS NULL OR o.id = ANY(%(only_ids)s::bigint[]))
       AND (o.key IS NULL OR NOT EXISTS (
             SELECT 1 FROM {table} p
             WHERE p.status = 'pending' AND p.key = o.key AND p.id < o.id))
@@ -66,9 +67,11 @@ WHERE t.id = picked.id AND t.status = 'pending'
 RETURNING t.id, t.actor_name, t.queue_name, t.payload, t.key, t.headers, t.delay_s, t.created_at
 """
 
+# Only the claimant marks: a relay whose lease ran out and whose rows another relay claimed
+# again leaves them to that relay (both sent them: at least once, never lost).
 MARK_SENT_SQL = """
 UPDATE {table} SET status = 'sent', sent_at = %(sent_at)s, claimed_until = NULL, last_error = ''
-WHERE id = ANY(%(ids)s) AND status = 'pending'
+WHERE id = ANY(%(ids)s) AND status = 'pending' AND claimed_by = %(relay_id)s
 """
 
 RELEASE_SQL = """
@@ -135,11 +138,18 @@ def _decode_json(value: Any) -> Any:
     return value
 
 
-def claim(*, limit: int, lease_s: float, relay_id: str) -> list[ClaimedMessage]:
+def claim(*, limit: int, lease_s: float, relay_id: str,
+          only_ids: Sequence[int] | None = None) -> list[ClaimedMessage]:
     """Lease up to ``limit`` claimable rows for ``lease_s`` seconds to ``relay_id`` (one short
-    transaction, the only one that locks rows); oldest first."""
-    rows = execute_without_flush_wait(CLAIM_SQL.format(table=_table()),
-                                      {"limit": limit, "lease_s": lease_s, "relay_id": relay_id})
+    transaction, the only one that locks rows); oldest first.
+
+    With ``only_ids``, only those rows can be a key's head (the rows a transaction just
+    published); the rows of the same key that follow a claimed head ride along, whoever
+    published them, so every key still leaves in publish order.
+    """
+    rows = execute_without_flush_wait(CLAIM_SQL.format(table=_table()), {
+        "limit": limit, "lease_s": lease_s, "relay_id": relay_id,
+        "only_ids": list(only_ids) if only_ids is not None else None})
     claimed = [ClaimedMessage(id=row[0], actor_name=row[1], queue_name=row[2], payload=_decode_json(row[3]),
                               key=row[4], headers=_decode_json(row[5]) or {}, delay_s=row[6], created_at=row[7])
                for row in rows]
@@ -147,9 +157,10 @@ def claim(*, limit: int, lease_s: float, relay_id: str) -> list[ClaimedMessage]:
     return claimed
 
 
-def mark_sent(ids: Sequence[int], *, sent_at: datetime) -> None:
-    """Mark the rows ``ids`` sent at ``sent_at`` (those still pending) and drop their lease."""
-    execute_without_flush_wait(MARK_SENT_SQL.format(table=_table()), {"ids": list(ids), "sent_at": sent_at})
+def mark_sent(ids: Sequence[int], *, sent_at: datetime, relay_id: str) -> None:
+    """Mark the rows ``ids`` that ``relay_id`` still holds sent at ``sent_at`` and drop their lease."""
+    execute_without_flush_wait(MARK_SENT_SQL.format(table=_table()),
+                               {"ids": list(ids), "sent_at": sent_at, "relay_id": relay_id})
 
 
 def release(ids: Sequence[int], *, error: str, relay_id: str) -> None:

@@ -1,10 +1,18 @@
-"""``publish()``: validate at once, write the outbox row in the caller's transaction, nudge the
-relay after commit.
+"""``publish()``: validate at once, write the outbox row in the caller's transaction, and send it
+to the broker right after COMMIT.
 
-The nudge runs in the caller's request right after its commit, so it must never make the
-request pay for a broker that is down or frozen: each broker's nudges go through a
-``CircuitBreaker`` that, after one failure, skips them for ``NUDGE_BREAKER_RESET_S``. A skipped
-or failed nudge only delays a message until the relay's next sweep.
+One hop from commit to broker: right after the transaction commits, the committing process
+claims the rows it just published with the relay's own claim (the same lease, the same
+oldest-row-per-key rule), enqueues them in one broker call and marks them sent, conditional on
+still holding them. So no polled step sits between COMMIT and the broker, and the relay is not
+raced: a row the committing process sends is leased, so no relay sends it too, and a row it
+cannot take (an older row of its key is still pending, or the process dies first) is left
+pending for the relay, which a nudge wakes and the sweep covers.
+
+This runs in the caller's request, so it must never make the request pay for a broker that is
+down or frozen: each broker's after-commit sends go through a ``CircuitBreaker`` that, after one
+failure, skips them for ``NUDGE_BREAKER_RESET_S``. A skipped or failed send only delays a
+message until the relay's next sweep; it never turns the caller's commit into an exception.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import structlog
-from django.db import DEFAULT_DB_ALIAS
+from django.db import DEFAULT_DB_ALIAS, transaction
 from dramatiq.broker import Broker
 from dramatiq.errors import ActorNotFound
 
@@ -33,7 +41,7 @@ from composition.outbox.errors import (
     UnknownActorError,
 )
 from composition.outbox.models import KEY_MAX_LENGTH, OutboxMessage
-from composition.outbox.relay import relay_actor
+from composition.outbox.relay import relay_actor, relay_for
 from composition.transactions import on_commit_once
 
 __all__ = ["encode_payload", "nudge_breaker", "publish", "publish_with_headers"]
@@ -43,7 +51,8 @@ log = structlog.get_logger("composition.outbox")
 # Deepest nesting a payload may have; payloads are meant to be a few ids, and the limit keeps the
 # validation walk from recursing without bound.
 _MAX_DEPTH = 32
-# The key of the one relay nudge per transaction (see on_commit_once).
+# The key of the one after-commit send per transaction (see on_commit_once).
+_SEND_KEY = "composition.outbox.send_after_commit"
 _NUDGE_KEY = "composition.outbox.nudge"
 # One failed nudge opens the broker's nudge circuit: a frozen broker then costs one socket
 # timeout per NUDGE_BREAKER_RESET_S for the whole process, not one per commit.
@@ -59,8 +68,9 @@ def publish(actor: Any, payload: Mapping[str, Any], *, key: str | None = None,
 
     ``actor`` is an actor (anything with an ``actor_name``, such as a Dramatiq actor or a job) or
     an actor name; it must be declared on the configured broker. Inside ``transaction.atomic()``
-    the row commits or rolls back with the caller's data; once committed, the relay is nudged
-    (and a periodic sweep catches anything a lost nudge missed). Messages with the same ``key``
+    the row commits or rolls back with the caller's data; once committed, it is sent to the
+    broker at once (``OUTBOX_SEND_ON_COMMIT``; else the relay is nudged), and a periodic sweep
+    catches anything that missed. Messages with the same ``key``
     are relayed in publish order. ``delay_s`` (seconds after publish) delays the job.
 
     Raises ``UnknownActorError``, ``PayloadNotSerializableError`` (not a dict with string keys
@@ -99,8 +109,15 @@ def publish_with_headers(actor: Any, payload: Mapping[str, Any], *, headers: Map
         headers={**extra, "request_id": context.get("request_id"), "published_at": time.time()},
         delay_s=delay_s,
     )
-    # A transaction publishing thousands of rows needs one nudge, not thousands.
-    on_commit_once(_NUDGE_KEY, _nudge, using=DEFAULT_DB_ALIAS)
+    if not conf.OUTBOX_SEND_ON_COMMIT:
+        # A transaction publishing thousands of rows needs one nudge, not thousands.
+        on_commit_once(_NUDGE_KEY, _nudge, using=DEFAULT_DB_ALIAS)
+    elif transaction.get_connection(DEFAULT_DB_ALIAS).in_atomic_block:
+        # One send after COMMIT for the whole transaction, however many rows it publishes.
+        send = on_commit_once(_SEND_KEY, _SendAfterCommit(), using=DEFAULT_DB_ALIAS)
+        send.ids.append(message.pk)
+    else:
+        _SendAfterCommit([message.pk])()  # autocommit: the row is committed already
     return message
 
 
@@ -164,6 +181,31 @@ def nudge_breaker(broker: Broker) -> CircuitBreaker:
                                      reset_timeout_s=NUDGE_BREAKER_RESET_S)
             _breakers[broker] = breaker
         return breaker
+
+
+class _SendAfterCommit:
+    """The rows one transaction published, sent to the broker once it has committed."""
+
+    def __init__(self, ids: list[int] | None = None) -> None:
+        self.ids: list[int] = ids if ids is not None else []
+
+    def __call__(self) -> None:
+        """Never raises: the caller's commit has succeeded whatever happens here."""
+        try:
+            broker = configured_broker()
+            sent = nudge_breaker(broker).call(relay_for(broker).relay_published, self.ids)
+        except CircuitOpen as exc:
+            log.debug("outbox send after commit skipped, the broker is failing; the sweep will relay it",
+                      retry_after_s=round(exc.retry_after_s, 2))
+            return
+        except Exception as exc:
+            log.warning("outbox send after commit failed; the sweep will relay it",
+                        error=f"{type(exc).__name__}: {exc}")
+            return
+        if len(sent) < len(self.ids):
+            # Rows that wait behind an older row of their key (or were rolled back with a
+            # savepoint): the relay takes the key's rows in order once its head has gone.
+            _nudge()
 
 
 def _nudge() -> None:

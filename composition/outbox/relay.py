@@ -21,6 +21,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -89,9 +90,11 @@ class Relay:
         return self._lease_s or float(conf.OUTBOX_LEASE_S)
 
     # -- one batch -------------------------------------------------------------------------------
-    def claim(self, limit: int | None = None) -> list[ClaimedMessage]:
-        """Lease up to ``limit`` claimable rows (one short transaction); oldest first."""
-        return claim(limit=limit or self.batch_size, lease_s=self.lease_s, relay_id=self.relay_id)
+    def claim(self, limit: int | None = None, *, only_ids: Sequence[int] | None = None) -> list[ClaimedMessage]:
+        """Lease up to ``limit`` claimable rows (one short transaction); oldest first. With
+        ``only_ids``, only those can head a batch (see ``claims.claim``)."""
+        return claim(limit=limit or self.batch_size, lease_s=self.lease_s, relay_id=self.relay_id,
+                     only_ids=only_ids)
 
     def run_once(self, limit: int | None = None) -> int:
         """Claim, enqueue and mark one batch; return how many messages were relayed.
@@ -102,12 +105,27 @@ class Relay:
         batch twice, so it waits until the batch is done.
         """
         with shielded():
-            return self._run_batch(limit)
+            return len(self._run_batch(limit))
 
-    def _run_batch(self, limit: int | None) -> int:
-        claimed = self.claim(limit)
+    def relay_published(self, ids: Sequence[int]) -> set[int]:
+        """Relay the rows ``ids`` that a transaction just committed, now, without waiting for a
+        relay round: the one hop from COMMIT to the broker. Returns which of ``ids`` were sent;
+        the others (a row whose key has an older row still pending, or one another relay holds)
+        are left to the relay. Raises, after releasing its claims, when the broker fails."""
+        sent: set[int] = set()
+        wanted = set(ids)
+        while wanted - sent:
+            with shielded():
+                claimed = self._run_batch(None, only_ids=sorted(wanted - sent))
+            if not claimed:
+                break
+            sent |= wanted.intersection(message.id for message in claimed)
+        return sent
+
+    def _run_batch(self, limit: int | None, *, only_ids: Sequence[int] | None = None) -> list[ClaimedMessage]:
+        claimed = self.claim(limit, only_ids=only_ids)
         if not claimed:
-            return 0
+            return []
         ids = [message.id for message in claimed]
         now_s = time.time()
         try:
@@ -119,12 +137,12 @@ class Relay:
             release(ids, error=error, relay_id=self.relay_id)
             raise
         enqueued_s = time.time()
-        mark_sent(ids, sent_at=datetime.fromtimestamp(enqueued_s, tz=UTC))
+        mark_sent(ids, sent_at=datetime.fromtimestamp(enqueued_s, tz=UTC), relay_id=self.relay_id)
         for actor_name, count in Counter(message.actor_name for message in claimed).items():
             OUTBOX_RELAYED.labels(actor_name).inc(count)
         for message in claimed:
             OUTBOX_RELAY_LAG_SECONDS.observe(max(0.0, enqueued_s - message.created_at.timestamp()))
-        return len(claimed)
+        return claimed
 
     # -- loops -----------------------------------------------------------------------------------
     def run_until_idle(self, *, max_s: float | None = None) -> int:
