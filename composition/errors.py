@@ -11,6 +11,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 
 __all__ = [
+    "AmbiguousFingerprintError",
     "BrokerConfigurationError",
     "ComponentError",
     "CompositionError",
@@ -71,6 +72,17 @@ class TransientError(JobError):
 
 class PayloadValidationError(PermanentError):
     """A message's payload does not fit the job's declared arguments (names or simple types)."""
+
+
+class AmbiguousFingerprintError(CompositionError, ValueError):
+    """A fingerprint prefix matches more than one failure group (``candidates``, full fingerprints)."""
+
+    def __init__(self, prefix: str, candidates: list[str]) -> None:
+        shown = ", ".join(candidates[:10]) + (", ..." if len(candidates) > 10 else "")
+        super().__init__(f"fingerprint prefix {prefix!r} matches {len(candidates)} groups ({shown}); "
+                         "give more characters")
+        self.prefix = prefix
+        self.candidates = candidates
 
 
 class DeadLetterStateError(CompositionError):

@@ -291,3 +291,62 @@ def test_nul_characters_do_not_stop_a_dead_letter_from_being_written() -> None:
     assert row.payload == {"note": "x\ufffdy", "nested": {"k\ufffd": ["\ufffd"]}}
     assert row.args == ["a\ufffdb"]
     assert "\x00" not in row.traceback
+
+
+# -- the operator's tools as a newcomer meets them ---------------------------------------------------
+def _command(*args: str) -> str:
+    out = StringIO()
+    call_command("deadletters", *args, stdout=out)
+    return out.getvalue()
+
+
+@pytest.mark.django_db
+def test_a_fingerprint_prefix_as_list_shows_it_replays_exactly_its_group() -> None:
+    group = [dead_letter(error="no account", key=f"k{n}") for n in range(3)]
+    other = dead_letter(error="card declined", key="other")
+    assert group[0].fingerprint != other.fingerprint
+    listing = _command("list")
+    assert listing.splitlines()[0].split() == ["COUNT", "FINGERPRINT", "ACTOR", "ERROR", "LAST", "FAILED"]
+    assert "ID" in listing and "STATUS" in listing and "MESSAGE" in listing
+    prefix = group[0].fingerprint[:12]
+    assert prefix in listing
+
+    assert "3 dead letter(s) would be replayed" in _command("replay", "--fingerprint", prefix)
+    assert "replayed 3 of 3" in _command("replay", "--fingerprint", prefix, "--yes")
+    assert set(DeadLetter.objects.filter(pk__in=[row.pk for row in group]).values_list("status", flat=True)) == {
+        "replayed"}
+    other.refresh_from_db()
+    assert other.status == "dead"
+
+
+@pytest.mark.django_db
+def test_an_ambiguous_fingerprint_prefix_is_refused_naming_the_candidates() -> None:
+    first, second = dead_letter(error="first", key="a"), dead_letter(error="second", key="b")
+    # Two groups whose fingerprints share a prefix, as happens by chance at a few characters.
+    DeadLetter.objects.filter(pk=first.pk).update(fingerprint="abc1" + "0" * 28)
+    DeadLetter.objects.filter(pk=second.pk).update(fingerprint="abc2" + "0" * 28)
+    with pytest.raises(CommandError, match="matches 2 groups") as refused:
+        _command("replay", "--fingerprint", "abc", "--yes")
+    assert "abc1" in str(refused.value) and "abc2" in str(refused.value)
+    assert set(DeadLetter.objects.values_list("status", flat=True)) == {"dead"}
+    assert "replayed 1 of 1" in _command("replay", "--fingerprint", "abc1", "--yes")
+
+
+@pytest.mark.django_db
+def test_a_replay_keeps_the_original_outbox_key() -> None:
+    letter = dead_letter(key="keyed")
+    DeadLetter.objects.filter(pk=letter.pk).update(headers={"outbox_id": 7, "key": "invoice:42"})
+    replayed = service.replay(letter.pk)
+    assert OutboxMessage.objects.get(pk=replayed.replay_outbox_id).key == "invoice:42"
+
+
+@pytest.mark.django_db
+def test_the_admin_lists_open_dead_letters_by_default(admin_client: Client) -> None:
+    open_letter, handled = dead_letter(key="open"), dead_letter(key="handled")
+    service.discard(handled.pk)
+    page = admin_client.get("/admin/composition/deadletter/")
+    assert page.status_code == 200
+    ids = {row.pk for row in page.context["cl"].result_list}
+    assert ids == {open_letter.pk}
+    everything = admin_client.get("/admin/composition/deadletter/?status=all")
+    assert {row.pk for row in everything.context["cl"].result_list} == {open_letter.pk, handled.pk}

@@ -26,6 +26,28 @@ __all__ = ["DeadLetterAdmin", "FingerprintFilter"]
 FINGERPRINT_CHOICES = 30
 
 
+class StatusFilter(admin.SimpleListFilter):
+    """Open ("dead") letters by default: the replayed and discarded ones are history, and counting
+    them in would make a handled incident look unhandled."""
+
+    title = "status"
+    parameter_name = "status"
+    ALL = "all"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(str(value), str(label)) for value, label in DeadLetter.Status.choices] + [(self.ALL, "All")]
+
+    def choices(self, changelist: Any) -> Any:
+        current = self.value() or DeadLetter.Status.DEAD
+        for lookup, title in self.lookup_choices:
+            yield {"selected": current == lookup, "display": title,
+                   "query_string": changelist.get_query_string({self.parameter_name: lookup})}
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> QuerySet[DeadLetter]:
+        value = self.value() or DeadLetter.Status.DEAD
+        return queryset if value == self.ALL else queryset.filter(status=value)
+
+
 class FingerprintFilter(admin.SimpleListFilter):
     """Failure groups (actor + error class + normalised message) with how many dead letters each."""
 
@@ -50,7 +72,7 @@ class FingerprintFilter(admin.SimpleListFilter):
 class DeadLetterAdmin(admin.ModelAdmin):
     list_display = ("id", "actor", "short_error_class", "error_message", "attempts", "status",
                     "last_failed_at", "short_fingerprint")
-    list_filter = ("status", "actor", "error_class", FingerprintFilter)
+    list_filter = (StatusFilter, "actor", "error_class", FingerprintFilter)
     search_fields = ("=message_id", "=fingerprint", "error_message")
     list_per_page = 100
     actions = ("replay_selected", "discard_selected")

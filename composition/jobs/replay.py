@@ -26,7 +26,12 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from composition.broker import configured_broker
-from composition.errors import CompositionError, DeadLetterStateError, PayloadValidationError
+from composition.errors import (
+    AmbiguousFingerprintError,
+    CompositionError,
+    DeadLetterStateError,
+    PayloadValidationError,
+)
 from composition.jobs.inbox import IDEMPOTENCY_KEY_HEADER
 from composition.jobs.models import DeadLetter
 from composition.outbox.publish import publish_with_headers
@@ -42,6 +47,9 @@ __all__ = [
     "replay_many",
 ]
 
+# At most this many groups are named when a fingerprint prefix is ambiguous.
+_MAX_CANDIDATES = 50
+
 REPLAY_PERMISSION = "composition.replay_deadletter"
 DISCARD_PERMISSION = "composition.discard_deadletter"
 
@@ -50,7 +58,12 @@ def filter_dead_letters(*, ids: Iterable[int] | None = None, actor: str | None =
                         error: str | None = None, fingerprint: str | None = None,
                         status: str | None = DeadLetter.Status.DEAD) -> QuerySet[DeadLetter]:
     """Dead letters matching every given filter; ``error`` matches the error class exactly or by
-    its last dotted part (``ValueError``, ``PayloadValidationError``)."""
+    its last dotted part (``ValueError``, ``PayloadValidationError``); ``fingerprint`` matches a
+    whole fingerprint or a prefix of one, as ``deadletters list`` shows it (12 characters).
+
+    Raises AmbiguousFingerprintError when the prefix matches more than one group among the rows
+    the other filters select, so a short prefix never acts on more than the operator meant.
+    """
     rows = DeadLetter.objects.all()
     if ids is not None:
         rows = rows.filter(pk__in=list(ids))
@@ -58,10 +71,13 @@ def filter_dead_letters(*, ids: Iterable[int] | None = None, actor: str | None =
         rows = rows.filter(actor=actor)
     if error:
         rows = rows.filter(error_class=error) | rows.filter(error_class__endswith=f".{error}")
-    if fingerprint:
-        rows = rows.filter(fingerprint=fingerprint)
     if status:
         rows = rows.filter(status=status)
+    if fingerprint:
+        rows = rows.filter(fingerprint__startswith=fingerprint.strip().lower())
+        groups = sorted(rows.order_by().values_list("fingerprint", flat=True).distinct()[:_MAX_CANDIDATES])
+        if len(groups) > 1:
+            raise AmbiguousFingerprintError(fingerprint, groups)
     return rows.order_by("id")
 
 
@@ -101,6 +117,14 @@ def replay_headers(dead_letter: DeadLetter) -> dict[str, Any]:
             "replay_of": dead_letter.pk}
 
 
+def original_key(dead_letter: DeadLetter) -> str | None:
+    """The outbox ``key`` the failed message was published with, so a replay keeps its place in
+    that key's order (None for a message sent without one, or straight through Dramatiq)."""
+    headers = dead_letter.headers if isinstance(dead_letter.headers, dict) else {}
+    key = headers.get("key")
+    return key if isinstance(key, str) and key else None
+
+
 def replay(dead_letter_id: int, *, user: Any = None) -> DeadLetter:
     """Publish the dead letter's message again through the outbox and mark it replayed.
 
@@ -113,7 +137,8 @@ def replay(dead_letter_id: int, *, user: Any = None) -> DeadLetter:
         row = DeadLetter.objects.select_for_update().get(pk=dead_letter_id)
         if row.status != DeadLetter.Status.DEAD:
             raise DeadLetterStateError(row.pk, row.status)
-        outbox_message = publish_with_headers(row.actor, replay_payload(row), headers=replay_headers(row))
+        outbox_message = publish_with_headers(row.actor, replay_payload(row), headers=replay_headers(row),
+                                              key=original_key(row))
         row.status = DeadLetter.Status.REPLAYED
         row.replayed_at = timezone.now()
         row.replayed_by = user if user is not None and user.is_authenticated else None

@@ -80,8 +80,11 @@ class Command(BaseCommand):
             self._act(action, self._select(options, DeadLetter.Status.DEAD), options)
 
     def _select(self, options: dict[str, Any], status: str | None) -> QuerySet[DeadLetter]:
-        return service.filter_dead_letters(ids=options["ids"], actor=options["actor"], error=options["error"],
-                                           fingerprint=options["fingerprint"], status=status)
+        try:
+            return service.filter_dead_letters(ids=options["ids"], actor=options["actor"], error=options["error"],
+                                               fingerprint=options["fingerprint"], status=status)
+        except CompositionError as exc:  # an ambiguous fingerprint prefix
+            raise CommandError(str(exc)) from exc
 
     def _emit(self, data: Any) -> None:
         self.stdout.write(json.dumps(data, indent=2, sort_keys=True))
@@ -94,11 +97,16 @@ class Command(BaseCommand):
             self._emit({"count": total, "groups": groups, "dead_letters": shown})
             return
         # The groups first: at 3 a.m. "one bug, 4,000 letters" matters more than the letters.
+        if groups:
+            self.stdout.write(f"{'COUNT':<7} {'FINGERPRINT':<12}  {'ACTOR':<30} {'ERROR':<28} LAST FAILED")
         for group in groups:
             self.stdout.write(f"x{group['count']:<6} {group['fingerprint'][:12]}  {group['actor']:<30} "
                               f"{group['error_class'].rsplit('.', 1)[-1]:<28} last {group['last_failed_at']}")
         if groups:
             self.stdout.write("")
+        if shown:
+            self.stdout.write(f"{'ID':>8}  {'STATUS':<9} {'ACTOR':<30} {'ERROR':<28} {'RUNS':<4} "
+                              f"{'FINGERPRINT':<12}  MESSAGE")
         for row in shown:
             self.stdout.write(f"{row['id']:>8}  {row['status']:<9} {row['actor']:<30} "
                               f"{row['error_class'].rsplit('.', 1)[-1]:<28} x{row['attempts']:<3} "
