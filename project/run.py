@@ -54,7 +54,8 @@ def main() -> int:
     infra = [c.name for c in components]
 
     class Migrations:
-        """Applies migrations (and a dev superuser) before anything serves traffic."""
+        """Applies migrations, collects static files and makes a dev superuser before anything
+        serves traffic."""
 
         name = "migrations"
         depends_on = tuple(infra)
@@ -62,6 +63,7 @@ def main() -> int:
         def start(self) -> None:
             manage = [python, str(BASE_DIR / "manage.py")]
             subprocess.run([*manage, "migrate", "--noinput"], check=True, cwd=BASE_DIR)
+            subprocess.run([*manage, "collectstatic", "--noinput", "-v", "0"], check=True, cwd=BASE_DIR)
             subprocess.run([*manage, "ensure_dev_superuser"], check=True, cwd=BASE_DIR)
 
         def stop(self, timeout_s: float) -> None:

@@ -50,6 +50,9 @@ MIDDLEWARE = [
     # Shed payments before the receipt queue overflows: 503 with Retry-After.
     "composition.backpressure.BackpressureMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Static files (the admin's CSS and icons) from gunicorn itself, collected by ./run's set-up
+    # step and the Dockerfile: no separate file server to run for the example.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -109,5 +112,11 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
-STATIC_ROOT = DATA_DIR / "static"
+STATIC_ROOT = Path(os.environ.get("STATIC_ROOT", DATA_DIR / "static"))
+# Compressed copies but no manifest: a page rendered before collectstatic (the tests) still
+# finds its files' plain names.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

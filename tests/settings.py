@@ -13,3 +13,5 @@ from project.settings import COMPOSITION, INSTALLED_APPS
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.outboxapp", "tests.jobsapp"]
 COMPOSITION = {**COMPOSITION, **json.loads(os.environ.get("COMPOSITION_TEST_OVERRIDES") or "{}")}
+# Nothing is collected for the tests; WhiteNoise then has no directory to serve (and says so).
+STATIC_ROOT = None

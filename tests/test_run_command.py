@@ -38,6 +38,8 @@ def test_run_command_serves_readyz_on_embedded_servers_and_ctrl_c_stops_in_rever
             assert time.monotonic() < deadline, "not ready within 60 s:\n" + log_path.read_text()
             time.sleep(0.25)
         assert http_status(f"http://127.0.0.1:{port}/healthz") == 200
+        # The admin is styled: its static files are collected and served (DEBUG is off).
+        assert http_status(f"http://127.0.0.1:{port}/static/admin/css/base.css") == 200
         # Multiprocess metrics: the web's /metrics also shows what the worker process wrote.
         def metrics() -> bytes:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
