@@ -67,6 +67,7 @@ def test_payment_flows_to_exactly_one_receipt_with_request_id_in_the_worker_log(
     assert record["request_id"] == "req-flow-7"
     assert record["payment_id"] == "pay-7" and record["invoice_id"] == invoice_id
     assert record["attempt"] == 1 and record["job_id"]
+    assert record["worker"].endswith(f":{worker.pid}") and record["thread"]
 
 
 def _parallel(count: int, work: Any) -> list[Any]:

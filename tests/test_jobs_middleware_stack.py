@@ -4,6 +4,7 @@ processes is in test_jobs_workers.py, test_jobs_dead_letter_paths.py and test_ti
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -80,8 +81,9 @@ def test_a_run_is_current_in_flight_and_in_context_only_while_it_runs(stub: tupl
     assert seen["message_id"] == sent.message_id
     assert seen["state"]["jobs_in_flight"] == 1 and seen["state"]["max_job_s"] == 5.0
     assert [job["job_id"] for job in seen["state"]["jobs"]] == [sent.message_id]
-    assert seen["context"] == {"job_id": sent.message_id, "actor": "stack_probe", "attempt": 1,
-                               "request_id": "req-7"}
+    context = seen["context"]
+    assert context.pop("worker").endswith(f":{os.getpid()}") and context.pop("thread")
+    assert context == {"job_id": sent.message_id, "actor": "stack_probe", "attempt": 1, "request_id": "req-7"}
     assert registry.in_flight() == {} and registry.state()["jobs_in_flight"] == 0
     assert _count("stack_probe", "success") == before + 1
     assert current_message() is None, "outside a job"

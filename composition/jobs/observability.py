@@ -15,6 +15,9 @@ names the limit, for these logs and for the dead letter.
 
 from __future__ import annotations
 
+import os
+import socket
+import threading
 import time
 from typing import Any
 
@@ -30,6 +33,9 @@ from composition.metrics import JOB_DURATION_SECONDS, JOB_TIMEOUTS_TOTAL, JOBS_T
 from composition.time_limits import TimeLimitExceeded
 
 __all__ = ["JobMetrics", "MessageContext", "error_text", "explained"]
+
+# This process, as the heartbeat names it ("host:pid").
+_WORKER = f"{socket.gethostname()}:{os.getpid()}"
 
 log = structlog.get_logger("composition.jobs")
 
@@ -55,8 +61,11 @@ class MessageContext(Middleware):
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         close_old_connections()
         structlog.contextvars.clear_contextvars()
+        # Which process and thread ran it: with several worker processes on several hosts, the
+        # job id says what happened, the worker says where to look.
         context: dict[str, Any] = {"job_id": message.message_id, "actor": message.actor_name,
-                                   "attempt": attempt_of(message)}
+                                   "attempt": attempt_of(message), "worker": _WORKER,
+                                   "thread": threading.current_thread().name}
         headers = message.options.get("composition")
         if isinstance(headers, dict) and headers.get("request_id"):
             context["request_id"] = headers["request_id"]
