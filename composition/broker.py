@@ -55,18 +55,21 @@ def build_broker(url: str, *, heartbeat_timeout_s: float, maintenance_chance: in
 
     Redis calls are bounded by ``socket_timeout_s`` / ``connect_timeout_s``: without them a
     frozen Redis (accepting, never answering) would hold a publishing request or a draining
-    worker for as long as the client's default allows. Dramatiq's Redis consumer polls with
-    short non-blocking scripts, so short timeouts are safe for it.
+    worker for as long as the client's default allows. The Redis broker is
+    ``composition.redis_broker.WakingRedisBroker``, whose idle consumers wait for a message in
+    ``BLPOP`` instead of sleeping between polls; a wait lasts one idle poll at most, and never
+    more than half of ``socket_timeout_s``, so short timeouts stay safe for it.
     """
     stack = list(middleware) if middleware is not None else import_string(JOB_MIDDLEWARE)()
     kind = broker_kind(url)
     if kind == "redis":
         import redis
-        from dramatiq.brokers.redis import RedisBroker
+
+        from composition.redis_broker import WakingRedisBroker
 
         pool = redis.ConnectionPool.from_url(url, socket_timeout=socket_timeout_s,
                                              socket_connect_timeout=connect_timeout_s)
-        return RedisBroker(
+        return WakingRedisBroker(
             client=redis.Redis(connection_pool=pool),
             middleware=stack,
             heartbeat_timeout=int(heartbeat_timeout_s * 1000),
@@ -78,7 +81,13 @@ def build_broker(url: str, *, heartbeat_timeout_s: float, maintenance_chance: in
         raise BrokerConfigurationError(
             "an amqp:// BROKER_URL needs the rabbitmq extra: pip install 'django-backend-composition[rabbitmq]'"
         ) from exc
-    return RabbitmqBroker(url=url, middleware=stack)
+    # confirm_delivery: every enqueue (actor.send(), a retry) returns only once RabbitMQ has
+    # confirmed the message, and a message no queue takes (mandatory) or a full queue refuses
+    # raises instead of vanishing. The cost is one round trip per message (400 to 1,000
+    # actor.send() a second on localhost); the outbox relay publishes its batches on a confirm
+    # channel of its own, one round trip per batch (composition.outbox.rabbitmq; measured
+    # against actor.send() by bench/bench_rabbitmq_relay.py).
+    return RabbitmqBroker(url=url, middleware=stack, confirm_delivery=True)
 
 
 def configured_broker() -> Broker:

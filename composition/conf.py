@@ -24,7 +24,8 @@ DEFAULTS: dict[str, Any] = {
     # Out of a million broker commands, how many run the Redis broker's maintenance step that
     # requeues dead workers' messages (Dramatiq's default is 1,000, i.e. 1 in 1,000).
     "BROKER_MAINTENANCE_CHANCE": 100_000,
-    # Every Redis-broker call is bounded by these, so a frozen broker costs seconds, not forever.
+    # Every Redis-broker call is bounded by these, so a frozen broker costs seconds, not forever;
+    # the socket timeout also bounds the wait for RabbitMQ's confirms of one relay batch.
     "BROKER_SOCKET_TIMEOUT_S": 2.0,
     "BROKER_CONNECT_TIMEOUT_S": 1.0,
     # Connection settings applied to every new PostgreSQL connection.

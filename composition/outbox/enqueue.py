@@ -4,13 +4,18 @@ For the Redis broker a whole batch is one ``EVALSHA`` of a small script that per
 by message and in order, exactly what Dramatiq's ``dispatch.lua`` does for one ``enqueue``
 (``HSET`` of the encoded message under a fresh Redis id, ``RPUSH`` of that id), so Dramatiq
 workers consume the result unchanged; the broker's enqueue middleware hooks still run for every
-message. Other brokers (RabbitMQ) get one ``broker.enqueue()`` per message.
+message. The same call pushes the wake tokens that ``composition.redis_broker``'s consumers wait
+on (one per message, capped per queue), so an idle worker starts the batch at once rather than at
+its next poll. For the RabbitMQ broker a batch is published on a publisher-confirm channel and
+waited for once (``composition.outbox.rabbitmq``): the call returns only when RabbitMQ has
+confirmed every message. Other brokers get one ``broker.enqueue()`` per message.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 from uuid import uuid4
 
 from dramatiq.broker import Broker
@@ -18,25 +23,34 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import current_millis, dq_name
 from dramatiq.message import Message
 
+from composition.conf import conf
+from composition.redis_broker import WAKE_LUA, wake_args
+
+if TYPE_CHECKING:
+    from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
 __all__ = ["enqueue_many"]
 
 # Kept in the module rather than a .lua file so it ships with the package without package-data.
-_ENQUEUE_MANY_LUA = """
+_ENQUEUE_MANY_LUA = WAKE_LUA + """
 -- Enqueue a batch of Dramatiq messages exactly as Dramatiq's own dispatch.lua "enqueue" command
 -- does for one: HSET $ns:$queue.msgs <redis_message_id> <data>, then RPUSH $ns:$queue <id>, in
--- batch order; and refresh this broker's heartbeat once, as every dispatch call does.
+-- batch order; refresh this broker's heartbeat once, as every dispatch call does; then push the
+-- batch's wake tokens (composition.redis_broker.WAKE_LUA).
 --
 -- KEYS = [namespace]
--- ARGV = [timestamp_ms, broker_id, queue_1, id_1, data_1, queue_2, id_2, data_2, ...]
+-- ARGV = [timestamp_ms, broker_id, message_count, queue_1, id_1, data_1, queue_2, id_2, data_2, ...,
+--         then push_wake_tokens' arguments (composition.redis_broker.wake_args)]
 local namespace = KEYS[1]
 redis.call("zadd", namespace .. ":__heartbeats__", ARGV[1], ARGV[2])
-local count = 0
-for i = 3, #ARGV, 3 do
+local count = tonumber(ARGV[3])
+local first_wake_arg = 4 + 3 * count
+for i = 4, first_wake_arg - 1, 3 do
     local queue_full_name = namespace .. ":" .. ARGV[i]
     redis.call("hset", queue_full_name .. ".msgs", ARGV[i + 1], ARGV[i + 2])
     redis.call("rpush", queue_full_name, ARGV[i + 1])
-    count = count + 1
 end
+push_wake_tokens(first_wake_arg)
 return count
 """
 # Arguments per EVALSHA: a 500-message batch is ~1,500 arguments, and one script call runs in
@@ -48,11 +62,25 @@ def enqueue_many(broker: Broker, items: Sequence[tuple[Message[Any], int | None]
     """Enqueue ``(message, delay_ms)`` pairs in order; return the messages as enqueued.
 
     Raises whatever the broker raises; with the Redis broker a failed call enqueues none of its
-    messages, with other brokers the messages before the failure stay enqueued.
+    messages, with other brokers the messages before the failure may stay enqueued. With the
+    RabbitMQ broker it returns only once RabbitMQ has confirmed every message, and raises
+    (``composition.outbox.rabbitmq.MessagesRejected``, ``ConfirmTimeout``) when RabbitMQ nacks
+    or returns any of them, or does not confirm them within ``BROKER_SOCKET_TIMEOUT_S``.
     """
     if isinstance(broker, RedisBroker):
         return _enqueue_redis(broker, items)
+    if _is_rabbitmq(broker):
+        # Imported here: pika, which that module needs, is the optional "rabbitmq" extra.
+        from composition.outbox.rabbitmq import enqueue_confirmed
+
+        return enqueue_confirmed(broker, items, confirm_timeout_s=float(conf.BROKER_SOCKET_TIMEOUT_S))
     return [broker.enqueue(message, delay=delay_ms) for message, delay_ms in items]
+
+
+def _is_rabbitmq(broker: Broker) -> TypeGuard[RabbitmqBroker]:
+    # Without importing pika: a broker can only be a RabbitmqBroker once its module is imported.
+    module = sys.modules.get("dramatiq.brokers.rabbitmq")
+    return module is not None and isinstance(broker, module.RabbitmqBroker)
 
 
 def _enqueue_redis(broker: RedisBroker, items: Sequence[tuple[Message[Any], int | None]]) -> list[Message[Any]]:
@@ -63,8 +91,9 @@ def _enqueue_redis(broker: RedisBroker, items: Sequence[tuple[Message[Any], int 
     enqueued: list[tuple[Message[Any], int | None]] = []
     for start in range(0, len(items), _MAX_MESSAGES_PER_CALL):
         chunk: list[tuple[Message[Any], int | None]] = []
-        args: list[Any] = [now_ms, broker.broker_id]
-        for message, delay_ms in items[start:start + _MAX_MESSAGES_PER_CALL]:
+        batch = items[start:start + _MAX_MESSAGES_PER_CALL]
+        args: list[Any] = [now_ms, broker.broker_id, len(batch)]
+        for message, delay_ms in batch:
             # As in RedisBroker.enqueue: every enqueue gets its own Redis id, since the same
             # Dramatiq message id may legitimately be enqueued again.
             options: dict[str, Any] = {"redis_message_id": str(uuid4())}
@@ -76,6 +105,7 @@ def _enqueue_redis(broker: RedisBroker, items: Sequence[tuple[Message[Any], int 
             broker.emit_before("enqueue", message, delay_ms)
             args += (queue_name, options["redis_message_id"], message.encode())
             chunk.append((message, delay_ms))
+        args += wake_args(broker, [message.queue_name for message, _ in chunk])
         script(keys=[broker.namespace], args=args)
         enqueued += chunk
         for message, delay_ms in chunk:

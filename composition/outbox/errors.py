@@ -7,11 +7,17 @@ a clear message instead of becoming a message no worker can run. Every publish e
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from dramatiq.errors import BrokerConnectionError, BrokerError
+
 from composition.errors import CompositionError
 
 __all__ = [
+    "ConfirmTimeout",
     "InvalidDelayError",
     "InvalidKeyError",
+    "MessagesRejected",
     "OutboxError",
     "PayloadNotSerializableError",
     "PayloadTooLargeError",
@@ -61,3 +67,29 @@ class InvalidKeyError(PublishError):
 
 class InvalidDelayError(PublishError):
     """``delay_s`` is negative, not finite or not a number."""
+
+
+# -- delivery to RabbitMQ (composition.outbox.rabbitmq) ----------------------------------------
+class MessagesRejected(OutboxError, BrokerError):
+    """RabbitMQ nacked or returned messages of a batch (``nacked`` and ``returned`` of ``total``);
+    the others of the batch may have been enqueued."""
+
+    def __init__(self, *, total: int, nacked: int, returned: Sequence[str]) -> None:
+        reasons = []
+        if nacked:
+            reasons.append(f"{nacked} nacked (a full queue with x-overflow=reject-publish, or a broker error)")
+        if returned:
+            reasons.append(f"{len(returned)} returned unroutable ({', '.join(sorted(set(returned)))})")
+        super().__init__(f"RabbitMQ refused {nacked + len(returned)} of {total} messages: {'; '.join(reasons)}")
+        self.total = total
+        self.nacked = nacked
+        self.returned = list(returned)
+
+
+class ConfirmTimeout(OutboxError, BrokerConnectionError):
+    """RabbitMQ confirmed only part of a batch within the timeout (``unconfirmed`` of ``total``)."""
+
+    def __init__(self, *, total: int, unconfirmed: int, timeout_s: float) -> None:
+        super().__init__(f"RabbitMQ confirmed {total - unconfirmed} of {total} messages within {timeout_s:g} s")
+        self.total = total
+        self.unconfirmed = unconfirmed

@@ -165,3 +165,28 @@ def bench_stamp(seq: int) -> None:
 def bench_stamp_idempotent(seq: int) -> None:
     """The same under the inbox ledger."""
     _stamp(seq)
+
+
+WAKE_QUEUE = "jobs_wake"
+# Where wake_stamp leaves its marks: one Redis list entry "<seq> <unix time at start>".
+WAKE_STAMPS_KEY = "tests:wake-stamps"
+
+
+@job(queue=WAKE_QUEUE, max_attempts=1)
+def wake_stamp(seq: int) -> None:
+    """Notes when its body started, for the consumer wake-up tests (tests/test_wake_consumers.py)."""
+    import redis
+    from django.conf import settings
+
+    redis.Redis.from_url(settings.CACHES["default"]["LOCATION"]).rpush(WAKE_STAMPS_KEY, f"{seq} {time.time()}")
+
+
+CRASH_PLAIN_QUEUE = "jobs_crash_plain"
+
+
+@job(queue=CRASH_PLAIN_QUEUE, max_attempts=50, initial_delay_s=0.05, max_delay_s=0.5)
+def crash_effect_plain(key: str) -> None:
+    """``crash_effect`` without the inbox ledger (the chaos soak's non-idempotent twin): its effect
+    commits on its own, so a redelivered message shows up as a second ``Effect`` row."""
+    Effect.objects.create(key=key)
+    time.sleep(0.01)

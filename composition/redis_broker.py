@@ -1,0 +1,204 @@
+"""Dramatiq's Redis broker, with consumers that wake when a message arrives instead of polling.
+
+Dramatiq's Redis consumer polls: when a fetch comes back empty it sleeps, backing off up to the
+worker's idle timeout (``WORKER_IDLE_POLL_MS``), so a message sent to an idle queue waits for
+the next poll. ``WakingRedisBroker`` keeps everything else Dramatiq's (the queue layout, the
+fetch, ack, nack and requeue commands of its ``dispatch.lua``, the unacked sets
+``<ns>:__acks__.<broker id>.<queue>``, heartbeats and maintenance) and adds, per queue, a wake
+list ``<ns>:<queue>.wake``:
+
+- whatever puts messages on a queue (``enqueue()``, so a plain ``actor.send()`` and Dramatiq
+  moving a due delayed message; a requeue; the outbox's batched enqueue, through ``WAKE_LUA``)
+  then pushes one wake token per message onto that queue's wake list;
+- a consumer whose fetch comes back empty waits in ``BLPOP`` on that list for at most one idle
+  poll, instead of sleeping, so a message enqueued meanwhile is fetched at once. A token is a
+  hint, never work: a stale one costs one empty fetch, and a missing one (messages that
+  Dramatiq's maintenance hands back, or a plain ``RedisBroker`` enqueues) one poll, as before.
+
+The wake list stays small with no consumer listening: at most ``WAKE_TOKENS_MAX`` tokens (more
+would only wake consumers that do not exist), and it expires ``WAKE_TTL_MS`` after the last push.
+
+Delay queues (``<queue>.DQ``) keep Dramatiq's polling and get no tokens: their consumer must
+wake every poll anyway to move due messages, and a delayed message is in no hurry to be fetched.
+A consumer whose prefetch is full polls as Dramatiq's does (it could not fetch if woken, and
+would take the token from an idle consumer elsewhere).
+
+Stopping stays as prompt as before: a consumer thread checks its stop flag each time
+``__next__`` returns, which is after at most one idle poll, as Dramatiq's sleep was. The wait is
+also kept to half the Redis client's ``socket_timeout``, so a long idle poll never outlasts the
+socket and looks like a dead connection.
+
+Connections: a waiting consumer holds one connection of the broker's pool while it waits, i.e.
+one per consumed queue (delay queues excluded) per worker process, held for as long as the
+process is idle, on top of those the worker threads and Dramatiq's polling already use.
+
+Dramatiq internals this relies on (``dramatiq>=2.2,<3``): the private ``_RedisConsumer`` and its
+attributes ``message_cache``, ``prefetch``, ``queue_name``, ``timeout`` and
+``outstanding_message_count``; ``RedisBroker.consumer_class``, ``RedisBroker.scripts`` and the
+``do_<command>`` methods its ``__getattr__`` makes for ``dispatch.lua``'s commands.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+import redis
+import structlog
+from dramatiq.broker import MessageProxy
+from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
+from dramatiq.common import q_name
+from dramatiq.errors import ConnectionClosed
+from dramatiq.message import Message
+
+__all__ = ["WAKE_LUA", "WAKE_TOKENS_MAX", "WAKE_TTL_MS", "WakingRedisBroker", "WakingRedisConsumer", "wake_args"]
+
+log = structlog.get_logger("composition.broker")
+
+# A queue's wake list is "<namespace>:<queue><WAKE_SUFFIX>", beside Dramatiq's "<queue>.msgs".
+WAKE_SUFFIX = ".wake"
+# Tokens kept per wake list: one wakes one waiting consumer (one per worker process and queue),
+# so more than the consumers of a queue only cost empty fetches.
+WAKE_TOKENS_MAX = 16
+# A wake list nobody pops disappears this long after its last push.
+WAKE_TTL_MS = 5_000
+# A wait lasts at most this share of the client's socket timeout (see module doc).
+WAIT_SHARE_OF_SOCKET_TIMEOUT = 0.5
+# BLPOP's timeout 0 means "forever": a wait is never shorter than this.
+MIN_WAIT_S = 0.001
+
+# Lua pushing wake tokens, for any script that enqueues (the broker's own below, the outbox's
+# batched enqueue): ``push_wake_tokens(first)`` reads from ARGV[first] on what ``wake_args``
+# builds: max tokens, TTL in ms, the number of wake lists n, then n pairs (wake list key, tokens).
+WAKE_LUA = """
+local function push_wake_tokens(first)
+    local max_tokens = tonumber(ARGV[first])
+    local ttl_ms = ARGV[first + 1]
+    local last = first + 1 + 2 * tonumber(ARGV[first + 2])
+    for i = first + 3, last, 2 do
+        local key = ARGV[i]
+        for _ = 1, tonumber(ARGV[i + 1]) do
+            redis.call("rpush", key, "1")
+        end
+        redis.call("ltrim", key, -max_tokens, -1)
+        redis.call("pexpire", key, ttl_ms)
+    end
+end
+"""
+_WAKE_SCRIPT = WAKE_LUA + "push_wake_tokens(1)\n"
+
+
+def _wakes(queue_name: str) -> bool:
+    # Delay (".DQ") and dead-letter (".XQ") queues poll; see the module doc.
+    return q_name(queue_name) == queue_name
+
+
+def wake_args(broker: RedisBroker, queue_names: Iterable[str]) -> list[Any]:
+    """``WAKE_LUA``'s arguments for messages just put on ``queue_names`` (one name per message):
+    a token per message, at most ``WAKE_TOKENS_MAX`` per queue; none for delay queues, and none
+    at all unless ``broker`` is a ``WakingRedisBroker`` (nobody would listen)."""
+    counts = Counter(name for name in queue_names if _wakes(name)) if isinstance(broker, WakingRedisBroker) else {}
+    args: list[Any] = [WAKE_TOKENS_MAX, WAKE_TTL_MS, len(counts)]
+    for queue_name, count in counts.items():
+        args += (wake_key(broker, queue_name), min(count, WAKE_TOKENS_MAX))
+    return args
+
+
+def wake_key(broker: RedisBroker, queue_name: str) -> str:
+    """The wake list of ``queue_name``."""
+    return f"{broker.namespace}:{queue_name}{WAKE_SUFFIX}"
+
+
+class WakingRedisBroker(RedisBroker):
+    """Dramatiq's ``RedisBroker`` whose idle consumers wait for a wake token (see module doc).
+
+    Takes ``RedisBroker``'s arguments. Its client's ``socket_timeout``, when set, bounds how long
+    a consumer waits in one call (half of it).
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        socket_timeout_s = self.client.connection_pool.connection_kwargs.get("socket_timeout")
+        self.max_wait_s: float | None = (
+            float(socket_timeout_s) * WAIT_SHARE_OF_SOCKET_TIMEOUT if socket_timeout_s else None)
+        self._wake = self.client.register_script(_WAKE_SCRIPT)
+
+    @property
+    def consumer_class(self) -> type[WakingRedisConsumer]:
+        return WakingRedisConsumer
+
+    def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
+        """Dramatiq's enqueue, then a wake token for the queue (none for a delayed message)."""
+        enqueued: Message[Any] = super().enqueue(message, delay=delay)
+        self.wake([enqueued.queue_name])
+        return enqueued
+
+    def do_requeue(self, queue_name: str, *message_ids: str) -> Any:
+        """``dispatch.lua``'s requeue (what ``RedisBroker`` would answer for ``do_requeue``), then
+        a wake token per message: what a draining worker hands back runs elsewhere at once."""
+        result = super().__getattr__("do_requeue")(queue_name, *message_ids)
+        self.wake([queue_name] * len(message_ids))
+        return result
+
+    def wake(self, queue_names: Iterable[str]) -> None:
+        """Push wake tokens for messages just put on ``queue_names`` (one name per message).
+
+        Best effort: the messages are already enqueued, and a lost token costs one idle poll, so
+        a failure is logged, never raised (the caller would take it for a failed enqueue).
+        """
+        args = wake_args(self, queue_names)
+        if args[2] == 0:
+            return
+        try:
+            self._wake(args=args)
+        except redis.RedisError as exc:
+            log.warning("could not wake consumers; they find the messages at their next poll",
+                        error=f"{type(exc).__name__}: {exc}")
+
+    def wait_s(self, idle_poll_ms: int) -> float:
+        """How long an idle consumer waits for a token: the idle poll, within the socket timeout."""
+        wait_s = idle_poll_ms / 1000
+        if self.max_wait_s is not None:
+            wait_s = min(wait_s, self.max_wait_s)
+        return max(wait_s, MIN_WAIT_S)
+
+    def flush(self, queue_name: str) -> None:
+        super().flush(queue_name)
+        self.client.delete(wake_key(self, queue_name))
+
+
+class WakingRedisConsumer(_RedisConsumer):
+    """Dramatiq's Redis consumer that, when a fetch comes back empty, waits on the queue's wake
+    list for at most one idle poll (``timeout``, ms) instead of sleeping. ``__next__`` returns
+    ``None`` after a wait, as Dramatiq's does after a sleep, so the consumer thread checks its
+    stop flag then."""
+
+    broker: WakingRedisBroker
+
+    def __init__(self, broker: WakingRedisBroker, queue_name: str, prefetch: int, timeout: int) -> None:
+        super().__init__(broker, queue_name, prefetch, timeout)
+        self._wake_key = wake_key(broker, queue_name)
+        self._wakes = _wakes(queue_name)
+
+    def __next__(self) -> MessageProxy | None:
+        # Dramatiq's own path whenever it would not sleep on an empty queue: messages in the
+        # cache, a full prefetch (it sleeps, but a token could not be used), or a delay queue.
+        if not self._wakes or self.message_cache or self.outstanding_message_count >= self.prefetch:
+            return super().__next__()
+        try:
+            # As Dramatiq fetches: dispatch.lua's fetch moves the ids into the unacked set.
+            self.message_cache = self.broker.do_fetch(self.queue_name, self.prefetch - self.outstanding_message_count)
+            if not self.message_cache:
+                self._wait_for_wake()
+                return None
+        except redis.ConnectionError as exc:
+            raise ConnectionClosed(exc) from None
+        return super().__next__()
+
+    def _wait_for_wake(self) -> None:
+        try:
+            self.broker.client.blpop([self._wake_key], timeout=self.broker.wait_s(self.timeout))
+        except redis.TimeoutError:
+            # A late answer counts as one poll; redis-py dropped that connection already.
+            pass

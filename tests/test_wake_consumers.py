@@ -1,0 +1,223 @@
+"""Redis-broker consumers wake when a message arrives (``composition.redis_broker``): a message
+sent to an idle queue, directly or through the outbox, starts long before the next idle poll;
+an idle consumer still returns within one poll (so a stop is prompt); delay queues keep
+Dramatiq's polling; and the wake lists stay bounded when nobody listens."""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import transaction
+from dramatiq.common import dq_name
+from dramatiq.message import Message
+
+from composition.broker import build_broker, configured_broker
+from composition.conf import conf
+from composition.outbox import OutboxMessage, publish
+from composition.outbox.enqueue import enqueue_many
+from composition.outbox.relay import RELAY_QUEUE_NAME
+from composition.redis_broker import WAKE_TOKENS_MAX, WAKE_TTL_MS, WakingRedisBroker, wake_key
+from composition.testing import wait_until
+from tests.jobsapp import jobs
+
+# Long, so that a consumer that sleeps between polls (Dramatiq's backs off towards it) visibly
+# misses the bound below; a waking consumer is at a few milliseconds.
+IDLE_POLL_MS = 1000
+START_BOUND_S = 0.1
+SENDS = 10
+# Gaps longer than the idle poll: a polling consumer is then deep in its back-off.
+GAP_S = (1.0, 1.5)
+UNIT_QUEUE = "wake_unit"
+
+
+@pytest.fixture
+def broker() -> WakingRedisBroker:
+    broker = configured_broker()
+    assert isinstance(broker, WakingRedisBroker)
+    return broker
+
+
+@pytest.fixture
+def client() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
+    yield client
+    client.close()
+
+
+@pytest.fixture(autouse=True)
+def _clean(client: redis.Redis) -> Iterator[None]:
+    def clean() -> None:
+        broker = configured_broker()
+        for queue in (UNIT_QUEUE, jobs.WAKE_QUEUE, RELAY_QUEUE_NAME):
+            broker.flush(queue)
+        client.delete(jobs.WAKE_STAMPS_KEY)
+
+    clean()
+    yield
+    clean()
+
+
+def _message(queue_name: str = UNIT_QUEUE) -> Message[Any]:
+    return Message(queue_name=queue_name, actor_name="wake_unit_probe", args=(), kwargs={}, options={})
+
+
+# -- the consumer, in this process ---------------------------------------------------------------
+
+def test_an_idle_consumer_returns_when_a_message_arrives_and_otherwise_after_one_poll(
+        broker: WakingRedisBroker) -> None:
+    consumer = broker.consume(UNIT_QUEUE, prefetch=1, timeout=IDLE_POLL_MS)
+    try:
+        # Nothing arrives: it waits out one idle poll (no busy loop, no longer: a stop is seen then).
+        began = time.monotonic()
+        assert next(consumer) is None
+        waited_s = time.monotonic() - began
+        assert 0.8 * IDLE_POLL_MS / 1000 <= waited_s < IDLE_POLL_MS / 1000 + 0.5, waited_s
+
+        # A message enqueued mid-wait ends the wait at once, and is the next thing fetched.
+        sent_at: list[float] = []
+        sender = threading.Timer(0.3, lambda: (sent_at.append(time.monotonic()), broker.enqueue(_message())))
+        began = time.monotonic()
+        sender.start()
+        assert next(consumer) is None
+        returned_at = time.monotonic()
+        sender.join()
+        assert returned_at - began >= 0.25, "returned before the message was sent: it polled"
+        assert returned_at - sent_at[0] < START_BOUND_S, returned_at - sent_at[0]
+        proxy = next(consumer)
+        assert proxy is not None and proxy.actor_name == "wake_unit_probe"
+        consumer.ack(proxy)
+    finally:
+        consumer.close()
+
+
+def test_a_wait_stays_within_the_socket_timeout() -> None:
+    # A 5 s idle poll on a client whose socket times out after 0.4 s: the wait is cut to half of
+    # that, instead of ending in a socket timeout (a consumer restart).
+    broker = build_broker(conf.BROKER_URL, heartbeat_timeout_s=5.0, maintenance_chance=0,
+                          socket_timeout_s=0.4, middleware=[])
+    consumer = broker.consume(UNIT_QUEUE, prefetch=1, timeout=5000)
+    try:
+        began = time.monotonic()
+        assert next(consumer) is None
+        assert 0.15 <= time.monotonic() - began < 0.39
+    finally:
+        consumer.close()
+        broker.client.close()
+
+
+def test_delay_queues_keep_dramatiqs_polling(broker: WakingRedisBroker, client: redis.Redis) -> None:
+    # A delayed message goes to the delay queue and wakes nobody; the delay queue's consumer
+    # polls (Dramatiq's first back-off is 5-10 ms) and fetches it.
+    enqueued = broker.enqueue(_message(), delay=10)
+    assert enqueued.queue_name == dq_name(UNIT_QUEUE)
+    assert not client.exists(wake_key(broker, UNIT_QUEUE), wake_key(broker, dq_name(UNIT_QUEUE)))
+    consumer = broker.consume(dq_name(UNIT_QUEUE), prefetch=1, timeout=IDLE_POLL_MS)
+    try:
+        began = time.monotonic()
+        proxy = next(consumer)
+        assert proxy is not None and proxy.options["eta"] == enqueued.options["eta"]
+        assert time.monotonic() - began < 0.5
+        consumer.ack(proxy)
+    finally:
+        consumer.close()
+
+
+def test_messages_handed_back_wake_consumers(broker: WakingRedisBroker, client: redis.Redis) -> None:
+    # What a draining worker requeues (requeue_unacked, a Shutdown requeue, Dramatiq's own) goes
+    # through do_requeue, and wakes another worker's consumer for each message.
+    consumer = broker.consume(UNIT_QUEUE, prefetch=2, timeout=IDLE_POLL_MS)
+    try:
+        broker.enqueue(_message())
+        broker.enqueue(_message())
+        client.delete(wake_key(broker, UNIT_QUEUE))
+        first, second = next(consumer), next(consumer)
+        assert first is not None and second is not None
+        consumer.requeue([first, second])
+        assert client.llen(wake_key(broker, UNIT_QUEUE)) == 2
+        assert client.llen(f"{broker.namespace}:{UNIT_QUEUE}") == 2
+    finally:
+        consumer.close()
+
+
+def test_wake_lists_stay_bounded_without_consumers(broker: WakingRedisBroker, client: redis.Redis) -> None:
+    key = wake_key(broker, UNIT_QUEUE)
+    for _ in range(3 * WAKE_TOKENS_MAX):
+        broker.enqueue(_message())
+    assert client.llen(key) == WAKE_TOKENS_MAX
+    assert 0 < client.pttl(key) <= WAKE_TTL_MS
+
+    client.delete(key)
+    enqueue_many(broker, [(_message(), None) for _ in range(3)])
+    assert client.llen(key) == 3  # a token per message
+    enqueue_many(broker, [(_message(), None) for _ in range(5 * WAKE_TOKENS_MAX)]
+                 + [(_message(), 1000)])  # the delayed one wakes nobody
+    assert client.llen(key) == WAKE_TOKENS_MAX
+    assert 0 < client.pttl(key) <= WAKE_TTL_MS
+    assert not client.exists(wake_key(broker, dq_name(UNIT_QUEUE)))
+
+
+# -- real worker processes -----------------------------------------------------------------------
+
+def _spawn_waiting_worker(worker_processes: Any, *queues: str) -> Any:
+    overrides = {"WORKER_IDLE_POLL_MS": IDLE_POLL_MS}
+    return worker_processes.spawn(["--threads", "2", "--queues", ",".join(queues)],
+                                  COMPOSITION_TEST_OVERRIDES=json.dumps(overrides))
+
+
+def _start_delays(client: redis.Redis, worker: Any, send: Callable[[int], None]) -> list[float]:
+    """Warm the worker up, then ``send(seq)`` SENDS times with idle gaps; each job's start minus
+    the moment it was sent (s)."""
+    send(-1)
+    wait_until(lambda: client.llen(jobs.WAKE_STAMPS_KEY) == 1, 60, 0.1,
+               message=f"the worker never ran the first job; its log:\n{worker.output()[-3000:]}")
+    sent_at: dict[int, float] = {}
+    for seq in range(SENDS):
+        time.sleep(random.uniform(*GAP_S))
+        sent_at[seq] = time.time()
+        send(seq)
+    wait_until(lambda: client.llen(jobs.WAKE_STAMPS_KEY) == SENDS + 1, 30, 0.1,
+               message=f"not every job ran; worker log:\n{worker.output()[-3000:]}")
+    started = dict(raw.decode().split() for raw in client.lrange(jobs.WAKE_STAMPS_KEY, 0, -1))
+    return [float(started[str(seq)]) - sent_at[seq] for seq in range(SENDS)]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_message_sent_to_an_idle_queue_starts_before_the_next_poll(worker_processes: Any,
+                                                                      client: redis.Redis) -> None:
+    worker = _spawn_waiting_worker(worker_processes, jobs.WAKE_QUEUE)
+    delays = _start_delays(client, worker, lambda seq: jobs.wake_stamp.send(seq=seq))
+    assert statistics.median(delays) < START_BOUND_S, sorted(delays)
+    assert worker.terminate() == 0
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("path", ["send_on_commit", "relay"])
+def test_a_message_published_through_the_outbox_starts_before_the_next_poll(
+        worker_processes: Any, client: redis.Redis, request: pytest.FixtureRequest, path: str) -> None:
+    # send_on_commit: the publishing process enqueues the batch right after COMMIT. relay: it only
+    # nudges, and the relay in the worker (woken by the nudge) enqueues the batch.
+    if path == "relay":
+        request.getfixturevalue("nudge_only")
+    worker = _spawn_waiting_worker(worker_processes, jobs.WAKE_QUEUE, RELAY_QUEUE_NAME)
+
+    def send(seq: int) -> None:
+        with transaction.atomic():
+            publish(jobs.wake_stamp, {"seq": seq})
+
+    try:
+        delays = _start_delays(client, worker, send)
+        assert statistics.median(delays) < START_BOUND_S, sorted(delays)
+        assert worker.terminate() == 0
+    finally:
+        OutboxMessage.objects.filter(queue_name=jobs.WAKE_QUEUE).delete()
