@@ -115,7 +115,9 @@ class WorkerProcess:
             raise
 
     def close(self) -> None:
+        """Kill what is left and delete the log (read ``output()`` before, as a failing test does)."""
         if self.process is not None and self.process.poll() is None:
             self.kill_group()
         if hasattr(self, "_log"):
             self._log.close()
+        self.log_path.unlink(missing_ok=True)
