@@ -136,7 +136,8 @@ def test_health_command_readiness_exit_codes_for_up_closed_and_frozen(
     throwaway_redis_server.freeze()
     code, took, out = _health("readiness", up)
     assert code == 1, out
-    assert "no answer within" in out
+    # The readiness deadline and the clients' socket timeouts are both 2 s: either says it.
+    assert "no answer within" in out or "Timeout reading from socket" in out, out
     assert took < 3 + startup_s, (took, startup_s)
 
     for url in (up, closed):
