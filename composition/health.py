@@ -56,6 +56,13 @@ class CheckResult:
         return {"ok": self.ok, "critical": self.critical, "duration_s": round(self.duration_s, 4),
                 "error": self.error}
 
+    def as_public_dict(self) -> dict[str, Any]:
+        """``as_dict`` with the error cut to its kind (``OperationalError``, ``TimeoutError``):
+        a driver's message names hosts, ports, users and databases, which a public endpoint must
+        not tell whoever asks."""
+        error = self.error.split(":", 1)[0] if self.error else None
+        return {**self.as_dict(), "error": error}
+
 
 @dataclass(frozen=True)
 class HealthReport:
@@ -64,10 +71,12 @@ class HealthReport:
     checks: list[CheckResult] = field(default_factory=list)
     detail: dict[str, Any] = field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self, *, public: bool = False) -> dict[str, Any]:
+        """The report as JSON; ``public`` keeps each failing check's error kind only (what an
+        HTTP endpoint shows), the full error being for the operator's command and the log."""
         body: dict[str, Any] = {"status": "ok" if self.ok else "fail", "kind": self.kind}
         if self.checks:
-            body["checks"] = {c.name: c.as_dict() for c in self.checks}
+            body["checks"] = {c.name: (c.as_public_dict() if public else c.as_dict()) for c in self.checks}
             failing = [c.name for c in self.checks if not c.ok]
             if failing:
                 body["failing"] = failing

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import structlog
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
 from composition import health
+
+log = structlog.get_logger("composition.health")
 
 
 @never_cache
@@ -21,7 +24,10 @@ def healthz(request: HttpRequest) -> JsonResponse:
 def readyz(request: HttpRequest) -> JsonResponse:
     """Readiness: 200 when every critical dependency answers, 503 (naming it) otherwise."""
     report = health.readiness()
-    return JsonResponse(report.as_dict(), status=200 if report.ok else 503)
+    failing = {check.name: check.error for check in report.checks if not check.ok}
+    if failing:
+        log.warning("readiness check failing", failing=failing, ok=report.ok)
+    return JsonResponse(report.as_dict(public=True), status=200 if report.ok else 503)
 
 
 @never_cache

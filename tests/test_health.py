@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.test import Client, override_settings
+from structlog.testing import capture_logs
 
 from composition import health
 from composition.testing import ThrowawayRedis, free_port, subprocess_env
@@ -43,12 +44,17 @@ def test_readyz_is_200_when_every_dependency_answers(client: Client) -> None:
 
 def test_readyz_is_503_naming_the_critical_dependency_that_is_down(client: Client) -> None:
     closed = f"redis://127.0.0.1:{free_port()}/0"
-    with override_settings(COMPOSITION={**settings.COMPOSITION, "BROKER_URL": closed}):
+    with override_settings(COMPOSITION={**settings.COMPOSITION, "BROKER_URL": closed}), capture_logs() as logs:
         response = client.get("/readyz")
     body = response.json()
     assert response.status_code == 503
     assert body["failing"] == ["broker"]
+    (logged,) = [entry for entry in logs if entry["event"] == "readiness check failing"]
+    assert "Connection" in logged["failing"]["broker"]  # the detail goes to the log
     assert "Connection" in body["checks"]["broker"]["error"]
+    # The body names the kind of failure, never the address (or user) the driver's message has.
+    port = closed.rsplit(":", 1)[1].split("/")[0]
+    assert port not in response.content.decode() and "127.0.0.1" not in response.content.decode()
 
 
 def test_cache_outage_is_reported_degraded_without_failing_readiness(client: Client) -> None:
