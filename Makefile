@@ -35,8 +35,9 @@ check: venv
 pytest: venv
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
-# The suite again on the newest Python with the newest Django (6.x needs Python >= 3.12);
-# skipped, saying so, where no Python 3.13 is installed.
+# The suite again on the newest Python with the newest Django (6.x needs Python >= 3.12), less
+# the soak tests (they test our code, not the versions, and take a minute each); skipped, saying
+# so, where no Python 3.13 is installed.
 matrix: pyproject.toml
 	@py=""; for candidate in "$$(pyenv prefix 3.13 2>/dev/null)/bin/python" python3.13; do \
 	  if "$$candidate" -c "import sys; assert sys.version_info[:2] == (3, 13)" 2>/dev/null; then py=$$candidate; break; fi; \
@@ -48,7 +49,7 @@ matrix: pyproject.toml
 	  $(MATRIX_VENV)/bin/python -m pip install -q -e '.[rabbitmq,embedded,example,dev]' && touch $(MATRIX_STAMP) || exit 1; \
 	fi; \
 	$(MATRIX_VENV)/bin/python -c "import django, sys; print('matrix: Python', sys.version.split()[0], 'Django', django.get_version())"; \
-	$(MATRIX_VENV)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(MATRIX_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not soak" $(PYTEST_ARGS)
 
 # The whole gate, the same locally and in CI.
 test: lint typecheck check pytest matrix

@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.soak]
 
 # About 5,000 jobs: a couple of minutes on a loaded 2-core machine (most of it the runworkers
 # restarts and the recovery after each fault, not the jobs).

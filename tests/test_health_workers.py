@@ -15,9 +15,8 @@ from django.conf import settings
 from django.test import override_settings
 
 from composition import health, heartbeats
-from composition.broker import configured_broker
-from composition.outbox.relay import RELAY_QUEUE_NAME
 from composition.testing import subprocess_env, wait_until
+from tests.outboxapp.helpers import flush_broker
 
 
 @pytest.fixture
@@ -40,8 +39,9 @@ def _health_workers() -> tuple[int, dict[str, Any]]:
 def test_exit_codes_follow_a_real_worker_process(client: Any, worker_processes) -> None:  # type: ignore[no-untyped-def]
     code, body = _health_workers()
     assert (code, body["fresh"]) == (1, 0)
-    # Nudges other tests left would be jobs in flight when the first beat is read.
-    configured_broker().flush(RELAY_QUEUE_NAME)
+    # Messages other tests left (nudges, or a killed worker's unacked jobs, which this worker
+    # would take back at start) would be jobs in flight when the first beat is read.
+    flush_broker()
 
     worker = worker_processes.spawn(["--threads", "1", "--shutdown-timeout", "10"])
     wait_until(lambda: _health_workers()[0] == 0, 30, interval_s=0.5, message=worker.output())

@@ -55,6 +55,7 @@ def test_migrate_holds_a_statement_longer_than_the_timeout_while_other_commands_
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 @pytest.mark.django_db
 def test_migrate_runs_a_35_second_operation_under_the_default_timeouts(scratch_database_url: str) -> None:
     migrated = _manage(scratch_database_url, "migrate", "slowmigration", hold_s=35)

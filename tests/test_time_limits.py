@@ -3,7 +3,8 @@ retry and dead-letter an overrunning job, and never retry one that finishes just
 
 from __future__ import annotations
 
-import multiprocessing
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -135,9 +136,8 @@ def test_runworkers_interrupts_retries_and_dead_letters_an_overrunning_job(
 def test_a_job_finishing_at_nine_tenths_of_its_limit_is_never_retried_under_load(
         worker_processes, empty_queue: None) -> None:  # type: ignore[no-untyped-def]
     # Load: one busy process per core, competing with the worker for the CPU.
-    burners = [multiprocessing.Process(target=_burn, args=(30,), daemon=True) for _ in range(2)]
-    for burner in burners:
-        burner.start()
+    burn = "import time\nend = time.monotonic() + 30\nwhile time.monotonic() < end: pass"
+    burners = [subprocess.Popen([sys.executable, "-c", burn]) for _ in range(2)]
     try:
         worker = worker_processes.spawn(["--threads", "8", "--queues", jobs.TIME_LIMIT_QUEUE])
         keys = [f"near-{index}" for index in range(16)]
@@ -148,15 +148,11 @@ def test_a_job_finishing_at_nine_tenths_of_its_limit_is_never_retried_under_load
         assert worker.terminate() == 0
     finally:
         for burner in burners:
-            burner.terminate()
+            burner.kill()
+            burner.wait()
     assert sorted(Attempt.objects.filter(key__in=keys).values_list("attempt", flat=True)) == [1] * len(keys)
     assert Effect.objects.filter(key__in=keys).count() == len(keys)
     assert ProcessedMessage.objects.filter(actor="nearly_overruns").count() == len(keys)
     assert not DeadLetter.objects.filter(actor="nearly_overruns").exists()
     assert "exceeded its time limit" not in worker.output()
 
-
-def _burn(seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        pass
