@@ -48,3 +48,18 @@ def report(title: str, baseline_name: str, candidate_s: float, baseline_s: float
     print(f"{title} vs {baseline_name}: {ratio:.2f}x (goal <= {goal}x) "
           f"[{candidate_s * 1e6:.1f} us vs {baseline_s * 1e6:.1f} us per call] {verdict}")
     return ratio <= goal
+
+
+def fill_outbox(actor_name: str, queue_name: str, count: int) -> None:
+    """``count`` pending outbox rows for ``actor_name`` (payload ``{"seq": n}``), written in one
+    transaction as ``publish()`` would write them, for a relay to drain."""
+    from django.db import transaction
+
+    from composition.outbox import OutboxMessage
+
+    now = time.time()
+    with transaction.atomic():
+        OutboxMessage.objects.bulk_create(
+            [OutboxMessage(actor_name=actor_name, queue_name=queue_name, payload={"seq": seq},
+                           headers={"request_id": None, "published_at": now}) for seq in range(count)],
+            batch_size=2000)

@@ -25,13 +25,13 @@ import time
 import uuid
 from typing import Any
 
-from _util import setup_django
+from _util import fill_outbox, setup_django
 
 setup_django()
 
 import dramatiq  # noqa: E402
 import pika  # noqa: E402
-from django.db import connection, transaction  # noqa: E402
+from django.db import connection  # noqa: E402
 from dramatiq.common import dq_name, xq_name  # noqa: E402
 from dramatiq.message import Message  # noqa: E402
 
@@ -89,12 +89,7 @@ def main() -> int:
 
     def relay_drain() -> float:
         reset()
-        now = time.time()
-        with transaction.atomic():
-            OutboxMessage.objects.bulk_create(
-                [OutboxMessage(actor_name=actor.actor_name, queue_name=QUEUE, payload={"seq": seq},
-                               headers={"request_id": None, "published_at": now}) for seq in range(MESSAGES)],
-                batch_size=2000)
+        fill_outbox(actor.actor_name, QUEUE, MESSAGES)
         relay = Relay(broker, batch_size=BATCH)
         began = time.perf_counter()
         relayed = relay.run_until_idle()

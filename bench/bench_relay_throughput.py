@@ -15,12 +15,12 @@ import os
 import sys
 import time
 
-from _util import setup_django
+from _util import fill_outbox, setup_django
 
 setup_django()
 
 import dramatiq  # noqa: E402
-from django.db import connection, transaction  # noqa: E402
+from django.db import connection  # noqa: E402
 
 from composition.broker import configured_broker  # noqa: E402
 from composition.conf import conf  # noqa: E402
@@ -63,12 +63,7 @@ def main() -> int:
 
     def relay_drain() -> float:
         reset()
-        now = time.time()
-        with transaction.atomic():
-            OutboxMessage.objects.bulk_create(
-                [OutboxMessage(actor_name=actor.actor_name, queue_name=QUEUE, payload={"seq": seq},
-                               headers={"request_id": None, "published_at": now}) for seq in range(MESSAGES)],
-                batch_size=2000)
+        fill_outbox(actor.actor_name, QUEUE, MESSAGES)
         relay = Relay(broker)
         began = time.perf_counter()
         relayed = relay.run_until_idle()
