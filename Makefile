@@ -7,15 +7,39 @@ STAMP := $(VENV)/.installed
 MATRIX_VENV := .venv-matrix
 MATRIX_STAMP := $(MATRIX_VENV)/.installed
 
-.PHONY: venv run test lint typecheck check pytest matrix bench wheel clean
+.PHONY: venv browser promtool run test lint typecheck check pytest matrix bench wheel clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[rabbitmq,embedded,example,dev]'
+	$(PY) -m pip install -q -e '.[rabbitmq,embedded,example,dev,tasks]'
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# Debian's Chromium and its driver for the browser tests (the admin pages, in a real browser):
+# the driver the package puts on the PATH, so no driver manager ever tries a download. Needs
+# root (CI runs as root); elsewhere it says what to install and the browser tests skip.
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	  echo "installing Debian's chromium and chromium-driver for the browser tests"; \
+	  (apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 || \
+	   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null)) \
+	  || echo "browser: could not install chromium; the browser tests will skip"; \
+	else echo "browser: run 'apt-get install chromium chromium-driver' as root for the browser tests"; fi
+
+# Debian's Prometheus for its promtool: the alert rules test runs `promtool check rules` on
+# docker/alerts.yml. Installed as the browser target installs chromium: needs root (CI runs as
+# root); elsewhere it says what to install and that test skips.
+promtool:
+	@if command -v promtool >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	  echo "installing Debian's prometheus for promtool (the alert rules test)"; \
+	  (apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 || \
+	   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null)) \
+	  || echo "promtool: could not install prometheus; the alert rules test will skip"; \
+	else echo "promtool: run 'apt-get install prometheus' as root for the alert rules test"; fi
 
 # A convenience: ./run is the README's command. Under make, Ctrl-C still drains the system in
 # order, but make itself then reports exit 130 (it re-raises SIGINT).
@@ -32,13 +56,14 @@ check: venv
 	$(PY) manage.py check --fail-level WARNING
 	$(PY) manage.py makemigrations --check --dry-run
 
-pytest: venv
+pytest: venv browser promtool
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # The suite again on the newest Python with the newest Django (6.x needs Python >= 3.12), less
-# the soak tests (they test our code, not the versions, and take a minute each); skipped, saying
+# the soak tests (they test our code, not the versions, and take a minute each) and the tests of
+# ./run (it runs the main .venv whatever the interpreter); skipped, saying
 # so, where no Python 3.13 is installed.
-matrix: pyproject.toml
+matrix: pyproject.toml browser promtool
 	@py=""; for candidate in "$$(pyenv prefix 3.13 2>/dev/null)/bin/python" python3.13; do \
 	  if "$$candidate" -c "import sys; assert sys.version_info[:2] == (3, 13)" 2>/dev/null; then py=$$candidate; break; fi; \
 	done; \
@@ -46,10 +71,10 @@ matrix: pyproject.toml
 	if [ ! -f $(MATRIX_STAMP) ] || [ pyproject.toml -nt $(MATRIX_STAMP) ]; then \
 	  test -x $(MATRIX_VENV)/bin/python || $$py -m venv $(MATRIX_VENV); \
 	  $(MATRIX_VENV)/bin/python -m pip install -q --upgrade pip && \
-	  $(MATRIX_VENV)/bin/python -m pip install -q -e '.[rabbitmq,embedded,example,dev]' && touch $(MATRIX_STAMP) || exit 1; \
+	  $(MATRIX_VENV)/bin/python -m pip install -q -e '.[rabbitmq,embedded,example,dev,tasks]' && touch $(MATRIX_STAMP) || exit 1; \
 	fi; \
 	$(MATRIX_VENV)/bin/python -c "import django, sys; print('matrix: Python', sys.version.split()[0], 'Django', django.get_version())"; \
-	$(MATRIX_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not soak" $(PYTEST_ARGS)
+	$(MATRIX_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not soak and not main_cell" $(PYTEST_ARGS)
 
 # The whole gate, the same locally and in CI.
 test: lint typecheck check pytest matrix

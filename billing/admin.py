@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from billing.models import Invoice, Payment, Receipt
+from billing.models import ApiToken, Invoice, Payment, Receipt
 
 
 @admin.register(Invoice)
@@ -21,3 +21,16 @@ class PaymentAdmin(admin.ModelAdmin):
 class ReceiptAdmin(admin.ModelAdmin):
     list_display = ("number", "payment", "created_at")
     search_fields = ("number", "payment__payment_id")
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """Tokens are listed and revoked (deleted) here; made with ``manage.py create_api_token``,
+    since only then can the token itself be shown."""
+
+    list_display = ("name", "user", "prefix", "created_at", "last_used_at")
+    search_fields = ("name", "user__username", "prefix")
+    readonly_fields = ("user", "name", "prefix", "created_at", "last_used_at")
+
+    def has_add_permission(self, request: object) -> bool:
+        return False

@@ -1,26 +1,26 @@
-"""Billing's background jobs. Payloads carry ids only; the database holds the facts."""
+"""Billing's background jobs: thin, the service does the work. Payloads carry ids only; the
+database holds the facts."""
 
 from __future__ import annotations
 
-import structlog
-
-from billing.models import Payment, Receipt
-from composition.jobs import PermanentError, job
-
-log = structlog.get_logger("billing.jobs")
+from billing.wiring import default_service
+from composition.jobs import current_message, job
 
 
-@job(queue="billing", idempotent=True)
+# Retries sized for an email outage: the breaker fails them fast, the backoff spaces them out
+# (0.5 s doubling to 60 s), and 25 runs outlast an hour-long outage before a dead letter.
+@job(queue="billing", idempotent=True, max_attempts=25, initial_delay_s=0.5, max_delay_s=60)
 def send_payment_receipt(payment_id: int) -> None:
-    """Write the payment's receipt, once: the inbox ledger and Receipt's one-to-one both hold."""
-    payment = Payment.objects.select_related("invoice").filter(pk=payment_id).first()
-    if payment is None:
-        # Retrying cannot make a missing payment appear: fix the data, then replay.
-        raise PermanentError(f"payment {payment_id} does not exist")
-    structlog.contextvars.bind_contextvars(payment_id=payment.payment_id, invoice_id=payment.invoice_id)
-    receipt, created = Receipt.objects.get_or_create(
-        payment=payment, defaults={"number": f"R-{payment.invoice.number}"})
-    log.info("processing payment receipt job", receipt=receipt.number, created=created)
+    """Write the payment's receipt and email it, once (see InvoiceService.send_receipt)."""
+    default_service().send_receipt(payment_id)
+
+
+# A queue of their own, with a backlog limit of its own: the work shed first under load.
+@job(queue="reminders", max_attempts=5, initial_delay_s=5, max_delay_s=300)
+def send_invoice_reminder(invoice_id: int) -> None:
+    """Email a reminder of an invoice that is still open."""
+    message = current_message()
+    default_service().send_reminder(invoice_id, reference=message.message_id if message else f"invoice-{invoice_id}")
 
 
 @job(queue="default")

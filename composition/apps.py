@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.apps import AppConfig
+from django.conf import settings
 from django.db.backends.signals import connection_created
 from django.db.models.signals import post_migrate, pre_migrate
 
@@ -9,6 +10,7 @@ from composition.database import (
     lift_timeouts_for_migrate,
     restore_timeouts_after_migrate,
 )
+from composition.slow_queries import count_slow_queries
 
 
 class CompositionConfig(AppConfig):
@@ -26,6 +28,7 @@ class CompositionConfig(AppConfig):
 
         configure_structlog()
         connection_created.connect(apply_session_timeouts, dispatch_uid="composition-timeouts")
+        connection_created.connect(count_slow_queries, dispatch_uid="composition-slow-queries")
         # Migrations (index builds, data migrations) run without the short session timeouts.
         pre_migrate.connect(lift_timeouts_for_migrate, dispatch_uid="composition-timeouts-migrate")
         post_migrate.connect(restore_timeouts_after_migrate, dispatch_uid="composition-timeouts-migrate")
@@ -33,3 +36,9 @@ class CompositionConfig(AppConfig):
         # ``jobs`` module declares its actors against it.
         configured_broker()
         autodiscover_modules("jobs")
+        # django.tasks (Django 6 sets TASKS by default; the backport reads it too): the actors of
+        # each composition.tasks.OutboxBackend, so workers run tasks without importing their modules.
+        if getattr(settings, "TASKS", None):
+            from composition.tasks.setup import ready as tasks_ready
+
+            tasks_ready()

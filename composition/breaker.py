@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -32,7 +33,7 @@ import structlog
 from composition.errors import TransientError
 from composition.metrics import CIRCUIT_REJECTIONS_TOTAL, CIRCUIT_STATE
 
-__all__ = ["CircuitBreaker", "CircuitOpen"]
+__all__ = ["CircuitBreaker", "CircuitOpen", "breaker_states"]
 
 log = structlog.get_logger("composition.backpressure")  # where its state changes were always logged
 
@@ -41,6 +42,20 @@ R = TypeVar("R")
 
 _CLOSED, _HALF_OPEN, _OPEN = "closed", "half_open", "open"
 _STATE_VALUES = {_CLOSED: 0, _HALF_OPEN: 1, _OPEN: 2}
+
+# Every breaker of this process, for the heartbeat and the operations page; weak, so a breaker
+# that is dropped (a test's, a reconfigured cache's) leaves it.
+_breakers: weakref.WeakSet[CircuitBreaker] = weakref.WeakSet()
+
+
+def breaker_states() -> dict[str, str]:
+    """Name → state of this process's breakers; for a name several breakers share, the worst."""
+    states: dict[str, str] = {}
+    for breaker in list(_breakers):
+        state = breaker.state
+        if _STATE_VALUES[state] >= _STATE_VALUES.get(states.get(breaker.name, _CLOSED), 0):
+            states[breaker.name] = state
+    return dict(sorted(states.items()))
 
 
 class CircuitOpen(TransientError):
@@ -89,6 +104,7 @@ class CircuitBreaker:
         self._state_gauge = CIRCUIT_STATE.labels(name)
         self._rejections = CIRCUIT_REJECTIONS_TOTAL.labels(name)
         self._state_gauge.set(0)
+        _breakers.add(self)
 
     @property
     def state(self) -> str:

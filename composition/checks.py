@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from os import PathLike
 from typing import Any
 
 from django.conf import settings
@@ -12,6 +13,8 @@ from composition.broker import broker_kind
 from composition.cache.serializers import load_serializer
 from composition.conf import DEFAULTS
 from composition.errors import BrokerConfigurationError
+from composition.prometheus.access import parse_networks
+from composition.prometheus.errors import MetricsAccessConfigurationError
 from composition.retention import longest_redelivery_window
 
 POSITIVE_NUMBERS = (
@@ -22,6 +25,27 @@ POSITIVE_NUMBERS = (
 )
 POSITIVE_INTEGERS = ("WORKER_PROCESSES", "WORKER_THREADS", "WORKER_IDLE_POLL_MS")
 DEPENDENCY_LEVELS = ("critical", "degraded", "ignore")
+DEPENDENCIES = ("database", "cache", "broker")
+
+
+DEPRECATED_KEYS = ("LOG_FORMAT", "LOG_LEVEL")
+
+
+def _not_postgresql() -> list[CheckMessage]:
+    """composition needs PostgreSQL: the outbox claims rows with SKIP LOCKED, and retention and
+    the relay take advisory locks."""
+    from django.db import connections
+
+    if "default" not in connections.settings:
+        return []
+    vendor = connections["default"].vendor
+    if vendor == "postgresql":
+        return []
+    return [Error(f"composition needs PostgreSQL as the default database; it is {vendor}.",
+                  hint="Use django.db.backends.postgresql (or a backend built on it, such as "
+                       "django_prometheus.db.backends.postgresql): the outbox claims rows with "
+                       "SELECT ... FOR UPDATE SKIP LOCKED and the workers take advisory locks.",
+                  id="composition.E011")]
 
 
 def _merged() -> dict[str, Any] | None:
@@ -58,10 +82,20 @@ def check_settings(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
         messages.append(Error(str(exc), id="composition.E003"))
     messages += _not_positive_seconds(merged, POSITIVE_NUMBERS, "composition.E004")
     messages += _not_positive_integers(merged, POSITIVE_INTEGERS, "composition.E005")
-    levels = merged["HEALTH_DEPENDENCIES"]
-    if not isinstance(levels, dict) or any(v not in DEPENDENCY_LEVELS for v in levels.values()):
-        messages.append(Error(f"COMPOSITION['HEALTH_DEPENDENCIES'] values must be one of {DEPENDENCY_LEVELS}.",
-                              id="composition.E006"))
+    for key in ("HEALTH_DEPENDENCIES", "HEALTH_WORKER_DEPENDENCIES"):
+        levels = merged[key]
+        if not isinstance(levels, dict) or any(v not in DEPENDENCY_LEVELS for v in levels.values()):
+            messages.append(Error(f"COMPOSITION[{key!r}] values must be one of {DEPENDENCY_LEVELS}.",
+                                  id="composition.E006"))
+        elif unknown := sorted(set(levels) - set(DEPENDENCIES)):
+            messages.append(Error(f"COMPOSITION[{key!r}] names unknown dependencies {unknown}; "
+                                  f"expected some of {DEPENDENCIES}.", id="composition.E006"))
+    wait_s = merged["HEALTH_DRAIN_WAIT_S"]
+    if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or wait_s < 0:
+        messages.append(Error(f"COMPOSITION['HEALTH_DRAIN_WAIT_S'] must be a number of seconds >= 0, "
+                              f"got {wait_s!r}.", id="composition.E009"))
+    if merged["HEALTH_DRAIN_FILE"] is not None and not isinstance(merged["HEALTH_DRAIN_FILE"], str | PathLike):
+        messages.append(Error("COMPOSITION['HEALTH_DRAIN_FILE'] must be a path or None.", id="composition.E010"))
     alias = merged["CACHE_ALIAS"]
     caches = getattr(settings, "CACHES", {})
     if alias not in caches:
@@ -70,8 +104,13 @@ def check_settings(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
     elif "django_redis" not in str(caches[alias].get("BACKEND", "")):
         messages.append(Warning(f"CACHES[{alias!r}] is not a django-redis cache; cache-aside and "
                                 "redis locks need one.", id="composition.W001"))
-    if merged["LOG_FORMAT"] not in ("json", "console"):
-        messages.append(Error("COMPOSITION['LOG_FORMAT'] must be 'json' or 'console'.", id="composition.E008"))
+    for key in DEPRECATED_KEYS:
+        if user.get(key) is not None:
+            messages.append(Warning(
+                f"COMPOSITION[{key!r}] is deprecated and does nothing.",
+                hint="Configure logging with Django's LOGGING setting: "
+                     "LOGGING = composition.logging.logging_config('json', 'INFO').", id="composition.W003"))
+    messages += _not_postgresql()
     if not messages and merged["WORKER_STALE_AFTER_S"] <= merged["WORKER_HEARTBEAT_S"]:
         messages.append(Warning("WORKER_STALE_AFTER_S should be several WORKER_HEARTBEAT_S, or live "
                                 "workers look dead.", id="composition.W002"))
@@ -188,4 +227,32 @@ def check_retention_settings(app_configs: Any = None, **_: Any) -> list[CheckMes
             "ledger rows are kept for the window instead.",
             hint=f"Set INBOX_RETENTION_S to at least {math.ceil(window_s)}, or shorten the job's retries.",
             id="composition.W060"))
+    return messages
+
+
+# --- metrics ----------------------------------------------------------------------------------
+@register("composition")
+def check_metrics_settings(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
+    merged = _merged()
+    if merged is None:
+        return []
+    messages: list[CheckMessage] = []
+    port = merged["WORKER_METRICS_PORT"]
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
+        messages.append(Error(f"COMPOSITION['WORKER_METRICS_PORT'] must be a TCP port (1-65535) or None, "
+                              f"got {port!r}.", id="composition.E070"))
+    if not isinstance(merged["WORKER_METRICS_ADDRESS"], str):
+        messages.append(Error("COMPOSITION['WORKER_METRICS_ADDRESS'] must be an address string.",
+                              id="composition.E070"))
+    token = merged["METRICS_TOKEN"]
+    if token is not None and (not isinstance(token, str) or not token):
+        messages.append(Error("COMPOSITION['METRICS_TOKEN'] must be a non-empty string or None.",
+                              id="composition.E071"))
+    try:
+        parse_networks(merged["METRICS_ALLOWED_NETWORKS"])
+    except MetricsAccessConfigurationError as exc:
+        messages.append(Error(str(exc), hint="For example ['10.0.0.0/8', '127.0.0.1/32'].", id="composition.E072"))
+    messages += _not_positive_seconds(merged, ("METRICS_SAMPLE_INTERVAL_S",), "composition.E073")
+    if merged["DB_SLOW_QUERY_S"] is not None:
+        messages += _not_positive_seconds(merged, ("DB_SLOW_QUERY_S",), "composition.E074")
     return messages

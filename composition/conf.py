@@ -31,12 +31,24 @@ DEFAULTS: dict[str, Any] = {
     # Connection settings applied to every new PostgreSQL connection.
     "DB_STATEMENT_TIMEOUT_S": 30.0,
     "DB_IDLE_IN_TRANSACTION_TIMEOUT_S": 60.0,
+    # A query that takes longer than this is counted in composition_db_slow_queries_total and
+    # logged (its SQL, never its parameters). None: not measured.
+    "DB_SLOW_QUERY_S": 1.0,
     # Readiness: all dependencies are probed concurrently under one deadline, and the answer
     # is reused for HEALTH_CACHE_S so a busy load balancer does not become load.
     "HEALTH_DEADLINE_S": 2.0,
     "HEALTH_CACHE_S": 1.0,
-    # "critical" fails readiness when down; "degraded" is reported but stays ready.
-    "HEALTH_DEPENDENCIES": {"database": "critical", "cache": "degraded", "broker": "critical"},
+    # Per role, "critical" fails readiness when down, "degraded" is reported but stays ready,
+    # "ignore" is not probed. Web (/readyz) needs only PostgreSQL: publishing writes the outbox,
+    # and the relay sends once the broker is back. Workers (`health readiness --role worker`)
+    # need their broker.
+    "HEALTH_DEPENDENCIES": {"database": "critical", "cache": "degraded", "broker": "degraded"},
+    "HEALTH_WORKER_DEPENDENCIES": {"database": "critical", "cache": "degraded", "broker": "critical"},
+    # The host-wide draining marker written by `manage.py drain` (the pre-stop step): while it
+    # exists, readiness answers 503 "draining" in every process of the host. None: off.
+    "HEALTH_DRAIN_FILE": None,
+    # How long `manage.py drain` waits after marking, for load balancers to stop sending work.
+    "HEALTH_DRAIN_WAIT_S": 5.0,
     # The cache alias that composition uses (django-redis backend).
     "CACHE_ALIAS": "default",
     # cache_aside: dotted path of the serializer class (dumps -> bytes, loads); JSON by default so
@@ -87,6 +99,20 @@ DEFAULTS: dict[str, Any] = {
     "WORKER_STALE_AFTER_S": 30.0,
     # A worker holding one job longer than this (for a job without its own time limit) is stuck.
     "WORKER_STUCK_AFTER_S": 600.0,
+    # runworkers serves Prometheus /metrics on this port (None: off; `--metrics-port` overrides),
+    # bound to WORKER_METRICS_ADDRESS. With PROMETHEUS_MULTIPROC_DIR set it serves the whole
+    # directory: every process of the host (or container) that writes there.
+    "WORKER_METRICS_PORT": None,
+    "WORKER_METRICS_ADDRESS": "0.0.0.0",
+    # Who may scrape /metrics (the web view and runworkers' server alike): a request must carry
+    # `Authorization: Bearer <METRICS_TOKEN>` (None: no token needed; else 401) and come from an
+    # address in METRICS_ALLOWED_NETWORKS, a list of CIDRs (None: any address; else 403).
+    "METRICS_TOKEN": None,
+    "METRICS_ALLOWED_NETWORKS": None,
+    # runworkers samples what no single call can count this often: connections in use and
+    # deadlocks (pg_stat_activity, pg_stat_database), each queue's depth and oldest message,
+    # open dead letters per actor. One round of a few cheap queries per worker process.
+    "METRICS_SAMPLE_INTERVAL_S": 15.0,
     # Backpressure: queue name -> the backlog (pending outbox rows + broker messages) at which
     # admit() refuses new work; path prefix -> queue, for BackpressureMiddleware's unsafe requests.
     "BACKPRESSURE_QUEUES": {},
@@ -107,9 +133,11 @@ DEFAULTS: dict[str, Any] = {
     # Replayed or discarded dead letters older than this (by replayed_at / discarded_at) go;
     # unresolved ("dead") ones are never pruned. Long enough for post-mortems.
     "DEAD_LETTER_RETENTION_S": 30 * 86_400.0,
-    # Logging: "json" or "console".
-    "LOG_FORMAT": "json",
-    "LOG_LEVEL": "INFO",
+    # Deprecated, read by nothing (check W003 says so when set): logging is Django's LOGGING,
+    # e.g. composition.logging.logging_config("json", "INFO"). Still known keys, so settings
+    # that have them do not fail with E002 (unknown key).
+    "LOG_FORMAT": None,
+    "LOG_LEVEL": None,
 }
 
 
@@ -133,14 +161,19 @@ class _Conf:
             raise AttributeError(name)
         merged = self._load()
         try:
-            return merged[name]
+            value = merged[name]
         except KeyError:
             raise AttributeError(f"unknown COMPOSITION setting {name!r}") from None
+        # Kept as an instance attribute, so the next read is a plain attribute lookup that never
+        # reaches __getattr__ (hot paths read settings per request); reload() drops them all.
+        self.__dict__[name] = value
+        return value
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self._load())
 
     def reload(self) -> None:
+        self.__dict__.clear()
         self._merged = None
 
 

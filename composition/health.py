@@ -1,11 +1,14 @@
 """Liveness, readiness and worker health: cheap probes without side effects.
 
 - liveness never touches a dependency: the process answers, so it is alive;
-- readiness probes the database, the cache and the broker concurrently under one overall
-  deadline (``HEALTH_DEADLINE_S``) and reuses the answer for ``HEALTH_CACHE_S``; each dependency
-  is "critical" (fails readiness) or "degraded" (reported, still ready); a draining process is
-  never ready;
-- workers reads the heartbeats that ``runworkers`` processes write.
+- readiness probes the dependencies (``composition.probes``) concurrently under one overall
+  deadline (``HEALTH_DEADLINE_S``) and reuses the answer for ``HEALTH_CACHE_S``. Each dependency
+  is "critical" (fails readiness), "degraded" (reported, still ready) or "ignore", by role:
+  ``HEALTH_DEPENDENCIES`` for web (the broker is degraded: the outbox lets writes need only
+  PostgreSQL) and ``HEALTH_WORKER_DEPENDENCIES`` for workers (a worker without its broker does
+  nothing). A draining process (``composition.draining``) is never ready;
+- workers reads the heartbeats that ``runworkers`` processes write: the cluster's, or with
+  ``local`` only this host's (a container's own healthcheck).
 
 A probe that hangs (a frozen server accepts but never answers) is abandoned at the deadline: it
 runs in a daemon thread, so neither the answer nor the process exit waits for it.
@@ -13,35 +16,41 @@ runs in a daemon thread, so neither the answer nor the process exit waits for it
 
 from __future__ import annotations
 
-import math
+import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.conf import settings
-from django.db import connections
-
-from composition.broker import broker_kind
 from composition.conf import conf
-from composition.heartbeats import read_heartbeats
+from composition.draining import is_draining, set_draining
+from composition.heartbeats import read_heartbeats, read_stale_workers
 from composition.metrics import HEALTH_CHECK_SECONDS, HEALTH_CHECK_UP
+from composition.pids import pid_runs
+from composition.probes import PROBES, heartbeat_client, probe_broker, probe_cache, probe_database
 
 __all__ = [
+    "ROLES",
     "CheckResult",
     "HealthReport",
+    "heartbeat_client",
     "is_draining",
     "liveness",
+    "probe_broker",
+    "probe_cache",
+    "probe_database",
     "readiness",
     "set_draining",
     "workers",
 ]
 
-_draining = threading.Event()
 _cache_lock = threading.Lock()
 _round_lock = threading.Lock()
-_cached: tuple[float, HealthReport] | None = None
+# The last report per role, with the monotonic time it was made.
+_cached: dict[str, tuple[float, HealthReport]] = {}
+
+ROLES = ("web", "worker")
 
 
 @dataclass(frozen=True)
@@ -84,89 +93,28 @@ class HealthReport:
         return body
 
 
-def set_draining(value: bool = True) -> None:
-    """Mark this process as draining: readiness fails from now on."""
-    if value:
-        _draining.set()
-    else:
-        _draining.clear()
-
-
-def is_draining() -> bool:
-    return _draining.is_set()
-
-
 def liveness() -> HealthReport:
     return HealthReport("liveness", True)
 
 
-# -- probes ------------------------------------------------------------------------------------
-def probe_database(timeout_s: float) -> None:
-    """A fresh connection (never one a request or job is using) with the probe's own connect
-    and statement timeouts, so a frozen server cannot hold the probe beyond ``timeout_s``."""
-    import psycopg
-
-    # Everything the application connects with (TLS client certificates, service files,
-    # target_session_attrs...) except what only Django's own connection understands.
-    params = {key: value for key, value in connections["default"].get_connection_params().items()
-              if key not in ("cursor_factory", "context", "prepare_threshold", "pool", "server_side_binding",
-                             "assume_role")}
-    params["connect_timeout"] = max(1, math.ceil(timeout_s))
-    with psycopg.connect(**params, autocommit=True) as conn:
-        # A SET rather than a startup option: poolers such as PgBouncer refuse unknown ones.
-        conn.execute(f"SET statement_timeout = {max(1, int(timeout_s * 1000))}")
-        conn.execute("SELECT 1").fetchone()
+# Names of probes whose thread has not reported yet. Not ``Thread.is_alive()``: a thread that
+# has reported is still alive for a moment, and the next round would call its dependency down.
+_probes_in_flight: set[str] = set()
+_in_flight_lock = threading.Lock()
 
 
-def _redis_url_of_cache() -> str:
-    location = settings.CACHES[conf.CACHE_ALIAS]["LOCATION"]
-    return location[0] if isinstance(location, list | tuple) else str(location)
+def dependency_levels(role: str) -> dict[str, str]:
+    """Each dependency's level for ``role``: "critical", "degraded" or "ignore"."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}: expected one of {', '.join(ROLES)}")
+    levels = conf.HEALTH_DEPENDENCIES if role == "web" else conf.HEALTH_WORKER_DEPENDENCIES
+    return {name: levels.get(name, "critical") for name in PROBES}
 
 
-def _ping_redis(url: str, timeout_s: float) -> None:
-    import redis
-
-    client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
-    try:
-        client.ping()
-    finally:
-        client.close()
-
-
-def probe_cache(timeout_s: float) -> None:
-    _ping_redis(_redis_url_of_cache(), timeout_s)
-
-
-def probe_broker(timeout_s: float) -> None:
-    url = conf.BROKER_URL
-    if broker_kind(url) == "redis":
-        _ping_redis(url, timeout_s)
-        return
-    import pika
-
-    params = pika.URLParameters(url)
-    params.socket_timeout = timeout_s
-    params.blocked_connection_timeout = timeout_s
-    params.stack_timeout = timeout_s
-    params.connection_attempts = 1
-    pika.BlockingConnection(params).close()
-
-
-PROBES: dict[str, Callable[[float], None]] = {
-    "database": probe_database,
-    "cache": probe_cache,
-    "broker": probe_broker,
-}
-
-
-_running_probes: dict[str, threading.Thread] = {}
-
-
-def _run_probes(deadline_s: float) -> list[CheckResult]:
+def _run_probes(levels: dict[str, str], deadline_s: float) -> list[CheckResult]:
     """Run every probe concurrently under one deadline. A probe still hanging from an earlier
     round is not started again (its dependency is reported down), so a frozen server does
     not pile up a thread per readiness request."""
-    levels = conf.HEALTH_DEPENDENCIES
     outcomes: dict[str, tuple[float, str | None]] = {}
     done = threading.Condition()
     began = time.monotonic()
@@ -178,90 +126,112 @@ def _run_probes(deadline_s: float) -> list[CheckResult]:
             probe(deadline_s)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"[:300]
+        with _in_flight_lock:
+            _probes_in_flight.discard(name)
         with done:
             outcomes[name] = (time.monotonic() - start, error)
             done.notify_all()
 
-    names = [name for name in PROBES if levels.get(name, "critical") != "ignore"]
+    names = [name for name, level in levels.items() if level != "ignore"]
     for name in names:
-        previous = _running_probes.get(name)
-        if previous is not None and previous.is_alive():
+        with _in_flight_lock:
+            still_hanging = name in _probes_in_flight
+            _probes_in_flight.add(name)
+        if still_hanging:
             outcomes[name] = (0.0, "the previous probe has not answered yet")
             continue
-        thread = threading.Thread(target=run, args=(name, PROBES[name]), name=f"probe-{name}", daemon=True)
-        _running_probes[name] = thread
-        thread.start()
+        threading.Thread(target=run, args=(name, PROBES[name]), name=f"probe-{name}", daemon=True).start()
     with done:
         done.wait_for(lambda: len(outcomes) == len(names), timeout=deadline_s)
         snapshot = dict(outcomes)
     results = []
     for name in names:
-        critical = levels.get(name, "critical") == "critical"
         if name in snapshot:
             took, error = snapshot[name]
         else:
             took, error = time.monotonic() - began, f"no answer within {deadline_s:.1f}s"
         HEALTH_CHECK_SECONDS.labels(name).observe(took)
         HEALTH_CHECK_UP.labels(name).set(0 if error else 1)
-        results.append(CheckResult(name, error is None, critical, took, error))
+        results.append(CheckResult(name, error is None, levels[name] == "critical", took, error))
     return results
 
 
-def _fresh_report() -> HealthReport | None:
+def _fresh_report(role: str) -> HealthReport | None:
     with _cache_lock:
-        if _cached is not None and time.monotonic() - _cached[0] < float(conf.HEALTH_CACHE_S):
-            return _cached[1]
+        cached = _cached.get(role)
+        if cached is not None and time.monotonic() - cached[0] < float(conf.HEALTH_CACHE_S):
+            return cached[1]
     return None
 
 
-def readiness(*, use_cache: bool = True) -> HealthReport:
-    """Probe every dependency under one deadline; cached for ``HEALTH_CACHE_S``.
+def reset_readiness_cache() -> None:
+    """Forget every cached answer: the next readiness call probes."""
+    with _cache_lock:
+        _cached.clear()
+
+
+def readiness(*, use_cache: bool = True, role: str = "web") -> HealthReport:
+    """Probe every dependency of ``role`` under one deadline; cached for ``HEALTH_CACHE_S``.
 
     One round of probes runs at a time: a caller arriving while one runs waits for it and
     shares its answer, so two load balancers asking together never see each other's probes as
     hung ones.
     """
-    global _cached
+    levels = dependency_levels(role)
     if is_draining():
-        return HealthReport("readiness", False, detail={"draining": True})
-    if use_cache and (fresh := _fresh_report()) is not None:
+        return HealthReport("readiness", False, detail={"draining": True, "role": role})
+    if use_cache and (fresh := _fresh_report(role)) is not None:
         return fresh
     deadline_s = float(conf.HEALTH_DEADLINE_S)
     if not _round_lock.acquire(timeout=deadline_s + 1.0):
-        return HealthReport("readiness", False, detail={"error": "readiness probes did not finish in time"})
+        return HealthReport("readiness", False, detail={"error": "readiness probes did not finish in time",
+                                                        "role": role})
     try:
-        if use_cache and (fresh := _fresh_report()) is not None:
+        if use_cache and (fresh := _fresh_report(role)) is not None:
             return fresh  # the round we waited for
-        checks = _run_probes(deadline_s)
-        report = HealthReport("readiness", all(c.ok or not c.critical for c in checks), checks)
+        checks = _run_probes(levels, deadline_s)
+        report = HealthReport("readiness", all(c.ok or not c.critical for c in checks), checks,
+                              detail={"role": role})
         with _cache_lock:
-            _cached = (time.monotonic(), report)
+            _cached[role] = (time.monotonic(), report)
         return report
     finally:
         _round_lock.release()
 
 
 # -- worker heartbeats -----------------------------------------------------------------------------
-def heartbeat_client() -> Any:
-    """A Redis client for the heartbeats, bounded by the health deadline."""
-    import redis
-
-    timeout_s = float(conf.HEALTH_DEADLINE_S)
-    return redis.Redis.from_url(_redis_url_of_cache(), socket_connect_timeout=timeout_s,
-                                socket_timeout=timeout_s)
+def _host_and_pid(beat: dict[str, Any]) -> tuple[str, int | None]:
+    host, _, pid = str(beat["worker"]).rpartition(":")
+    return host, int(pid) if pid.isdigit() else None
 
 
-def workers() -> HealthReport:
-    """Healthy when at least one worker process beat recently and none is stuck on old work."""
+def workers(*, local: bool = False) -> HealthReport:
+    """Healthy when at least one worker process beat recently and none is stuck on old work.
+
+    ``local`` looks only at this host's processes (a container's healthcheck: one stuck worker
+    elsewhere must not mark this container unhealthy), and skips a beat whose process no longer
+    runs, so a container whose workers died is unhealthy at once rather than when their last
+    beats expire.
+    """
     stale_after_s = float(conf.WORKER_STALE_AFTER_S)
     try:
         client = heartbeat_client()
         try:
             beats = read_heartbeats(client)
+            stale = [] if local else read_stale_workers(client)
         finally:
             client.close()
     except Exception as exc:
         return HealthReport("workers", False, detail={"error": f"{type(exc).__name__}: {exc}"})
+    # Stale: stopped beating without withdrawing (killed or frozen); reported, and their
+    # messages come back to the queue by the broker's own recovery.
+    detail: dict[str, Any] = {"stale": stale} if stale else {}
+    if local:
+        hostname = socket.gethostname()
+        mine = [b for b in beats if _host_and_pid(b)[0] == hostname]
+        gone = [b["worker"] for b in mine if (pid := _host_and_pid(b)[1]) is not None and not pid_runs(pid)]
+        beats = [b for b in mine if b["worker"] not in gone]
+        detail = {"host": hostname, "gone": gone}
     now = time.time()
     fresh = [b for b in beats if now - b["beat_at"] <= stale_after_s]
     # A worker that keeps beating but has held one job for longer than that job may run (its
@@ -269,4 +239,4 @@ def workers() -> HealthReport:
     stuck = [b["worker"] for b in fresh if b.get("oldest_job_started_at")
              and now - b["oldest_job_started_at"] > (b.get("max_job_s") or float(conf.WORKER_STUCK_AFTER_S))]
     ok = bool(fresh) and not stuck
-    return HealthReport("workers", ok, detail={"workers": beats, "fresh": len(fresh), "stuck": stuck})
+    return HealthReport("workers", ok, detail={"workers": beats, "fresh": len(fresh), "stuck": stuck, **detail})

@@ -13,7 +13,7 @@ from typing import Any
 
 from composition.conf import conf
 
-__all__ = ["REGISTRY_KEY", "clear_heartbeat", "read_heartbeats", "write_heartbeat"]
+__all__ = ["REGISTRY_KEY", "clear_heartbeat", "read_heartbeats", "read_stale_workers", "write_heartbeat"]
 
 KEY_PREFIX = "composition:worker:"
 REGISTRY_KEY = "composition:workers"
@@ -50,3 +50,15 @@ def read_heartbeats(client: Any) -> list[dict[str, Any]]:
         return []
     beats = [json.loads(raw) for raw in client.mget([KEY_PREFIX + worker_id for worker_id in ids]) if raw]
     return sorted(beats, key=lambda beat: beat["worker"])
+
+
+def read_stale_workers(client: Any) -> list[dict[str, Any]]:
+    """Workers whose last beat is older than ``WORKER_STALE_AFTER_S`` but still remembered (the
+    registry keeps them ``PRUNE_AFTER_STALE_PERIODS`` stale periods): killed or frozen
+    processes, with when they last beat. Their beats themselves have expired."""
+    stale_after_s = float(conf.WORKER_STALE_AFTER_S)
+    now = time.time()
+    rows = client.zrangebyscore(REGISTRY_KEY, now - PRUNE_AFTER_STALE_PERIODS * stale_after_s,
+                                f"({now - stale_after_s}", withscores=True)
+    return [{"worker": worker.decode() if isinstance(worker, bytes) else worker, "beat_at": beat_at}
+            for worker, beat_at in rows]

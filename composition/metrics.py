@@ -2,12 +2,27 @@
 
 Multiprocess mode: when ``PROMETHEUS_MULTIPROC_DIR`` is set in the environment before
 ``prometheus_client`` is first imported, every process writes its samples there and
-``/metrics`` merges them.
+``/metrics`` merges them. The folder is created here when it does not exist yet.
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+import os
+
+
+def _ensure_multiprocess_directory() -> None:
+    """Create ``PROMETHEUS_MULTIPROC_DIR`` when it is set but missing: every metric below opens
+    its file there as it is defined, during Django's start-up, before a system check could say
+    what is wrong, so a missing folder would crash ``migrate``, ``runworkers`` and the web."""
+    # The lower-case name is prometheus_client's older spelling, which it still reads.
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir")  # noqa: SIM112
+    if path:
+        os.makedirs(path, exist_ok=True)
+
+
+_ensure_multiprocess_directory()
+
+from prometheus_client import Counter, Gauge, Histogram  # noqa: E402  (after the folder exists)
 
 __all__ = [
     "COMPONENT_START_SECONDS",
@@ -146,3 +161,63 @@ __all__ += ["BACKPRESSURE_REJECTIONS_TOTAL", "CIRCUIT_REJECTIONS_TOTAL", "CIRCUI
 __all__ += ["RETENTION_PRUNED_TOTAL"]
 RETENTION_PRUNED_TOTAL = Counter("composition_retention_pruned_total",
                                  "Rows deleted by retention pruning, by table.", ["table"])
+
+# --- the catalogue's remainder: database, cache latency, broker, lock time-outs ----------------
+# Sampled values (pg_stat_activity, pg_stat_database, the broker, open dead letters) describe the
+# cluster, not the process that read them: every runworkers process samples the same numbers, so
+# the merge keeps the most recent of the living processes.
+__all__ += [
+    "BROKER_MESSAGES", "BROKER_OLDEST_MESSAGE_AGE_SECONDS", "CACHE_OPERATION_SECONDS", "DB_CONNECTIONS_IN_USE",
+    "DB_CONNECTIONS_MAX", "DB_CONNECTION_BUDGET", "DB_DEADLOCKS_DETECTED", "DB_SLOW_QUERIES_TOTAL",
+    "DEAD_LETTERS_OPEN", "LOCK_TIMEOUTS_TOTAL",
+]
+DB_CONNECTIONS_IN_USE = Gauge(
+    "composition_db_connections_in_use",
+    "Client connections open on the PostgreSQL server (every database), by state: active, idle, "
+    "idle_in_transaction, other (pg_stat_activity, sampled by runworkers).", ["state"],
+    multiprocess_mode="livemostrecent")
+DB_CONNECTIONS_MAX = Gauge(
+    "composition_db_connections_max",
+    "Connections the server lets non-superusers open: max_connections less the reserved ones "
+    "(sampled by runworkers); the ceiling the `manage.py system` budget must fit under.",
+    multiprocess_mode="livemostrecent")
+# Labelled by role (only "worker" so far), so that a process that never samples writes no 0 of its
+# own into the sum.
+DB_CONNECTION_BUDGET = Gauge(
+    "composition_db_connection_budget",
+    "Connections a process may hold by the `manage.py system` budget (its threads plus its "
+    "background threads, or its pool's max_size), summed over the living processes of a role "
+    "(worker: runworkers' processes).", ["role"],
+    multiprocess_mode="livesum")
+DB_DEADLOCKS_DETECTED = Gauge(
+    "composition_db_deadlocks_detected",
+    "Deadlocks PostgreSQL detected in this database since its statistics were last reset "
+    "(pg_stat_database.deadlocks, sampled by runworkers: a cumulative count, use increase()).",
+    multiprocess_mode="livemostrecent")
+DB_SLOW_QUERIES_TOTAL = Counter(
+    "composition_db_slow_queries_total",
+    "Queries that took longer than COMPOSITION['DB_SLOW_QUERY_S'], by database alias.", ["alias"])
+CACHE_OPERATION_SECONDS = Histogram(
+    "composition_cache_operation_seconds",
+    "Time of one cache_aside Redis round trip, by operation: get (the hit path's MGET), acquire "
+    "(the rebuild lease), fill (store the rebuilt value); failed calls included.", ["operation"],
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0))
+BROKER_MESSAGES = Gauge(
+    "composition_broker_messages",
+    "Messages the broker holds for a queue, by state: ready, delayed (retries and etas), in_flight "
+    "(fetched, not acked; Redis only). Sampled by runworkers.", ["queue", "state"],
+    multiprocess_mode="livemostrecent")
+BROKER_OLDEST_MESSAGE_AGE_SECONDS = Gauge(
+    "composition_broker_oldest_message_age_seconds",
+    "How long the oldest ready message of a queue has been waiting (since it was created, or its "
+    "eta); 0 when none. Redis broker only. Sampled by runworkers.", ["queue"],
+    multiprocess_mode="livemostrecent")
+DEAD_LETTERS_OPEN = Gauge(
+    "composition_dead_letters_open",
+    "Dead letters neither replayed nor discarded, by actor (sampled by runworkers).", ["actor"],
+    multiprocess_mode="livemostrecent")
+LOCK_TIMEOUTS_TOTAL = Counter(
+    "composition_lock_timeouts_total",
+    "Lock acquisitions that waited their whole timeout_s / wait_s and gave up, by kind and name "
+    "(also counted as outcome busy in composition_lock_acquire_total; a refusal without a wait is not).",
+    ["kind", "name"])

@@ -14,16 +14,48 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 
 import structlog
+from dramatiq.broker import Broker
 
 from composition.breaker import CircuitBreaker, CircuitOpen
 from composition.broker import configured_broker
 from composition.metrics import QUEUE_DEPTH
 
-__all__ = ["QueueDepths", "queue_depth"]
+__all__ = ["BrokerCounts", "QueueDepths", "broker_counts", "queue_depth"]
 
 log = structlog.get_logger("composition.backpressure")
+
+
+@dataclass(frozen=True)
+class BrokerCounts:
+    """What the broker holds for one queue: ready to run, delayed (retries waiting for their
+    backoff, and messages with an eta), and taken by a worker but not yet acked (Redis only:
+    RabbitMQ's passive declare does not count them; None there)."""
+
+    ready: int
+    delayed: int
+    in_flight: int | None
+
+
+def broker_counts(queue: str, broker: Broker | None = None) -> BrokerCounts:
+    """The broker's counts for ``queue`` on ``broker`` (default: the configured one): one round
+    trip on Redis, two passive declares on RabbitMQ. Raises the broker's error."""
+    broker = broker if broker is not None else configured_broker()
+    client = getattr(broker, "client", None)
+    if client is not None:
+        namespace = getattr(broker, "namespace", "dramatiq")
+        pipe = client.pipeline(transaction=False)
+        pipe.llen(f"{namespace}:{queue}")
+        pipe.hlen(f"{namespace}:{queue}.msgs")
+        pipe.hlen(f"{namespace}:{queue}.DQ.msgs")
+        ready, bodies, delayed = (int(value) for value in pipe.execute())
+        return BrokerCounts(ready=ready, delayed=delayed, in_flight=max(0, bodies - ready))
+    channel = broker.channel  # type: ignore[attr-defined]
+    ready = int(channel.queue_declare(queue, passive=True).method.message_count)
+    delayed = int(channel.queue_declare(f"{queue}.DQ", passive=True).method.message_count)
+    return BrokerCounts(ready=ready, delayed=delayed, in_flight=None)
 
 
 def _broker_depth(queue: str) -> int:

@@ -8,6 +8,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
 from composition import health
+from composition.prometheus import MetricsAccess, MetricsDirectoryBusy, render, scrape_registry
 
 log = structlog.get_logger("composition.health")
 
@@ -33,7 +34,17 @@ def readyz(request: HttpRequest) -> JsonResponse:
 @never_cache
 @require_safe
 def metrics(request: HttpRequest) -> HttpResponse:
-    """Prometheus text format, merged across processes in multiprocess mode."""
-    from django_prometheus.exports import ExportToDjangoView
-
-    return ExportToDjangoView(request)
+    """Prometheus exposition, merged across processes in multiprocess mode (read under the
+    directory's lock, which django-prometheus' own view does not take). 403 or 401 when the
+    access policy refuses the caller, 503 while the directory stays locked."""
+    refusal = MetricsAccess.from_settings().refusal(authorization=request.headers.get("Authorization"),
+                                                    client_address=request.META.get("REMOTE_ADDR"))
+    if refusal is not None:
+        return HttpResponse(refusal.reason + "\n", status=refusal.status, headers=refusal.headers,
+                            content_type="text/plain; charset=utf-8")
+    try:
+        body, content_type = render(scrape_registry(), request.headers.get("Accept", ""))
+    except MetricsDirectoryBusy:
+        log.warning("metrics scrape refused: directory busy")
+        return HttpResponse("metrics directory busy, retry\n", status=503, content_type="text/plain; charset=utf-8")
+    return HttpResponse(body, content_type=content_type)

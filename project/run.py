@@ -52,6 +52,7 @@ def main() -> int:
     if not os.environ.get("REDIS_URL"):
         components.append(EmbeddedValkey(DATA_DIR))
     infra = [c.name for c in components]
+    log = logging.getLogger("project.run")
 
     class Migrations:
         """Applies migrations, collects static files and makes a dev superuser before anything
@@ -59,15 +60,28 @@ def main() -> int:
 
         name = "migrations"
         depends_on = tuple(infra)
+        api_token: str | None = None
 
         def start(self) -> None:
             manage = [python, str(BASE_DIR / "manage.py")]
             subprocess.run([*manage, "migrate", "--noinput"], check=True, cwd=BASE_DIR)
             subprocess.run([*manage, "collectstatic", "--noinput", "-v", "0"], check=True, cwd=BASE_DIR)
+            # A mark left by a run that was killed would keep the new web server draining.
+            subprocess.run([*manage, "drain", "--clear"], check=True, cwd=BASE_DIR, stdout=subprocess.DEVNULL)
             subprocess.run([*manage, "ensure_dev_superuser"], check=True, cwd=BASE_DIR)
+            # A fresh API token each run (the previous run's is replaced): shown once, below.
+            made = subprocess.run([*manage, "create_api_token", "admin", "--name", "./run", "--replace"],
+                                  cwd=BASE_DIR, capture_output=True, text=True)
+            self.api_token = made.stdout.strip() if made.returncode == 0 else None
+            if self.api_token is None:
+                log.warning("no API token made for the dev superuser: %s", made.stderr.strip()[-300:])
 
         def stop(self, timeout_s: float) -> None:
             pass
+
+    def announce_draining() -> None:
+        # The draining window: /readyz answers 503 while gunicorn still serves, then it stops.
+        subprocess.run([python, str(BASE_DIR / "manage.py"), "drain"], check=True, cwd=BASE_DIR)
 
     workers = ProcessComponent(
         "workers", [python, str(BASE_DIR / "manage.py"), "runworkers", "--processes", "1", "--threads", "4",
@@ -76,14 +90,18 @@ def main() -> int:
     web = ProcessComponent(
         "web", [python, "-m", "gunicorn", "project.wsgi:application",
                 "--config", "python:project.gunicorn_conf", "--bind", f"{HOST}:{PORT}"],
-        depends_on=("migrations",), ready_url=f"http://{HOST}:{PORT}/readyz", cwd=str(BASE_DIR))
-    system = System([*components, Migrations(), workers, web], shutdown_timeout_s=30.0,
+        depends_on=("migrations",), ready_url=f"http://{HOST}:{PORT}/readyz", cwd=str(BASE_DIR),
+        pre_stop=announce_draining)
+    migrations = Migrations()
+    system = System([*components, migrations, workers, web], shutdown_timeout_s=30.0,
                     stop_timeout_s=35.0)
-    log = logging.getLogger("project.run")
 
     def announce() -> None:
         log.warning("billing system up: http://%s:%s/ (admin at /admin/, admin / admin; /healthz, "
                     "/readyz, /metrics). Ctrl-C drains and stops.", HOST, PORT)
+        if migrations.api_token:
+            log.warning("API token of admin (made for this run): %s\n  try: curl -H 'Authorization: Bearer %s' "
+                        "http://%s:%s/api/invoices", migrations.api_token, migrations.api_token, HOST, PORT)
 
     try:
         report = system.run(on_started=announce)

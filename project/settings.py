@@ -80,7 +80,10 @@ TEMPLATES = [
     },
 ]
 
-DATABASES = {"default": {**database_from_url(DATABASE_URL), "CONN_MAX_AGE": 60, "CONN_HEALTH_CHECKS": True}}
+# django-prometheus's PostgreSQL backend: query latency, errors and connections as metrics.
+DATABASE_ENGINE = os.environ.get("DATABASE_ENGINE") or "django_prometheus.db.backends.postgresql"
+DATABASES = {"default": {**database_from_url(DATABASE_URL, DATABASE_ENGINE), "CONN_MAX_AGE": 60,
+                         "CONN_HEALTH_CHECKS": True}}
 DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", 5)
 
 CACHES = {
@@ -97,10 +100,26 @@ CACHES = {
 
 COMPOSITION = {
     "BROKER_URL": BROKER_URL,
-    "BACKPRESSURE_QUEUES": {"billing": int(os.environ.get("BILLING_QUEUE_LIMIT", "10000"))},
+    # Reminders are shed first: a small backlog of their own, apart from payments' receipts.
+    "BACKPRESSURE_QUEUES": {"billing": int(os.environ.get("BILLING_QUEUE_LIMIT", "10000")),
+                            "reminders": int(os.environ.get("REMINDERS_QUEUE_LIMIT", "1000"))},
     "BACKPRESSURE_PATHS": {"/api/invoices": "billing"},
-    "LOG_FORMAT": LOG_FORMAT,
-    "LOG_LEVEL": LOG_LEVEL,
+    # `manage.py drain` (the pre-stop step) marks every web process of the host draining here.
+    "HEALTH_DRAIN_FILE": os.environ.get("DRAIN_FILE") or str(DATA_DIR / "web.draining"),
+    "HEALTH_DRAIN_WAIT_S": float(os.environ.get("DRAIN_WAIT_S", "5")),
+}
+
+# Receipts and reminders. By default they are written as files under .data/mail (one file per
+# connection, messages one after another), so ./run needs no mail server; EMAIL_BACKEND and
+# Django's EMAIL_HOST/EMAIL_PORT... settings choose a real one.
+EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND") or "django.core.mail.backends.filebased.EmailBackend"
+EMAIL_FILE_PATH = os.environ.get("EMAIL_FILE_PATH") or str(DATA_DIR / "mail")
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
+EMAIL_PORT = int(os.environ.get("EMAIL_PORT", "25"))
+EMAIL_TIMEOUT = float(os.environ.get("EMAIL_TIMEOUT_S", "5"))
+BILLING = {
+    "FROM_EMAIL": os.environ.get("BILLING_FROM_EMAIL", "billing@example.com"),
+    "EMAIL_BREAKER_RESET_S": float(os.environ.get("BILLING_EMAIL_BREAKER_RESET_S", "30")),
 }
 
 LOGGING = logging_config(LOG_FORMAT, LOG_LEVEL)

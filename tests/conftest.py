@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -15,9 +16,26 @@ def throwaway_redis_server() -> Iterator[ThrowawayRedis]:
         yield server
 
 
+def _empty_redis_broker() -> None:
+    from dramatiq.brokers.redis import RedisBroker
+
+    from composition.broker import configured_broker
+
+    broker = configured_broker()
+    if isinstance(broker, RedisBroker):
+        keys = list(broker.client.scan_iter(f"{broker.namespace}:*", count=1000))
+        if keys:
+            broker.client.delete(*keys)
+
+
 @pytest.fixture
 def worker_processes(transactional_db: None) -> Iterator[list[WorkerProcess]]:
-    """Start ``runworkers`` children with ``spawn(args)``; every one is stopped before teardown."""
+    """Start ``runworkers`` children with ``spawn(args)``; every one is stopped before teardown.
+
+    The Redis broker starts empty: a message an earlier test left (a delayed retry, or one a
+    killed worker held, which the broker's recovery hands back seconds later) would otherwise run
+    in this test's workers, and a long one holds their drain."""
+    _empty_redis_broker()
     started: list[WorkerProcess] = []
 
     class Spawner(list):  # type: ignore[type-arg]
@@ -32,6 +50,21 @@ def worker_processes(transactional_db: None) -> Iterator[list[WorkerProcess]]:
 
 
 @pytest.fixture
+def empty_check_queues() -> Iterator[None]:
+    """The jobs app's check queue and the relay's queue, empty before and after the test."""
+    from composition.broker import configured_broker
+    from composition.outbox.relay import RELAY_QUEUE_NAME
+    from tests.jobsapp.jobs import CHECK_QUEUE
+
+    broker = configured_broker()
+    for queue in (CHECK_QUEUE, RELAY_QUEUE_NAME):
+        broker.flush(queue)
+    yield
+    for queue in (CHECK_QUEUE, RELAY_QUEUE_NAME):
+        broker.flush(queue)
+
+
+@pytest.fixture
 def nudge_only() -> Iterator[None]:
     """Publishing only nudges the relay (``OUTBOX_SEND_ON_COMMIT`` off): committed rows stay
     pending for a test to relay, or to watch the relay take, itself."""
@@ -42,11 +75,44 @@ def nudge_only() -> Iterator[None]:
         yield
 
 
+def _rabbitmq_listens(host: str = "127.0.0.1", port: int = 5672) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # RabbitMQ tests run wherever the broker is reachable; CI always provides it.
+    # RabbitMQ tests run wherever the broker is reachable: RABBITMQ_URL set, CI (which always
+    # provides it), or a RabbitMQ listening on its default port.
     if os.environ.get("RABBITMQ_URL") or os.environ.get("CI"):
         return
-    skip = pytest.mark.skip(reason="set RABBITMQ_URL to run the RabbitMQ tests")
+    if not any("rabbitmq" in item.keywords for item in items) or _rabbitmq_listens():
+        return
+    skip = pytest.mark.skip(reason="no RabbitMQ on 127.0.0.1:5672; set RABBITMQ_URL to run the RabbitMQ tests")
     for item in items:
         if "rabbitmq" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def api_token() -> str:
+    """A bearer token of a superuser for the billing API (the test's own django_db mark gives
+    the database)."""
+    from django.contrib.auth import get_user_model
+
+    from billing.tokens import create_token
+
+    user = get_user_model().objects.create_superuser("api-tests", "api@example.invalid", "api-tests")
+    return create_token(user, "tests")[1]
+
+
+@pytest.fixture
+def api_client(api_token: str) -> Any:
+    """A test client that sends the bearer token on every request."""
+    from django.test import Client
+
+    return Client(headers={"Authorization": f"Bearer {api_token}"})

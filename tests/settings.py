@@ -5,13 +5,37 @@ A child also takes COMPOSITION overrides as a JSON object in ``COMPOSITION_TEST_
 (``override_settings`` cannot reach another process).
 """
 
+import importlib.util
 import json
 import os
 
 from project.settings import *  # noqa: F403
-from project.settings import COMPOSITION, INSTALLED_APPS
+from project.settings import CACHES, COMPOSITION, INSTALLED_APPS
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.outboxapp", "tests.jobsapp"]
-COMPOSITION = {**COMPOSITION, **json.loads(os.environ.get("COMPOSITION_TEST_OVERRIDES") or "{}")}
+
+# django.tasks through the outbox (tests/test_tasks.py): Django 6's own package, else the backport
+# (the "tasks" extra), whose app must be installed; without either, those tests skip.
+if importlib.util.find_spec("django.tasks") or importlib.util.find_spec("django_tasks"):
+    if not importlib.util.find_spec("django.tasks"):
+        INSTALLED_APPS = [*INSTALLED_APPS, "django_tasks"]
+    TASKS = {
+        "default": {
+            "BACKEND": "composition.tasks.OutboxBackend",
+            # Queues of their own, so no other test's worker takes these tasks.
+            "QUEUES": ["jobs_tasks", "jobs_tasks_plain"],
+            "OPTIONS": {
+                "MAX_ATTEMPTS": 3, "INITIAL_DELAY_S": 0.05, "MAX_DELAY_S": 0.2, "TIMEOUT_S": 20,
+                "QUEUE_OPTIONS": {"jobs_tasks_plain": {"ATOMIC": False, "MAX_ATTEMPTS": 2}},
+            },
+        },
+    }
+# Another cache alias on the same Redis (keys apart by prefix): the billing service's tests
+# give it as a real alternate collaborator.
+CACHES = {**CACHES, "alternate": {**CACHES["default"], "KEY_PREFIX": "alternate"}}
+ROOT_URLCONF = "tests.urls"
+# No host-wide drain mark unless a test sets its own: a test's mark must not drain the others.
+COMPOSITION = {**COMPOSITION, "HEALTH_DRAIN_FILE": None,
+               **json.loads(os.environ.get("COMPOSITION_TEST_OVERRIDES") or "{}")}
 # Nothing is collected for the tests; WhiteNoise then has no directory to serve (and says so).
 STATIC_ROOT = None

@@ -70,8 +70,8 @@ def empty_billing_queue() -> Iterator[None]:
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("nudge_only", "empty_billing_queue")
-def test_middleware_sheds_unsafe_requests_with_503_and_retry_after() -> None:
-    client = Client()
+def test_middleware_sheds_unsafe_requests_with_503_and_retry_after(api_client: Client) -> None:
+    client = api_client
     with transaction.atomic():
         publish("send_payment_receipt", {"payment_id": 1})
     overrides = {**settings.COMPOSITION, "BACKPRESSURE_QUEUES": {"billing": 1},

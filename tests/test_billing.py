@@ -13,7 +13,8 @@ from django.db import connections
 from django.test import Client
 
 from billing.models import Invoice, Payment, Receipt
-from billing.services import get_invoice, invoice_cache_key
+from billing.services import invoice_cache_key
+from billing.wiring import default_service
 from composition.broker import configured_broker
 from composition.cache import cache_aside_result, invalidate_namespace
 from composition.outbox import OutboxMessage
@@ -32,14 +33,19 @@ def _post(client: Client, url: str, body: Any, **headers: str) -> Any:
     return client.post(url, data=json.dumps(body), content_type="application/json", **headers)
 
 
+def _client(token: str) -> Client:
+    return Client(headers={"Authorization": f"Bearer {token}"})
+
+
 def _invoice(number: str = "INV-1", amount_cents: int = 12_500) -> Invoice:
     return Invoice.objects.create(number=number, customer="Ada", amount_cents=amount_cents)
 
 
-def test_payment_flows_to_exactly_one_receipt_with_request_id_in_the_worker_log(worker_processes) -> None:  # type: ignore[no-untyped-def]
+def test_payment_flows_to_exactly_one_receipt_with_request_id_in_the_worker_log(  # type: ignore[no-untyped-def]
+        worker_processes, api_token: str) -> None:
     # Messages other tests left for the same (reused) payment ids must not run as this one's.
     configured_broker().flush("billing")
-    client = Client()
+    client = _client(api_token)
     created = _post(client, "/api/invoices", {"number": "INV-7", "customer": "Ada", "amount_cents": 4200})
     assert created.status_code == 201
     invoice_id = created.json()["id"]
@@ -61,7 +67,7 @@ def test_payment_flows_to_exactly_one_receipt_with_request_id_in_the_worker_log(
     assert OutboxMessage.objects.filter(status="sent").count() == 1
 
     records = [json.loads(line) for line in worker.output().splitlines() if line.startswith("{")]
-    receipt_logs = [r for r in records if r.get("event") == "processing payment receipt job"]
+    receipt_logs = [r for r in records if r.get("event") == "payment receipt written"]
     assert len(receipt_logs) == 1
     record = receipt_logs[0]
     assert record["request_id"] == "req-flow-7"
@@ -84,11 +90,11 @@ def _parallel(count: int, work: Any) -> list[Any]:
         return list(pool.map(run, range(count)))
 
 
-def test_concurrent_payers_of_one_invoice_charge_once() -> None:
+def test_concurrent_payers_of_one_invoice_charge_once(api_token: str) -> None:
     invoice = _invoice()
 
     def pay(index: int) -> int:
-        return int(_post(Client(), f"/api/invoices/{invoice.pk}/pay",
+        return int(_post(_client(api_token), f"/api/invoices/{invoice.pk}/pay",
                          {"payment_id": f"pay-{index}", "amount_cents": 12_500}).status_code)
 
     statuses = _parallel(8, pay)
@@ -97,11 +103,12 @@ def test_concurrent_payers_of_one_invoice_charge_once() -> None:
     assert OutboxMessage.objects.count() == 1
 
 
-def test_the_same_payment_id_posted_concurrently_is_one_payment() -> None:
+def test_the_same_payment_id_posted_concurrently_is_one_payment(api_token: str) -> None:
     invoice = _invoice()
 
     def pay(index: int) -> tuple[int, bool]:
-        response = _post(Client(), f"/api/invoices/{invoice.pk}/pay", {"payment_id": "pay-dup", "amount_cents": 12_500})
+        response = _post(_client(api_token), f"/api/invoices/{invoice.pk}/pay",
+                         {"payment_id": "pay-dup", "amount_cents": 12_500})
         return int(response.status_code), bool(response.json().get("created"))
 
     results = _parallel(6, pay)
@@ -109,24 +116,29 @@ def test_the_same_payment_id_posted_concurrently_is_one_payment() -> None:
     assert Payment.objects.count() == 1
 
 
-def test_bad_input_gets_a_clear_error_and_writes_nothing() -> None:
-    client = Client()
+def test_bad_input_gets_a_clear_error_and_writes_nothing(api_token: str) -> None:
+    client = _client(api_token)
     invoice = _invoice()
     url = f"/api/invoices/{invoice.pk}/pay"
     cases = [
-        (b"not json", 400, "not JSON"),
-        (json.dumps([1, 2]).encode(), 400, "JSON object"),
-        (json.dumps({"payment_id": "p", "amount_cents": "12500"}).encode(), 400, "amount_cents"),
-        (json.dumps({"payment_id": "", "amount_cents": 12_500}).encode(), 400, "payment_id"),
-        (json.dumps({"payment_id": "p", "amount_cents": -5}).encode(), 400, "positive"),
-        (json.dumps({"payment_id": "p", "amount_cents": 1}).encode(), 422, "not 1"),
+        (b"not json", 400, "invalid_json", "not valid JSON"),
+        (json.dumps([1, 2]).encode(), 400, "invalid_body", "JSON object"),
+        (json.dumps({"payment_id": "p", "amount_cents": "12500"}).encode(), 400, "invalid_field",
+         "field 'amount_cents' must be an integer"),
+        (json.dumps({"payment_id": "", "amount_cents": 12_500}).encode(), 400, "invalid_field", "payment_id"),
+        (json.dumps({"payment_id": "p", "amount_cents": -5}).encode(), 400, "invalid_field", "between 1 and"),
+        (json.dumps({"payment_id": "p", "amount_cents": 2**63}).encode(), 400, "invalid_field", "between 1 and"),
+        (json.dumps({"payment_id": "p\u0000", "amount_cents": 5}).encode(), 400, "invalid_field", "control"),
+        (json.dumps({"payment_id": "p", "amount_cents": 5, "x": 1}).encode(), 400, "unknown_field", "'x'"),
+        (json.dumps({"payment_id": "p", "amount_cents": 1}).encode(), 422, "amount_mismatch", "not 1"),
     ]
-    for body, status, words in cases:
+    for body, status, code, words in cases:
         response = client.post(url, data=body, content_type="application/json")
         assert response.status_code == status, (body, response.content)
-        assert words in response.json()["error"]
+        assert response.json()["code"] == code and words in response.json()["error"], response.content
     for invoice_body, words in (({"number": "N-1", "customer": "c", "amount_cents": 5, "currency": "euro"}, "currency"),
-                                ({"number": "N-1", "customer": "c", "amount_cents": 0}, "positive"),
+                                ({"number": "N-1", "customer": "c", "amount_cents": 0}, "between 1 and"),
+                                ({"number": "N" * 33, "customer": "c", "amount_cents": 5}, "1 to 32 characters"),
                                 ({"number": invoice.number, "customer": "c", "amount_cents": 5}, "already exists")):
         response = _post(client, "/api/invoices", invoice_body)
         assert response.status_code in (400, 409) and words in response.json()["error"], response.content
@@ -135,8 +147,8 @@ def test_bad_input_gets_a_clear_error_and_writes_nothing() -> None:
     assert Payment.objects.count() == 0 and OutboxMessage.objects.count() == 0
 
 
-def test_a_payment_id_reused_for_another_invoice_is_refused() -> None:
-    client = Client()
+def test_a_payment_id_reused_for_another_invoice_is_refused(api_token: str) -> None:
+    client = _client(api_token)
     first, second = _invoice("INV-A", 100), _invoice("INV-B", 100)
     assert _post(client, f"/api/invoices/{first.pk}/pay", {"payment_id": "p1", "amount_cents": 100}).status_code == 201
     response = _post(client, f"/api/invoices/{second.pk}/pay", {"payment_id": "p1", "amount_cents": 100})
@@ -144,9 +156,9 @@ def test_a_payment_id_reused_for_another_invoice_is_refused() -> None:
     assert "another invoice" in response.json()["error"]
 
 
-def test_a_rolled_back_payment_leaves_the_cache_and_outbox_untouched() -> None:
+def test_a_rolled_back_payment_leaves_the_cache_and_outbox_untouched(api_token: str) -> None:
     invoice = _invoice()
-    assert get_invoice(invoice.pk)["status"] == "open"  # type: ignore[index]
+    assert default_service().get_invoice(invoice.pk)["status"] == "open"  # type: ignore[index]
 
     def cached_outcome() -> str:
         return cache_aside_result(invoice_cache_key(invoice.pk), lambda: "loader ran", ttl_s=60).outcome
@@ -154,12 +166,12 @@ def test_a_rolled_back_payment_leaves_the_cache_and_outbox_untouched() -> None:
     assert cached_outcome() == "hit"
     # The amount check fails inside the transaction, after the lock: nothing is written and no
     # invalidation is sent for the rolled-back write, so the entry is still there.
-    response = _post(Client(), f"/api/invoices/{invoice.pk}/pay", {"payment_id": "p", "amount_cents": 1})
+    response = _post(_client(api_token), f"/api/invoices/{invoice.pk}/pay", {"payment_id": "p", "amount_cents": 1})
     assert response.status_code == 422
     assert cached_outcome() == "hit"
     assert OutboxMessage.objects.count() == 0 and Payment.objects.count() == 0
 
     # A committed payment does invalidate it.
-    assert _post(Client(), f"/api/invoices/{invoice.pk}/pay",
+    assert _post(_client(api_token), f"/api/invoices/{invoice.pk}/pay",
                  {"payment_id": "p", "amount_cents": 12_500}).status_code == 201
     assert cached_outcome() == "loaded"

@@ -26,10 +26,17 @@ def test_each_mistake_has_its_own_id() -> None:
     assert _ids(WORKER_THREADS=0) == {"composition.E005"}
     assert _ids(HEALTH_DEPENDENCIES={"cache": "sometimes"}) == {"composition.E006"}
     assert _ids(CACHE_ALIAS="nope") == {"composition.E007"}
-    assert _ids(LOG_FORMAT="xml") == {"composition.E008"}
+    assert _ids(LOG_FORMAT="json") == {"composition.W003"}  # deprecated: known, but does nothing
+    assert _ids(LOG_LEVEL="INFO") == {"composition.W003"}
     assert _ids(WORKER_HEARTBEAT_S=10, WORKER_STALE_AFTER_S=5) == {"composition.W002"}
     with override_settings(COMPOSITION=[1, 2]):
         assert {m.id for m in check_settings()} == {"composition.E001"}
+
+
+def test_each_deprecated_key_is_named_in_its_warning() -> None:
+    for key, value in (("LOG_FORMAT", "json"), ("LOG_LEVEL", "INFO")):
+        with override_settings(COMPOSITION={**settings.COMPOSITION, key: value}):
+            assert [(m.id, key in m.msg) for m in check_settings()] == [("composition.W003", True)]
 
 
 def test_conf_is_lazy_and_follows_override_settings() -> None:
@@ -49,3 +56,15 @@ def test_a_relay_budget_close_to_its_time_limit_is_warned_about() -> None:
     assert outbox_ids() == set()
     assert outbox_ids(OUTBOX_RELAY_BUDGET_S=70, OUTBOX_RELAY_TIME_LIMIT_S=120) == {"composition.W021"}
     assert outbox_ids(OUTBOX_RELAY_BUDGET_S=0) == {"composition.E020"}
+
+
+def test_another_database_than_postgresql_is_an_error() -> None:
+    import subprocess
+    import sys
+
+    from composition.testing import subprocess_env
+
+    result = subprocess.run([sys.executable, "manage.py", "check"], capture_output=True, text=True, timeout=60,
+                            env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings_sqlite"))
+    assert result.returncode == 1
+    assert "composition.E011" in result.stderr and "needs PostgreSQL" in result.stderr

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from io import StringIO
 from typing import Any
 
@@ -190,16 +189,6 @@ def test_admin_replay_confirms_the_count_then_acts() -> None:
 
 
 # -- fix the data, replay, once: with a real worker and relay ------------------------------------------
-@pytest.fixture
-def empty_queues() -> Iterator[None]:
-    broker = configured_broker()
-    for queue in (jobs.CHECK_QUEUE, RELAY_QUEUE_NAME):
-        broker.flush(queue)
-    yield
-    for queue in (jobs.CHECK_QUEUE, RELAY_QUEUE_NAME):
-        broker.flush(queue)
-
-
 def _charge_until_dead_lettered(worker_processes, *, account: str, key: str) -> tuple[Any, DeadLetter]:  # type: ignore[no-untyped-def]
     """A real worker runs ``charge`` for an account that does not exist yet, until it is dead-lettered."""
     worker = worker_processes.spawn(["--threads", "4", "--queues", f"{jobs.CHECK_QUEUE},{RELAY_QUEUE_NAME}"])
@@ -214,7 +203,7 @@ def _charge_until_dead_lettered(worker_processes, *, account: str, key: str) -> 
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_replay_after_fixing_the_data_succeeds_once(worker_processes, empty_queues: None) -> None:
+def test_replay_after_fixing_the_data_succeeds_once(worker_processes, empty_check_queues: None) -> None:
     worker, letter = _charge_until_dead_lettered(worker_processes, account="acme", key="charged")
     assert letter.error_message == "no account named acme"
     first_outbox = OutboxMessage.objects.get(actor_name="charge")
@@ -247,7 +236,7 @@ def _in_queue(queue: str) -> int:
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_replay_after_a_late_redelivery_has_no_second_effect(worker_processes, empty_queues: None) -> None:
+def test_replay_after_a_late_redelivery_has_no_second_effect(worker_processes, empty_check_queues: None) -> None:
     worker, letter = _charge_until_dead_lettered(worker_processes, account="late", key="late-charge")
     Account.objects.create(name="late")  # the data gets fixed...
 

@@ -21,7 +21,9 @@ from composition.testing import free_port, http_status, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = pytest.mark.slow
+# ./run uses the main .venv whatever interpreter runs pytest: in the matrix cell this would only
+# run again on the main cell's Python and Django.
+pytestmark = [pytest.mark.slow, pytest.mark.main_cell]
 
 Spawned = list[subprocess.Popen[bytes]]
 

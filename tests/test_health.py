@@ -23,10 +23,10 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture(autouse=True)
 def _fresh_readiness() -> Iterator[None]:
-    health._cached = None
+    health.reset_readiness_cache()
     health.set_draining(False)
     yield
-    health._cached = None
+    health.reset_readiness_cache()
     health.set_draining(False)
 
 
@@ -42,9 +42,15 @@ def test_readyz_is_200_when_every_dependency_answers(client: Client) -> None:
     assert set(body["checks"]) == {"database", "cache", "broker"}
 
 
+def _broker_critical_for_web(**overrides: Any) -> dict[str, Any]:
+    """COMPOSITION where the web role needs the broker too (a project may choose that)."""
+    levels = {"database": "critical", "cache": "degraded", "broker": "critical"}
+    return {**settings.COMPOSITION, "HEALTH_DEPENDENCIES": levels, **overrides}
+
+
 def test_readyz_is_503_naming_the_critical_dependency_that_is_down(client: Client) -> None:
     closed = f"redis://127.0.0.1:{free_port()}/0"
-    with override_settings(COMPOSITION={**settings.COMPOSITION, "BROKER_URL": closed}), capture_logs() as logs:
+    with override_settings(COMPOSITION=_broker_critical_for_web(BROKER_URL=closed)), capture_logs() as logs:
         response = client.get("/readyz")
     body = response.json()
     assert response.status_code == 503
@@ -70,7 +76,7 @@ def test_cache_outage_is_reported_degraded_without_failing_readiness(client: Cli
 def test_readiness_is_answered_within_the_deadline_when_a_server_is_frozen(
         client: Client, throwaway_redis_server: ThrowawayRedis) -> None:
     throwaway_redis_server.freeze()
-    overrides = {**settings.COMPOSITION, "BROKER_URL": throwaway_redis_server.url, "HEALTH_DEADLINE_S": 0.5}
+    overrides = _broker_critical_for_web(BROKER_URL=throwaway_redis_server.url, HEALTH_DEADLINE_S=0.5)
     with override_settings(COMPOSITION=overrides):
         began = time.monotonic()
         response = client.get("/readyz")
@@ -78,6 +84,27 @@ def test_readiness_is_answered_within_the_deadline_when_a_server_is_frozen(
     assert response.status_code == 503
     assert response.json()["failing"] == ["broker"]
     assert took < 1.5
+
+
+def test_with_the_broker_stopped_web_stays_ready_and_worker_readiness_fails(
+        client: Client, throwaway_redis_server: ThrowawayRedis) -> None:
+    with override_settings(COMPOSITION={**settings.COMPOSITION, "BROKER_URL": throwaway_redis_server.url}):
+        assert health.readiness(role="worker").ok
+        throwaway_redis_server.stop()
+        health.reset_readiness_cache()
+        response = client.get("/readyz")
+        worker = health.readiness(role="worker")
+    body = response.json()
+    assert response.status_code == 200, body  # writes need only PostgreSQL: the outbox holds them
+    assert body["checks"]["broker"] == {**body["checks"]["broker"], "ok": False, "critical": False}
+    assert body["role"] == "web"
+    assert not worker.ok
+    assert [check.name for check in worker.checks if not check.ok] == ["broker"]
+
+
+def test_readiness_of_an_unknown_role_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown role 'cron'"):
+        health.readiness(role="cron")
 
 
 def test_readiness_answer_is_reused_for_the_cache_period() -> None:
@@ -134,13 +161,13 @@ def test_health_command_readiness_exit_codes_for_up_closed_and_frozen(
     assert json.loads(out[out.index("{"):])["status"] == "ok"
 
     closed = f"redis://127.0.0.1:{free_port()}/0"
-    code, took, out = _health("readiness", closed)
+    code, took, out = _health("readiness", closed, "--role", "worker")
     assert code == 1, out
     assert "broker: FAIL" in out
     assert took < 3 + startup_s, (took, startup_s)
 
     throwaway_redis_server.freeze()
-    code, took, out = _health("readiness", up)
+    code, took, out = _health("readiness", up, "--role", "worker")
     assert code == 1, out
     # The readiness deadline and the clients' socket timeouts are both 2 s: either says it.
     assert "no answer within" in out or "Timeout reading from socket" in out, out
@@ -164,7 +191,7 @@ def test_concurrent_readiness_checks_share_one_round_and_agree() -> None:
 
     results: list[bool] = []
     for _ in range(10):
-        health._cached = None
+        health.reset_readiness_cache()
         barrier = threading.Barrier(4)
 
         def check(barrier: threading.Barrier) -> None:

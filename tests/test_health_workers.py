@@ -76,3 +76,37 @@ def test_stale_and_stuck_workers_are_unhealthy(client: Any) -> None:
         time.sleep(1.2)
         report = health.workers()
         assert not report.ok and report.detail["fresh"] == 0
+
+
+def _health_workers_local() -> tuple[int, dict[str, Any]]:
+    result = subprocess.run([sys.executable, "manage.py", "health", "workers", "--local", "--json"],
+                            env=subprocess_env(), capture_output=True, text=True, timeout=30)
+    return result.returncode, json.loads(result.stdout[result.stdout.index("{"):])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_local_checks_only_this_host_s_processes(client: Any, worker_processes) -> None:  # type: ignore[no-untyped-def]
+    import socket
+
+    flush_broker()
+    elsewhere = "another-host:4242"
+    now = time.time()
+    # A stuck worker on another host makes the cluster unhealthy, never this host's container.
+    heartbeats.write_heartbeat(client, elsewhere, {"jobs_in_flight": 1, "oldest_job_started_at": now - 3600,
+                                                   "max_job_s": 10})
+    assert _health_workers_local()[0] == 1  # nothing of this host beats yet
+
+    worker = worker_processes.spawn(["--threads", "1", "--shutdown-timeout", "10"])
+    wait_until(lambda: _health_workers_local()[0] == 0, 30, interval_s=0.5, message=worker.output())
+    code, body = _health_workers_local()
+    assert body["host"] == socket.gethostname()
+    assert [beat["worker"] for beat in body["workers"]] == [f"{socket.gethostname()}:{worker.pid}"]
+    assert _health_workers()[0] == 1 and elsewhere in _health_workers()[1]["stuck"]
+
+    # This host's workers died (SIGKILL: no withdrawn heartbeat, the beat is still fresh):
+    # unhealthy at once, not when the beat expires.
+    worker.kill_group()
+    code, body = _health_workers_local()
+    assert code == 1, body
+    assert body["gone"] == [f"{socket.gethostname()}:{worker.pid}"]
+    heartbeats.clear_heartbeat(client, elsewhere)

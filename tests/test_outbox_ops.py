@@ -44,6 +44,8 @@ def _sent(days_ago: float, n: int) -> None:
 
 # -- command --------------------------------------------------------------------------------------------------
 @pytest.mark.django_db
+# Sent on commit, a row is inserted leased to the publisher, and this test's rows never commit.
+@pytest.mark.usefixtures("nudge_only")
 def test_status_reports_backlog_by_actor_and_sets_the_gauges() -> None:
     old = publish(PROBE, {"seq": 1})
     OutboxMessage.objects.filter(pk=old.pk).update(created_at=timezone.now() - timedelta(seconds=90))

@@ -167,7 +167,7 @@ def test_a_database_error_of_the_after_commit_send_does_not_pause_sends() -> Non
     from django.db import OperationalError
 
     from composition.broker import configured_broker
-    from composition.outbox.publish import nudge_breaker
+    from composition.outbox.after_commit import nudge_breaker
 
     def claim_on_a_restarting_database() -> None:
         raise OperationalError("the database system is shutting down")

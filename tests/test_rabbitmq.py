@@ -33,23 +33,25 @@ from composition.testing import free_port, use_broker, wait_until
 from tests.jobsapp.jobs import RABBIT_QUEUE
 from tests.jobsapp.models import Effect
 
-pytestmark = pytest.mark.rabbitmq
+# nudge_only: sent on commit, publish() inserts a row leased to this process's relay for the
+# configured (Redis) broker, and these tests relay their rows through a RabbitMQ relay themselves.
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.usefixtures("nudge_only")]
 
 RABBITMQ_URL = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 
 
 @pytest.mark.django_db
 def test_readiness_probes_rabbitmq_up_and_down() -> None:
-    health._cached = None
+    health.reset_readiness_cache()
     with override_settings(COMPOSITION={**settings.COMPOSITION, "BROKER_URL": RABBITMQ_URL}):
-        report = health.readiness(use_cache=False)
+        report = health.readiness(use_cache=False, role="worker")
         assert report.ok, report.as_dict()
     closed = f"amqp://guest:guest@127.0.0.1:{free_port()}/%2F"
     with override_settings(COMPOSITION={**settings.COMPOSITION, "BROKER_URL": closed}):
-        report = health.readiness(use_cache=False)
+        report = health.readiness(use_cache=False, role="worker")
     assert not report.ok
     assert [check.name for check in report.checks if not check.ok] == ["broker"]
-    health._cached = None
+    health.reset_readiness_cache()
 
 
 # The worker relays over RabbitMQ; this process's broker is Redis, so it must not send the rows

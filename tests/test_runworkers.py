@@ -58,7 +58,7 @@ def test_sigterm_drains_and_exits_zero_within_the_shutdown_timeout(worker_proces
     started = _component_lines(output, "component started")
     stopped = _component_lines(output, "component stopped")
     assert started == ["logging", "metrics", "database", "cache", "broker", "workers", "outbox-relay",
-                       "cache-invalidation-replay", "retention", "heartbeat"]
+                       "cache-invalidation-replay", "retention", "metrics-sampler", "heartbeat"]
     assert stopped == list(reversed(started))
     # The heartbeat is withdrawn on a clean stop, so health does not count a dead worker.
     assert not any(beat["worker"].endswith(f":{process.pid}") for beat in _heartbeats())
@@ -129,10 +129,10 @@ def test_system_command_prints_order_and_connection_budget() -> None:
     assert report["start_order"][0] == "logging"
     assert report["stop_order"] == list(reversed(report["start_order"]))
     budget = report["connection_budget"]
-    assert budget["lines"][0] == {"role": "workers", "processes": 3, "per_process": 8, "total": 24}
+    assert budget["lines"][0] == {"role": "workers", "processes": 3, "per_process": 9, "total": 27}
     assert budget["lines"][1]["total"] == 8
-    assert budget["total"] == 32
-    assert budget["max_connections"] >= 32
+    assert budget["total"] == 35
+    assert budget["max_connections"] >= 35
     assert budget["over_budget"] is False
 
     result = subprocess.run([sys.executable, "manage.py", "system", "--worker-processes", "100",

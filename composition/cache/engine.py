@@ -26,7 +26,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import structlog
 from django.core.cache import caches
@@ -35,63 +35,28 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from composition.breaker import CircuitBreaker
 from composition.cache.flights import Flights
 from composition.cache.invalidation import Invalidations
+from composition.cache.results import (
+    COALESCED,
+    DEGRADED,
+    HIT,
+    LOADED,
+    STALE,
+    UNCACHED,
+    WAITED,
+    CacheResult,
+    PatternMetrics,
+    namespace_of,
+)
 from composition.cache.serializers import Serializer
 from composition.cache.store import FRESH, LEASED, Entry, KeySpace, LeaseStore, decode_entry, encode_entry
-from composition.metrics import (
-    CACHE_COALESCED,
-    CACHE_ERRORS,
-    CACHE_HITS,
-    CACHE_LEASE_REJECTIONS,
-    CACHE_MISSES,
-    CACHE_REBUILD_SECONDS,
-    CACHE_STALE_SERVED,
-)
+from composition.metrics import CACHE_OPERATION_SECONDS
 from composition.redis_errors import REDIS_ERRORS
 
 __all__ = ["CacheAside", "CacheResult", "namespace_of"]
 
 log = structlog.get_logger("composition.cache")
 
-# Outcomes of one call, as reported by CacheResult.outcome.
-HIT = "hit"                # a fresh cached value
-LOADED = "loaded"          # this caller held the lease, ran the loader and cached the value
-WAITED = "waited"          # another process rebuilt the value while this caller waited
-COALESCED = "coalesced"    # another thread of this process rebuilt it while this caller waited
-STALE = "stale"            # a stale value, served while someone else rebuilds
-UNCACHED = "uncached"      # loaded, not cached (lease revoked by an invalidation, or wait timed out)
-DEGRADED = "degraded"      # Redis unreachable or breaker open: the loader's value, not cached
-
 _MAX_POLL_S = 0.05
-
-
-def namespace_of(key: str) -> str:
-    """The namespace of a key is the text before its first ``:`` (the whole key without one)."""
-    return key.split(":", 1)[0]
-
-
-class CacheResult(NamedTuple):
-    """A value and how it was obtained (one of the outcome strings above)."""
-
-    value: Any
-    outcome: str
-
-
-class _Metrics:
-    """The labelled metric children of one pattern, resolved once (the hit path is hot)."""
-
-    def __init__(self, pattern: str) -> None:
-        self.pattern = pattern
-        self.hits = CACHE_HITS.labels(pattern)
-        self.misses = CACHE_MISSES.labels(pattern)
-        self.stale = CACHE_STALE_SERVED.labels(pattern)
-        self.coalesced = CACHE_COALESCED.labels(pattern)
-        self.rebuild = CACHE_REBUILD_SECONDS.labels(pattern)
-
-    def error(self, reason: str) -> None:
-        CACHE_ERRORS.labels(self.pattern, reason).inc()
-
-    def lease_rejected(self, stage: str) -> None:
-        CACHE_LEASE_REJECTIONS.labels(self.pattern, stage).inc()
 
 
 @dataclass(frozen=True)
@@ -102,7 +67,7 @@ class _Call:
     ttl_s: float
     jitter: float
     stale_ttl_s: float | None
-    metrics: _Metrics
+    metrics: PatternMetrics
 
 
 class CacheAside:
@@ -123,8 +88,12 @@ class CacheAside:
         self.invalidations = Invalidations(alias, self.client, self.keys, self.breaker, db_alias=db_alias)
         self.store = LeaseStore(self.client)
         self._execute = self.client.execute_command
-        self._metrics: dict[str, _Metrics] = {}
+        self._metrics: dict[str, PatternMetrics] = {}
         self._flights = Flights()
+        # Resolved once: observing a labelled child costs a lookup the hit path need not pay.
+        self._get_seconds = CACHE_OPERATION_SECONDS.labels("get")
+        self._acquire_seconds = CACHE_OPERATION_SECONDS.labels("acquire")
+        self._fill_seconds = CACHE_OPERATION_SECONDS.labels("fill")
 
     def peek(self, key: str) -> Any:
         """The value cached for ``key`` now (fresh or stale), or None; for tests and debugging."""
@@ -140,16 +109,19 @@ class CacheAside:
         """The value for ``key``: cached, or ``loader()`` (see ``composition.cache.cache_aside``)."""
         namespace = key.split(":", 1)[0]
         label = pattern or namespace
-        metrics = self._metrics.get(label) or self._metrics.setdefault(label, _Metrics(label))
+        metrics = self._metrics.get(label) or self._metrics.setdefault(label, PatternMetrics(label))
         keys = self.keys
         ns_key, entry_key = keys.namespace(namespace), keys.entry(key)
         if self.breaker.allow():
+            started = time.perf_counter()
             try:
                 # The hit path: this one round trip and nothing else (kept flat, it is hot).
                 ns_raw, raw = self._execute("MGET", ns_key, entry_key)
             except REDIS_ERRORS as exc:
+                self._get_seconds.observe(time.perf_counter() - started)
                 self._redis_failed(metrics, exc)
             else:
+                self._get_seconds.observe(time.perf_counter() - started)
                 self.breaker.record_success()
                 entry = decode_entry(raw, ns_raw)
                 if entry is not None and entry[0] > time.time() * 1000 and early_refresh <= 0:
@@ -208,7 +180,7 @@ class CacheAside:
         self._flights.land(call.key, flight, payload=result.value)
         return CacheResult(self.serializer.loads(result.value), result.outcome)
 
-    def _serve(self, fallback: CacheResult, metrics: _Metrics) -> CacheResult:
+    def _serve(self, fallback: CacheResult, metrics: PatternMetrics) -> CacheResult:
         if fallback.outcome == STALE:
             metrics.stale.inc()
         return CacheResult(self.serializer.loads(fallback.value), fallback.outcome)
@@ -228,12 +200,15 @@ class CacheAside:
         poll_s = 0.005
         waited = False
         while True:
+            started = time.perf_counter()
             try:
                 status, ns_raw, entry = self.store.acquire(call.keys, token, lease_ms,
                                                            rebuild_even_if_fresh=rebuild_even_if_fresh)
             except REDIS_ERRORS as exc:
+                self._acquire_seconds.observe(time.perf_counter() - started)
                 self._redis_failed(call.metrics, exc)
                 return self._load_degraded(call)
+            self._acquire_seconds.observe(time.perf_counter() - started)
             if status == FRESH:
                 assert entry is not None
                 return CacheResult(entry.payload, WAITED if waited else HIT)
@@ -266,11 +241,14 @@ class CacheAside:
         fresh_until_ms = int((time.time() + ttl_s) * 1000)
         expire_ms = max(1, int((ttl_s + (call.stale_ttl_s or 0.0)) * 1000))
         entry = encode_entry(ns_raw, fresh_until_ms, int(rebuild_s * 1000), payload)
+        started = time.perf_counter()
         try:
             filled = self.store.fill(call.keys, token, ns_raw, entry, expire_ms)
         except REDIS_ERRORS as exc:
+            self._fill_seconds.observe(time.perf_counter() - started)
             self._redis_failed(call.metrics, exc)
             return CacheResult(payload, DEGRADED)
+        self._fill_seconds.observe(time.perf_counter() - started)
         if not filled:
             call.metrics.lease_rejected("fill")
             return CacheResult(payload, UNCACHED)
@@ -282,7 +260,7 @@ class CacheAside:
         except REDIS_ERRORS:
             pass  # the lease expires on its own
 
-    def _redis_failed(self, metrics: _Metrics | None, exc: BaseException) -> None:
+    def _redis_failed(self, metrics: PatternMetrics | None, exc: BaseException) -> None:
         self.breaker.record_failure()
         if metrics is not None:
             metrics.error("redis_error")

@@ -18,12 +18,27 @@ from django.template.response import TemplateResponse
 from django.utils.html import format_html
 
 from composition.jobs import replay as service
+from composition.jobs.failure_groups import failure_groups
 from composition.jobs.models import DeadLetter
 
-__all__ = ["DeadLetterAdmin", "FingerprintFilter"]
+__all__ = ["DeadLetterAdmin", "FingerprintFilter", "ReadOnlyRows"]
 
 # The fingerprint filter lists the largest groups; a long tail of one-off failures is searchable.
 FINGERPRINT_CHOICES = 30
+
+
+class ReadOnlyRows:
+    """For a ModelAdmin whose rows are only looked at and acted on through actions: no add,
+    change or delete, whatever the user's permissions."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 class StatusFilter(admin.SimpleListFilter):
@@ -55,9 +70,7 @@ class FingerprintFilter(admin.SimpleListFilter):
     parameter_name = "fingerprint"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        groups = (DeadLetter.objects.filter(status=DeadLetter.Status.DEAD)
-                  .values("fingerprint", "actor", "error_class")
-                  .annotate(count=Count("id")).order_by("-count")[:FINGERPRINT_CHOICES])
+        groups = failure_groups(DeadLetter.objects.filter(status=DeadLetter.Status.DEAD), limit=FINGERPRINT_CHOICES)
         return [(group["fingerprint"],
                  f"{group['actor']} · {group['error_class'].rsplit('.', 1)[-1]} ({group['count']})")
                 for group in groups]
@@ -69,7 +82,7 @@ class FingerprintFilter(admin.SimpleListFilter):
 
 
 @admin.register(DeadLetter)
-class DeadLetterAdmin(admin.ModelAdmin):
+class DeadLetterAdmin(ReadOnlyRows, admin.ModelAdmin):
     list_display = ("id", "actor", "short_error_class", "error_message", "attempts", "status",
                     "last_failed_at", "short_fingerprint")
     list_filter = (StatusFilter, "actor", "error_class", FingerprintFilter)
@@ -81,16 +94,6 @@ class DeadLetterAdmin(admin.ModelAdmin):
                        "first_failed_at", "last_failed_at", "replayed_at", "replayed_by", "replay_outbox_id",
                        "discarded_at", "discarded_by", "pretty_traceback")
     fields = readonly_fields
-
-    # -- read-only rows ----------------------------------------------------------------------
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_replay_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(service.REPLAY_PERMISSION)
@@ -144,7 +147,10 @@ class DeadLetterAdmin(admin.ModelAdmin):
                 "action": request.POST.get("action", ""),
                 "count": selected.count(),
                 "skipped": queryset.count() - selected.count(),
-                "ids": [str(pk) for pk in queryset.values_list("pk", flat=True)],
+                # "All N matching" (select_across) acts on the filtered list, not on ids: a group of
+                # ten thousand is not ten thousand hidden inputs (the admin still wants one).
+                "ids": [str(pk) for pk in queryset.values_list("pk", flat=True)[
+                    :1 if request.POST.get("select_across") == "1" else None]],
                 "select_across": request.POST.get("select_across", "0"),
                 "groups": (selected.values("actor", "error_class").annotate(count=Count("id"))
                            .order_by("-count")[:FINGERPRINT_CHOICES]),

@@ -97,6 +97,7 @@ def job(*, queue: str = "default", max_attempts: int = 5, initial_delay_s: float
             time_limit=_ms(policy.timeout_s),
             throws=(PermanentError, *policy.permanent),
             job_policy=policy,
+            payload_schema=schema,  # publish() checks payloads with it (PAYLOAD_SCHEMA_OPTION)
         )
         # The wrapper returns None for a skipped redelivery, hence the cast back to the job's type.
         return cast("Actor[Any, R]", declare(cast("Callable[..., Any]", run)))

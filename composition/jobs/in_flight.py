@@ -4,7 +4,9 @@
 taken off as soon as it ends, before any dead letter is written: a thread still busy writing
 one is not running a job, and the drain (``composition.jobs.runtime``) interrupts only threads
 it finds in ``in_flight()``. The worker heartbeat reports ``state()``, and the
-``composition_jobs_in_progress`` gauge follows the table.
+``composition_jobs_in_progress`` gauge follows the table. It also counts the runs that ended
+per queue over the last ``RUNS_WINDOW_S`` seconds, which the heartbeat reports as the process
+rate the operations page shows.
 
 Middleware whose after-hooks run after this one (placed before it in the stack) read the entry
 of the run that just ended with ``finished(message)``: when it started, which attempt it was
@@ -23,8 +25,11 @@ from dramatiq.middleware import Middleware
 
 from composition.jobs.current import attempt_of
 from composition.metrics import JOBS_IN_PROGRESS
+from composition.recent_counts import RecentCounts
 
-__all__ = ["InFlight", "InFlightRegistry"]
+__all__ = ["RUNS_WINDOW_S", "InFlight", "InFlightRegistry"]
+
+RUNS_WINDOW_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,7 @@ class InFlightRegistry(Middleware):
         self._in_flight: dict[int, InFlight] = {}
         # Per worker thread: the entry taken off last, for the after-hooks that run later.
         self._finished = threading.local()
+        self._runs = RecentCounts(RUNS_WINDOW_S)
 
     def in_flight(self) -> dict[int, InFlight]:
         """Thread ident → the job that thread is running, as a snapshot."""
@@ -63,6 +69,8 @@ class InFlightRegistry(Middleware):
             "max_job_s": oldest.time_limit_s if oldest and oldest.time_limit_s else None,
             "jobs": [{"job_id": job.job_id, "actor": job.actor, "attempt": job.attempt,
                       "started_at": job.started_at} for job in jobs],
+            "runs_window_s": RUNS_WINDOW_S,
+            "runs_by_queue": self._runs.totals(),
         }
 
     def finished(self, message: MessageProxy) -> InFlight | None:
@@ -96,4 +104,5 @@ class InFlightRegistry(Middleware):
             job = self._in_flight.pop(threading.get_ident(), None)
         if job is not None:
             JOBS_IN_PROGRESS.labels(message.actor_name).dec()
+            self._runs.add(message.queue_name)
         return job

@@ -20,6 +20,7 @@ from dramatiq.middleware import Retries, Shutdown
 
 from composition.jobs.deadletters import FIRST_FAILED_OPTION
 from composition.jobs.policy import backoff_s
+from composition.outbox.publish import PAYLOAD_SCHEMA_OPTION
 
 __all__ = ["BACKOFF_OPTION", "JobRetries", "requeue_message"]
 
@@ -46,8 +47,9 @@ class JobRetries(Retries):
 
     @property
     def actor_options(self) -> set[str]:
-        # @job stores its JobPolicy on the actor, for retention and operators' tools.
-        return {*super().actor_options, "job_policy"}
+        # @job stores its JobPolicy on the actor, for retention and operators' tools, and its
+        # payload check, for publish().
+        return {*super().actor_options, "job_policy", PAYLOAD_SCHEMA_OPTION}
 
     def after_process_message(self, broker: Broker, message: MessageProxy, *, result: Any = None,
                               exception: BaseException | None = None) -> None:

@@ -1,8 +1,8 @@
 """The stock infrastructure components of a process: logging, metrics, database, cache, broker.
 
-Each is a plain object with its dependencies passed in. They probe their dependency with the
-health checks' probes, so this module sits above ``composition.health``; the worker threads and
-the heartbeat are in ``worker_threads`` and ``heartbeat``, child processes in ``processes``.
+Each is a plain object with its dependencies passed in. They probe their dependency with
+``composition.probes``; the worker threads and the heartbeat are in ``worker_threads`` and
+``heartbeat``, child processes in ``processes``.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from django.db import connections
 from dramatiq.broker import Broker
 from prometheus_client import multiprocess
 
-from composition import health
+from composition import probes
 from composition.database import close_all_connections
 from composition.logging import configure_structlog
+from composition.prometheus.archive import archive_dead_processes
 
 __all__ = [
     "BrokerComponent",
@@ -46,7 +47,9 @@ class LoggingComponent:
 
 
 class MetricsComponent:
-    """Prepares the multiprocess directory; on stop marks this process dead for live gauges."""
+    """Prepares the multiprocess directory and archives the files that processes which no longer
+    run left in it (so they count once, and scrapes stay fast); on stop marks this process dead
+    for live gauges."""
 
     name = "metrics"
     depends_on = ("logging",)
@@ -58,6 +61,9 @@ class MetricsComponent:
     def start(self) -> None:
         if self.multiproc_dir:
             Path(self.multiproc_dir).mkdir(parents=True, exist_ok=True)
+            archived = archive_dead_processes(self.multiproc_dir)
+            if archived:
+                log.info("archived metrics of processes that no longer run", processes=len(archived))
 
     def stop(self, timeout_s: float) -> None:
         if self.multiproc_dir:
@@ -84,7 +90,7 @@ class DatabaseComponent:
         close_all_connections()
 
     def check(self) -> None:
-        health.probe_database(2.0)
+        probes.probe_database(2.0)
 
 
 class CacheComponent:
@@ -99,7 +105,7 @@ class CacheComponent:
 
     def start(self) -> None:
         try:
-            health.probe_cache(2.0)
+            probes.probe_cache(2.0)
         except Exception as exc:
             if self.required:
                 raise
@@ -120,7 +126,7 @@ class BrokerComponent:
         self.broker = broker
 
     def start(self) -> None:
-        health.probe_broker(2.0)
+        probes.probe_broker(2.0)
 
     def stop(self, timeout_s: float) -> None:
         self.broker.close()

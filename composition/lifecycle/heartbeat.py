@@ -11,7 +11,8 @@ from typing import Any
 import structlog
 from dramatiq.broker import Broker
 
-from composition import health, heartbeats
+from composition import heartbeats, probes
+from composition.breaker import breaker_states
 from composition.broker import configured_broker
 from composition.jobs.stack import find_in_flight
 from composition.lifecycle.periodic import PeriodicComponent
@@ -27,7 +28,8 @@ class HeartbeatComponent(PeriodicComponent):
     before ``start`` returns, then on a background thread; ``stop`` withdraws it.
 
     ``state`` adds fields to each beat; by default the jobs in flight and since when, from the
-    job middleware of ``broker`` (the configured broker when not given).
+    job middleware of ``broker`` (the configured broker when not given), the runs per queue over
+    the last minutes, and the states of this process's circuit breakers.
     """
 
     name = "heartbeat"
@@ -45,10 +47,11 @@ class HeartbeatComponent(PeriodicComponent):
 
     def _jobs_state(self) -> dict[str, Any]:
         registry = find_in_flight(self.broker or configured_broker())
-        return registry.state() if registry is not None else {}
+        jobs = registry.state() if registry is not None else {}
+        return {**jobs, "breakers": breaker_states()}
 
     def start(self) -> None:
-        self._client = health.heartbeat_client()
+        self._client = probes.heartbeat_client()
         self.tick()
         super().start()
 

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import structlog
 
@@ -33,11 +33,15 @@ def detach_and_die_with_parent() -> None:
 
 class ProcessComponent:
     """A child process in its own session. Start waits until ``ready_url`` answers 200 (when
-    given); drain sends SIGTERM and waits until the deadline; stop kills what is left."""
+    given); drain runs ``pre_stop`` (when given: a web server's draining window, while it still
+    serves), then sends SIGTERM and waits until the deadline; stop kills what is left, then
+    calls ``on_exit(pid)`` once the child was reaped (a supervisor archives its metrics files)."""
 
     def __init__(self, name: str, argv: Sequence[str], *, env: dict[str, str] | None = None,
                  depends_on: Sequence[str] = (), ready_url: str | None = None,
-                 start_timeout_s: float = 60.0, cwd: str | None = None) -> None:
+                 start_timeout_s: float = 60.0, cwd: str | None = None,
+                 pre_stop: Callable[[], None] | None = None,
+                 on_exit: Callable[[int], None] | None = None) -> None:
         self.name = name
         self.argv = list(argv)
         self.env = env
@@ -45,6 +49,8 @@ class ProcessComponent:
         self.ready_url = ready_url
         self.start_timeout_s = start_timeout_s
         self.cwd = cwd
+        self.pre_stop = pre_stop
+        self.on_exit = on_exit
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -74,6 +80,11 @@ class ProcessComponent:
         return self.process is not None and self.process.poll() is None
 
     def begin_drain(self) -> None:
+        if self.alive() and self.pre_stop is not None:
+            try:
+                self.pre_stop()
+            except Exception as exc:  # the stop goes on: a failed pre-stop only loses the window
+                log.error("pre-stop step failed", component=self.name, error=f"{type(exc).__name__}: {exc}")
         if self.alive():
             self._signal(signal.SIGTERM)
 
@@ -96,6 +107,11 @@ class ProcessComponent:
             except subprocess.TimeoutExpired:
                 self._kill()
         code = self.process.returncode
+        if code is not None and self.on_exit is not None:
+            try:
+                self.on_exit(self.process.pid)
+            except Exception as exc:  # the stop goes on: a failed hook must not hide the exit code
+                log.error("exit hook failed", component=self.name, error=f"{type(exc).__name__}: {exc}")
         if code not in (0, None, -signal.SIGTERM):
             raise RuntimeError(f"exited with code {code}")
 

@@ -1,12 +1,14 @@
 """The worker side as a composed system: what ``manage.py runworkers`` runs.
 
-One process: logging → metrics → database → cache → broker → worker threads → outbox relay
-sweeper → deferred cache invalidation replay → retention → heartbeat.
-Several processes: a supervisor whose components are the child processes, each running the
-one-process system; children live in their own session and die with the supervisor.
+One process: logging → metrics (→ metrics-server, when a port is set) → database → cache →
+broker → worker threads → outbox relay sweeper → deferred cache invalidation replay → retention
+→ metrics sampler → heartbeat.
+Several processes: a supervisor whose components are the metrics directory's upkeep (and its
+server) and the child processes, each running the one-process system without a server; children
+live in their own session and die with the supervisor.
 
 The top of the lifecycle package: it wires the stock components to the jobs runtime, the outbox,
-the cache, retention and health, so nothing below it imports it.
+the cache, retention and draining, so nothing below it imports it.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from composition import health
+from composition import draining
 from composition.broker import configured_broker
+from composition.budget import connections_per_process
 from composition.cache import InvalidationReplayComponent
 from composition.conf import conf
 from composition.lifecycle.base import Component
@@ -34,16 +37,19 @@ from composition.lifecycle.processes import ProcessComponent
 from composition.lifecycle.system import System
 from composition.lifecycle.worker_threads import WorkerComponent
 from composition.outbox.sweeper import RelaySweeperComponent
+from composition.prometheus.archive import archive_reaped_child
+from composition.prometheus.server import MetricsServerComponent
 from composition.retention import RetentionComponent
+from composition.sampling import MetricsSamplerComponent
 
 __all__ = ["BACKGROUND_DB_THREADS", "WorkerOptions", "build_supervisor", "build_worker_system", "child_argv",
            "worker_components"]
 
 # Threads besides the worker threads that may hold a database connection in a worker process,
 # counted in the connection budget: the outbox relay sweeper, the deferred cache invalidation
-# replay, the cache breaker's recovery probe (it replays deferred invalidations too) and the
-# retention pruner.
-BACKGROUND_DB_THREADS = 4
+# replay, the cache breaker's recovery probe (it replays deferred invalidations too), the
+# retention pruner and the metrics sampler.
+BACKGROUND_DB_THREADS = 5
 
 
 @dataclass(frozen=True)
@@ -52,18 +58,32 @@ class WorkerOptions:
     threads: int = 8
     queues: Sequence[str] | None = None
     shutdown_timeout_s: float = 30.0
+    # Serve /metrics on this port (None: not served by this process).
+    metrics_port: int | None = None
+    metrics_address: str = "0.0.0.0"
 
     @classmethod
     def from_settings(cls) -> WorkerOptions:
+        port = conf.WORKER_METRICS_PORT
         return cls(processes=int(conf.WORKER_PROCESSES), threads=int(conf.WORKER_THREADS),
-                   queues=conf.WORKER_QUEUES, shutdown_timeout_s=float(conf.SHUTDOWN_TIMEOUT_S))
+                   queues=conf.WORKER_QUEUES, shutdown_timeout_s=float(conf.SHUTDOWN_TIMEOUT_S),
+                   metrics_port=None if port is None else int(port),
+                   metrics_address=str(conf.WORKER_METRICS_ADDRESS))
+
+
+def _metrics_components(options: WorkerOptions) -> list[Component]:
+    """The multiprocess directory's upkeep, and the /metrics server when a port is set."""
+    components: list[Component] = [MetricsComponent()]
+    if options.metrics_port is not None:
+        components.append(MetricsServerComponent(options.metrics_port, address=options.metrics_address))
+    return components
 
 
 def worker_components(options: WorkerOptions) -> list[Component]:
     broker = configured_broker()
     return [
         LoggingComponent(),
-        MetricsComponent(),
+        *_metrics_components(options),
         DatabaseComponent(),
         CacheComponent(conf.CACHE_ALIAS),
         BrokerComponent(broker),
@@ -72,13 +92,15 @@ def worker_components(options: WorkerOptions) -> list[Component]:
         RelaySweeperComponent(broker),
         InvalidationReplayComponent(alias=conf.CACHE_ALIAS),
         RetentionComponent(),
+        MetricsSamplerComponent(broker, connection_budget=connections_per_process(options.threads,
+                                                                                  BACKGROUND_DB_THREADS)),
         HeartbeatComponent(float(conf.WORKER_HEARTBEAT_S), broker=broker),
     ]
 
 
 def build_worker_system(options: WorkerOptions) -> System:
     return System(worker_components(options), shutdown_timeout_s=options.shutdown_timeout_s,
-                  on_draining=health.set_draining)
+                  on_draining=draining.set_draining)
 
 
 def child_argv(options: WorkerOptions) -> list[str]:
@@ -87,16 +109,22 @@ def child_argv(options: WorkerOptions) -> list[str]:
             "--settings", settings.SETTINGS_MODULE]
     if options.queues:
         argv += ["--queues", ",".join(options.queues)]
+    # The supervisor serves the whole multiprocess directory; a child serving too would only
+    # compete for the port.
+    argv += ["--metrics-port", "off"]
     return argv
 
 
 def build_supervisor(options: WorkerOptions) -> System:
-    """A system of ``options.processes`` child worker processes."""
+    """A system of ``options.processes`` child worker processes. The supervisor keeps the
+    multiprocess metrics directory (archiving each child's files once it has reaped it) and
+    serves /metrics for all of them when a port is set."""
     children: list[Component] = [
-        ProcessComponent(f"worker-process-{index}", child_argv(options))
+        ProcessComponent(f"worker-process-{index}", child_argv(options), on_exit=archive_reaped_child)
         for index in range(options.processes)
     ]
     # Children drain concurrently on the first signal (each gets SIGTERM and the same deadline);
     # the supervisor adds a little to its own timeout so it never cuts a clean child drain short.
-    return System([LoggingComponent(), *children], shutdown_timeout_s=options.shutdown_timeout_s + 2.0,
-                  on_draining=health.set_draining)
+    return System([LoggingComponent(), *_metrics_components(options), *children],
+                  shutdown_timeout_s=options.shutdown_timeout_s + 2.0,
+                  on_draining=draining.set_draining)

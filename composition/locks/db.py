@@ -19,7 +19,7 @@ from django.db import DEFAULT_DB_ALIAS, OperationalError, connections, transacti
 from django.db.models import Model, QuerySet
 
 from composition.locks.errors import LockNotAcquired, TransactionRequired
-from composition.metrics import LOCK_ACQUIRE, LOCK_HOLD_SECONDS, LOCK_WAIT_SECONDS
+from composition.metrics import LOCK_ACQUIRE, LOCK_HOLD_SECONDS, LOCK_TIMEOUTS_TOTAL, LOCK_WAIT_SECONDS
 
 __all__ = ["advisory_key", "advisory_lock", "row_lock"]
 
@@ -113,6 +113,8 @@ def row_lock(queryset: QuerySet[M], *, nowait: bool = False, skip_locked: bool =
             rows = list(locking)
     except LockNotAcquired:
         _record("row", name, "busy", started)
+        if timeout_s is not None:  # waited the whole timeout, unlike a nowait refusal
+            LOCK_TIMEOUTS_TOTAL.labels("row", name).inc()
         raise
     _record("row", name, "acquired", started)
     with _held("row", name):
@@ -156,6 +158,7 @@ def advisory_lock(namespace: str, key: object, *, timeout_s: float | None = None
             _in_savepoint(connection, f"{namespace}:{key}", timeout_s, take)
         except LockNotAcquired:
             _record("advisory", namespace, "busy", started)
+            LOCK_TIMEOUTS_TOTAL.labels("advisory", namespace).inc()  # waited timeout_s, unlike a try-once
             raise
     _record("advisory", namespace, "acquired", started)
     with _held("advisory", namespace):

@@ -30,7 +30,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from composition.conf import conf
 from composition.locks.errors import LockBackendUnavailable, LockLost, LockNotAcquired
-from composition.metrics import LOCK_ACQUIRE, LOCK_HOLD_SECONDS, LOCK_WAIT_SECONDS
+from composition.metrics import LOCK_ACQUIRE, LOCK_HOLD_SECONDS, LOCK_TIMEOUTS_TOTAL, LOCK_WAIT_SECONDS
 from composition.redis_errors import REDIS_ERRORS
 
 __all__ = ["RedisLock", "acquire_redis_lock", "redis_lock"]
@@ -189,6 +189,8 @@ def acquire_redis_lock(name: str, *, ttl_s: float, wait_s: float = 0) -> RedisLo
         remaining_s = deadline - time.monotonic()
         if remaining_s <= 0:
             _record(label, "busy", started)
+            if wait_s > 0:  # waited the whole wait_s, unlike a try-once refusal
+                LOCK_TIMEOUTS_TOTAL.labels("redis", label).inc()
             raise LockNotAcquired(name, "busy" if wait_s <= 0 else f"busy for {wait_s}s")
         # Jittered backoff, so waiters on one lock do not poll in lockstep.
         time.sleep(min(remaining_s, poll_s * random.uniform(0.5, 1.0)))

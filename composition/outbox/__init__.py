@@ -1,6 +1,7 @@
 """Transactional outbox: ``publish()`` writes a row in the caller's transaction, a relay sends it.
 
-- ``publish(actor, payload, *, key=None, delay_s=None)`` (``publish``) validates and writes an
+- ``publish(actor, payload, *, key=None, delay_s=None)`` (``publish``) validates (the payload
+  against the job's arguments too: ``PayloadDoesNotFitError``) and writes an
   ``OutboxMessage`` (``models``); inside ``transaction.atomic()`` it commits or rolls back with
   the business data, and after commit it nudges the relay;
 - ``claims``: the claim (``FOR UPDATE SKIP LOCKED`` with a lease), mark-sent and release
@@ -16,6 +17,7 @@ from composition.outbox.errors import (
     InvalidDelayError,
     InvalidKeyError,
     OutboxError,
+    PayloadDoesNotFitError,
     PayloadNotSerializableError,
     PayloadTooLargeError,
     PublishError,
@@ -29,6 +31,7 @@ __all__ = [
     "InvalidKeyError",
     "OutboxError",
     "OutboxMessage",
+    "PayloadDoesNotFitError",
     "PayloadNotSerializableError",
     "PayloadTooLargeError",
     "PublishError",

@@ -19,6 +19,7 @@ __all__ = [
     "InvalidKeyError",
     "MessagesRejected",
     "OutboxError",
+    "PayloadDoesNotFitError",
     "PayloadNotSerializableError",
     "PayloadTooLargeError",
     "PublishError",
@@ -47,6 +48,12 @@ class UnknownActorError(PublishError, LookupError):
 
 class PayloadNotSerializableError(PublishError, TypeError):
     """The payload is not a dict of JSON-serializable keyword arguments."""
+
+
+class PayloadDoesNotFitError(PublishError, TypeError):
+    """The payload does not fit the job's arguments (a missing or unexpected name, a value of
+    another JSON type than the one annotated): it could only fail in the worker, so it is
+    refused before anything is written."""
 
 
 class PayloadTooLargeError(PublishError):

@@ -1,10 +1,16 @@
 """Outbox maintenance: status, the pending gauges and pruning of sent rows (for the command,
-the admin, the sweeper and retention)."""
+the admin, the operations page, the sweeper and retention).
+
+The backlog is counted by one function, ``backlog_by_queue``: ``outbox status`` reports it per
+queue and its totals (pending rows, the oldest one's age), and the operations page shows the
+same rows and the same totals (``backlog_totals``).
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from datetime import timedelta
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Count, Min, Q, QuerySet
@@ -15,8 +21,22 @@ from composition.metrics import OUTBOX_OLDEST_PENDING_AGE_SECONDS, OUTBOX_PENDIN
 from composition.outbox.models import OutboxMessage
 from composition.pruning import delete_in_batches
 
-__all__ = ["OutboxStatus", "outbox_status", "pending_summary", "prune_sent", "refresh_gauges",
-           "sent_older_than"]
+__all__ = ["RELAYED_WINDOW_S", "OutboxStatus", "QueueBacklog", "backlog_by_queue", "backlog_totals", "outbox_status",
+           "pending_summary", "prune_sent", "refresh_gauges", "sent_older_than"]
+
+# The default window of ``relayed_recently``: the operations page's rate window (the workers'
+# heartbeats count their runs over the same five minutes).
+RELAYED_WINDOW_S = 300.0
+
+
+@dataclass(frozen=True)
+class QueueBacklog:
+    """One queue's outbox side: rows not yet relayed, the age of the oldest, and rows relayed
+    within the last ``window_s`` seconds."""
+
+    pending: int
+    oldest_pending_age_s: float
+    relayed_recently: int
 
 
 @dataclass(frozen=True)
@@ -26,31 +46,74 @@ class OutboxStatus:
     sent: int
     oldest_pending_age_s: float
     pending_by_actor: dict[str, int]
+    # backlog_by_queue(window_s), what the operations page shows per queue.
+    queues: dict[str, QueueBacklog] = field(default_factory=dict)
+    window_s: float = RELAYED_WINDOW_S
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
+def _pending_by_queue() -> dict[str, tuple[int, datetime]]:
+    """Per queue, (pending rows, creation time of the oldest): one aggregate through the pending
+    partial index, as small as the backlog."""
+    return {row["queue_name"]: (int(row["count"]), row["oldest"])
+            for row in OutboxMessage.objects.filter(status=OutboxMessage.Status.PENDING)
+            .values("queue_name").annotate(count=Count("id"), oldest=Min("created_at")).order_by()}
+
+
+def _age_s(now: datetime, then: datetime) -> float:
+    return max(0.0, (now - then).total_seconds())
+
+
+def backlog_totals(backlog: Mapping[str, QueueBacklog]) -> tuple[int, float]:
+    """(pending rows, age in seconds of the oldest, 0.0 when none) over every queue of ``backlog``."""
+    return (sum(queue.pending for queue in backlog.values()),
+            max((queue.oldest_pending_age_s for queue in backlog.values()), default=0.0))
+
+
+def backlog_by_queue(window_s: float = RELAYED_WINDOW_S) -> dict[str, QueueBacklog]:
+    """Per queue, two queries in all: the pending rows (through the pending partial index, as
+    small as the backlog) and the rows sent within ``window_s`` (through the sent_at partial
+    index, as small as the window)."""
+    now = timezone.now()
+    pending = _pending_by_queue()
+    relayed = dict(OutboxMessage.objects.filter(status=OutboxMessage.Status.SENT,
+                                                sent_at__gte=now - timedelta(seconds=window_s))
+                   .values_list("queue_name").annotate(n=Count("id")).order_by())
+    return {queue: QueueBacklog(
+        pending=pending[queue][0] if queue in pending else 0,
+        oldest_pending_age_s=_age_s(now, pending[queue][1]) if queue in pending else 0.0,
+        relayed_recently=int(relayed.get(queue, 0)))
+        for queue in sorted(set(pending) | set(relayed))}
+
+
 def pending_summary() -> tuple[int, float]:
-    """(pending count, age in seconds of the oldest pending message, 0.0 when none)."""
-    row = OutboxMessage.objects.filter(status=OutboxMessage.Status.PENDING).aggregate(
-        count=Count("id"), oldest=Min("created_at"))
-    oldest = row["oldest"]
-    age_s = max(0.0, (timezone.now() - oldest).total_seconds()) if oldest is not None else 0.0
-    return int(row["count"]), age_s
+    """(pending count, age in seconds of the oldest pending message, 0.0 when none): the pending
+    half of ``backlog_by_queue``, totalled (one query)."""
+    by_queue = list(_pending_by_queue().values())
+    oldest = min((created for _, created in by_queue), default=None)
+    return sum(count for count, _ in by_queue), _age_s(timezone.now(), oldest) if oldest is not None else 0.0
+
+
+def _set_gauges(pending: int, age_s: float) -> None:
+    OUTBOX_PENDING.set(pending)
+    OUTBOX_OLDEST_PENDING_AGE_SECONDS.set(age_s)
 
 
 def refresh_gauges() -> tuple[int, float]:
     """Sample the pending gauges; returns what ``pending_summary`` returned."""
     pending, age_s = pending_summary()
-    OUTBOX_PENDING.set(pending)
-    OUTBOX_OLDEST_PENDING_AGE_SECONDS.set(age_s)
+    _set_gauges(pending, age_s)
     return pending, age_s
 
 
-def outbox_status() -> OutboxStatus:
-    """Counts by state and the pending backlog by actor (also refreshes the gauges)."""
-    pending, age_s = refresh_gauges()
+def outbox_status(*, window_s: float = RELAYED_WINDOW_S) -> OutboxStatus:
+    """Counts by state, the pending backlog by actor and ``backlog_by_queue(window_s)``, whose
+    totals are the pending count and the oldest age (also refreshes the gauges)."""
+    queues = backlog_by_queue(window_s)
+    pending, age_s = backlog_totals(queues)
+    _set_gauges(pending, age_s)
     now = timezone.now()
     counts = OutboxMessage.objects.aggregate(
         leased=Count("id", filter=Q(status=OutboxMessage.Status.PENDING, claimed_until__gt=now)),
@@ -59,7 +122,9 @@ def outbox_status() -> OutboxStatus:
     by_actor = dict(OutboxMessage.objects.filter(status=OutboxMessage.Status.PENDING)
                     .values_list("actor_name").annotate(n=Count("id")).order_by("actor_name"))
     return OutboxStatus(pending=pending, leased=int(counts["leased"]), sent=int(counts["sent"]),
-                        oldest_pending_age_s=round(age_s, 3), pending_by_actor=by_actor)
+                        oldest_pending_age_s=round(age_s, 3), pending_by_actor=by_actor,
+                        queues={name: replace(queue, oldest_pending_age_s=round(queue.oldest_pending_age_s, 3))
+                                for name, queue in queues.items()}, window_s=window_s)
 
 
 def sent_older_than(older_than_s: float) -> QuerySet[OutboxMessage]:

@@ -5,6 +5,9 @@ They live in ``composition.outbox.maintenance``.
 
 from composition.outbox.maintenance import (
     OutboxStatus,
+    QueueBacklog,
+    backlog_by_queue,
+    backlog_totals,
     outbox_status,
     pending_summary,
     prune_sent,
@@ -12,5 +15,5 @@ from composition.outbox.maintenance import (
     sent_older_than,
 )
 
-__all__ = ["OutboxStatus", "outbox_status", "pending_summary", "prune_sent", "refresh_gauges",
-           "sent_older_than"]
+__all__ = ["OutboxStatus", "QueueBacklog", "backlog_by_queue", "backlog_totals", "outbox_status", "pending_summary",
+           "prune_sent", "refresh_gauges", "sent_older_than"]

@@ -1,13 +1,17 @@
 """``publish()``: validate at once, write the outbox row in the caller's transaction, and send it
 to the broker right after COMMIT.
 
-One hop from commit to broker: right after the transaction commits, the committing process
-claims the rows it just published with the relay's own claim (the same lease, the same
-oldest-row-per-key rule), enqueues them in one broker call and marks them sent, conditional on
-still holding them. So no polled step sits between COMMIT and the broker, and the relay is not
-raced: a row the committing process sends is leased, so no relay sends it too, and a row it
-cannot take (an older row of its key is still pending, or the process dies first) is left
-pending for the relay, which a nudge wakes and the sweep covers.
+One hop from commit to broker, with no database round trip in it: the row is inserted already
+leased to this process's relay (``claims.insert``: the relay's lease and its oldest-row-per-key
+rule, decided inside the publishing transaction), so right after COMMIT the committing process
+enqueues what it published in one broker call and then marks it sent, conditional on still
+holding it. The relay is not raced: a leased row is no other relay's to send, and it blocks the
+later rows of its key as a claimed head does. A row that must wait (an older row of its key is
+pending) is inserted unleased and claimed after COMMIT if it can be, else left to the relay,
+which a nudge wakes. Rows with a key, rows inserted under a savepoint (it may have been rolled
+back) and the rows of a transaction that ran for half a lease are confirmed first, in one
+statement (``Relay.send_claimed``). Should the process die before the send, the rows' leases
+expire and the sweep relays them.
 
 This runs in the caller's request, so it must never make the request pay for a broker that is
 down or frozen: each broker's after-commit sends go through a ``CircuitBreaker`` that, after one
@@ -17,35 +21,41 @@ message until the relay's next sweep; it never turns the caller's commit into an
 
 from __future__ import annotations
 
+import functools
 import json
 import math
-import threading
 import time
-import weakref
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 import structlog
 from django.db import DEFAULT_DB_ALIAS, transaction
-from dramatiq.broker import Broker
-from dramatiq.errors import ActorNotFound, BrokerError
+from django.utils import timezone
+from dramatiq.errors import ActorNotFound
 
-from composition.breaker import CircuitBreaker, CircuitOpen
 from composition.broker import configured_broker
 from composition.conf import conf
+from composition.errors import PayloadValidationError
+from composition.outbox.after_commit import SendAfterCommit, nudge
+from composition.outbox.claims import ClaimedMessage, Inserted, insert
 from composition.outbox.errors import (
     InvalidDelayError,
     InvalidKeyError,
+    PayloadDoesNotFitError,
     PayloadNotSerializableError,
     PayloadTooLargeError,
     UnknownActorError,
 )
 from composition.outbox.models import KEY_MAX_LENGTH, OutboxMessage
-from composition.outbox.relay import relay_actor, relay_for
-from composition.redis_errors import REDIS_ERRORS
-from composition.transactions import on_commit_once
+from composition.outbox.relay import relay_for
+from composition.transactions import on_commit_once, open_savepoints
 
-__all__ = ["encode_payload", "nudge_breaker", "publish", "publish_with_headers"]
+__all__ = ["PAYLOAD_SCHEMA_OPTION", "encode_payload", "publish", "publish_with_headers"]
+
+# The actor option under which ``@job`` leaves its payload check (``jobs.schema.PayloadSchema``,
+# anything with ``validate(args, kwargs)``): publish() runs it without importing ``jobs``.
+PAYLOAD_SCHEMA_OPTION = "payload_schema"
 
 log = structlog.get_logger("composition.outbox")
 
@@ -55,13 +65,6 @@ _MAX_DEPTH = 32
 # The key of the one after-commit send per transaction (see on_commit_once).
 _SEND_KEY = "composition.outbox.send_after_commit"
 _NUDGE_KEY = "composition.outbox.nudge"
-# What opens the breaker: the broker failing. A database error of the after-commit send (a
-# restarting PostgreSQL) says nothing about the broker and must not pause sends that would work.
-BROKER_FAILURES: tuple[type[BaseException], ...] = (BrokerError, *REDIS_ERRORS)
-# One failed nudge opens the broker's nudge circuit: a frozen broker then costs one socket
-# timeout per NUDGE_BREAKER_RESET_S for the whole process, not one per commit.
-NUDGE_BREAKER_FAILURES = 1
-NUDGE_BREAKER_RESET_S = 5.0
 # Headers publish() sets itself; extra headers cannot replace them.
 _OWN_HEADERS = frozenset({"request_id", "published_at"})
 
@@ -96,7 +99,13 @@ def publish_with_headers(actor: Any, payload: Mapping[str, Any], *, headers: Map
         declared = configured_broker().get_actor(name)
     except ActorNotFound:
         raise UnknownActorError(name) from None
-    encode_payload(payload)
+    encoded = encode_payload(payload)
+    schema = declared.options.get(PAYLOAD_SCHEMA_OPTION)
+    if schema is not None:
+        try:
+            schema.validate((), payload)
+        except PayloadValidationError as exc:
+            raise PayloadDoesNotFitError(str(exc)) from None
     if key is not None and (not isinstance(key, str) or not key or len(key) > KEY_MAX_LENGTH):
         raise InvalidKeyError(f"key must be a non-empty string of at most {KEY_MAX_LENGTH} characters, "
                               f"got {key!r}")
@@ -108,21 +117,57 @@ def publish_with_headers(actor: Any, payload: Mapping[str, Any], *, headers: Map
     extra = {header: value for header, value in headers.items() if header not in _OWN_HEADERS}
     _check_json(extra, "headers", 0)
     context = structlog.contextvars.get_contextvars()
-    message = OutboxMessage.objects.create(
-        actor_name=name, queue_name=declared.queue_name, payload=dict(payload), key=key,
-        headers={**extra, "request_id": context.get("request_id"), "published_at": time.time()},
-        delay_s=delay_s,
-    )
+    all_headers = {**extra, "request_id": context.get("request_id"), "published_at": time.time()}
+    headers_json = json.dumps(all_headers)
+    created_at = timezone.now()
     if not conf.OUTBOX_SEND_ON_COMMIT:
+        inserted = insert(actor_name=name, queue_name=declared.queue_name, payload_json=encoded.decode(), key=key,
+                          headers_json=headers_json, delay_s=delay_s, created_at=created_at)
         # A transaction publishing thousands of rows needs one nudge, not thousands.
-        on_commit_once(_NUDGE_KEY, _nudge, using=DEFAULT_DB_ALIAS)
-    elif transaction.get_connection(DEFAULT_DB_ALIAS).in_atomic_block:
-        # One send after COMMIT for the whole transaction, however many rows it publishes.
-        send = on_commit_once(_SEND_KEY, _SendAfterCommit(), using=DEFAULT_DB_ALIAS)
-        send.ids.append(message.pk)
-    else:
-        _SendAfterCommit([message.pk])()  # autocommit: the row is committed already
-    return message
+        on_commit_once(_NUDGE_KEY, nudge, using=DEFAULT_DB_ALIAS)
+        return _row(inserted, name, declared.queue_name, payload, key, all_headers, delay_s, created_at, "")
+    in_transaction = transaction.get_connection(DEFAULT_DB_ALIAS).in_atomic_block
+    # One send after COMMIT for the whole transaction, however many rows it publishes.
+    send = on_commit_once(_SEND_KEY, SendAfterCommit(), using=DEFAULT_DB_ALIAS) if in_transaction \
+        else SendAfterCommit()
+    relay = relay_for(configured_broker())
+    if send.relay is None:
+        send.relay = relay
+    # The row is inserted leased to this process's relay (unless its key must wait), so that the
+    # send after COMMIT needs no claim: see composition.outbox.claims.
+    claim_for = relay.relay_id if send.relay is relay else None
+    since = time.monotonic()
+    inserted = insert(actor_name=name, queue_name=declared.queue_name, payload_json=encoded.decode(), key=key,
+                      headers_json=headers_json, delay_s=delay_s, created_at=created_at, claim_for=claim_for,
+                      lease_s=relay.lease_s, own_ids=send.claimed_by_key.get(key, ()) if key is not None else ())
+    send.ids.append(inserted.id)
+    if inserted.claimed_until is not None:
+        # Decoded again: the caller may change its payload before COMMIT, the row cannot.
+        send.add_claimed(ClaimedMessage(
+            id=inserted.id, actor_name=name, queue_name=declared.queue_name, payload=json.loads(encoded),
+            key=key, headers=json.loads(headers_json), delay_s=delay_s, created_at=created_at,
+        ), since=since, under_savepoint=any(sid is not None for sid in open_savepoints(DEFAULT_DB_ALIAS)))
+    if not in_transaction:
+        send()  # autocommit: the row is committed already
+    return _row(inserted, name, declared.queue_name, payload, key, all_headers, delay_s, created_at,
+                claim_for if inserted.claimed_until is not None else "")
+
+
+def _row(inserted: Inserted, actor_name: str, queue_name: str, payload: Mapping[str, Any], key: str | None,
+         headers: dict[str, Any], delay_s: float | None, created_at: datetime, claimed_by: str | None) -> OutboxMessage:
+    """The model instance of a row just inserted, as if read back."""
+    values = {"id": inserted.id, "actor_name": actor_name, "queue_name": queue_name, "payload": dict(payload),
+              "key": key, "headers": headers, "delay_s": delay_s, "status": OutboxMessage.Status.PENDING.value,
+              "created_at": created_at, "claimed_until": inserted.claimed_until, "claimed_by": claimed_by or "",
+              "attempts": 1 if inserted.claimed_until is not None else 0, "sent_at": None, "last_error": ""}
+    # from_db: the positional fast path of Model.__init__, and the instance's state set as for a row read back.
+    names = _field_names()
+    return OutboxMessage.from_db(DEFAULT_DB_ALIAS, names, [values[name] for name in names])
+
+
+@functools.cache
+def _field_names() -> list[str]:
+    return [field.attname for field in OutboxMessage._meta.concrete_fields]
 
 
 def encode_payload(payload: Any) -> bytes:
@@ -170,58 +215,3 @@ def _actor_name(actor: Any) -> str:
     if isinstance(name, str):
         return name
     raise UnknownActorError(repr(actor))
-
-
-_breakers_lock = threading.Lock()
-_breakers: weakref.WeakKeyDictionary[Broker, CircuitBreaker] = weakref.WeakKeyDictionary()
-
-
-def nudge_breaker(broker: Broker) -> CircuitBreaker:
-    """The circuit breaker of ``broker``'s relay nudges in this process (one per broker)."""
-    with _breakers_lock:
-        breaker = _breakers.get(broker)
-        if breaker is None:
-            breaker = CircuitBreaker("outbox_nudge", failure_threshold=NUDGE_BREAKER_FAILURES,
-                                     reset_timeout_s=NUDGE_BREAKER_RESET_S, failure_types=BROKER_FAILURES)
-            _breakers[broker] = breaker
-        return breaker
-
-
-class _SendAfterCommit:
-    """The rows one transaction published, sent to the broker once it has committed."""
-
-    def __init__(self, ids: list[int] | None = None) -> None:
-        self.ids: list[int] = ids if ids is not None else []
-
-    def __call__(self) -> None:
-        """Never raises: the caller's commit has succeeded whatever happens here."""
-        try:
-            broker = configured_broker()
-            sent = nudge_breaker(broker).call(relay_for(broker).relay_published, self.ids)
-        except CircuitOpen as exc:
-            log.debug("outbox send after commit skipped, the broker is failing; the sweep will relay it",
-                      retry_after_s=round(exc.retry_after_s, 2))
-            return
-        except Exception as exc:
-            log.warning("outbox send after commit failed; the sweep will relay it",
-                        error=f"{type(exc).__name__}: {exc}")
-            return
-        if len(sent) < len(self.ids):
-            # Rows that wait behind an older row of their key (or were rolled back with a
-            # savepoint): the relay takes the key's rows in order once its head has gone.
-            _nudge()
-
-
-def _nudge() -> None:
-    """Ask the relay to run now, through the broker's nudge breaker; never raises. After commit the
-    row is safe and a failed nudge only delays it until the next sweep, so it must never turn the
-    caller's successful commit into an exception."""
-    try:
-        broker = configured_broker()
-        nudge_breaker(broker).call(relay_actor(broker).send)
-    except CircuitOpen as exc:
-        log.debug("outbox relay nudge skipped, the broker is failing; the sweep will relay the message",
-                  retry_after_s=round(exc.retry_after_s, 2))
-    except Exception as exc:
-        log.warning("outbox relay nudge failed; the sweep will relay the message",
-                    error=f"{type(exc).__name__}: {exc}")

@@ -32,7 +32,9 @@ from dramatiq.broker import Broker
 from composition.conf import conf
 from composition.metrics import OUTBOX_RELAY_ERRORS, OUTBOX_RELAY_LAG_SECONDS, OUTBOX_RELAYED
 from composition.outbox.claims import ClaimedMessage, claim, mark_sent, release
+from composition.outbox.claims import confirm as confirm_claims
 from composition.outbox.enqueue import enqueue_many
+from composition.outbox.leases import LeaseKeeper
 from composition.outbox.relay_actor import (
     DEAD_LETTER_OPTION,
     NUDGE_MAX_AGE_S,
@@ -50,11 +52,16 @@ __all__ = [
     "ClaimedMessage",
     "Relay",
     "RelayRound",
+    "SentAfterCommit",
     "relay_actor",
     "relay_for",
 ]
 
 log = structlog.get_logger("composition.outbox.relay")
+
+# Rows inserted leased are sent without confirming them first only while less than this share of
+# their lease has passed since the insert (a long transaction's rows are confirmed, and renewed).
+_SEND_UNCONFIRMED_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,15 @@ class RelayRound:
 
     relayed: int
     finished: bool
+
+
+@dataclass(frozen=True)
+class SentAfterCommit:
+    """What a send right after COMMIT did: the ids it sent, and whether a pending row of one of
+    their keys waits behind them (its own send found them in flight: the relay is to be woken)."""
+
+    ids: set[int]
+    followers_waiting: bool = False
 
 
 class Relay:
@@ -77,9 +93,11 @@ class Relay:
         self.broker = broker
         self._batch_size = batch_size
         self._lease_s = lease_s
-        self.relay_id = relay_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.pid = os.getpid()
+        self.relay_id = relay_id or f"{socket.gethostname()}:{self.pid}:{uuid.uuid4().hex[:8]}"
         self._running = threading.Lock()
         self._again = threading.Event()
+        self.leases = LeaseKeeper(self.relay_id)
 
     @property
     def batch_size(self) -> int:
@@ -104,45 +122,94 @@ class Relay:
         (the relay actor's included): an interrupt between enqueue and mark-sent would send the
         batch twice, so it waits until the batch is done.
         """
+        # A row waiting behind this batch's keys is the next claim's head: the loop that called
+        # this goes round again until a claim finds nothing.
         with shielded():
-            return len(self._run_batch(limit))
+            return len(self._run_batch(limit)[0])
 
-    def relay_published(self, ids: Sequence[int]) -> set[int]:
+    def relay_published(self, ids: Sequence[int]) -> SentAfterCommit:
         """Relay the rows ``ids`` that a transaction just committed, now, without waiting for a
-        relay round: the one hop from COMMIT to the broker. Returns which of ``ids`` were sent;
+        relay round: the one hop from COMMIT to the broker. Says which of ``ids`` were sent;
         the others (a row whose key has an older row still pending, or one another relay holds)
         are left to the relay. Raises, after releasing its claims, when the broker fails."""
         sent: set[int] = set()
+        followers_waiting = False
         wanted = set(ids)
         while wanted - sent:
             with shielded():
-                claimed = self._run_batch(None, only_ids=sorted(wanted - sent))
+                claimed, waiting = self._run_batch(None, only_ids=sorted(wanted - sent))
+            followers_waiting = followers_waiting or waiting
             if not claimed:
                 break
             sent |= wanted.intersection(message.id for message in claimed)
-        return sent
+        return SentAfterCommit(sent, followers_waiting)
 
-    def _run_batch(self, limit: int | None, *, only_ids: Sequence[int] | None = None) -> list[ClaimedMessage]:
+    def send_claimed(self, messages: Sequence[ClaimedMessage], *, since: float,
+                     confirm: bool = False) -> SentAfterCommit:
+        """Send rows that a transaction inserted already leased to this relay
+        (``claims.insert``), right after its COMMIT; return the ids sent.
+
+        ``since`` is a ``time.monotonic()`` value taken before the first of them was inserted
+        (their leases began after it). With no database round trip before the broker's when it
+        can: only rows with a key (an older row of the key that a concurrent transaction
+        committed meanwhile must go first), rows inserted under a savepoint (``confirm``: it may
+        have been rolled back) and rows whose lease may be running out are first confirmed
+        (``claims.confirm``), and those an older row of their key now precedes are given back to
+        the relay. Raises, after releasing the rows, when the broker fails.
+        """
+        if not messages:
+            return SentAfterCommit(set())
+        if confirm or time.monotonic() - since > self.lease_s * _SEND_UNCONFIRMED_SHARE:
+            to_confirm = [message.id for message in messages]
+        else:
+            to_confirm = [message.id for message in messages if message.key is not None]
+        if to_confirm:
+            since = time.monotonic()
+            confirmed = confirm_claims(to_confirm, lease_s=self.lease_s, relay_id=self.relay_id)
+            unconfirmed = set(to_confirm)
+            messages = [message for message in messages
+                        if message.id not in unconfirmed or confirmed.get(message.id) is False]
+        if not messages:
+            return SentAfterCommit(set())
+        with shielded():
+            followers_waiting = self._enqueue_and_mark(sorted(messages, key=lambda message: message.id), since=since)
+        return SentAfterCommit({message.id for message in messages}, followers_waiting)
+
+    def release_claimed(self, ids: Sequence[int], *, error: str) -> None:
+        """Give back rows this relay holds (``claims.release``), for any relay to claim at once."""
+        release(ids, error=error[:2000], relay_id=self.relay_id)
+
+    def _run_batch(self, limit: int | None, *,
+                   only_ids: Sequence[int] | None = None) -> tuple[list[ClaimedMessage], bool]:
+        """The claimed batch, and whether a pending row of its keys waits behind it."""
+        since = time.monotonic()
         claimed = self.claim(limit, only_ids=only_ids)
-        if not claimed:
-            return []
+        followers_waiting = bool(claimed) and self._enqueue_and_mark(claimed, since=since)
+        return claimed, followers_waiting
+
+    def _enqueue_and_mark(self, claimed: Sequence[ClaimedMessage], *, since: float) -> bool:
+        """Enqueue and mark one claimed batch; True when a pending row of one of its keys waits
+        behind it (``claims.mark_sent``)."""
+        # The rows' leases are renewed for as long as the batch takes (composition.outbox.leases).
         ids = [message.id for message in claimed]
-        now_s = time.time()
-        try:
-            enqueue_many(self.broker, [message.to_message(now_s) for message in claimed])
-        except Exception as exc:
-            OUTBOX_RELAY_ERRORS.inc()
-            error = f"{type(exc).__name__}: {exc}"[:2000]
-            log.error("outbox relay could not enqueue a batch; claims released", count=len(ids), error=error)
-            release(ids, error=error, relay_id=self.relay_id)
-            raise
-        enqueued_s = time.time()
-        mark_sent(ids, sent_at=datetime.fromtimestamp(enqueued_s, tz=UTC), relay_id=self.relay_id)
+        with self.leases.holding(ids, lease_s=self.lease_s, since=since):
+            now_s = time.time()
+            try:
+                enqueue_many(self.broker, [message.to_message(now_s) for message in claimed])
+            except Exception as exc:
+                OUTBOX_RELAY_ERRORS.inc()
+                error = f"{type(exc).__name__}: {exc}"[:2000]
+                log.error("outbox relay could not enqueue a batch; claims released", count=len(ids), error=error)
+                release(ids, error=error, relay_id=self.relay_id)
+                raise
+            enqueued_s = time.time()
+            followers_waiting = mark_sent(ids, sent_at=datetime.fromtimestamp(enqueued_s, tz=UTC),
+                                          relay_id=self.relay_id)
         for actor_name, count in Counter(message.actor_name for message in claimed).items():
             OUTBOX_RELAYED.labels(actor_name).inc(count)
         for message in claimed:
             OUTBOX_RELAY_LAG_SECONDS.observe(max(0.0, enqueued_s - message.created_at.timestamp()))
-        return claimed
+        return followers_waiting
 
     # -- loops -----------------------------------------------------------------------------------
     def run_until_idle(self, *, max_s: float | None = None) -> int:
@@ -202,7 +269,8 @@ def relay_for(broker: Broker) -> Relay:
     """This process's relay for ``broker`` (shared by the actor and the sweeper)."""
     with _relays_lock:
         relay = _relays.get(broker)
-        if relay is None:
+        # A forked child gets a relay of its own: its leases must not pass for its parent's.
+        if relay is None or relay.pid != os.getpid():
             relay = _relays[broker] = Relay(broker)
         return relay
 

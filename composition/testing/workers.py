@@ -15,7 +15,7 @@ from typing import Any
 from composition import broker as broker_module
 from composition.conf import conf
 
-__all__ = ["WorkerProcess", "current_database_url", "subprocess_env", "use_broker"]
+__all__ = ["WorkerDidNotStop", "WorkerProcess", "current_database_url", "subprocess_env", "use_broker"]
 
 
 @contextmanager
@@ -66,6 +66,10 @@ def subprocess_env(**overrides: str) -> dict[str, str]:
     return env
 
 
+class WorkerDidNotStop(AssertionError):
+    """A worker process that was sent SIGTERM did not exit in time (it was killed)."""
+
+
 class WorkerProcess:
     """``manage.py runworkers`` as a real child process in its own process group."""
 
@@ -110,9 +114,11 @@ class WorkerProcess:
             self.signal(signal.SIGTERM)
         try:
             return self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as exc:
             self.kill_group()
-            raise
+            # What the process was doing is the only clue to why it did not drain.
+            raise WorkerDidNotStop(f"runworkers (pid {self.pid}) did not exit within {timeout_s} s of SIGTERM; "
+                                   f"killed. Its log ends:\n{self.output()[-4000:]}") from exc
 
     def close(self) -> None:
         """Kill what is left and delete the log (read ``output()`` before, as a failing test does)."""

@@ -167,6 +167,22 @@ def bench_stamp_idempotent(seq: int) -> None:
     _stamp(seq)
 
 
+@job(queue=BENCH_QUEUE, max_attempts=1)
+def bench_effect(seq: int) -> None:
+    """A job whose effect is a database row, as the jobs the inbox ledger is for (its own
+    transaction, one commit), then its stamp."""
+    with transaction.atomic():
+        Effect.objects.create(key=f"bench-effect-{seq}")
+    _stamp(seq)
+
+
+@job(queue=BENCH_QUEUE, max_attempts=1, idempotent=True)
+def bench_effect_idempotent(seq: int) -> None:
+    """The same under the inbox ledger: the row and the ledger's commit together."""
+    Effect.objects.create(key=f"bench-effect-{seq}")
+    _stamp(seq)
+
+
 WAKE_QUEUE = "jobs_wake"
 # Where wake_stamp leaves its marks: one Redis list entry "<seq> <unix time at start>".
 WAKE_STAMPS_KEY = "tests:wake-stamps"
@@ -190,3 +206,24 @@ def crash_effect_plain(key: str) -> None:
     commits on its own, so a redelivered message shows up as a second ``Effect`` row."""
     Effect.objects.create(key=key)
     time.sleep(0.01)
+
+
+ELSEWHERE_QUEUE = "jobs_billing_elsewhere"
+
+
+@job(queue=ELSEWHERE_QUEUE, max_attempts=1)
+def receipt_elsewhere(payment_id: int) -> None:
+    """A receipt job on another queue: the billing service publishes to it when given it."""
+    Effect.objects.create(key=f"receipt-elsewhere-{payment_id}")
+
+
+ORDER_QUEUE = "jobs_order"
+
+
+@job(queue=ORDER_QUEUE, max_attempts=1)
+def record_start(key: str, seq: int) -> None:
+    """Notes that it started (an ``Effect`` "<key>:<seq>", committed at once, before anything
+    else): under one worker thread the effects' ids are the jobs' start order. The short wait
+    keeps the worker behind the publisher, so messages queue up and its prefetch is used."""
+    Effect.objects.create(key=f"{key}:{seq}")
+    time.sleep(0.02)

@@ -4,10 +4,11 @@ import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db.models import Count, Max, QuerySet
+from django.db.models import QuerySet
 
 from composition.errors import CompositionError
 from composition.jobs import replay as service
+from composition.jobs.failure_groups import failure_groups
 from composition.jobs.models import DeadLetter
 from composition.management.retention_option import SECONDS_PER_DAY, older_than_days
 from composition.retention import prune_dead_letters
@@ -23,11 +24,7 @@ def _summary(row: DeadLetter) -> dict[str, Any]:
 
 
 def _groups(rows: QuerySet[DeadLetter]) -> list[dict[str, Any]]:
-    """Dead letters counted per fingerprint (one failure cause), largest group first."""
-    grouped = (rows.values("fingerprint", "actor", "error_class")
-               .annotate(count=Count("id"), last_failed_at=Max("last_failed_at"))
-               .order_by("-count", "fingerprint"))
-    return [{**group, "last_failed_at": group["last_failed_at"].isoformat()} for group in grouped]
+    return [{**group, "last_failed_at": group["last_failed_at"].isoformat()} for group in failure_groups(rows)]
 
 
 def _detail(row: DeadLetter) -> dict[str, Any]:

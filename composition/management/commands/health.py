@@ -3,23 +3,36 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from composition import health
 
-CHECKS = {"liveness": health.liveness, "readiness": lambda: health.readiness(use_cache=False),
-          "workers": health.workers}
-
 
 class Command(BaseCommand):
-    help = "Exit 0 when healthy, 1 when not: liveness, readiness or workers."
+    help = ("Exit 0 when healthy, 1 when not: liveness; readiness (of the web role, or with "
+            "--role worker of a worker); workers (the cluster's heartbeats, or with --local only "
+            "this host's processes: a container's healthcheck).")
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("kind", choices=sorted(CHECKS))
+        parser.add_argument("kind", choices=["liveness", "readiness", "workers"])
+        parser.add_argument("--role", choices=health.ROLES, default="web",
+                            help="readiness: whose dependencies count as critical (default web)")
+        parser.add_argument("--local", action="store_true",
+                            help="workers: only this host's worker processes")
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        report = CHECKS[options["kind"]]()
+        kind = options["kind"]
+        if options["local"] and kind != "workers":
+            raise CommandError("--local applies to `health workers` only")
+        if options["role"] != "web" and kind != "readiness":
+            raise CommandError("--role applies to `health readiness` only")
+        if kind == "liveness":
+            report = health.liveness()
+        elif kind == "readiness":
+            report = health.readiness(use_cache=False, role=options["role"])
+        else:
+            report = health.workers(local=options["local"])
         body = report.as_dict()
         if options["json"]:
             self.stdout.write(json.dumps(body, indent=2, default=str))

@@ -6,13 +6,15 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from composition.broker import configured_broker
+from composition.jobs.in_flight import RUNS_WINDOW_S
 from composition.management.retention_option import SECONDS_PER_DAY, older_than_days
 from composition.outbox.maintenance import outbox_status, prune_sent
 from composition.outbox.relay import Relay
 
 
 class Command(BaseCommand):
-    help = ("Outbox operations: 'status' shows the backlog, 'relay' relays pending messages until none "
+    help = ("Outbox operations: 'status' shows the backlog (by actor, and by queue as the admin's "
+            "operations page shows it), 'relay' relays pending messages until none "
             "is left, 'prune' deletes sent messages older than --older-than days (in batches).")
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -27,7 +29,8 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
         if action == "status":
-            result: dict[str, Any] = outbox_status().as_dict()
+            # The operations page's window: its per-queue figures are these.
+            result: dict[str, Any] = outbox_status(window_s=RUNS_WINDOW_S).as_dict()
         elif action == "relay":
             if options["batch_size"] is not None and options["batch_size"] < 1:
                 raise CommandError("--batch-size must be at least 1")
@@ -44,6 +47,8 @@ class Command(BaseCommand):
             if isinstance(value, dict):
                 self.stdout.write(f"{name}:")
                 for inner, count in value.items():
+                    if isinstance(count, dict):  # a queue's backlog: pending=1 oldest_pending_age_s=0.5 ...
+                        count = " ".join(f"{key}={figure}" for key, figure in count.items())
                     self.stdout.write(f"  {inner}: {count}")
             else:
                 self.stdout.write(f"{name}: {value}")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -7,6 +8,20 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from composition.conf import conf
 from composition.errors import SystemStartError
 from composition.lifecycle.workers import WorkerOptions, build_supervisor, build_worker_system
+from composition.prometheus.directory import multiproc_dir
+
+
+def _metrics_port(value: str) -> int | str:
+    """``--metrics-port``: a TCP port, or ``off`` (serve nothing, whatever the settings say)."""
+    if value == "off":
+        return value
+    try:
+        port = int(value)
+    except ValueError:
+        port = 0
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"{value!r} is neither a TCP port (1-65535) nor 'off'")
+    return port
 
 
 def _option_or(options: dict[str, Any], name: str, default: Any) -> Any:
@@ -24,6 +39,9 @@ class Command(BaseCommand):
         parser.add_argument("--queues", default=None, help="comma-separated queue names (default: all)")
         parser.add_argument("--shutdown-timeout", type=float, default=None, dest="shutdown_timeout",
                             help="seconds to drain after the first signal")
+        parser.add_argument("--metrics-port", type=_metrics_port, default=None, dest="metrics_port",
+                            help="serve Prometheus /metrics on this port, or 'off' "
+                                 "(default: COMPOSITION['WORKER_METRICS_PORT'])")
 
     def handle(self, *args: Any, **options: Any) -> None:
         defaults = WorkerOptions.from_settings()
@@ -33,11 +51,17 @@ class Command(BaseCommand):
             threads=_option_or(options, "threads", defaults.threads),
             queues=queues or defaults.queues,
             shutdown_timeout_s=_option_or(options, "shutdown_timeout", float(conf.SHUTDOWN_TIMEOUT_S)),
+            metrics_port=None if options["metrics_port"] == "off" else _option_or(
+                options, "metrics_port", defaults.metrics_port),
+            metrics_address=defaults.metrics_address,
         )
         if worker_options.processes < 1 or worker_options.threads < 1:
             raise CommandError("--processes and --threads must be at least 1")
         if worker_options.shutdown_timeout_s <= 0:
             raise CommandError("--shutdown-timeout must be a positive number of seconds")
+        if worker_options.metrics_port is not None and worker_options.processes > 1 and multiproc_dir() is None:
+            raise CommandError("serving /metrics for several processes needs PROMETHEUS_MULTIPROC_DIR: "
+                               "without it the children's metrics stay in the children")
         system = (build_worker_system(worker_options) if worker_options.processes == 1
                   else build_supervisor(worker_options))
         try:

@@ -1,0 +1,158 @@
+"""Pay over HTTP through the library (row lock with a timeout, outbox row, cache invalidation,
+backpressure, metrics) against a plain Django view doing the same insert and update without it:
+the request-path cost of the guarantees.
+
+One gunicorn (2 workers x 16 threads, the example's settings plus the baseline's URL,
+``bench/_pay_settings.py``) serves both. 32 client threads pay distinct open invoices, one
+request each, in alternating rounds (library, plain, plain, library, ...), so drift hits both
+alike. Per side: throughput (payments per second over its rounds) and p99 latency.
+Goals (issue 15): throughput >= 0.8x the plain view, p99 <= 1.5x.
+
+No worker runs: the library's receipt jobs pile up on the ``billing`` queue, which is emptied
+before every round (and the settings lift its backpressure limit, see ``_pay_settings``), so
+neither side is shed and every round starts from the same broker state.
+
+Run: ``python bench/bench_pay_http.py`` (BENCH_CLIENTS, BENCH_ROUND_S, BENCH_ROUNDS); needs
+DATABASE_URL and REDIS_URL (the project's services). It empties the ``billing`` queue on that
+broker, before and after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = Path(__file__).resolve().parent
+os.environ.setdefault("LOG_LEVEL", "WARNING")
+from _util import setup_django  # noqa: E402
+
+setup_django("tests.settings")
+
+from django.contrib.auth import get_user_model  # noqa: E402
+
+from billing.models import Invoice  # noqa: E402
+from billing.tokens import create_token  # noqa: E402
+from composition.broker import configured_broker  # noqa: E402
+from composition.lifecycle.processes import ProcessComponent  # noqa: E402
+from composition.testing import free_port, subprocess_env  # noqa: E402
+
+CLIENTS = int(os.environ.get("BENCH_CLIENTS", "32"))
+ROUND_S = float(os.environ.get("BENCH_ROUND_S", "4"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "6"))  # per side
+THROUGHPUT_GOAL, P99_GOAL = 0.8, 1.5
+AMOUNT = 700
+
+
+def percentile(samples: list[float], share: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def _invoices(count: int, tag: str) -> list[int]:
+    Invoice.objects.bulk_create([Invoice(number=f"P{tag}-{index}", customer="Bench", amount_cents=AMOUNT)
+                                 for index in range(count)], batch_size=2000)
+    return list(Invoice.objects.filter(number__startswith=f"P{tag}-").values_list("pk", flat=True))
+
+
+class OutOfInvoices(Exception):
+    pass
+
+
+def _round(url_of: str, ids: Iterator[int], token: str, tag: str) -> tuple[int, list[float], int]:
+    """Pay for ROUND_S seconds from CLIENTS threads; (payments made, latencies, failures).
+    Raises OutOfInvoices when the side's invoices ran out (its rate would be capped, not measured)."""
+    configured_broker().flush("billing")  # the receipt jobs of the rounds before (no worker takes them)
+    lock = threading.Lock()
+    latencies: list[float] = []
+    counts = {"ok": 0, "failed": 0, "out": 0}
+    deadline = time.monotonic() + ROUND_S
+
+    def client() -> None:
+        while time.monotonic() < deadline:
+            with lock:
+                invoice_id = next(ids, None)
+                if invoice_id is None:
+                    counts["out"] += 1
+                    return
+            request = urllib.request.Request(
+                url_of.format(invoice_id), method="POST",
+                data=json.dumps({"payment_id": f"{tag}-{invoice_id}", "amount_cents": AMOUNT}).encode(),
+                headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+            began = time.perf_counter()
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    ok = response.status == 201
+            except (urllib.error.URLError, OSError):
+                ok = False
+            took = time.perf_counter() - began
+            with lock:
+                latencies.append(took)
+                counts["ok" if ok else "failed"] += 1
+
+    threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if counts["out"]:
+        raise OutOfInvoices(f"{url_of}: the invoices ran out; raise the number made per side")
+    return counts["ok"], latencies, counts["failed"]
+
+
+def main() -> int:
+    tag = time.strftime("%H%M%S")
+    user = get_user_model().objects.create_superuser(f"bench-pay-{tag}", f"b{tag}@example.invalid", "unused")
+    token = create_token(user, "bench")[1]
+    # More invoices than the rounds can pay (a few hundred per second per side).
+    per_side = 2500 * ROUNDS
+    sides = {"library": iter(_invoices(per_side, f"L{tag}")), "plain": iter(_invoices(per_side, f"B{tag}"))}
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = subprocess_env(DJANGO_SETTINGS_MODULE="_pay_settings", PYTHONPATH=f"{BENCH}:{ROOT}",
+                         WEB_CONCURRENCY="2", WEB_THREADS="16", LOG_LEVEL="WARNING")
+    web = ProcessComponent("web", [sys.executable, "-m", "gunicorn", "project.wsgi:application", "--config",
+                                   "python:project.gunicorn_conf", "--bind", f"127.0.0.1:{port}"],
+                           env=env, cwd=str(ROOT), ready_url=f"{base}/readyz")
+    urls = {"library": base + "/api/invoices/{}/pay", "plain": base + "/bench/plain/{}/pay"}
+    results: dict[str, dict[str, list]] = {side: {"paid": [], "latencies": [], "failed": []} for side in urls}
+    web.start()
+    try:
+        for side in urls:  # warm up both paths
+            _round(urls[side], sides[side], token, f"warm-{side}-{tag}")
+        for index in range(ROUNDS * 2):
+            side = ("library", "plain", "plain", "library")[index % 4]  # each side's rounds even at any ROUNDS
+            paid, latencies, failed = _round(urls[side], sides[side], token, f"{side}-{tag}")
+            results[side]["paid"].append(paid)
+            results[side]["latencies"] += latencies
+            results[side]["failed"].append(failed)
+    except OutOfInvoices as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    finally:
+        web.stop(20)
+        configured_broker().flush("billing")
+    summary = {}
+    for side, result in results.items():
+        rate = sum(result["paid"]) / (ROUND_S * ROUNDS)
+        p50, p99 = percentile(result["latencies"], 0.5), percentile(result["latencies"], 0.99)
+        summary[side] = (rate, p99)
+        print(f"{side:<8} {rate:8.1f} payments/s  p50 {p50 * 1e3:6.1f} ms  p99 {p99 * 1e3:6.1f} ms  "
+              f"failed {sum(result['failed'])}")
+    throughput = summary["library"][0] / summary["plain"][0]
+    p99 = summary["library"][1] / summary["plain"][1]
+    ok = throughput >= THROUGHPUT_GOAL and p99 <= P99_GOAL and not any(sum(r["failed"]) for r in results.values())
+    print(f"pay through the library vs a plain view, {CLIENTS} clients: throughput {throughput:.2f}x "
+          f"(goal >= {THROUGHPUT_GOAL}x), p99 {p99:.2f}x (goal <= {P99_GOAL}x) {'ok' if ok else 'OVER GOAL'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

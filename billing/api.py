@@ -1,0 +1,103 @@
+"""The JSON API's frame: authentication, CSRF, permissions, methods and errors, so each view in
+``billing.views`` only parses, calls a service and answers.
+
+- API clients send ``Authorization: Bearer <token>``; only those requests skip CSRF (a browser
+  never adds that header by itself, so a forged cross-site request cannot carry one).
+- Browsers use their Django session, with CSRF checked on unsafe methods.
+- Anonymous: 401; authenticated without the permission: 403; nothing is read or written first.
+- Every error is JSON ``{"code": ..., "error": ...}`` with a stable ``code``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.middleware.csrf import CsrfViewMiddleware
+from django.views.decorators.csrf import csrf_exempt, ensure_csrf_cookie
+
+from billing.tokens import user_for_token
+
+__all__ = ["ApiError", "endpoint", "error_response"]
+
+Handler = Callable[..., HttpResponse]
+
+
+class ApiError(Exception):
+    """An answer other than success: raised anywhere below a view, turned into JSON here."""
+
+    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.extra = status, code, message, extra
+
+
+def error_response(status: int, code: str, message: str, **extra: Any) -> JsonResponse:
+    response = JsonResponse({"code": code, "error": message, **extra}, status=status)
+    if status == 401:
+        response["WWW-Authenticate"] = 'Bearer realm="billing"'
+    return response
+
+
+def _csrf_failure(request: HttpRequest) -> str | None:
+    """The reason Django's CSRF check refuses ``request``, or None when it passes."""
+    reasons: list[str] = []
+
+    class Check(CsrfViewMiddleware):
+        def _reject(self, request: HttpRequest, reason: str) -> HttpResponse | None:
+            reasons.append(reason)
+            return HttpResponse(status=403)
+
+    Check(lambda _: HttpResponse()).process_view(request, lambda _: HttpResponse(), (), {})
+    return reasons[0] if reasons else None
+
+
+def _authenticate(request: HttpRequest) -> Any:
+    header = request.headers.get("Authorization")
+    if header is not None:
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise ApiError(401, "invalid_token", "the Authorization header must be 'Bearer <token>'")
+        user = user_for_token(token.strip())
+        if user is None:
+            raise ApiError(401, "invalid_token", "the token is unknown or revoked")
+        return user
+    if not request.user.is_authenticated:
+        raise ApiError(401, "not_authenticated",
+                       "authenticate with 'Authorization: Bearer <token>' or a logged-in session")
+    if request.method not in ("GET", "HEAD", "OPTIONS", "TRACE") and (reason := _csrf_failure(request)):
+        raise ApiError(403, "csrf_failed", f"CSRF check failed: {reason}")
+    return request.user
+
+
+def endpoint(**handlers: tuple[str, Handler]) -> Handler:
+    """One URL's view: ``GET=("billing.view_invoice", handler), POST=(...)``. Each handler runs
+    only for its method, after authentication, CSRF and its permission; ``ApiError`` becomes
+    a JSON error answer."""
+    allowed = sorted(handlers)
+
+    @csrf_exempt  # checked in _authenticate, for session requests only
+    @ensure_csrf_cookie  # a logged-in browser reads the token it must send back
+    @wraps(next(iter(handlers.values()))[1])
+    def view(request: HttpRequest, **kwargs: Any) -> HttpResponse:
+        method = "GET" if request.method == "HEAD" else (request.method or "GET")
+        try:
+            user = _authenticate(request)
+            if method not in handlers:
+                response = error_response(405, "method_not_allowed", f"{request.method} is not allowed here; "
+                                          f"use {' or '.join(allowed)}")
+                response["Allow"] = ", ".join(allowed)
+                return response
+            permission, handler = handlers[method]
+            if not user.has_perm(permission):
+                raise ApiError(403, "permission_denied", f"this needs the permission {permission!r}")
+            request.user = user
+            return handler(request, **kwargs)
+        except ApiError as exc:
+            response = error_response(exc.status, exc.code, exc.message, **exc.extra)
+            if exc.status in (409, 503) and exc.extra.get("retry_after_s"):
+                response["Retry-After"] = str(exc.extra["retry_after_s"])
+            return response
+
+    return view

@@ -1,0 +1,99 @@
+"""Request input checked against what the columns hold, so bad input is a 400 naming the field,
+never a database error (a 500)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from django.http import HttpRequest
+
+from billing.api import ApiError
+from billing.models import MAX_AMOUNT_CENTS
+
+__all__ = ["AMOUNT", "Integer", "Text", "parse_json_body", "parse_query_int"]
+
+# NUL cannot be stored in a PostgreSQL text column; other control characters are refused too,
+# as no field here has a use for them.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class Text:
+    max_length: int
+    min_length: int = 1
+    required: bool = True
+    pattern: str | None = None
+    pattern_hint: str = ""
+
+    def parse(self, name: str, value: Any) -> str:
+        if not isinstance(value, str):
+            raise _invalid(name, "must be a string")
+        if not self.min_length <= len(value) <= self.max_length:
+            raise _invalid(name, f"must have {self.min_length} to {self.max_length} characters")
+        if _CONTROL.search(value):
+            raise _invalid(name, "must not contain control characters")
+        if self.pattern is not None and not re.fullmatch(self.pattern, value):
+            raise _invalid(name, f"must be {self.pattern_hint}")
+        return value
+
+
+@dataclass(frozen=True)
+class Integer:
+    minimum: int
+    maximum: int
+    required: bool = True
+
+    def parse(self, name: str, value: Any) -> int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise _invalid(name, "must be an integer")
+        if not self.minimum <= value <= self.maximum:
+            raise _invalid(name, f"must be between {self.minimum} and {self.maximum}")
+        return value
+
+
+AMOUNT = Integer(1, MAX_AMOUNT_CENTS)
+
+
+def _invalid(name: str, what: str) -> ApiError:
+    return ApiError(400, "invalid_field", f"field {name!r} {what}", field=name)
+
+
+def parse_json_body(request: HttpRequest, fields: dict[str, Text | Integer]) -> dict[str, Any]:
+    """The body as a JSON object holding exactly ``fields`` (the optional ones may be absent)."""
+    content_type = request.content_type or ""
+    if content_type != "application/json":
+        raise ApiError(415, "unsupported_media_type", "send the body as Content-Type: application/json")
+    try:
+        data = json.loads(request.body or b"")
+    except (ValueError, RecursionError) as exc:
+        raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}"[:200]) from exc
+    if not isinstance(data, dict):
+        raise ApiError(400, "invalid_body", "the body must be a JSON object")
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ApiError(400, "unknown_field", f"unknown field {unknown[0]!r}; expected {', '.join(sorted(fields))}",
+                       field=unknown[0])
+    parsed: dict[str, Any] = {}
+    for name, spec in fields.items():
+        if name not in data:
+            if spec.required:
+                raise ApiError(400, "missing_field", f"field {name!r} is required", field=name)
+            continue
+        parsed[name] = spec.parse(name, data[name])
+    return parsed
+
+
+def parse_query_int(request: HttpRequest, name: str, *, default: int, minimum: int, maximum: int) -> int:
+    raw = request.GET.get(name)
+    if raw is None:
+        return default
+    if not re.fullmatch(r"[0-9]{1,6}", raw):
+        raise ApiError(400, "invalid_parameter", f"parameter {name!r} must be an integer", parameter=name)
+    value = int(raw)
+    if not minimum <= value <= maximum:
+        raise ApiError(400, "invalid_parameter", f"parameter {name!r} must be between {minimum} and {maximum}",
+                       parameter=name)
+    return value

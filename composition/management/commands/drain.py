@@ -1,0 +1,40 @@
+"""``manage.py drain``: the pre-stop step of a web server (a container's preStop hook, or what
+``./run`` does before it stops gunicorn)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from composition.conf import conf
+from composition.draining import clear_drain_file, drain_file, mark_drain_file
+
+
+class Command(BaseCommand):
+    help = ("Mark this host's web processes draining (/readyz answers 503 \"draining\"), wait "
+            "HEALTH_DRAIN_WAIT_S for load balancers to notice, then exit: stop the server after it. "
+            "--clear withdraws the mark.")
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--wait", type=float, default=None, metavar="SECONDS",
+                            help="seconds to wait after marking (default HEALTH_DRAIN_WAIT_S)")
+        parser.add_argument("--clear", action="store_true", help="remove the mark (at server start)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        path = drain_file()
+        if path is None:
+            raise CommandError("COMPOSITION['HEALTH_DRAIN_FILE'] is not set: there is no host-wide "
+                               "draining mark to write. Set it to a path every web process can see.")
+        if options["clear"]:
+            clear_drain_file(path)
+            self.stdout.write(f"drain mark cleared: {path}")
+            return
+        wait_s = float(conf.HEALTH_DRAIN_WAIT_S) if options["wait"] is None else options["wait"]
+        if wait_s < 0:
+            raise CommandError(f"--wait must be >= 0 seconds, got {wait_s}")
+        mark_drain_file(path)
+        self.stdout.write(f"draining: {path} written; waiting {wait_s:g}s for load balancers")
+        self.stdout.flush()
+        time.sleep(wait_s)

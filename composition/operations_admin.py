@@ -1,0 +1,40 @@
+"""The operations page in the admin: one screen for the night a queue piles up (see
+``composition.operations`` for where each figure comes from). It refreshes itself with a meta
+refresh, every ``REFRESH_S`` seconds unless paused: no JavaScript."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+
+from composition.jobs.admin import ReadOnlyRows
+from composition.operations import operations_snapshot
+from composition.operations_models import Operations
+
+__all__ = ["OperationsAdmin"]
+
+REFRESH_S = 5
+
+
+@admin.register(Operations)
+class OperationsAdmin(ReadOnlyRows, admin.ModelAdmin):
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        paused = request.GET.get("refresh") == "off"
+        dead_letters = reverse("admin:composition_deadletter_changelist")
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Operations",
+            "opts": self.model._meta,
+            "snapshot": operations_snapshot(),
+            "refresh_s": None if paused else REFRESH_S,
+            "dead_letters_url": dead_letters,
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, "admin/composition/operations.html", context)

@@ -1,0 +1,137 @@
+"""What runs right after a publishing transaction commits: ``SendAfterCommit`` sends the rows
+it published to the broker (those inserted leased to this process's relay straight away, the
+others through the relay's own claim), and ``nudge()`` wakes the relay for what it could not
+send. Both go through the broker's nudge breaker and never raise: the caller's commit has
+succeeded whatever happens here, and the sweep relays whatever was missed."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import structlog
+from dramatiq.broker import Broker
+from dramatiq.errors import BrokerError
+
+from composition.breaker import CircuitBreaker, CircuitOpen
+from composition.broker import configured_broker
+from composition.outbox.claims import ClaimedMessage
+from composition.outbox.relay import Relay, SentAfterCommit, relay_actor, relay_for
+from composition.redis_errors import REDIS_ERRORS
+
+__all__ = ["BROKER_FAILURES", "NUDGE_BREAKER_FAILURES", "NUDGE_BREAKER_RESET_S", "SendAfterCommit", "nudge",
+           "nudge_breaker"]
+
+log = structlog.get_logger("composition.outbox")
+
+# What opens the breaker: the broker failing. A database error of the after-commit send (a
+# restarting PostgreSQL) says nothing about the broker and must not pause sends that would work.
+BROKER_FAILURES: tuple[type[BaseException], ...] = (BrokerError, *REDIS_ERRORS)
+# One failed nudge opens the broker's nudge circuit: a frozen broker then costs one socket
+# timeout per NUDGE_BREAKER_RESET_S for the whole process, not one per commit.
+NUDGE_BREAKER_FAILURES = 1
+NUDGE_BREAKER_RESET_S = 5.0
+
+_breakers_lock = threading.Lock()
+_breakers: weakref.WeakKeyDictionary[Broker, CircuitBreaker] = weakref.WeakKeyDictionary()
+
+
+def nudge_breaker(broker: Broker) -> CircuitBreaker:
+    """The circuit breaker of ``broker``'s relay nudges in this process (one per broker)."""
+    with _breakers_lock:
+        breaker = _breakers.get(broker)
+        if breaker is None:
+            breaker = CircuitBreaker("outbox_nudge", failure_threshold=NUDGE_BREAKER_FAILURES,
+                                     reset_timeout_s=NUDGE_BREAKER_RESET_S, failure_types=BROKER_FAILURES)
+            _breakers[broker] = breaker
+        return breaker
+
+
+class SendAfterCommit:
+    """The rows one transaction published, sent to the broker once it has committed."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        # The rows inserted leased to ``relay`` (this process's relay for the broker), in order;
+        # the others are claimed after COMMIT.
+        self.relay: Relay | None = None
+        self.claimed: list[ClaimedMessage] = []
+        self.claimed_ids: list[int] = []
+        self.claimed_by_key: dict[str, list[int]] = {}
+        self.since = 0.0
+        self.confirm = False
+
+    def add_claimed(self, message: ClaimedMessage, *, since: float, under_savepoint: bool) -> None:
+        if not self.claimed:
+            self.since = since
+        self.claimed.append(message)
+        self.claimed_ids.append(message.id)
+        if message.key is not None:
+            self.claimed_by_key.setdefault(message.key, []).append(message.id)
+        # A savepoint open at the insert may still be rolled back: confirm the rows exist first.
+        self.confirm = self.confirm or under_savepoint
+
+    def __call__(self) -> None:
+        """Never raises: the caller's commit has succeeded whatever happens here."""
+        if not self.ids:
+            return
+        sent: set[int] = set()
+        followers_waiting = False
+        try:
+            broker = configured_broker()
+            relay = self.relay or relay_for(broker)
+            breaker = nudge_breaker(broker)
+            if self.claimed:
+                result: SentAfterCommit = breaker.call(relay.send_claimed, self.claimed, since=self.since,
+                                                       confirm=self.confirm)
+                sent |= result.ids
+                followers_waiting = result.followers_waiting
+            claimed = set(self.claimed_ids)
+            rest = [pk for pk in self.ids if pk not in claimed]
+            if rest:
+                result = breaker.call(relay.relay_published, rest)
+                sent |= result.ids
+                followers_waiting = followers_waiting or result.followers_waiting
+        except CircuitOpen as exc:
+            log.debug("outbox send after commit skipped, the broker is failing; the sweep will relay it",
+                      retry_after_s=round(exc.retry_after_s, 2))
+            self._give_back(sent, "not sent after commit: the broker is failing")
+            return
+        except Exception as exc:
+            # A broker failure released the rows already; a database failure leaves them leased
+            # until the lease runs out.
+            log.warning("outbox send after commit failed; the sweep will relay it",
+                        error=f"{type(exc).__name__}: {exc}")
+            return
+        if len(sent) < len(self.ids) or followers_waiting:
+            # Rows that wait behind an older row of their key (or were rolled back with a
+            # savepoint): the relay takes the key's rows in order once its head has gone. And
+            # rows of another transaction that waited behind these: their own nudge may have
+            # found these still in flight, so the relay is woken again now that they are sent.
+            nudge()
+
+    def _give_back(self, sent: set[int], error: str) -> None:
+        """Release the rows inserted leased and not sent, so the sweep need not wait out the lease."""
+        unsent = [pk for pk in self.claimed_ids if pk not in sent]
+        if not unsent or self.relay is None:
+            return
+        try:
+            self.relay.release_claimed(unsent, error=error)
+        except Exception as exc:
+            log.warning("could not release outbox rows not sent after commit; the sweep relays them once "
+                        "their lease runs out", error=f"{type(exc).__name__}: {exc}")
+
+
+def nudge() -> None:
+    """Ask the relay to run now, through the broker's nudge breaker; never raises. After commit the
+    row is safe and a failed nudge only delays it until the next sweep, so it must never turn the
+    caller's successful commit into an exception."""
+    try:
+        broker = configured_broker()
+        nudge_breaker(broker).call(relay_actor(broker).send)
+    except CircuitOpen as exc:
+        log.debug("outbox relay nudge skipped, the broker is failing; the sweep will relay the message",
+                  retry_after_s=round(exc.retry_after_s, 2))
+    except Exception as exc:
+        log.warning("outbox relay nudge failed; the sweep will relay the message",
+                    error=f"{type(exc).__name__}: {exc}")

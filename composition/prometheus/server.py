@@ -1,0 +1,111 @@
+"""``/metrics`` over HTTP from a process without a web server (``runworkers``), as a component.
+
+prometheus_client's own WSGI app does the serving (content negotiation, gzip, ``name[]``
+filters) and its ``ThreadingWSGIServer`` the threading; we only put the access policy in front
+and give the server a start and a stop, which ``start_http_server`` (a daemon thread with no way
+to stop it or to add a policy) does not have.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Iterable
+from http import HTTPStatus
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+import structlog
+from prometheus_client import make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client.registry import Collector
+
+from composition.prometheus.access import MetricsAccess
+from composition.prometheus.collector import scrape_registry
+from composition.prometheus.errors import MetricsDirectoryBusy
+
+__all__ = ["MetricsServerComponent", "guarded_app"]
+
+log = structlog.get_logger("composition.metrics")
+
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def _answer(start_response: Callable[..., Any], status: int, body: str,
+            headers: dict[str, str] | None = None) -> list[bytes]:
+    payload = (body + "\n").encode()
+    start_response(f"{status} {HTTPStatus(status).phrase}",
+                   [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(payload))),
+                    *(headers or {}).items()])
+    return [payload]
+
+
+def guarded_app(app: WSGIApp, access: Callable[[], MetricsAccess] = MetricsAccess.from_settings) -> WSGIApp:
+    """``app`` behind the access policy: 403 or 401 when refused, 503 while the multiprocess
+    directory stays locked."""
+
+    def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        refusal = access().refusal(authorization=environ.get("HTTP_AUTHORIZATION"),
+                                   client_address=environ.get("REMOTE_ADDR"))
+        if refusal is not None:
+            return _answer(start_response, refusal.status, refusal.reason, refusal.headers)
+        try:
+            return app(environ, start_response)
+        except MetricsDirectoryBusy as exc:
+            log.warning("metrics scrape refused: directory busy", error=str(exc))
+            return _answer(start_response, 503, "metrics directory busy, retry")
+
+    return guarded
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access log line per scrape on stderr."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class MetricsServerComponent:
+    """Serves ``scrape_registry()`` (the merged multiprocess directory, or this process's
+    registry) on ``address:port`` from start to stop. Port 0 takes a free port (see ``port``)."""
+
+    name = "metrics-server"
+    depends_on = ("metrics",)
+
+    def __init__(self, port: int, *, address: str = "0.0.0.0", registry: Collector | None = None,
+                 access: Callable[[], MetricsAccess] = MetricsAccess.from_settings) -> None:
+        self.requested_port = port
+        self.address = address
+        self.registry = registry
+        self.access = access
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        """The port it listens on (the requested one, or the free one port 0 took)."""
+        return self._server.server_port if self._server is not None else self.requested_port
+
+    def start(self) -> None:
+        access = self.access
+        access()  # a malformed policy fails the start, not the first scrape
+        app = guarded_app(make_wsgi_app(self.registry or scrape_registry()), access)
+
+        class Server(ThreadingWSGIServer):
+            address_family = socket.AF_INET6 if ":" in self.address else socket.AF_INET
+
+        self._server = make_server(self.address, self.requested_port, app, Server, handler_class=_QuietHandler)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-server", daemon=True)
+        self._thread.start()
+        log.info("serving metrics", address=self.address, port=self.port)
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self, timeout_s: float) -> None:
+        if self._server is None:
+            return
+        self._server.shutdown()  # returns once serve_forever has left its loop
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout_s)

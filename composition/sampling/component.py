@@ -1,0 +1,136 @@
+"""``MetricsSamplerComponent``: runworkers' periodic sampling, and the only writer of the gauges
+that the samplers' values feed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import structlog
+from django.db import DEFAULT_DB_ALIAS, close_old_connections
+from dramatiq.broker import Broker
+from prometheus_client import Gauge
+
+from composition.lifecycle.periodic import PeriodicComponent
+from composition.metrics import (
+    BROKER_MESSAGES,
+    BROKER_OLDEST_MESSAGE_AGE_SECONDS,
+    DB_CONNECTION_BUDGET,
+    DB_CONNECTIONS_IN_USE,
+    DB_CONNECTIONS_MAX,
+    DB_DEADLOCKS_DETECTED,
+    DEAD_LETTERS_OPEN,
+    QUEUE_DEPTH,
+)
+from composition.sampling.database import DatabaseSample, sample_database
+from composition.sampling.queues import QueueSample, open_dead_letters_by_actor, sample_queues
+
+__all__ = ["MetricsSamplerComponent", "Sample"]
+
+log = structlog.get_logger("composition.metrics")
+
+
+@dataclass
+class Sample:
+    """One round's readings; a part that failed is None and its error is in ``errors``."""
+
+    database: DatabaseSample | None = None
+    queues: list[QueueSample] | None = None
+    dead_letters: dict[str, int] | None = None
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+class MetricsSamplerComponent(PeriodicComponent):
+    """Samples the database, the queues and the dead letters at start and then every
+    ``interval_s`` (default ``METRICS_SAMPLE_INTERVAL_S``) on a thread that holds one database
+    connection, and sets the gauges. ``connection_budget`` is this process's share of the
+    ``manage.py system`` budget (``composition.budget.connections_per_process``), exported as is.
+
+    One failing source (a broker outage) leaves the others' gauges fresh; it is logged. A label
+    that disappears (a queue emptied of dead letters) is set to 0, not left at its last value:
+    a multiprocess gauge cannot be removed, and a stale value would keep an alert firing.
+    """
+
+    name = "metrics-sampler"
+    depends_on = ("database", "broker")
+    interval_setting = "METRICS_SAMPLE_INTERVAL_S"
+    failure_event = "metrics sampling failed"
+    logger = log
+
+    def __init__(self, broker: Broker, *, connection_budget: int, interval_s: float | None = None,
+                 alias: str = DEFAULT_DB_ALIAS) -> None:
+        super().__init__(interval_s=interval_s)
+        self.broker = broker
+        self.connection_budget = connection_budget
+        self.alias = alias
+        self._labels_set: dict[Gauge, set[tuple[str, ...]]] = {}
+
+    def start(self) -> None:
+        DB_CONNECTION_BUDGET.labels("worker").set(self.connection_budget)
+        super().start()
+
+    def tick(self) -> None:
+        close_old_connections()
+        self.sample()
+
+    def sample(self) -> Sample:
+        """One round on the calling thread: read every source, set the gauges, return the readings."""
+        sample = Sample()
+        try:
+            sample.database = sample_database(self.alias)
+        except Exception as exc:
+            sample.errors["database"] = f"{type(exc).__name__}: {exc}"
+        try:
+            sample.dead_letters = open_dead_letters_by_actor()
+        except Exception as exc:
+            sample.errors["dead_letters"] = f"{type(exc).__name__}: {exc}"
+        try:
+            sample.queues = sample_queues(self.broker)  # broker errors are per queue, in the sample
+        except Exception as exc:
+            sample.errors["queues"] = f"{type(exc).__name__}: {exc}"
+        for queue in sample.queues or ():
+            if queue.error is not None:
+                sample.errors[f"broker:{queue.queue}"] = queue.error
+        self._publish(sample)
+        if sample.errors:
+            log.warning("metrics sampling incomplete", errors=sample.errors)
+        return sample
+
+    def _publish(self, sample: Sample) -> None:
+        if sample.database is not None:
+            for state, count in sample.database.connections.items():
+                DB_CONNECTIONS_IN_USE.labels(state).set(count)
+            DB_CONNECTIONS_MAX.set(sample.database.usable)
+            DB_DEADLOCKS_DETECTED.set(sample.database.deadlocks)
+        if sample.dead_letters is not None:
+            self._set_all(DEAD_LETTERS_OPEN, {(actor,): count for actor, count in sample.dead_letters.items()})
+        if sample.queues is None:
+            return
+        depths: dict[tuple[str, ...], float] = {}
+        messages: dict[tuple[str, ...], float] = {}
+        ages: dict[tuple[str, ...], float] = {}
+        for queue in sample.queues:
+            if queue.broker is None:
+                continue
+            depths[(queue.queue,)] = queue.depth
+            messages[(queue.queue, "ready")] = queue.broker.ready
+            messages[(queue.queue, "delayed")] = queue.broker.delayed
+            if queue.broker.in_flight is not None:
+                messages[(queue.queue, "in_flight")] = queue.broker.in_flight
+            if queue.oldest_age_s is not None:
+                ages[(queue.queue,)] = queue.oldest_age_s
+        unknown = frozenset(queue.queue for queue in sample.queues if queue.broker is None)
+        self._set_all(QUEUE_DEPTH, depths, unknown=unknown)
+        self._set_all(BROKER_MESSAGES, messages, unknown=unknown)
+        self._set_all(BROKER_OLDEST_MESSAGE_AGE_SECONDS, ages, unknown=unknown)
+
+    def _set_all(self, gauge: Gauge, values: dict[tuple[str, ...], float], *,
+                 unknown: frozenset[str] = frozenset()) -> None:
+        """Set ``values``, and 0 for the labels set in an earlier round and absent now, except a
+        queue in ``unknown`` (its broker could not be asked): it keeps its last reading, not a false 0."""
+        previous = self._labels_set.get(gauge, set())
+        kept = {labels for labels in previous if labels[0] in unknown}
+        for labels in previous - values.keys() - kept:
+            gauge.labels(*labels).set(0)
+        for labels, value in values.items():
+            gauge.labels(*labels).set(value)
+        self._labels_set[gauge] = set(values) | kept

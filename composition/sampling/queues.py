@@ -1,0 +1,115 @@
+"""The queues' side: each declared queue's depth and broker counts, the age of its oldest ready
+message, and the dead letters still open per actor.
+
+A queue's depth is what admission (``composition.queue_depth``) counts: its pending outbox rows
+plus every message the broker holds for it (ready, delayed and in flight). The broker is asked
+with ``queue_depth.broker_counts``, the operations page's own function, on the broker given.
+
+The oldest message's age is read on the Redis broker only: Dramatiq keeps a queue as a list of
+message ids, oldest first, beside a hash of their bodies, and a body carries its creation time
+(and, for a retry or a message sent with a delay, the ``eta`` from which it was ready). RabbitMQ
+does not say how old a queue's head is without consuming it (its management API could, but
+composition does not depend on that plugin), so there the age is not sampled.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import Count
+from dramatiq import Message
+from dramatiq.broker import Broker
+
+from composition.jobs.models import DeadLetter
+from composition.outbox.models import OutboxMessage
+from composition.queue_depth import BrokerCounts, broker_counts
+
+__all__ = ["QueueSample", "declared_queues", "oldest_ready_age_s", "open_dead_letters_by_actor", "sample_queues"]
+
+# KEYS: the queue's id list, its bodies hash. The head of the list is the message that has
+# waited longest (enqueue and requeue push on the right, fetch pops on the left).
+_OLDEST_BODY = """
+local id = redis.call('lindex', KEYS[1], 0)
+if not id then return false end
+return redis.call('hget', KEYS[2], id)
+"""
+
+
+@dataclass(frozen=True)
+class QueueSample:
+    """One queue: its pending outbox rows; the broker's counts (None when the broker could not
+    be asked, ``error`` then says why); the oldest ready message's age in seconds (None when not
+    measured: RabbitMQ, or the broker failed)."""
+
+    queue: str
+    outbox_pending: int
+    broker: BrokerCounts | None
+    oldest_age_s: float | None
+    error: str | None = None
+
+    @property
+    def depth(self) -> int:
+        """Pending outbox rows plus the broker's messages (what the broker could not report
+        counts as none, as admission counts it)."""
+        if self.broker is None:
+            return self.outbox_pending
+        return self.outbox_pending + self.broker.ready + self.broker.delayed + (self.broker.in_flight or 0)
+
+
+def declared_queues(broker: Broker) -> list[str]:
+    """The queues declared on ``broker``, without their delay and dead-letter queues."""
+    return sorted(name for name in broker.get_declared_queues() if not name.endswith((".DQ", ".XQ")))
+
+
+def oldest_ready_age_s(broker: Broker, queue: str, *, now_s: float | None = None) -> float | None:
+    """Seconds the oldest ready message of ``queue`` has waited (0.0 when the queue is empty);
+    None on a broker other than Redis. Raises the broker's errors."""
+    client: Any = getattr(broker, "client", None)
+    if client is None:
+        return None
+    namespace = getattr(broker, "namespace", "dramatiq")
+    body = client.eval(_OLDEST_BODY, 2, f"{namespace}:{queue}", f"{namespace}:{queue}.msgs")
+    if not body:  # empty, or the head was acked between the two reads
+        return 0.0
+    message = Message.decode(body)
+    ready_since_ms = max(float(message.message_timestamp), float(message.options.get("eta") or 0))
+    now_ms = (time.time() if now_s is None else now_s) * 1000
+    return max(0.0, (now_ms - ready_since_ms) / 1000)
+
+
+def _outbox_pending_by_queue() -> dict[str, int]:
+    return {str(queue): int(count) for queue, count in
+            OutboxMessage.objects.filter(status=OutboxMessage.Status.PENDING)
+            .values_list("queue_name").annotate(n=Count("id")).order_by()}
+
+
+def sample_queues(broker: Broker, queues: list[str] | None = None) -> list[QueueSample]:
+    """Every queue of ``queues`` (default: the declared ones, plus any with pending outbox rows):
+    one grouped COUNT of the outbox, then per queue one broker round trip for its counts and, on
+    Redis, one for its oldest message. A broker error is recorded on the queue's sample, never
+    raised, and the queues after it are not asked (a frozen broker costs one socket timeout per
+    round, not one per queue); database errors propagate."""
+    pending = _outbox_pending_by_queue()
+    names = sorted(set(declared_queues(broker)) | set(pending)) if queues is None else queues
+    samples = []
+    failed: str | None = None
+    for queue in names:
+        if failed is None:
+            try:
+                samples.append(QueueSample(queue, pending.get(queue, 0), broker_counts(queue, broker),
+                                           oldest_ready_age_s(broker, queue)))
+                continue
+            except Exception as exc:  # the broker is down: the outbox side is still worth reporting
+                failed = f"{type(exc).__name__}: {exc}"
+        samples.append(QueueSample(queue, pending.get(queue, 0), None, None, error=failed))
+    return samples
+
+
+def open_dead_letters_by_actor() -> dict[str, int]:
+    """Dead letters neither replayed nor discarded, per actor (one grouped COUNT on the indexed
+    status)."""
+    return {str(actor): int(count) for actor, count in
+            DeadLetter.objects.filter(status=DeadLetter.Status.DEAD)
+            .values_list("actor").annotate(n=Count("id")).order_by()}

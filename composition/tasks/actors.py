@@ -1,0 +1,185 @@
+"""The workers' side: one ``@job`` actor per backend alias and queue runs the tasks sent to it.
+
+Workers import only ``jobs`` modules, never an app's tasks modules, so the actor imports each
+task by the module path in its payload (``payload.resolve_task``) and runs it. Being a ``@job``,
+it has the jobs' whole policy: retries with backoff, the time limit, dead letters, and the inbox
+ledger of the message id, which is also how ``get_result`` learns that a task succeeded:
+
+- ``ATOMIC`` (the default): the task runs in one transaction with its ledger row (``@job``'s
+  ``idempotent=True``), so a redelivered message has no second database effect; the row's time is
+  moved to the end of the run before it commits.
+- ``ATOMIC: False``: the task runs in autocommit (a task that calls other services should not
+  hold a transaction open) and its ledger row is written once it returns; a message whose row
+  exists is skipped, but a worker that dies between the two runs the task again.
+
+A task that raises ``composition.jobs.PermanentError`` is dead-lettered at once; any other
+exception is retried until ``MAX_ATTEMPTS``. The task's return value is not kept.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import traceback
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any
+
+import structlog
+from django.db import transaction
+from django.db.models.functions import Now
+from django.utils import timezone
+from dramatiq import Actor
+from dramatiq.broker import MessageProxy
+from dramatiq.errors import ActorNotFound
+from dramatiq.middleware import Shutdown
+
+from composition.broker import configured_broker
+from composition.errors import PermanentError
+from composition.jobs import current_message, job
+from composition.jobs.current import attempt_of
+from composition.jobs.inbox import ledger_key, record_processed
+from composition.tasks._compat import (
+    InvalidTask,
+    Task,
+    TaskContext,
+    TaskError,
+    TaskResult,
+    TaskResultStatus,
+    task_finished,
+    task_started,
+)
+from composition.tasks.options import QueuePolicy, actor_name
+from composition.tasks.payload import arguments_schema, resolve_task
+from composition.time_limits import disarm_time_limit
+
+__all__ = ["WORKER_IDS_HEADER", "declare_task_actor", "worker_id"]
+
+log = structlog.get_logger("composition.tasks")
+
+# Key in the message's composition headers listing the worker of each attempt; the headers
+# travel with a retried message and are kept in its dead letter, so a failed task's result
+# still says how many attempts it had and where they ran.
+WORKER_IDS_HEADER = "task_worker_ids"
+
+_declare_lock = threading.Lock()
+
+
+def worker_id() -> str:
+    """This process's worker id, as its heartbeat names it (``host:pid``)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def declare_task_actor(alias: str, queue: str, policy: QueuePolicy) -> Actor[..., None]:
+    """The actor running backend ``alias``'s tasks on ``queue``, declared on the configured broker
+    on the first call (with ``policy``) and reused after. Declaring does not touch the broker."""
+    broker = configured_broker()
+    name = actor_name(alias, queue)
+    with _declare_lock:
+        try:
+            actor: Actor[..., None] = broker.get_actor(name)
+            return actor
+        except ActorNotFound:
+            pass
+
+        def run_task(task: str, args: list, kwargs: dict) -> None:
+            _run(alias, queue, policy, task, args, kwargs)
+
+        declare = job(queue=queue, max_attempts=policy.job.max_attempts, initial_delay_s=policy.job.initial_delay_s,
+                      max_delay_s=policy.job.max_delay_s, timeout_s=policy.job.timeout_s,
+                      idempotent=policy.atomic, actor_name=name)
+        return declare(run_task)
+
+
+def _run(alias: str, queue: str, policy: QueuePolicy, path: str, args: list[Any], kwargs: dict[str, Any]) -> None:
+    message = current_message()
+    try:
+        task = resolve_task(path, alias=alias, queue=queue)
+    except InvalidTask as exc:
+        raise PermanentError(str(exc)) from exc
+    # Validated at enqueue; checked again because this worker may run another deploy.
+    arguments_schema(task).validate(args, kwargs)
+    if not policy.atomic and message is not None and _processed(message):
+        log.info("task already ran, skipped", task=path)
+        return
+    result = _running_result(task, alias, message, args, kwargs)
+    task_started.send(sender=type(task.get_backend()), task_result=result)
+    try:
+        if task.takes_context:
+            task.call(TaskContext(task_result=result), *args, **kwargs)
+        else:
+            task.call(*args, **kwargs)
+    except BaseException as exc:
+        if message is None or _is_final(exc, message, policy):
+            _finished(result, TaskResultStatus.FAILED, errors=[_task_error(exc)])
+        raise
+    if message is not None:
+        if policy.atomic:
+            # The ledger row went in when the run began; its time becomes the run's end, what
+            # get_result reports as finished_at. Same transaction: it commits with the effects.
+            _ledger(message).update(processed_at=Now())
+        else:
+            disarm_time_limit()  # the run is over: an interrupt now would only repeat it
+            with transaction.atomic():
+                record_processed(ledger_key(message), message.actor_name)
+    # After COMMIT of an atomic run (at once otherwise): only then has the task succeeded.
+    transaction.on_commit(partial(_finished, result, TaskResultStatus.SUCCESSFUL), robust=True)
+
+
+def _ledger(message: MessageProxy) -> Any:
+    # Imported here: this module is imported while apps are being readied.
+    from composition.jobs.models import ProcessedMessage
+
+    return ProcessedMessage.objects.filter(message_id=ledger_key(message))
+
+
+def _processed(message: MessageProxy) -> bool:
+    return bool(_ledger(message).exists())
+
+
+def _running_result(task: Task[Any, Any], alias: str, message: MessageProxy | None, args: list[Any],
+                    kwargs: dict[str, Any]) -> TaskResult[Any, Any]:
+    """The result a task that takes a context sees: this run, with one worker id per attempt."""
+    headers: dict[str, Any] = {}
+    result_id = ""
+    if message is not None:
+        found = message.options.setdefault("composition", {})
+        headers = found if isinstance(found, dict) else {}
+        result_id = str(headers.get("outbox_id") or message.message_id)
+        # Mutated in place: the retried message and its dead letter carry the list on.
+        workers = headers.setdefault(WORKER_IDS_HEADER, [])
+        if isinstance(workers, list):
+            workers.append(worker_id())
+    published = headers.get("published_at")
+    now = timezone.now()
+    worker_ids = headers.get(WORKER_IDS_HEADER)
+    return TaskResult(
+        task=task, id=result_id, status=TaskResultStatus.RUNNING,
+        enqueued_at=datetime.fromtimestamp(published, tz=UTC) if isinstance(published, int | float) else None,
+        started_at=now, last_attempted_at=now, finished_at=None, args=args, kwargs=kwargs, backend=alias,
+        errors=[], worker_ids=[str(worker) for worker in worker_ids] if isinstance(worker_ids, list) else [],
+    )
+
+
+def _is_final(exc: BaseException, message: MessageProxy, policy: QueuePolicy) -> bool:
+    """Whether this failure ends the task (a dead letter follows) rather than a retry or a requeue."""
+    if isinstance(exc, Shutdown):
+        return False
+    return isinstance(exc, PermanentError) or attempt_of(message) >= policy.job.max_attempts
+
+
+def _task_error(exc: BaseException) -> TaskError:
+    cls = type(exc)
+    return TaskError(exception_class_path=f"{cls.__module__}.{cls.__qualname__}",
+                     traceback="".join(traceback.format_exception(exc)))
+
+
+def _finished(result: TaskResult[Any, Any], status: TaskResultStatus, errors: list[TaskError] | None = None) -> None:
+    """Send django.tasks' ``task_finished`` for ``result`` with ``status``."""
+    now = timezone.now()
+    object.__setattr__(result, "status", status)
+    object.__setattr__(result, "finished_at", now)
+    if errors:
+        result.errors.extend(errors)
+    task_finished.send(sender=type(result.task.get_backend()), task_result=result)

@@ -1,0 +1,28 @@
+"""The errors of the ``django.tasks`` backend, each also the ``django.tasks`` error callers expect.
+
+- ``InvalidBackendOptions``: the backend's ``QUEUES`` or ``OPTIONS`` are unusable; it is
+  ``django.tasks``' ``InvalidTaskBackend`` (an ``ImproperlyConfigured``) and our
+  ``ConfigurationError``, raised when the backend is built (by ``@task`` at import, or at start).
+- ``InvalidTaskArguments``: ``enqueue()`` arguments that no run could accept (not JSON, or not
+  fitting the function's signature); it is ``django.tasks``' ``InvalidTask`` and a ``TypeError``
+  (what Django's own backends raise for arguments that are not JSON). Nothing is written.
+"""
+
+from __future__ import annotations
+
+from composition.errors import CompositionError, ConfigurationError
+from composition.tasks._compat import InvalidTask, InvalidTaskBackend
+
+__all__ = ["InvalidBackendOptions", "InvalidTaskArguments"]
+
+
+class InvalidBackendOptions(ConfigurationError, InvalidTaskBackend):
+    """``TASKS[alias]`` of an ``OutboxBackend`` has a bad queue name or option (the message names it)."""
+
+    def __init__(self, alias: str, problem: str) -> None:
+        super().__init__(f"TASKS[{alias!r}] (composition.tasks.OutboxBackend): {problem}")
+        self.alias = alias
+
+
+class InvalidTaskArguments(CompositionError, InvalidTask, TypeError):
+    """A task was enqueued with arguments it could never run with; nothing was written."""

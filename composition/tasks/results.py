@@ -1,0 +1,137 @@
+"""``get_result``: a task's state, read from the rows the outbox and the jobs already keep.
+
+The result id is the outbox row's id. Nothing is written for a status; it is read, in this order:
+
+1. the inbox ledger row of the message (its idempotency key, for a replayed dead letter):
+   ``SUCCESSFUL``, ``finished_at`` its time;
+2. the message's dead letter, followed through its replays (each replay is a new outbox row whose
+   message may fail again): the last one ``dead`` or ``discarded`` is ``FAILED``, with every
+   dead letter of the chain as an error and the workers of its attempts;
+3. the worker heartbeats: a worker running the message (or its replay) now is ``RUNNING``;
+4. otherwise ``READY``: pending in the outbox, queued, or waiting for its next attempt.
+
+A result is found while its outbox row is kept (``OUTBOX_RETENTION_S`` after it was sent) or while
+its dead letter is; the task's return value is not kept (``return_value`` is None).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import structlog
+
+from composition import heartbeats, probes
+from composition.jobs.inbox import IDEMPOTENCY_KEY_HEADER
+from composition.tasks._compat import TaskError, TaskResult, TaskResultDoesNotExist, TaskResultStatus
+from composition.tasks.actors import WORKER_IDS_HEADER
+from composition.tasks.options import parse_actor_name
+from composition.tasks.payload import resolve_task
+
+__all__ = ["MAX_REPLAYS_FOLLOWED", "read_result"]
+
+log = structlog.get_logger("composition.tasks")
+
+# A dead letter replayed, failing again, replayed again...: followed this far at most.
+MAX_REPLAYS_FOLLOWED = 20
+
+
+def read_result(alias: str, result_id: str) -> TaskResult[Any, Any]:
+    """The result of the task enqueued on backend ``alias`` as ``result_id``.
+
+    Raises ``TaskResultDoesNotExist`` for an id that is not a task of this backend (never
+    committed, another backend's, or pruned), ImportError when the task's module path no longer
+    names anything, and ``InvalidTask`` when it names something that is not a task.
+    """
+    # Imported here: the backend (hence this module) is built by @task, possibly while apps load.
+    from composition.jobs.models import DeadLetter, ProcessedMessage
+    from composition.outbox.models import OutboxMessage, message_id_for
+
+    if not isinstance(result_id, str) or not result_id.isascii() or not result_id.isdigit():
+        raise TaskResultDoesNotExist(result_id)
+    outbox_id = int(result_id)
+    message_id = message_id_for(outbox_id)
+    row = OutboxMessage.objects.filter(pk=outbox_id).first()
+    first_dead = DeadLetter.objects.filter(message_id=message_id).first()
+    if row is not None:
+        actor, payload, headers = row.actor_name, row.payload, row.headers
+        enqueued_at: datetime | None = row.created_at
+        run_after = row.created_at + timedelta(seconds=row.delay_s) if row.delay_s else None
+    elif first_dead is not None:
+        actor, payload, headers = first_dead.actor, first_dead.payload, first_dead.headers
+        published = headers.get("published_at") if isinstance(headers, dict) else None
+        enqueued_at = datetime.fromtimestamp(published, tz=UTC) if isinstance(published, int | float) else None
+        run_after = None
+    else:
+        raise TaskResultDoesNotExist(result_id)
+    parsed = parse_actor_name(actor)
+    if parsed is None or parsed[0] != alias or not isinstance(payload, dict):
+        raise TaskResultDoesNotExist(result_id)
+    headers = headers if isinstance(headers, dict) else {}
+    task = resolve_task(str(payload.get("task")), alias=alias, queue=parsed[1], run_after=run_after)
+
+    # The dead letters of the message and of its replays, oldest first; ``current`` is the id of
+    # the message that would run next (the last replay's).
+    chain = [first_dead] if first_dead is not None else []
+    current = message_id
+    while chain and len(chain) <= MAX_REPLAYS_FOLLOWED:
+        last = chain[-1]
+        if last.status != DeadLetter.Status.REPLAYED or last.replay_outbox_id is None:
+            break
+        current = message_id_for(last.replay_outbox_id)
+        replayed = DeadLetter.objects.filter(message_id=current).first()
+        if replayed is None:
+            break
+        chain.append(replayed)
+
+    fields: dict[str, Any] = {"started_at": None, "finished_at": None, "last_attempted_at": None,
+                              "worker_ids": [], "errors": [_task_error(dead) for dead in chain]}
+    key = headers.get(IDEMPOTENCY_KEY_HEADER)
+    processed_at = ProcessedMessage.objects.filter(
+        message_id=key if isinstance(key, str) and key else message_id).values_list("processed_at", flat=True).first()
+    if processed_at is not None:
+        status = TaskResultStatus.SUCCESSFUL
+        fields.update(finished_at=processed_at, last_attempted_at=processed_at)
+    elif chain and chain[-1].status in (DeadLetter.Status.DEAD, DeadLetter.Status.DISCARDED):
+        status = TaskResultStatus.FAILED
+        last = chain[-1]
+        workers = last.headers.get(WORKER_IDS_HEADER) if isinstance(last.headers, dict) else None
+        fields.update(finished_at=last.last_failed_at, last_attempted_at=last.last_failed_at,
+                      worker_ids=[str(worker) for worker in workers] if isinstance(workers, list) else [])
+    else:
+        running = None if row is not None and row.status == OutboxMessage.Status.PENDING and not chain \
+            else _running(current)
+        if running is not None:
+            status = TaskResultStatus.RUNNING
+            started_at = datetime.fromtimestamp(running["started_at"], tz=UTC)
+            fields.update(started_at=started_at, last_attempted_at=started_at, worker_ids=[running["worker"]])
+        else:
+            status = TaskResultStatus.READY
+    return TaskResult(task=task, id=result_id, status=status, enqueued_at=enqueued_at, args=payload.get("args") or [],
+                      kwargs=payload.get("kwargs") or {}, backend=alias, **fields)
+
+
+def _task_error(dead: Any) -> TaskError:
+    # Dead letters name builtins bare ("ValueError"); TaskError.exception_class imports the path.
+    path = dead.error_class if "." in dead.error_class else f"builtins.{dead.error_class}"
+    return TaskError(exception_class_path=path, traceback=dead.traceback)
+
+
+def _running(message_id: str) -> dict[str, Any] | None:
+    """The job entry (with its ``worker``) of a worker heartbeat that shows ``message_id`` running;
+    None when none does, or when the heartbeats cannot be read (then the task reads as READY)."""
+    try:
+        client = probes.heartbeat_client()
+        try:
+            beats = heartbeats.read_heartbeats(client)
+        finally:
+            client.close()
+    except Exception as exc:
+        log.warning("could not read worker heartbeats for a task result", error=f"{type(exc).__name__}: {exc}")
+        return None
+    for beat in beats:
+        for entry in beat.get("jobs") or ():
+            if isinstance(entry, dict) and entry.get("job_id") == message_id \
+                    and isinstance(entry.get("started_at"), int | float):
+                return {**entry, "worker": str(beat.get("worker", ""))}
+    return None

@@ -1,0 +1,87 @@
+"""Real processes for the billing tests: gunicorn serving the example project, JSON calls to it
+over HTTP, and Django's file-based email backend, shared by every process, read back by Message-ID."""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from email import message_from_bytes
+from email.message import Message
+from pathlib import Path
+from typing import Any
+
+from composition.lifecycle.processes import ProcessComponent
+from composition.testing import free_port, subprocess_env
+
+__all__ = ["Answer", "emails", "emails_by_message_id", "gunicorn", "mail_env", "post"]
+
+ROOT = Path(__file__).resolve().parent.parent
+SEPARATOR = b"\n" + b"-" * 79 + b"\n"  # what Django's file backend writes after each message
+
+
+def emails(folder: Path) -> list[Message]:
+    """Every message the file backend wrote under ``folder`` (several per file)."""
+    found: list[Message] = []
+    for path in sorted(folder.glob("*.log")) if folder.is_dir() else []:
+        for chunk in path.read_bytes().split(SEPARATOR):
+            if chunk.strip():
+                found.append(message_from_bytes(chunk.lstrip(b"\n")))
+    return found
+
+
+def emails_by_message_id(folder: Path) -> Counter[str]:
+    """How many messages the file backend wrote under ``folder`` with each Message-ID (unfolded:
+    a long one, a reminder's, is written on a continuation line, which RFC 5322 allows)."""
+    return Counter("".join(str(message["Message-ID"]).split()) for message in emails(folder))
+
+
+def mail_env(mail_path: Path, **extra: str) -> dict[str, str]:
+    """A child's environment (the test database) with its email written as files under ``mail_path``."""
+    return subprocess_env(EMAIL_BACKEND="django.core.mail.backends.filebased.EmailBackend",
+                          EMAIL_FILE_PATH=str(mail_path), **extra)
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+def post(url: str, token: str, body: dict[str, Any]) -> Answer:
+    """POST ``body`` as JSON with a bearer token; any HTTP status is an answer, not an error."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers={
+        "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return Answer(int(response.status), dict(response.headers), json.loads(response.read() or b"{}"))
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            parsed = json.loads(raw)
+        except ValueError:  # a 5xx from gunicorn itself is not JSON: keep it for the message
+            parsed = {"raw": raw.decode(errors="replace")}
+        return Answer(int(exc.code), dict(exc.headers), parsed)
+
+
+@contextmanager
+def gunicorn(env: dict[str, str], *, workers: int = 2, threads: int = 8) -> Iterator[str]:
+    """gunicorn serving the example project (``env``: the child's environment) on a free port,
+    ready when this yields its base URL; stopped when the block ends."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    web = ProcessComponent("web", [sys.executable, "-m", "gunicorn", "project.wsgi:application", "--config",
+                                   "python:project.gunicorn_conf", "--bind", f"127.0.0.1:{port}"],
+                           env={**env, "WEB_CONCURRENCY": str(workers), "WEB_THREADS": str(threads)},
+                           cwd=str(ROOT), ready_url=f"{base}/readyz")
+    try:
+        web.start()  # inside: a server that never got ready is stopped too
+        yield base
+    finally:
+        web.stop(20)

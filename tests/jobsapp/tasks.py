@@ -1,0 +1,84 @@
+"""``django.tasks`` tasks used only by tests/test_tasks.py, on the ``composition.tasks.OutboxBackend``
+of tests/settings.py. Workers never import this module by themselves: the task actor imports
+each task by its module path when it runs it."""
+
+from __future__ import annotations
+
+import time
+
+from composition.jobs import PermanentError
+from tests.jobsapp.models import Account, Attempt, Effect
+
+try:
+    from django.tasks import TaskContext, task
+except ImportError:  # Django 5.2: the backport
+    from django_tasks import TaskContext, task  # type: ignore[no-redef]
+
+QUEUE = "jobs_tasks"
+PLAIN_QUEUE = "jobs_tasks_plain"  # ATOMIC: False in tests/settings.py
+# How long blocks_until_released waits at most, well inside the queue's TIMEOUT_S.
+BLOCK_MAX_S = 15.0
+
+
+@task(queue_name=QUEUE)
+def add_effect(key: str) -> None:
+    Effect.objects.create(key=key)
+
+
+@task(queue_name=PLAIN_QUEUE)
+def add_effect_plain(key: str) -> str:
+    Effect.objects.create(key=key)
+    return key  # not kept: the result's return_value is None
+
+
+@task(queue_name=QUEUE, takes_context=True)
+def flaky(context: TaskContext, key: str, fail_times: int) -> None:
+    """Fails its first ``fail_times`` attempts; then records which attempt and result id it saw."""
+    if context.attempt <= fail_times:
+        raise ValueError(f"attempt {context.attempt} of {key} fails")
+    Effect.objects.create(key=f"{key}:attempt={context.attempt}:id={context.task_result.id}")
+
+
+@task(queue_name=QUEUE)
+def always_fails(key: str) -> None:
+    raise ValueError(f"{key} always fails")
+
+
+@task(queue_name=QUEUE)
+def refuses(key: str) -> None:
+    raise PermanentError(f"{key} can never work")
+
+
+@task(queue_name=PLAIN_QUEUE)
+def needs_account(key: str) -> None:
+    """Fails (transiently) until the account named ``key`` exists; counts its runs."""
+    Attempt.objects.create(key=key, attempt=Attempt.objects.filter(key=key).count() + 1)
+    if not Account.objects.filter(name=key).exists():
+        raise LookupError(f"no account {key}")
+    Effect.objects.create(key=key)
+
+
+@task(queue_name=QUEUE)
+def blocks_until_released(key: str) -> None:
+    """Runs until the account ``release-<key>`` exists (the test's signal), then records its effect."""
+    deadline = time.monotonic() + BLOCK_MAX_S
+    while not Account.objects.filter(name=f"release-{key}").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{key} was never released")
+        time.sleep(0.05)
+    Effect.objects.create(key=key)
+
+
+@task(queue_name=QUEUE)
+def typed(n: int, tags: list[str] | None = None) -> None:
+    Effect.objects.create(key=f"typed-{n}")
+
+
+@task(queue_name=QUEUE)
+def overruns(key: str, run_s: float) -> None:
+    """Works ``run_s`` seconds in short steps (a time limit interrupts between them, not inside a
+    long sleep), then records its effect: an interrupted run leaves none."""
+    deadline = time.monotonic() + run_s
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    Effect.objects.create(key=key)

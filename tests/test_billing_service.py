@@ -1,0 +1,136 @@
+"""The billing service with its collaborators passed in: real alternates (another cache alias,
+a job on another queue, another email backend), and reminders shed under backpressure while
+payments go on."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.core import mail
+from django.test import Client, override_settings
+
+from billing.collaborators import BillingJobs, InvoiceCache
+from billing.models import Invoice, Payment
+from billing.services import InvoiceService
+from billing.wiring import build_service, default_service, email_sender
+from composition.broker import configured_broker
+from composition.cache import get_cache_aside, invalidate_namespace
+from composition.outbox import OutboxMessage
+from tests.jobsapp.jobs import ELSEWHERE_QUEUE
+
+LOCMEM = "django.core.mail.backends.locmem.EmailBackend"
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> None:
+    invalidate_namespace("invoice")
+    get_cache_aside("alternate").invalidations.schedule("namespace", "invoice")
+
+
+def _invoice(number: str = "INV-S1", email: str = "ada@example.com") -> Invoice:
+    return Invoice.objects.create(number=number, customer="Ada", email=email, amount_cents=500)
+
+
+def _alternate() -> InvoiceService:
+    return build_service(cache=InvoiceCache(get_cache_aside("alternate")),
+                         jobs=BillingJobs(receipt_actor="receipt_elsewhere"),
+                         mail=email_sender(backend=LOCMEM))
+
+
+@pytest.mark.django_db
+def test_the_default_service_is_built_once_from_settings_and_again_when_they_change() -> None:
+    assert default_service() is default_service()
+    with override_settings(BILLING={"FROM_EMAIL": "other@example.com"}):
+        assert default_service().mail.from_email == "other@example.com"
+    assert default_service().mail.from_email == "billing@example.com"
+    with override_settings(BILLING={"FROM_EMAIL": "x@example.com", "FROM_EMIAL": "typo"}), \
+            pytest.raises(ValueError, match=r"unknown BILLING setting.*FROM_EMIAL"):
+        default_service()
+    with pytest.raises(TypeError, match=r"unknown collaborator.*db"):
+        build_service(db=None)
+
+
+@pytest.mark.django_db
+def test_another_cache_alias_holds_the_invoice_and_the_default_one_does_not() -> None:
+    invoice = _invoice()
+    service = _alternate()
+    assert service.get_invoice(invoice.pk)["status"] == "open"
+    key = service.cache.key(invoice.pk)
+    assert get_cache_aside("alternate").fetch(key, lambda: "loader ran", ttl_s=60).outcome == "hit"
+    assert get_cache_aside().fetch(key, lambda: "loader ran", ttl_s=60).outcome == "loaded"
+
+
+@pytest.mark.django_db
+def test_the_receipt_job_goes_where_the_service_was_told() -> None:
+    invoice = _invoice()
+    outcome = _alternate().pay_invoice(invoice.pk, payment_id="pay-elsewhere", amount_cents=500)
+    row = OutboxMessage.objects.get()
+    assert (row.actor_name, row.queue_name, row.payload) == ("receipt_elsewhere", ELSEWHERE_QUEUE,
+                                                             {"payment_id": outcome.payment.pk})
+
+
+@pytest.mark.django_db
+def test_the_receipt_is_written_and_emailed_once_with_a_message_id_from_its_number() -> None:
+    invoice = _invoice(number="INV-S2")
+    payment = Payment.objects.create(payment_id="pay-s2", invoice=invoice, amount_cents=500)
+    service = _alternate()
+    receipt = service.send_receipt(payment.pk)
+    again = service.send_receipt(payment.pk)  # a replay: the receipt exists, no second email
+    assert again.pk == receipt.pk
+    [message] = mail.outbox
+    assert message.to == ["ada@example.com"] and message.subject == "Receipt R-INV-S2"
+    assert message.extra_headers["Message-ID"] == "<receipt.R-INV-S2@billing.example.com>"
+    assert message.message()["Message-ID"] == "<receipt.R-INV-S2@billing.example.com>"
+
+
+@pytest.mark.django_db
+def test_an_invoice_without_an_address_gets_its_receipt_and_no_email() -> None:
+    invoice = _invoice(number="INV-S3", email="")
+    payment = Payment.objects.create(payment_id="pay-s3", invoice=invoice, amount_cents=500)
+    assert _alternate().send_receipt(payment.pk).number == "R-INV-S3"
+    assert mail.outbox == []
+
+
+# -- reminders under load ------------------------------------------------------------------------
+def _post(client: Client, url: str, body: Any) -> Any:
+    return client.post(url, data=json.dumps(body), content_type="application/json")
+
+
+@pytest.mark.django_db
+def test_reminders_are_shed_with_503_while_payments_go_on(api_client: Client) -> None:
+    broker = configured_broker()
+    broker.flush("reminders")
+    reminded = _invoice(number="INV-R0")
+    payable = [_invoice(number=f"INV-R{index}") for index in range(1, 6)]
+    limits = {**settings.COMPOSITION["BACKPRESSURE_QUEUES"], "reminders": 3}
+    with override_settings(COMPOSITION={**settings.COMPOSITION, "BACKPRESSURE_QUEUES": limits,
+                                        "BACKPRESSURE_CACHE_S": 0}):
+        answers = []
+        for index, invoice in enumerate(payable):
+            answers += [_post(api_client, f"/api/invoices/{reminded.pk}/remind", {}) for _ in range(4)]
+            paid = _post(api_client, f"/api/invoices/{invoice.pk}/pay",
+                         {"payment_id": f"pay-r{index}", "amount_cents": 500})
+            assert paid.status_code == 201, paid.content
+    try:
+        statuses = [answer.status_code for answer in answers]
+        assert statuses[:3] == [202, 202, 202] and set(statuses[3:]) == {503}, statuses
+        shed = answers[-1]
+        assert int(shed["Retry-After"]) >= 1
+        assert shed.json()["code"] == "overloaded"
+        assert OutboxMessage.objects.filter(queue_name="reminders").count() == 3, "nothing written when shed"
+        assert Payment.objects.count() == 5
+    finally:
+        broker.flush("reminders")
+
+
+@pytest.mark.django_db
+def test_a_reminder_of_a_paid_or_unknown_invoice_is_refused(api_client: Client) -> None:
+    invoice = _invoice(number="INV-R9")
+    Invoice.objects.filter(pk=invoice.pk).update(status="paid")
+    refused = _post(api_client, f"/api/invoices/{invoice.pk}/remind", {})
+    assert (refused.status_code, refused.json()["code"]) == (409, "invoice_not_open")
+    assert _post(api_client, "/api/invoices/999999/remind", {}).status_code == 404
+    assert not OutboxMessage.objects.exists()

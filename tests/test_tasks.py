@@ -1,0 +1,325 @@
+"""``django.tasks`` through the outbox (``composition.tasks.OutboxBackend``), against real PostgreSQL,
+Redis and ``runworkers`` processes: a task enqueued in a rolled-back transaction never runs, a
+committed one runs once, a failing one retries and becomes a dead letter, ``get_result`` follows
+it all, and bad tasks, arguments and options are refused at once.
+
+Runs on both matrix cells: Django 6's ``django.tasks`` and Django 5.2 with the backport.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import socket
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+if not (importlib.util.find_spec("django.tasks") or importlib.util.find_spec("django_tasks")):
+    pytest.skip("neither django.tasks (Django 6) nor the django-tasks backport is installed",
+                allow_module_level=True)
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
+from django.test import override_settings
+from django.utils import timezone
+from dramatiq.errors import ActorNotFound
+from dramatiq.middleware import TimeLimitExceeded
+
+from composition.broker import configured_broker
+from composition.jobs.models import DeadLetter, ProcessedMessage
+from composition.jobs.replay import replay
+from composition.outbox import OutboxMessage, PayloadTooLargeError, publish
+from composition.tasks import InvalidBackendOptions, InvalidTaskArguments, OutboxBackend, actor_name
+from composition.tasks._compat import (
+    BACKPORT,
+    InvalidTask,
+    InvalidTaskBackend,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    task_backends,
+)
+from composition.tasks.options import BackendOptions
+from composition.tasks.setup import check_outbox_backends
+from composition.testing import wait_until
+from tests.jobsapp import jobs, tasks
+from tests.jobsapp.models import Account, Attempt, Effect
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+THREADS = "4"
+QUEUES = f"{tasks.QUEUE},{tasks.PLAIN_QUEUE}"
+
+
+@pytest.fixture(autouse=True)
+def empty_queues() -> Iterator[None]:
+    broker = configured_broker()
+    for queue in (tasks.QUEUE, tasks.PLAIN_QUEUE):
+        broker.flush(queue)
+    yield
+    for queue in (tasks.QUEUE, tasks.PLAIN_QUEUE):
+        broker.flush(queue)
+
+
+def status_of(task: Any, result_id: str) -> str:
+    return str(task.get_result(result_id).status)
+
+
+def not_a_task(n: int) -> None:
+    """A module-level function that no test decorates at module level."""
+
+
+async def a_coroutine(n: int) -> None:
+    """Coroutine tasks are not supported by the backend."""
+
+
+# -- configuration -----------------------------------------------------------------------------------
+def test_options_are_parsed_per_queue_and_bad_ones_name_the_setting() -> None:
+    parsed = BackendOptions.parse("default", ["a", "b"], {
+        "MAX_ATTEMPTS": 4, "TIMEOUT_S": 30, "QUEUE_OPTIONS": {"b": {"ATOMIC": False, "TIMEOUT_S": 5}}})
+    assert (parsed.queues["a"].job.max_attempts, parsed.queues["a"].job.timeout_s, parsed.queues["a"].atomic) \
+        == (4, 30.0, True)
+    assert (parsed.queues["b"].job.max_attempts, parsed.queues["b"].job.timeout_s, parsed.queues["b"].atomic) \
+        == (4, 5.0, False)
+    defaults = BackendOptions.parse("default", ["default"], {}).queues["default"]
+    assert (defaults.job.max_attempts, defaults.job.initial_delay_s, defaults.job.max_delay_s,
+            defaults.job.timeout_s, defaults.atomic) == (5, 10.0, 900.0, 120.0, True)
+
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({"QUEUES": []}, "QUEUES must name at least one queue"),
+        ({"QUEUES": "emails"}, "QUEUES must be a list"),
+        ({"QUEUES": ["bad queue"]}, "queue name 'bad queue' is not a Dramatiq queue name"),
+        ({"OPTIONS": {"RETRIES": 3}}, "unknown key(s) ['RETRIES'] in OPTIONS"),
+        ({"OPTIONS": {"MAX_ATTEMPTS": "3"}}, "MAX_ATTEMPTS of queue 'default' must be int, got '3'"),
+        ({"OPTIONS": {"MAX_ATTEMPTS": True}}, "MAX_ATTEMPTS of queue 'default' must be int"),
+        ({"OPTIONS": {"MAX_ATTEMPTS": 0}}, "max_attempts must be at least 1"),
+        ({"OPTIONS": {"TIMEOUT_S": -1}}, "timeout_s must be positive"),
+        ({"OPTIONS": {"ATOMIC": "yes"}}, "ATOMIC of queue 'default' must be bool"),
+        ({"OPTIONS": {"QUEUE_OPTIONS": {"other": {}}}}, "names queues that are not in QUEUES: ['other']"),
+        ({"OPTIONS": {"QUEUE_OPTIONS": {"default": {"QUEUE": "x"}}}},
+         "unknown key(s) ['QUEUE'] in OPTIONS['QUEUE_OPTIONS']['default']"),
+    ]
+    for params, expected in bad:
+        with pytest.raises(InvalidBackendOptions) as caught:
+            OutboxBackend("default", {"BACKEND": "composition.tasks.OutboxBackend", **params})
+        assert expected in str(caught.value), (params, str(caught.value))
+        assert "TASKS['default']" in str(caught.value)
+        # What django.tasks' own handler raises for a bad backend, and a configuration error.
+        assert isinstance(caught.value, InvalidTaskBackend) and isinstance(caught.value, ImproperlyConfigured)
+
+
+def test_building_the_backend_does_not_touch_the_broker() -> None:
+    # @task builds the backend when a tasks module is imported: that must declare nothing.
+    OutboxBackend("fresh", {"BACKEND": "composition.tasks.OutboxBackend", "QUEUES": ["jobs_tasks_fresh"]})
+    with pytest.raises(ActorNotFound):
+        configured_broker().get_actor(actor_name("fresh", "jobs_tasks_fresh"))
+
+
+def test_the_system_check_reports_bad_options_and_the_backport_app() -> None:
+    assert check_outbox_backends() == []
+    broken = {"default": {"BACKEND": "composition.tasks.OutboxBackend", "OPTIONS": {"TIMEOUT": 3}}}
+    with override_settings(TASKS=broken):
+        assert [message.id for message in check_outbox_backends()] == ["composition.E090"]
+    if BACKPORT:
+        from django.conf import settings
+
+        apps = [app for app in settings.INSTALLED_APPS if app != "django_tasks"]
+        with override_settings(INSTALLED_APPS=apps):
+            assert [message.id for message in check_outbox_backends()] == ["composition.W091"]
+
+
+def test_the_workers_have_an_actor_per_queue_with_the_queue_policy() -> None:
+    atomic = configured_broker().get_actor(actor_name("default", tasks.QUEUE))
+    plain = configured_broker().get_actor(actor_name("default", tasks.PLAIN_QUEUE))
+    assert (atomic.queue_name, atomic.options["max_retries"], atomic.options["job_policy"].idempotent) \
+        == (tasks.QUEUE, 2, True)
+    assert (plain.queue_name, plain.options["max_retries"], plain.options["job_policy"].idempotent) \
+        == (tasks.PLAIN_QUEUE, 1, False)
+    assert atomic.options["time_limit"] == 20_000
+
+
+# -- refused at enqueue --------------------------------------------------------------------------------
+def test_bad_tasks_and_arguments_are_refused_and_nothing_is_written() -> None:
+    from composition.tasks._compat import Task
+
+    refused_arguments = [
+        (lambda: tasks.typed.enqueue(m=1), "unexpected keyword argument 'm'"),
+        (lambda: tasks.typed.enqueue(), "missing a required argument 'n'"),
+        (lambda: tasks.typed.enqueue(n="x"), "argument 'n' must be int, got str"),
+        (lambda: tasks.typed.enqueue(1, tags="a"), "argument 'tags' must be list | None, got str"),
+        (lambda: tasks.typed.enqueue(1, 2, 3), "too many positional arguments"),
+        (lambda: tasks.typed.enqueue(n=timezone.now()), "must be JSON values"),
+        (lambda: tasks.typed.enqueue(1, tags=[{1: "a"}]), "non-string key 1"),
+        (lambda: tasks.flaky.enqueue(key="k"), "missing a required argument 'fail_times'"),
+    ]
+    for enqueue, expected in refused_arguments:
+        with pytest.raises(InvalidTaskArguments) as caught:
+            enqueue()
+        assert expected in str(caught.value), str(caught.value)
+        # Django's own backends raise TypeError for arguments they cannot take.
+        assert isinstance(caught.value, TypeError) and isinstance(caught.value, InvalidTask)
+
+    with pytest.raises(PayloadTooLargeError):
+        tasks.typed.enqueue(1, tags=["x" * 10_000])
+
+    from tests.jobsapp.tasks import task
+
+    with pytest.raises(InvalidTask, match="Queue 'elsewhere' is not valid"):
+        task(queue_name="elsewhere")(not_a_task)
+    with pytest.raises(InvalidTask, match="priority"):
+        task(queue_name=tasks.QUEUE, priority=5)(not_a_task)
+    with pytest.raises(InvalidTask, match="async"):
+        task(queue_name=tasks.QUEUE)(a_coroutine)
+    # Decorated under another name: a worker could not find it by its module path.
+    misnamed = task(queue_name=tasks.QUEUE)(not_a_task)
+    assert isinstance(misnamed, Task)
+    with pytest.raises(InvalidTask, match="not importable"):
+        misnamed.enqueue(1)
+    assert not OutboxMessage.objects.exists()
+
+
+def test_get_result_of_an_unknown_id_or_another_actors_row() -> None:
+    for result_id in ("", "abc", "-1", "12345678", "1.0"):
+        with pytest.raises(TaskResultDoesNotExist):
+            tasks.add_effect.get_result(result_id)
+    job_row = publish(jobs.noop, {})
+    configured_broker().flush(jobs.NOOP_QUEUE)
+    with pytest.raises(TaskResultDoesNotExist):
+        tasks.add_effect.get_result(str(job_row.pk))
+
+
+# -- real workers ----------------------------------------------------------------------------------------
+def test_rolled_back_never_runs_and_committed_runs_once(worker_processes) -> None:
+    with pytest.raises(RuntimeError), transaction.atomic():
+        rolled_back = tasks.add_effect.enqueue("rolled-back")
+        assert OutboxMessage.objects.filter(pk=rolled_back.id).exists()
+        raise RuntimeError("roll back")
+    with transaction.atomic():
+        committed = tasks.add_effect.enqueue("committed")
+        plain = tasks.add_effect_plain.enqueue(key="plain")
+        deferred = tasks.add_effect.using(run_after=timezone.now() + timedelta(seconds=1)).enqueue("deferred")
+    assert committed.status == TaskResultStatus.READY and committed.enqueued_at is not None
+    assert committed.args == ["committed"] and plain.kwargs == {"key": "plain"}
+    with pytest.raises(TaskResultDoesNotExist):
+        tasks.add_effect.get_result(rolled_back.id)
+    # Nothing runs it yet: it is sent (right after COMMIT) and waits in its queue.
+    assert status_of(tasks.add_effect, committed.id) == TaskResultStatus.READY
+    assert 0 < (OutboxMessage.objects.get(pk=deferred.id).delay_s or 0) <= 1
+
+    worker = worker_processes.spawn(["--threads", THREADS, "--queues", QUEUES])
+    wait_until(lambda: Effect.objects.filter(key__in=["committed", "plain", "deferred"]).count() == 3, timeout_s=60,
+               message=f"tasks did not run; worker log:\n{worker.output()[-3000:]}")
+    wait_until(lambda: all(status_of(tasks.add_effect, r.id) == TaskResultStatus.SUCCESSFUL
+                           for r in (committed, deferred)), timeout_s=10)
+    committed.refresh()
+    assert committed.status == TaskResultStatus.SUCCESSFUL and committed.is_finished
+    assert committed.finished_at is not None and committed.finished_at >= committed.enqueued_at
+    assert committed.return_value is None  # return values are not kept
+    assert tasks.add_effect_plain.get_result(plain.id).status == TaskResultStatus.SUCCESSFUL
+    assert tasks.add_effect.get_result(deferred.id).task.run_after is not None
+    assert worker.terminate() == 0
+
+    # Once, and never the rolled-back one.
+    assert Effect.objects.filter(key="committed").count() == 1
+    assert Effect.objects.filter(key="plain").count() == 1
+    assert not Effect.objects.filter(key="rolled-back").exists()
+    assert ProcessedMessage.objects.filter(actor=actor_name("default", tasks.PLAIN_QUEUE)).count() == 1
+
+
+def test_failures_retry_with_backoff_then_dead_letter_and_replay(worker_processes) -> None:
+    failing = tasks.always_fails.enqueue("doomed")
+    permanent = tasks.refuses.enqueue("never")
+    flaky = tasks.flaky.enqueue(key="flaky", fail_times=2)
+    missing = tasks.needs_account.enqueue("acct-1")
+    worker = worker_processes.spawn(["--threads", THREADS, "--queues", QUEUES])
+
+    def settled() -> bool:
+        return DeadLetter.objects.count() == 3 and Effect.objects.filter(key__startswith="flaky:").exists()
+
+    wait_until(settled, timeout_s=60, message=f"tasks did not settle; worker log:\n{worker.output()[-3000:]}")
+    hostname = socket.gethostname()
+
+    # A transient failure retries up to MAX_ATTEMPTS (3), then becomes a dead letter: FAILED.
+    result = tasks.always_fails.get_result(failing.id)
+    assert result.status == TaskResultStatus.FAILED and result.is_finished
+    assert result.attempts == 3 and all(worker_id.startswith(f"{hostname}:") for worker_id in result.worker_ids)
+    assert [error.exception_class for error in result.errors] == [ValueError]
+    assert "doomed always fails" in result.errors[0].traceback
+    dead = DeadLetter.objects.get(message_id=OutboxMessage.objects.get(pk=failing.id).message_id)
+    assert (dead.attempts, dead.actor, dead.payload["task"]) == (3, actor_name("default", tasks.QUEUE),
+                                                                   "tests.jobsapp.tasks.always_fails")
+    with pytest.raises(ValueError, match="failed"):
+        _ = result.return_value
+
+    # A PermanentError is dead-lettered after one attempt.
+    result = tasks.refuses.get_result(permanent.id)
+    assert result.status == TaskResultStatus.FAILED and result.attempts == 1
+    assert result.errors[0].exception_class.__name__ == "PermanentError"
+
+    # The context sees the attempt and the result id; the third attempt succeeded, once.
+    assert list(Effect.objects.filter(key__startswith="flaky:").values_list("key", flat=True)) \
+        == [f"flaky:attempt=3:id={flaky.id}"]
+    assert tasks.flaky.get_result(flaky.id).status == TaskResultStatus.SUCCESSFUL
+
+    # ATOMIC: False: each run committed on its own (two attempts, both failed).
+    assert list(Attempt.objects.filter(key="acct-1").values_list("attempt", flat=True)) == [1, 2]
+    assert tasks.needs_account.get_result(missing.id).status == TaskResultStatus.FAILED
+    # Fix the data and replay: the same result id follows the replay to success.
+    Account.objects.create(name="acct-1")
+    replay(DeadLetter.objects.get(actor=actor_name("default", tasks.PLAIN_QUEUE)).pk)
+    wait_until(lambda: status_of(tasks.needs_account, missing.id) == TaskResultStatus.SUCCESSFUL, timeout_s=30,
+               message=f"the replay did not succeed; worker log:\n{worker.output()[-3000:]}")
+    result = tasks.needs_account.get_result(missing.id)
+    assert [error.exception_class for error in result.errors] == [LookupError]  # the history stays
+    assert Effect.objects.filter(key="acct-1").count() == 1
+    assert worker.terminate() == 0
+
+
+def test_a_task_over_its_time_limit_is_interrupted_and_ends_failed_as_a_dead_letter(worker_processes) -> None:
+    # The worker's settings give the queue a 1 s TIMEOUT_S and 2 attempts; the body would take 60 s.
+    run_s = 60
+    result = tasks.overruns.enqueue(key="overrun", run_s=run_s)
+    message_id = OutboxMessage.objects.get(pk=result.id).message_id
+    began = time.monotonic()
+    worker = worker_processes.spawn(["--threads", THREADS, "--queues", QUEUES],
+                                    DJANGO_SETTINGS_MODULE="tests.jobsapp.settings_task_time_limit")
+    wait_until(lambda: DeadLetter.objects.filter(message_id=message_id).exists(), timeout_s=run_s / 2,
+               message=f"no dead letter; worker log:\n{worker.output()[-3000:]}")
+    assert time.monotonic() - began < run_s / 2
+    dead = DeadLetter.objects.get(message_id=message_id)
+    assert (dead.error_class, dead.attempts) == (f"{TimeLimitExceeded.__module__}.TimeLimitExceeded", 2)
+    result = tasks.overruns.get_result(result.id)
+    assert result.status == TaskResultStatus.FAILED and result.is_finished and result.attempts == 2
+    assert [error.exception_class for error in result.errors] == [TimeLimitExceeded]
+    # ATOMIC: each interrupted run rolled back, ledger row included.
+    assert not Effect.objects.filter(key="overrun").exists()
+    assert not ProcessedMessage.objects.filter(message_id=message_id).exists()
+    assert worker.terminate() == 0
+
+
+def test_get_result_reports_a_running_task_from_the_heartbeats(worker_processes) -> None:
+    result = tasks.blocks_until_released.enqueue("slow")
+    worker = worker_processes.spawn(["--threads", THREADS, "--queues", QUEUES],
+                                    COMPOSITION_TEST_OVERRIDES=json.dumps({"WORKER_HEARTBEAT_S": 0.2}))
+    wait_until(lambda: status_of(tasks.blocks_until_released, result.id) == TaskResultStatus.RUNNING,
+               timeout_s=60, message=f"never seen running; worker log:\n{worker.output()[-3000:]}")
+    running = tasks.blocks_until_released.get_result(result.id)
+    assert running.started_at is not None and running.worker_ids == [f"{socket.gethostname()}:{running_pid(worker)}"]
+    assert not running.is_finished
+    Account.objects.create(name="release-slow")
+    wait_until(lambda: status_of(tasks.blocks_until_released, result.id) == TaskResultStatus.SUCCESSFUL,
+               timeout_s=30, message=f"never finished; worker log:\n{worker.output()[-3000:]}")
+    assert Effect.objects.filter(key="slow").count() == 1
+    assert worker.terminate() == 0
+
+
+def running_pid(worker: Any) -> int:
+    return int(worker.pid)
+
+
+def test_the_default_alias_is_the_configured_backend() -> None:
+    assert isinstance(task_backends["default"], OutboxBackend)
+    assert task_backends["default"].supports_get_result and task_backends["default"].supports_defer
