@@ -57,7 +57,7 @@ check: venv
 	$(PY) manage.py makemigrations --check --dry-run
 
 pytest: venv browser promtool
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest --durations=15 $(PYTEST_ARGS)
 
 # The suite again on the newest Python with the newest Django (6.x needs Python >= 3.12), less
 # the soak tests (they test our code, not the versions, and take a minute each) and the tests of
@@ -74,7 +74,7 @@ matrix: pyproject.toml browser promtool
 	  $(MATRIX_VENV)/bin/python -m pip install -q -e '.[rabbitmq,embedded,example,dev,tasks]' && touch $(MATRIX_STAMP) || exit 1; \
 	fi; \
 	$(MATRIX_VENV)/bin/python -c "import django, sys; print('matrix: Python', sys.version.split()[0], 'Django', django.get_version())"; \
-	$(MATRIX_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not soak and not main_cell" $(PYTEST_ARGS)
+	$(MATRIX_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not soak and not main_cell" --durations=15 $(PYTEST_ARGS)
 
 # The whole gate, the same locally and in CI.
 test: lint typecheck check pytest matrix
