@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import DataError, connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
 from prometheus_client import REGISTRY
 
 from composition.locks import (
@@ -110,6 +111,77 @@ def test_row_lock_acquires_yields_rows_and_restores_lock_timeout(row: str) -> No
         assert lock_timeout() == "0"
         LockFence.objects.filter(resource=row).update(fence=5)
     assert LockFence.objects.get(resource=row).fence == 5
+
+
+def _lock_statements(queries: CaptureQueriesContext) -> list[str]:
+    return [q["sql"] for q in queries.captured_queries if "FOR UPDATE" in q["sql"]]
+
+
+def test_a_timed_row_lock_is_one_round_trip_first_in_a_transaction_or_not(row: str) -> None:
+    # First statement of the transaction: nothing to protect, so no savepoint at all.
+    with CaptureQueriesContext(connection) as queries, transaction.atomic(), \
+            row_lock(LockFence.objects.filter(resource=row), timeout_s=1) as rows:
+        assert [r.resource for r in rows] == [row]
+    assert [q["sql"] for q in queries.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")] == \
+        _lock_statements(queries)
+    assert len(_lock_statements(queries)) == 1 and "SAVEPOINT" not in _lock_statements(queries)[0]
+    # After other work: the savepoint, the timeout and the lock still go out as one statement.
+    with transaction.atomic():
+        LockFence.objects.filter(resource=row).update(fence=2)
+        with CaptureQueriesContext(connection) as queries, \
+                row_lock(LockFence.objects.filter(resource=row), timeout_s=1) as rows:
+            assert [r.fence for r in rows] == [2]
+        assert len(queries.captured_queries) == 1 and "SAVEPOINT" in queries.captured_queries[0]["sql"]
+        assert lock_timeout() == "0"
+
+
+def test_a_timed_out_first_lock_leaves_the_transaction_usable(row: str) -> None:
+    ran: list[str] = []
+    with RowHolder(row), transaction.atomic():
+        transaction.on_commit(lambda: ran.append("hook"))  # registered before the failed lock
+        with pytest.raises(LockNotAcquired), row_lock(LockFence.objects.filter(resource=row), timeout_s=0.2):
+            pytest.fail("must not get the lock")
+        assert lock_timeout() == "0"
+        LockFence.objects.create(resource=f"{row}-after", fence=1)
+    assert LockFence.objects.filter(resource=f"{row}-after").exists()
+    assert ran == ["hook"]
+
+
+def test_a_timed_out_lock_after_other_work_keeps_that_work_and_the_callers_lock_timeout(row: str) -> None:
+    with RowHolder(row), transaction.atomic():
+        LockFence.objects.create(resource=f"{row}-before", fence=1)
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '9s'")
+        with pytest.raises(LockNotAcquired) as caught, \
+                row_lock(LockFence.objects.filter(resource=row), timeout_s=0.2):
+            pytest.fail("must not get the lock")
+        assert "within 0.2s" in str(caught.value)
+        assert lock_timeout() == "9s"
+        LockFence.objects.create(resource=f"{row}-after", fence=1)
+    assert set(LockFence.objects.filter(resource__startswith=f"{row}-").values_list("resource", flat=True)) == \
+        {f"{row}-before", f"{row}-after"}
+
+
+def test_a_timed_row_lock_restores_the_callers_lock_timeout_when_it_gets_the_lock(row: str) -> None:
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '9s'")
+        with row_lock(LockFence.objects.filter(resource=row), timeout_s=0.5) as rows:
+            assert len(rows) == 1
+            assert lock_timeout() == "9s"
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["first-statement", "after-other-work"])
+def test_a_failing_locking_query_leaves_the_transaction_usable(row: str, first: bool) -> None:
+    with transaction.atomic():
+        if not first:
+            LockFence.objects.create(resource=f"{row}-before", fence=1)
+        broken = LockFence.objects.extra(where=["1/0 = 1"])  # division by zero, at the server
+        with pytest.raises(DataError), row_lock(broken, timeout_s=1):
+            pytest.fail("must not get the lock")
+        assert lock_timeout() == "0"
+        LockFence.objects.create(resource=f"{row}-after", fence=1)
+    assert LockFence.objects.filter(resource__startswith=f"{row}-").count() == (1 if first else 2)
 
 
 def test_row_lock_skip_locked_yields_only_free_rows(row: str) -> None:

@@ -60,6 +60,25 @@ def test_relayed_message_is_a_dramatiq_message_derived_from_the_row() -> None:
     assert row.sent_at is not None and row.sent_at >= row.created_at
 
 
+@pytest.mark.parametrize("key", [None, "k"], ids=["unkeyed", "keyed"])
+def test_only_the_claimant_marks_its_rows_sent(key: str | None) -> None:
+    from django.utils import timezone
+
+    from composition.outbox.claims import mark_sent
+
+    row = publish(PROBE, {"seq": 1}, key=key)
+    holder = Relay(configured_broker(), relay_id="holder")
+    assert [message.id for message in holder.claim()] == [row.pk]
+    # Another relay (one whose lease ran out and whose rows were taken over) marks nothing.
+    assert mark_sent([row.pk], sent_at=timezone.now(), relay_id="other", keyed=key is not None) is False
+    row.refresh_from_db()
+    assert row.status == "pending"
+    assert mark_sent([row.pk], sent_at=timezone.now(), relay_id="holder", keyed=key is not None) is False
+    row.refresh_from_db()
+    assert (row.status, row.claimed_until) == ("sent", None)
+    assert row.sent_at is not None
+
+
 def test_delayed_message_goes_to_the_delay_queue_with_an_eta() -> None:
     row = publish(PROBE, {"seq": 1}, delay_s=30)
     Relay(configured_broker()).run_until_idle()

@@ -5,6 +5,13 @@ A lock that may fail (``nowait``, ``timeout_s``) is taken inside a savepoint: in
 lock error aborts the transaction, and rolling back to the savepoint is what leaves the caller's
 transaction usable. ``lock_timeout`` is set with ``set_config(..., true)`` (SET LOCAL) inside that
 savepoint and restored afterwards, since SET LOCAL otherwise lasts until the transaction ends.
+
+``row_lock`` sends all of that as one statement string, one round trip (savepoint, the timeout
+and its previous value, the SELECT ... FOR UPDATE, the restore, the release), where it would
+otherwise be five: it sits on the request path of every locked write. When the lock is the
+first statement of the transaction (nothing has reached the server yet) it needs no savepoint
+at all: a failure rolls back a transaction that held nothing, and the caller's next statement
+begins it again, as if the savepoint had been rolled back.
 """
 
 from __future__ import annotations
@@ -12,10 +19,10 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
-from django.db import DEFAULT_DB_ALIAS, OperationalError, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, OperationalError, connections, transaction
 from django.db.models import Model, QuerySet
 
 from composition.locks.errors import LockNotAcquired, TransactionRequired
@@ -27,6 +34,11 @@ M = TypeVar("M", bound=Model)
 T = TypeVar("T")
 
 _LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE of both NOWAIT failures and lock_timeout expiries
+# row_lock's own savepoint (released before row_lock returns, so nesting cannot clash), and the
+# transaction-local placeholder setting that carries lock_timeout's previous value from the
+# statement that sets it to the one that restores it, within one statement string.
+_ROW_LOCK_SAVEPOINT = "composition_row_lock"
+_PREVIOUS_LOCK_TIMEOUT = "composition.lock_timeout_before"
 
 
 def advisory_key(namespace: str, key: object) -> int:
@@ -59,6 +71,103 @@ def _held(kind: str, label: str) -> Iterator[None]:
         LOCK_HOLD_SECONDS.labels(kind, label).observe(time.monotonic() - started)
 
 
+def _timeout_ms(timeout_s: float) -> str:
+    return f"{max(1, round(timeout_s * 1000))}ms"
+
+
+def _lock_refused(name: str, timeout_s: float | None, exc: OperationalError) -> LockNotAcquired | None:
+    if getattr(exc.__cause__, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
+        return None
+    reason = "busy (nowait)" if timeout_s is None else f"not free within {timeout_s}s"
+    return LockNotAcquired(name, reason)
+
+
+def _can_send_at_once(connection: Any) -> bool:
+    """Whether ``connection`` takes several statements in one string and can step through their
+    results: psycopg 3 with client-side binding (Django's default), which uses the simple query
+    protocol. Server-side binding (extended protocol) allows one statement per call."""
+    if connection.vendor != "postgresql" or connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"):
+        return False
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3  # imports the driver in use
+
+    return bool(is_psycopg3)
+
+
+def _nothing_sent_yet(connection: Any) -> bool:
+    """True when the transaction of ``connection`` has not reached the server yet: psycopg 3
+    sends BEGIN with the first statement, so the server's side is still idle (and the outermost
+    ``atomic`` holds no savepoint)."""
+    if connection.savepoint_ids:
+        return False
+    connection.ensure_connection()
+    from psycopg import pq  # only reached with psycopg 3
+
+    return bool(connection.connection.info.transaction_status == pq.TransactionStatus.IDLE)
+
+
+class _OneRoundTrip:
+    """An ``execute_wrapper`` that sends ``before`` and ``after`` with the next statement, as
+    one string (PostgreSQL's simple protocol runs them in order and stops at the first error),
+    and leaves the cursor on that statement's result. Every part is a constant without ``%``,
+    so the statement's own parameters bind as they would alone."""
+
+    def __init__(self, before: list[str], after: list[str]) -> None:
+        self.before = before
+        self.after = after
+        self.sent = False
+        self.failed = False
+
+    def __call__(self, execute: Callable[..., Any], sql: str, params: Any, many: bool,
+                 context: dict[str, Any]) -> Any:
+        if self.sent or many:
+            return execute(sql, params, many, context)
+        self.sent = True
+        try:
+            result = execute("; ".join([*self.before, sql, *self.after]), params, many, context)
+        except Exception:
+            self.failed = True
+            raise
+        cursor = context["cursor"].cursor
+        for _ in self.before:
+            cursor.nextset()
+        return result
+
+
+def _row_lock_at_once(connection: Any, name: str, timeout_s: float | None, take: Callable[[], T]) -> T:
+    """``_in_savepoint`` in one round trip (PostgreSQL with psycopg 3; see the module doc):
+    ``take`` runs the locking query, which goes out with the savepoint and timeout statements."""
+    whole = _nothing_sent_yet(connection)
+    before: list[str] = [] if whole else [f'SAVEPOINT "{_ROW_LOCK_SAVEPOINT}"']
+    after: list[str] = []
+    if timeout_s is not None:
+        before.append(f"SELECT set_config('{_PREVIOUS_LOCK_TIMEOUT}', current_setting('lock_timeout'), true), "
+                      f"set_config('lock_timeout', '{_timeout_ms(timeout_s)}', true)")
+        after.append(f"SELECT set_config('lock_timeout', current_setting('{_PREVIOUS_LOCK_TIMEOUT}'), true)")
+    if not whole:
+        after.append(f'RELEASE SAVEPOINT "{_ROW_LOCK_SAVEPOINT}"')
+    statement = _OneRoundTrip(before, after)
+    try:
+        with connection.execute_wrapper(statement):
+            return take()
+    except DatabaseError as exc:
+        if not statement.failed:
+            raise
+        # The statement string stopped at its error: undo what it began, so the caller's
+        # transaction is as it was (its lock_timeout too). An undo that fails (a broken
+        # connection) leaves the original error to tell.
+        with suppress(Exception):
+            if whole:
+                connection.connection.rollback()
+            else:
+                with connection.cursor() as cursor:
+                    cursor.execute(f'ROLLBACK TO SAVEPOINT "{_ROW_LOCK_SAVEPOINT}"; '
+                                   f'RELEASE SAVEPOINT "{_ROW_LOCK_SAVEPOINT}"')
+        refused = _lock_refused(name, timeout_s, exc) if isinstance(exc, OperationalError) else None
+        if refused is not None:
+            raise refused from exc
+        raise
+
+
 def _in_savepoint(connection: Any, name: str, timeout_s: float | None, take: Callable[[], T]) -> T:
     """Run ``take`` in a savepoint with ``lock_timeout`` = ``timeout_s``; LockNotAcquired when it
     cannot get its lock. Any other error propagates (the savepoint is rolled back either way)."""
@@ -68,7 +177,7 @@ def _in_savepoint(connection: Any, name: str, timeout_s: float | None, take: Cal
             if timeout_s is not None:
                 with connection.cursor() as cursor:
                     cursor.execute("SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)",
-                                   [f"{max(1, round(timeout_s * 1000))}ms"])
+                                   [_timeout_ms(timeout_s)])
                     previous = cursor.fetchone()[0]
             result = take()
             if previous is not None:
@@ -76,9 +185,9 @@ def _in_savepoint(connection: Any, name: str, timeout_s: float | None, take: Cal
                     cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
             return result
     except OperationalError as exc:
-        if getattr(exc.__cause__, "sqlstate", None) == _LOCK_NOT_AVAILABLE:
-            reason = "busy (nowait)" if timeout_s is None else f"not free within {timeout_s}s"
-            raise LockNotAcquired(name, reason) from exc
+        refused = _lock_refused(name, timeout_s, exc)
+        if refused is not None:
+            raise refused from exc
         raise
 
 
@@ -108,7 +217,8 @@ def row_lock(queryset: QuerySet[M], *, nowait: bool = False, skip_locked: bool =
     started = time.monotonic()
     try:
         if nowait or timeout_s is not None:
-            rows = _in_savepoint(connection, name, timeout_s, lambda: list(locking))
+            take = _row_lock_at_once if _can_send_at_once(connection) else _in_savepoint
+            rows = take(connection, name, timeout_s, lambda: list(locking))
         else:
             rows = list(locking)
     except LockNotAcquired:

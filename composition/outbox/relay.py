@@ -204,7 +204,8 @@ class Relay:
                 raise
             enqueued_s = time.time()
             followers_waiting = mark_sent(ids, sent_at=datetime.fromtimestamp(enqueued_s, tz=UTC),
-                                          relay_id=self.relay_id)
+                                          relay_id=self.relay_id,
+                                          keyed=any(message.key is not None for message in claimed))
         for actor_name, count in Counter(message.actor_name for message in claimed).items():
             OUTBOX_RELAYED.labels(actor_name).inc(count)
         for message in claimed:
