@@ -8,6 +8,13 @@ request each, in alternating rounds (library, plain, plain, library, ...), so dr
 alike. Per side: throughput (payments per second over its rounds) and p99 latency.
 Goals (issue 15): throughput >= 0.8x the plain view, p99 <= 1.5x.
 
+What the library's pay sends from the request thread: BEGIN with the row lock (one string),
+the payment, the invoice, the outbox row, the invalidation record, COMMIT, then one Redis DEL;
+the plain view sends BEGIN, its lock, the payment, the invoice, COMMIT. The outbox row's send
+and mark-sent and the invalidation record's DELETE run on each process's after-commit thread
+(``composition.background``), batched across requests; that work is on the same two cores,
+so it counts against the library's throughput here as it would not on a server with spare cores.
+
 No worker runs: the library's receipt jobs pile up on the ``billing`` queue, which is emptied
 before every round (and the settings lift its backpressure limit, see ``_pay_settings``), so
 neither side is shed and every round starts from the same broker state.

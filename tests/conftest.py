@@ -9,6 +9,33 @@ import pytest
 from composition.testing import ThrowawayRedis, WorkerProcess, subprocess_env, throwaway_redis
 
 
+def _roomy_live_server() -> None:
+    """Django's live server listens with a backlog of 10 connections (``WSGIServer.
+    request_queue_size``): the tests that race 20 and more clients at it saw connections reset
+    when its accept loop fell behind on a busy machine. Its documented hook, ``server_class``."""
+    from django.core.servers.basehttp import ThreadedWSGIServer
+    from django.test.testcases import LiveServerThread
+
+    class RoomyThreadedWSGIServer(ThreadedWSGIServer):
+        request_queue_size = 256
+
+    LiveServerThread.server_class = RoomyThreadedWSGIServer
+
+
+_roomy_live_server()
+
+
+@pytest.fixture(autouse=True)
+def _after_commit_bookkeeping_done() -> Iterator[None]:
+    """What a test's commits handed to the after-commit thread (outbox sends, invalidation
+    records' deletes; ``composition.background``) is done before the next test starts, whose
+    queues and tables those are then."""
+    yield
+    from composition.testing import after_commit_done
+
+    after_commit_done()
+
+
 @pytest.fixture
 def throwaway_redis_server() -> Iterator[ThrowawayRedis]:
     """A private Valkey server for outage tests: freeze or stop it, never the shared one."""
@@ -72,6 +99,17 @@ def nudge_only() -> Iterator[None]:
     from django.test import override_settings
 
     with override_settings(COMPOSITION={**settings.COMPOSITION, "OUTBOX_SEND_ON_COMMIT": False}):
+        yield
+
+
+@pytest.fixture
+def send_on_the_committing_thread() -> Iterator[None]:
+    """Published rows are sent by the committing thread before it goes on
+    (``OUTBOX_SEND_IN_BACKGROUND`` off), for tests that interleave sends of several threads."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    with override_settings(COMPOSITION={**settings.COMPOSITION, "OUTBOX_SEND_IN_BACKGROUND": False}):
         yield
 
 

@@ -4,7 +4,8 @@
   (one INSERT per distinct key or namespace; a repeat in the same transaction is free), so the
   invalidation commits, or rolls back, with the data it is about. One robust after-commit hook
   per transaction (``composition.transactions.on_commit_once``) then applies them all in one
-  Redis pipeline (``apply_committed``) and deletes their rows with one DELETE. If the process
+  Redis pipeline (``apply_committed``); their rows are deleted by a background batch
+  (``composition.background``), one DELETE for the rows of many transactions. If the process
   dies after COMMIT, Redis cannot be reached, the breaker is open, or an earlier ``on_commit``
   callback raised (Django then skips the rest), the rows stay and the replay applies them;
 - outside a transaction (autocommit) ``apply_now`` deletes at once and writes the row only if
@@ -25,6 +26,7 @@ import structlog
 from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 
+from composition import background
 from composition.breaker import CircuitBreaker
 from composition.cache.store import KeySpace
 from composition.metrics import CACHE_INVALIDATIONS
@@ -141,11 +143,30 @@ class Invalidations:
             return
         self.breaker.record_success()
         CACHE_INVALIDATIONS.labels("applied").inc(count)
+        if connections[batch.db_alias].in_atomic_block:
+            # Inside an enclosing transaction (a test's captured on-commit hooks): only this
+            # connection sees the rows.
+            self._forget_now(batch.db_alias, batch.row_ids)
+        else:
+            # The rows' DELETE is bookkeeping: a background batch does it for many requests
+            # at once (composition.background; a row it misses is replayed, harmlessly).
+            background.submit(self._forget_batch, (batch.db_alias, batch.row_ids))
+
+    def _forget_batch(self, batches: list[tuple[str, list[int]]]) -> None:
+        """The background half of ``apply_committed``: the rows of many transactions, one DELETE
+        per database."""
+        by_alias: dict[str, list[int]] = {}
+        for db_alias, row_ids in batches:
+            by_alias.setdefault(db_alias, []).extend(row_ids)
+        for db_alias, row_ids in by_alias.items():
+            self._forget_now(db_alias, row_ids)
+
+    def _forget_now(self, db_alias: str, row_ids: list[int]) -> None:
         try:
-            self._forget(batch.row_ids, batch.db_alias)
+            self._forget(row_ids, db_alias)
         except DatabaseError as exc:
             log.warning("applied cache invalidations stay recorded; the replay repeats them",
-                        alias=self.alias, count=count, error=str(exc))
+                        alias=self.alias, count=len(row_ids), error=str(exc))
 
     def _left_for_replay(self, count: int, reason: str) -> None:
         CACHE_INVALIDATIONS.labels("deferred").inc(count)

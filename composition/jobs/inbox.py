@@ -28,6 +28,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from dramatiq.broker import MessageProxy
 
+from composition.begin import begin_sql
 from composition.slow_queries import time_query
 
 __all__ = ["IDEMPOTENCY_KEY_HEADER", "ledger_key", "record_processed"]
@@ -81,35 +82,23 @@ def record_processed(message_id: str, actor: str) -> bool:
 
 def _begin_with(connection: BaseDatabaseWrapper) -> bytes | None:
     """The BEGIN that psycopg is about to send on its own before the next statement of
-    ``connection``, or None when it is not (autocommit, a transaction already under way) or when
-    the one-string path must not be taken: query logging on (``DEBUG``, ``CaptureQueriesContext``
-    see only what goes through a cursor), an execute wrapper that may want a cursor, not psycopg 3."""
-    if (connection.vendor != "postgresql" or not connection.in_atomic_block or connection.savepoint_ids
-            or connection.queries_logged
-            or any(wrapper not in _CURSORLESS_WRAPPERS for wrapper in connection.execute_wrappers)):
+    ``connection`` (``composition.begin``), or None when it is not or when the one-string path
+    must not be taken: query logging on (``DEBUG``, ``CaptureQueriesContext`` see only what goes
+    through a cursor), an execute wrapper that may want a cursor."""
+    if connection.queries_logged or any(wrapper not in _CURSORLESS_WRAPPERS for wrapper in connection.execute_wrappers):
         return None
     try:
         # psycopg's generators and Connection.wait/lock are its internals (how it runs its own
         # BEGIN); a psycopg without them takes the ordinary path, and tests/test_inbox.py fails
         # loudly should their behaviour change under the same names.
-        from psycopg import IsolationLevel, generators, pq
-    except ImportError:  # psycopg2, or a psycopg without the internals
+        from psycopg import generators
+    except ImportError:  # psycopg2
         return None
+    begin = begin_sql(connection)
     raw = connection.connection
-    if (not hasattr(raw, "pgconn") or not hasattr(raw, "wait") or not hasattr(generators, "execute")
-            or raw.autocommit
-            or raw.pgconn.transaction_status != pq.TransactionStatus.IDLE
-            or raw.pgconn.pipeline_status != pq.PipelineStatus.OFF):
+    if begin is None or not hasattr(raw, "wait") or not hasattr(generators, "execute"):
         return None
-    # The transaction's characteristics, as psycopg would give them in its own BEGIN.
-    parts = ["BEGIN"]
-    if raw.isolation_level is not None:
-        parts.append("ISOLATION LEVEL " + IsolationLevel(raw.isolation_level).name.replace("_", " "))
-    if raw.read_only is not None:
-        parts.append("READ ONLY" if raw.read_only else "READ WRITE")
-    if raw.deferrable is not None:
-        parts.append("DEFERRABLE" if raw.deferrable else "NOT DEFERRABLE")
-    return " ".join(parts).encode()
+    return begin.encode()
 
 
 def _insert_with_begin(connection: BaseDatabaseWrapper, begin: bytes, message_id: str, actor: str) -> bool:

@@ -7,7 +7,12 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from composition.budget import BudgetLine, connection_budget, connections_per_process, server_max_connections
 from composition.conf import conf
-from composition.lifecycle.workers import BACKGROUND_DB_THREADS, WorkerOptions, build_worker_system
+from composition.lifecycle.workers import (
+    BACKGROUND_DB_THREADS,
+    WEB_BACKGROUND_DB_THREADS,
+    WorkerOptions,
+    build_worker_system,
+)
 
 
 class Command(BaseCommand):
@@ -27,7 +32,7 @@ class Command(BaseCommand):
         lines = [BudgetLine("workers", processes, connections_per_process(threads, BACKGROUND_DB_THREADS))]
         if options["web_processes"]:
             lines.append(BudgetLine("web", options["web_processes"],
-                                    connections_per_process(options["web_threads"], 0)))
+                                    connections_per_process(options["web_threads"], WEB_BACKGROUND_DB_THREADS)))
         budget = connection_budget(lines, server_max_connections())
         report: dict[str, Any] = {"graph": system.graph(), "start_order": system.start_order,
                   "stop_order": list(reversed(system.start_order)), "connection_budget": budget}

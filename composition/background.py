@@ -1,0 +1,159 @@
+"""After-commit bookkeeping on one thread per process, in batches (``submit``, ``flush``).
+
+What a request does after its COMMIT for the library's own sake (sending the outbox rows it
+published, deleting the records of the cache invalidations it applied) would add round trips to
+every write request and make it wait for them. Handed to ``submit`` instead, it runs on one
+thread of the process, which takes everything handed in while it was busy with the last batch
+and gives each handler its items in one call: one broker round trip and one UPDATE for the
+outbox rows of many requests, one DELETE for their invalidation records. Under load a batch
+carries the work of many requests; in an idle process a batch of one starts at once.
+
+Only work whose loss is repaired elsewhere may be handed in: a process that dies (SIGKILL)
+loses what it had not done yet. Its users say what repairs theirs: ``composition.outbox`` (a row
+not sent is relayed by the sweep once its lease runs out) and ``composition.cache.invalidation``
+(a record not deleted is replayed, which is harmless). A process that exits normally does it
+first (``atexit``, bounded by ``EXIT_FLUSH_S``); ``flush()`` waits for everything handed in so
+far, for a worker's drain and for tests.
+
+The thread starts with the first item and ends after ``IDLE_EXIT_S`` with nothing to do,
+closing its database connection: an idle process holds no connection for it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from django.db import connections
+
+__all__ = ["EXIT_FLUSH_S", "IDLE_EXIT_S", "Batcher", "flush", "submit"]
+
+log = structlog.get_logger("composition.background")
+
+# The thread ends after this long with nothing handed in (the next item starts it again).
+IDLE_EXIT_S = 1.0
+# How long a normal exit waits for work still to be done (SIGTERM's drain has its own deadline).
+EXIT_FLUSH_S = 5.0
+
+# A handler takes the items handed in for it, oldest first. It must not raise for a failure
+# whose repair it can leave to the mechanism behind it; if it does, that is logged and its
+# items are dropped.
+Handler = Callable[[list[Any]], None]
+
+
+class Batcher:
+    """One thread running handlers on the items handed in with ``submit``, in batches: each
+    round takes every item submitted since the last round began and calls each handler once
+    with its items, in submission order. Thread-safe, and fork-safe (a child starts afresh)."""
+
+    def __init__(self, name: str, *, idle_exit_s: float = IDLE_EXIT_S) -> None:
+        self.name = name
+        self.idle_exit_s = idle_exit_s
+        self._cond = threading.Condition()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._items: list[tuple[Handler, Any]] = []
+        self._submitted = 0  # items handed in, ever
+        self._done = 0  # items handled (or dropped by a failing handler), ever
+        self._thread: threading.Thread | None = None
+        self.rounds = 0  # for tests and operators
+
+    def submit(self, handler: Handler, item: Any) -> None:
+        """Have ``handler`` called with ``item`` (among others) on the batcher's thread. Handlers
+        are grouped by equality, so give the same function (or bound method) every time."""
+        with self._cond:
+            if self._pid != os.getpid():  # a forked child: the parent's thread is not here
+                self._reset()
+            self._items.append((handler, item))
+            self._submitted += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=f"{self.name}", daemon=True)
+                self._thread.start()
+            else:
+                self._cond.notify()
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until everything submitted before this call has been handled; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            if self._pid != os.getpid():
+                return True
+            target = self._submitted
+            while self._done < target:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._thread is None:
+                    return False
+                self._cond.wait(remaining)
+        return True
+
+    def pending(self) -> int:
+        """Items submitted and not handled yet."""
+        with self._cond:
+            return self._submitted - self._done
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    if not self._items:
+                        self._cond.wait(self.idle_exit_s)
+                    if not self._items:
+                        self._thread = None
+                        self._cond.notify_all()
+                        return
+                    items, self._items = self._items, []
+                try:
+                    self._round(items)
+                finally:
+                    with self._cond:
+                        self.rounds += 1
+                        self._done += len(items)
+                        self._cond.notify_all()
+        finally:
+            # The thread's own database connections (Django's are per thread): an idle process
+            # keeps none, and a test database can be dropped.
+            connections.close_all()
+            with self._cond:
+                if self._thread is threading.current_thread():
+                    self._thread = None
+                self._cond.notify_all()
+
+    def _round(self, items: list[tuple[Handler, Any]]) -> None:
+        by_handler: dict[Handler, list[Any]] = {}
+        for handler, item in items:
+            by_handler.setdefault(handler, []).append(item)
+        for handler, handed in by_handler.items():
+            try:
+                handler(handed)
+            except Exception as exc:
+                log.error("background bookkeeping failed; it is left to its repair", batcher=self.name,
+                          handler=getattr(handler, "__qualname__", repr(handler)), count=len(handed),
+                          error=f"{type(exc).__name__}: {exc}")
+
+
+_after_commit = Batcher("composition-after-commit")
+
+
+def submit(handler: Handler, item: Any) -> None:
+    """Hand ``item`` to ``handler`` on this process's after-commit thread (see the module doc)."""
+    _after_commit.submit(handler, item)
+
+
+def flush(timeout_s: float) -> bool:
+    """Wait until this process's after-commit thread has done what was handed in so far; False
+    if it had not within ``timeout_s``."""
+    return _after_commit.flush(timeout_s)
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    if not flush(EXIT_FLUSH_S):
+        log.warning("exiting with after-commit bookkeeping not done; it is repaired later "
+                    "(the outbox sweep, the cache replay)", pending=_after_commit.pending())

@@ -1,0 +1,27 @@
+"""What a connection really sends: libpq's own trace of the protocol, for tests that count round
+trips (BEGIN and COMMIT included, which Django's query log never sees)."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from django.db import connection
+
+
+@contextmanager
+def sent_queries() -> Iterator[list[str]]:
+    """The statement strings this thread's default connection sends meanwhile, one per round trip."""
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    queries: list[str] = []
+    with tempfile.TemporaryFile(mode="w+") as trace:
+        pgconn.trace(trace.fileno())
+        try:
+            yield queries
+        finally:
+            pgconn.untrace()
+            trace.seek(0)
+            queries += [line.split("\tQuery\t", 1)[1].strip(' "') for line in trace.read().splitlines()
+                        if "\tF\t" in line and "\tQuery\t" in line]

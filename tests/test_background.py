@@ -1,0 +1,135 @@
+"""The after-commit thread (composition.background): batches, flush, failures, idle exit; and
+what it takes off the request path: a pay's request answers after its COMMIT without another
+statement on its connection, while the outbox row is sent and marked sent, and the
+invalidation record deleted, on the after-commit thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+from django.db import connection, connections
+
+from billing.models import Invoice
+from billing.wiring import default_service
+from composition.background import Batcher
+from composition.cache.models import PendingInvalidation
+from composition.outbox import OutboxMessage
+from composition.testing import after_commit_done, wait_until
+from tests.pgtrace import sent_queries
+
+
+def test_items_handed_in_while_a_round_runs_are_handled_together_in_order() -> None:
+    gate = threading.Event()
+    rounds: list[list[int]] = []
+
+    def handle(items: list[int]) -> None:
+        rounds.append(items)
+        gate.wait(5)
+
+    batcher = Batcher("test-batches")
+    batcher.submit(handle, 0)
+    wait_until(lambda: rounds, timeout_s=5)
+    for item in range(1, 6):  # the thread is busy with item 0
+        batcher.submit(handle, item)
+    assert batcher.pending() == 6
+    gate.set()
+    assert batcher.flush(5)
+    assert rounds == [[0], [1, 2, 3, 4, 5]]
+    assert batcher.pending() == 0
+
+
+def test_each_handler_gets_its_own_items_once_per_round() -> None:
+    gate = threading.Event()
+    seen: dict[str, list[list[str]]] = {"a": [], "b": []}
+
+    def blocker(items: list[str]) -> None:
+        gate.wait(5)
+
+    def handle_a(items: list[str]) -> None:
+        seen["a"].append(items)
+
+    def handle_b(items: list[str]) -> None:
+        seen["b"].append(items)
+
+    batcher = Batcher("test-handlers")
+    batcher.submit(blocker, "x")
+    for item in ("a1", "b1", "a2", "b2"):
+        batcher.submit(handle_a if item.startswith("a") else handle_b, item)
+    gate.set()
+    assert batcher.flush(5)
+    assert seen == {"a": [["a1", "a2"]], "b": [["b1", "b2"]]}
+
+
+def test_a_failing_handler_drops_its_items_and_the_others_and_later_rounds_still_run() -> None:
+    done: list[str] = []
+
+    def fails(items: list[str]) -> None:
+        raise RuntimeError("broken bookkeeping")
+
+    batcher = Batcher("test-failure")
+    batcher.submit(fails, "lost")
+    batcher.submit(done.extend, "kept")
+    assert batcher.flush(5)
+    batcher.submit(done.extend, "later")
+    assert batcher.flush(5)
+    assert done == ["kept", "later"]
+
+
+def test_flush_times_out_while_a_round_is_stuck_and_succeeds_after() -> None:
+    gate = threading.Event()
+    batcher = Batcher("test-stuck")
+    batcher.submit(lambda items: gate.wait(5), 1)
+    started = time.monotonic()
+    assert batcher.flush(0.2) is False
+    assert 0.15 < time.monotonic() - started < 2
+    gate.set()
+    assert batcher.flush(5)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_thread_ends_when_idle_and_closes_its_database_connection() -> None:
+    pids: list[int] = []
+
+    def uses_database(items: list[int]) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            pids.append(cursor.fetchone()[0])
+
+    batcher = Batcher("test-idle", idle_exit_s=0.2)
+    batcher.submit(uses_database, 1)
+    assert batcher.flush(5)
+    wait_until(lambda: batcher._thread is None, timeout_s=5)
+
+    def backend_alive() -> bool:
+        with connections["default"].cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pids[0]])
+            return bool(cursor.fetchone()[0])
+
+    wait_until(lambda: not backend_alive(), timeout_s=5)
+    batcher.submit(uses_database, 2)  # a new thread, a new connection
+    assert batcher.flush(5)
+    assert len(pids) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pay_sends_its_transaction_and_nothing_after_commit_from_the_request() -> None:
+    invoice = Invoice.objects.create(number=f"BG-{uuid.uuid4().hex[:8]}", customer="Ada", amount_cents=500)
+    service = default_service()
+    after_commit_done()
+    with sent_queries() as queries:
+        outcome = service.pay_invoice(invoice.pk, payment_id=f"bg-{invoice.pk}", amount_cents=500)
+    # BEGIN with the lock, the payment, the invoice, the outbox row, the invalidation record,
+    # COMMIT: six round trips, and none after COMMIT on the request's connection.
+    assert len(queries) == 6, queries
+    assert queries[0].startswith("BEGIN;") and "FOR UPDATE" in queries[0]
+    assert queries[-1] == "COMMIT"
+    message = OutboxMessage.objects.get(payload__payment_id=outcome.payment.pk)
+    # ...while the after-commit thread sends the row and marks it sent, and deletes the record.
+    after_commit_done()
+    message.refresh_from_db()
+    assert message.status == OutboxMessage.Status.SENT
+    assert not PendingInvalidation.objects.filter(target=f"invoice:{invoice.pk}").exists()
+    assert message.attempts == 1  # sent once, by this process: nothing was left to the sweep
