@@ -103,6 +103,16 @@ def nudge_only() -> Iterator[None]:
 
 
 @pytest.fixture
+def empty_broker_db() -> Iterator[None]:
+    """The test broker's Redis db empty before and after the test (``flush_broker``)."""
+    from tests.outboxapp.helpers import flush_broker
+
+    flush_broker()
+    yield
+    flush_broker()
+
+
+@pytest.fixture
 def send_on_the_committing_thread() -> Iterator[None]:
     """Published rows are sent by the committing thread before it goes on
     (``OUTBOX_SEND_IN_BACKGROUND`` off), for tests that interleave sends of several threads."""

@@ -113,6 +113,7 @@ def _pending_in_broker(queue: str) -> int:
     return sum(int(client.hlen(f"{broker.namespace}:{name}.msgs")) for name in (queue, f"{queue}.DQ"))
 
 
+@pytest.mark.soak  # process timing no Python or Django version changes: main cell only
 def test_sigkill_storm_leaves_every_effect_exactly_once(worker_processes) -> None:
     total = 2_000
     with transaction.atomic():

@@ -4,7 +4,6 @@ about 5 s, a live worker's never, and a transaction's rows reach the broker at i
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,11 +25,7 @@ RECOVERY_S = 5.0
 SLACK_S = 1.0
 
 
-@pytest.fixture(autouse=True)
-def _clean() -> Iterator[None]:
-    flush_broker()
-    yield
-    flush_broker()
+pytestmark = pytest.mark.usefixtures("empty_broker_db")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -100,6 +95,7 @@ def test_a_crashed_relay_s_rows_are_relayed_within_seconds(worker_processes, nud
     assert worker.terminate() == 0
 
 
+@pytest.mark.soak  # process timing no Python or Django version changes: main cell only
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_killed_worker_s_messages_run_within_seconds_of_its_restart_and_a_live_one_keeps_its_own(

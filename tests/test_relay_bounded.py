@@ -50,6 +50,7 @@ def _relay_runs(worker_pid: int) -> list[float]:
             for job in beat.get("jobs", []) if job["actor"] == RELAY_ACTOR_NAME]
 
 
+@pytest.mark.soak  # process timing no Python or Django version changes: main cell only
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("nudge_only")  # every commit nudges: the relay's worst case

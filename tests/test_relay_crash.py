@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -24,9 +23,9 @@ from composition.outbox import OutboxMessage, publish
 from composition.outbox.relay import RELAY_QUEUE_NAME
 from composition.testing import ThrowawayRedis, wait_until
 from tests.outboxapp import jobs as outbox_jobs
-from tests.outboxapp.helpers import enqueued, flush_broker
+from tests.outboxapp.helpers import enqueued
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("empty_broker_db")]
 
 RECOVERY_S = 5.0
 # The live sweep's own run (claim, enqueue, mark) and a loaded machine's scheduling delay.
@@ -37,11 +36,6 @@ ROWS = 20
 WORKER_ARGS = ["--threads", "1", "--queues", RELAY_QUEUE_NAME]
 
 
-@pytest.fixture(autouse=True)
-def _clean() -> Iterator[None]:
-    flush_broker()
-    yield
-    flush_broker()
 
 
 def _relay_of(pid: int) -> str:

@@ -10,7 +10,6 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,6 @@ from composition.outbox.claims import ClaimedMessage
 from composition.outbox.relay import Relay
 from composition.testing import ThrowawayRedis, subprocess_env, wait_until
 from tests.outboxapp import jobs as outbox_jobs
-from tests.outboxapp.helpers import flush_broker
 
 ROOT = Path(__file__).resolve().parent.parent
 LEASE_S = 0.5
@@ -30,11 +28,7 @@ LEASE_S = 0.5
 SLACK_S = 1.0
 
 
-@pytest.fixture(autouse=True)
-def _clean() -> Iterator[None]:
-    flush_broker()
-    yield
-    flush_broker()
+pytestmark = pytest.mark.usefixtures("empty_broker_db")
 
 
 def _publish(count: int) -> list[int]:

@@ -79,8 +79,9 @@ class SendAfterCommit:
         self.confirm = self.confirm or under_savepoint
 
     def __call__(self) -> None:
-        """After COMMIT: hand the rows to this process's sender (``sender_for``), which sends
-        them with those of other transactions in one batch. Never raises."""
+        """After COMMIT: hand the rows to this process's after-commit thread, which sends them
+        with those other transactions handed in meanwhile (``send_in_background``); with
+        ``OUTBOX_SEND_IN_BACKGROUND`` off, send them now. Never raises."""
         if not self.ids:
             return
         if not conf.OUTBOX_SEND_IN_BACKGROUND or transaction.get_connection(DEFAULT_DB_ALIAS).in_atomic_block:
