@@ -31,7 +31,7 @@ from typing import Any
 import structlog
 from django.db import connections
 
-__all__ = ["EXIT_FLUSH_S", "IDLE_EXIT_S", "Batcher", "flush", "submit"]
+__all__ = ["EXIT_FLUSH_S", "IDLE_EXIT_S", "Batcher", "flush", "stop", "submit"]
 
 log = structlog.get_logger("composition.background")
 
@@ -63,6 +63,7 @@ class Batcher:
         self._submitted = 0  # items handed in, ever
         self._done = 0  # items handled (or dropped by a failing handler), ever
         self._thread: threading.Thread | None = None
+        self._stop_requested = False
         self.rounds = 0  # for tests and operators
 
     def submit(self, handler: Handler, item: Any) -> None:
@@ -93,6 +94,22 @@ class Batcher:
                 self._cond.wait(remaining)
         return True
 
+    def stop(self, timeout_s: float) -> bool:
+        """Do what was handed in, then end the thread now rather than when idle (closing its
+        database connection); False if that took longer than ``timeout_s``. A later ``submit``
+        starts a new thread."""
+        deadline = time.monotonic() + timeout_s
+        done = self.flush(timeout_s)
+        with self._cond:
+            thread = self._thread
+            if thread is not None:
+                self._stop_requested = True
+                self._cond.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))
+            done = done and not thread.is_alive()
+        return done
+
     def pending(self) -> int:
         """Items submitted and not handled yet."""
         with self._cond:
@@ -102,10 +119,11 @@ class Batcher:
         try:
             while True:
                 with self._cond:
-                    if not self._items:
+                    if not self._items and not self._stop_requested:
                         self._cond.wait(self.idle_exit_s)
                     if not self._items:
                         self._thread = None
+                        self._stop_requested = False
                         self._cond.notify_all()
                         return
                     items, self._items = self._items, []
@@ -136,6 +154,14 @@ class Batcher:
                 log.error("background bookkeeping failed; it is left to its repair", batcher=self.name,
                           handler=getattr(handler, "__qualname__", repr(handler)), count=len(handed),
                           error=f"{type(exc).__name__}: {exc}")
+        # What Django does after every request, when there is reason to: a connection that broke
+        # (a restarted or failed-over database) is closed, so the next round connects afresh
+        # instead of failing again, and one past CONN_MAX_AGE is closed. Not every round: that
+        # would cost a health check (CONN_HEALTH_CHECKS) per round.
+        now = time.monotonic()
+        for connection in connections.all(initialized_only=True):
+            if connection.errors_occurred or (connection.close_at is not None and now >= connection.close_at):
+                connection.close_if_unusable_or_obsolete()
 
 
 _after_commit = Batcher("composition-after-commit")
@@ -150,6 +176,12 @@ def flush(timeout_s: float) -> bool:
     """Wait until this process's after-commit thread has done what was handed in so far; False
     if it had not within ``timeout_s``."""
     return _after_commit.flush(timeout_s)
+
+
+def stop(timeout_s: float) -> bool:
+    """Do what was handed in and end this process's after-commit thread now (closing its
+    database connection), as before a test database is dropped; False on timeout."""
+    return _after_commit.stop(timeout_s)
 
 
 @atexit.register

@@ -25,6 +25,16 @@ def _roomy_live_server() -> None:
 _roomy_live_server()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _after_commit_thread_stopped(django_db_setup: None) -> Iterator[None]:
+    """The after-commit thread ends, closing its connection, before the test database is
+    dropped (this is torn down first: it was set up after ``django_db_setup``)."""
+    yield
+    from composition import background
+
+    background.stop(10)
+
+
 @pytest.fixture(autouse=True)
 def _after_commit_bookkeeping_done() -> Iterator[None]:
     """What a test's commits handed to the after-commit thread (outbox sends, invalidation

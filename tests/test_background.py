@@ -10,7 +10,7 @@ import time
 import uuid
 
 import pytest
-from django.db import connection, connections
+from django.db import DatabaseError, connection, connections
 
 from billing.models import Invoice
 from billing.wiring import default_service
@@ -45,7 +45,10 @@ def test_each_handler_gets_its_own_items_once_per_round() -> None:
     gate = threading.Event()
     seen: dict[str, list[list[str]]] = {"a": [], "b": []}
 
+    blocking = threading.Event()
+
     def blocker(items: list[str]) -> None:
+        blocking.set()
         gate.wait(5)
 
     def handle_a(items: list[str]) -> None:
@@ -56,6 +59,7 @@ def test_each_handler_gets_its_own_items_once_per_round() -> None:
 
     batcher = Batcher("test-handlers")
     batcher.submit(blocker, "x")
+    assert blocking.wait(5)
     for item in ("a1", "b1", "a2", "b2"):
         batcher.submit(handle_a if item.startswith("a") else handle_b, item)
     gate.set()
@@ -112,6 +116,32 @@ def test_the_thread_ends_when_idle_and_closes_its_database_connection() -> None:
     batcher.submit(uses_database, 2)  # a new thread, a new connection
     assert batcher.flush(5)
     assert len(pids) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_round_after_the_database_dropped_the_threads_connection_connects_afresh() -> None:
+    pids: list[int] = []
+    failures: list[str] = []
+
+    def uses_database(items: list[int]) -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                pids.append(cursor.fetchone()[0])
+        except DatabaseError as exc:  # as the outbox's and the cache's handlers do: logged, left to repair
+            failures.append(type(exc).__name__)
+
+    batcher = Batcher("test-reconnect", idle_exit_s=30)
+    batcher.submit(uses_database, 1)
+    assert batcher.flush(5)
+    with connections["default"].cursor() as cursor:  # as a database restart or failover would
+        cursor.execute("SELECT pg_terminate_backend(%s)", [pids[0]])
+    batcher.submit(uses_database, 2)  # this round finds the connection broken...
+    assert batcher.flush(5)
+    batcher.submit(uses_database, 3)  # ...and the next one connects afresh
+    assert batcher.stop(5)
+    assert failures == ["OperationalError"], (failures, pids)
+    assert len(pids) == 2 and pids[1] != pids[0]
 
 
 @pytest.mark.django_db(transaction=True)
