@@ -16,7 +16,7 @@ first (``atexit``, bounded by ``EXIT_FLUSH_S``); ``flush()`` waits for everythin
 far, for a worker's drain and for tests.
 
 The thread starts with the first item and ends after ``IDLE_EXIT_S`` with nothing to do,
-closing its database connection: an idle process holds no connection for it.
+closing its database connection (the connection budget counts it: ``manage.py system``).
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ __all__ = ["EXIT_FLUSH_S", "IDLE_EXIT_S", "Batcher", "flush", "stop", "submit"]
 
 log = structlog.get_logger("composition.background")
 
-# The thread ends after this long with nothing handed in (the next item starts it again).
-IDLE_EXIT_S = 1.0
+# The thread ends after this long with nothing handed in (the next item starts it again): long
+# enough that sparse traffic does not pay a new thread and database connection per request.
+IDLE_EXIT_S = 30.0
 # How long a normal exit waits for work still to be done (SIGTERM's drain has its own deadline).
 EXIT_FLUSH_S = 5.0
 

@@ -37,6 +37,9 @@ def unique() -> str:
 
 
 def pending(*targets: str) -> int:
+    """The recorded rows of ``targets``, once the after-commit thread has deleted those of the
+    transactions committed so far."""
+    after_commit_done()
     return PendingInvalidation.objects.filter(target__in=targets).count()
 
 
@@ -122,7 +125,6 @@ def test_committed_invalidations_are_batched_deduplicated_and_leave_no_row() -> 
     # one DELETE for the whole transaction, not on the writer's connection.
     assert [engine.peek(key) for key in (first, second, other)] == [None, None, None]
     assert statements(queries, "DELETE") == []
-    after_commit_done()
     assert pending(first, second, other.split(":")[0]) == 0, "an applied invalidation leaves no row"
 
 

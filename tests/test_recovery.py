@@ -29,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("empty_broker_db")
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_transaction_s_rows_are_on_the_broker_when_its_commit_returns() -> None:
+def test_a_transaction_s_rows_are_sent_right_after_its_commit_by_its_own_process() -> None:
     with transaction.atomic():
         rows = [publish(outbox_jobs.relay_probe, {"seq": seq}, key="k") for seq in range(3)]
         rows.append(publish(outbox_jobs.relay_probe, {"seq": 3}))
