@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 import structlog
-from django.db import connections
+from django.db import DEFAULT_DB_ALIAS, connections
 
 __all__ = ["EXIT_FLUSH_S", "IDLE_EXIT_S", "Batcher", "flush", "stop", "submit"]
 
@@ -168,8 +168,16 @@ class Batcher:
 _after_commit = Batcher("composition-after-commit")
 
 
-def submit(handler: Handler, item: Any) -> None:
-    """Hand ``item`` to ``handler`` on this process's after-commit thread (see the module doc)."""
+def submit(handler: Handler, item: Any, *, using: str = DEFAULT_DB_ALIAS) -> None:
+    """Hand ``item`` to ``handler`` on this process's after-commit thread (see the module doc).
+
+    When the calling thread's connection to database ``using`` is still inside a transaction
+    (on-commit hooks run inside an enclosing ``atomic``, as a test's captured ones do), the
+    thread could not see that transaction's rows: ``handler`` runs now, on the calling thread.
+    """
+    if connections[using].in_atomic_block:
+        handler([item])
+        return
     _after_commit.submit(handler, item)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from typing import Any
 
 import pytest
 from django.db import DatabaseError, connection, connections
@@ -163,3 +164,16 @@ def test_a_pay_sends_its_transaction_and_nothing_after_commit_from_the_request()
     assert message.status == OutboxMessage.Status.SENT
     assert not PendingInvalidation.objects.filter(target=f"invoice:{invoice.pk}").exists()
     assert message.attempts == 1  # sent once, by this process: nothing was left to the sweep
+
+
+@pytest.mark.django_db  # the test runs inside a transaction: its on-commit hooks run inside it
+def test_hooks_run_inside_an_enclosing_transaction_do_their_bookkeeping_on_the_calling_thread(
+        django_capture_on_commit_callbacks: Any) -> None:
+    invoice = Invoice.objects.create(number=f"BG-{uuid.uuid4().hex[:8]}", customer="Ada", amount_cents=500)
+    with django_capture_on_commit_callbacks(execute=True):
+        outcome = default_service().pay_invoice(invoice.pk, payment_id=f"in-{invoice.pk}", amount_cents=500)
+    # No after_commit_done(): the after-commit thread, on its own connection, could not even see
+    # these uncommitted rows, so the hooks did the work here, on this connection.
+    message = OutboxMessage.objects.get(payload__payment_id=outcome.payment.pk)
+    assert (message.status, message.attempts) == (OutboxMessage.Status.SENT, 1)
+    assert not PendingInvalidation.objects.filter(target=f"invoice:{invoice.pk}").exists()

@@ -143,14 +143,9 @@ class Invalidations:
             return
         self.breaker.record_success()
         CACHE_INVALIDATIONS.labels("applied").inc(count)
-        if connections[batch.db_alias].in_atomic_block:
-            # Inside an enclosing transaction (a test's captured on-commit hooks): only this
-            # connection sees the rows.
-            self._forget_now(batch.db_alias, batch.row_ids)
-        else:
-            # The rows' DELETE is bookkeeping: a background batch does it for many requests
-            # at once (composition.background; a row it misses is replayed, harmlessly).
-            background.submit(self._forget_batch, (batch.db_alias, batch.row_ids))
+        # The rows' DELETE is bookkeeping: the after-commit thread does it for many requests at
+        # once (composition.background; a row it misses is replayed, harmlessly).
+        background.submit(self._forget_batch, (batch.db_alias, batch.row_ids), using=batch.db_alias)
 
     def _forget_batch(self, batches: list[tuple[str, list[int]]]) -> None:
         """The background half of ``apply_committed``: the rows of many transactions, one DELETE
@@ -159,14 +154,11 @@ class Invalidations:
         for db_alias, row_ids in batches:
             by_alias.setdefault(db_alias, []).extend(row_ids)
         for db_alias, row_ids in by_alias.items():
-            self._forget_now(db_alias, row_ids)
-
-    def _forget_now(self, db_alias: str, row_ids: list[int]) -> None:
-        try:
-            self._forget(row_ids, db_alias)
-        except DatabaseError as exc:
-            log.warning("applied cache invalidations stay recorded; the replay repeats them",
-                        alias=self.alias, count=len(row_ids), error=str(exc))
+            try:
+                self._forget(row_ids, db_alias)
+            except DatabaseError as exc:
+                log.warning("applied cache invalidations stay recorded; the replay repeats them",
+                            alias=self.alias, count=len(row_ids), error=str(exc))
 
     def _left_for_replay(self, count: int, reason: str) -> None:
         CACHE_INVALIDATIONS.labels("deferred").inc(count)

@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Sequence
 
 import structlog
-from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db import DEFAULT_DB_ALIAS
 from dramatiq.broker import Broker
 from dramatiq.errors import BrokerError
 
@@ -84,13 +84,11 @@ class SendAfterCommit:
         ``OUTBOX_SEND_IN_BACKGROUND`` off, send them now. Never raises."""
         if not self.ids:
             return
-        if not conf.OUTBOX_SEND_IN_BACKGROUND or transaction.get_connection(DEFAULT_DB_ALIAS).in_atomic_block:
-            # Or inside an enclosing transaction (a test's captured on-commit hooks): only this
-            # connection sees the rows, so they are sent from it.
+        if not conf.OUTBOX_SEND_IN_BACKGROUND:
             self.send_now()
             return
         try:
-            background.submit(send_in_background, self)
+            background.submit(send_in_background, self, using=DEFAULT_DB_ALIAS)
         except Exception as exc:  # the rows are safe: the sweep relays them once their lease runs out
             log.warning("outbox send after commit not handed over; the sweep will relay it",
                         error=f"{type(exc).__name__}: {exc}")
