@@ -69,10 +69,11 @@ def test_sigterm_drains_in_time_and_loses_no_job(worker_processes, tmp_path: Pat
 
     began = time.monotonic()
     worker.signal(signal.SIGTERM)
-    # The short jobs end only once the drain has begun: ended before it (a signal handled late on
-    # a loaded machine), they would free threads for the prefetched jobs, as they should.
-    wait_until(lambda: "signal received, draining" in worker.output(), timeout_s=SHUTDOWN_TIMEOUT_S,
-               interval_s=0.01, message="the worker never said it was draining")
+    # The short jobs end only once intake has stopped: ended before it (the signal's "draining"
+    # line is logged before the main thread stops intake, and a loaded machine can run them in
+    # between), they would free threads for the prefetched jobs, as they should.
+    wait_until(lambda: "worker intake stopped" in worker.output(), timeout_s=SHUTDOWN_TIMEOUT_S,
+               interval_s=0.01, message="the worker never said its intake stopped")
     short_gate.touch()
     assert worker.process is not None
     try:

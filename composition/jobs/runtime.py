@@ -61,6 +61,9 @@ def stop_intake(worker: Worker) -> None:
         thread.stop()
     for consumer in worker.consumers.values():
         consumer.stop()
+    # Said once intake has stopped (the signal's "draining" line comes before it): from here no
+    # new job starts in this worker.
+    log.info("worker intake stopped; running jobs go on", threads=len(worker.workers))
 
 
 def _join(threads: Iterable[threading.Thread], deadline: float) -> None:
