@@ -3,6 +3,7 @@ trips (BEGIN and COMMIT included, which Django's query log never sees)."""
 
 from __future__ import annotations
 
+import re
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,5 +24,12 @@ def sent_queries() -> Iterator[list[str]]:
         finally:
             pgconn.untrace()
             trace.seek(0)
-            queries += [line.split("\tQuery\t", 1)[1].strip(' "') for line in trace.read().splitlines()
-                        if "\tF\t" in line and "\tQuery\t" in line]
+            queries += _queries(trace.read())
+
+
+def _queries(trace: str) -> list[str]:
+    """The Query messages of a libpq trace; a message's text may span lines (SQL with newlines),
+    and every message starts a line with its timestamp, direction and length."""
+    messages = re.split(r"\n(?=[^\t\n]+\t[FB]\t\d+\t)", trace)
+    return [message.split("\tQuery\t", 1)[1].strip(' "\n') for message in messages
+            if "\tF\t" in message and "\tQuery\t" in message]

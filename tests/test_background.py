@@ -152,11 +152,14 @@ def test_a_pay_sends_its_transaction_and_nothing_after_commit_from_the_request()
     after_commit_done()
     with sent_queries() as queries:
         outcome = service.pay_invoice(invoice.pk, payment_id=f"bg-{invoice.pk}", amount_cents=500)
-    # BEGIN with the lock, the payment, the invoice, the outbox row, the invalidation record,
-    # COMMIT: six round trips, and none after COMMIT on the request's connection.
-    assert len(queries) == 6, queries
+    # BEGIN with the lock, the payment, the invoice, the outbox row, then the invalidation
+    # record with COMMIT (composition.deferred_writes): five round trips, and none after COMMIT
+    # on the request's connection.
+    assert len(queries) == 5, queries
     assert queries[0].startswith("BEGIN;") and "FOR UPDATE" in queries[0]
-    assert queries[-1] == "COMMIT"
+    assert "composition_outboxmessage" in queries[3]
+    assert queries[-1].startswith('INSERT INTO "composition_cache_pending_invalidation"'), queries[-1]
+    assert queries[-1].endswith("; COMMIT")
     message = OutboxMessage.objects.get(payload__payment_id=outcome.payment.pk)
     # ...while the after-commit thread sends the row and marks it sent, and deletes the record.
     after_commit_done()

@@ -29,6 +29,7 @@ from django.utils import timezone
 from composition import background
 from composition.breaker import CircuitBreaker
 from composition.cache.store import KeySpace
+from composition.deferred_writes import can_hold, hold, reserve_id
 from composition.metrics import CACHE_INVALIDATIONS
 from composition.redis_errors import REDIS_ERRORS
 from composition.transactions import on_commit_once, open_savepoints
@@ -113,9 +114,15 @@ class Invalidations:
         # and the ORM's model and compiler work cost more than the statement itself.
         connection = connections[db_alias]
         table = connection.ops.quote_name(PendingInvalidation._meta.db_table)
+        values: list[Any] = [self.alias, kind, target, timezone.now()]
+        if can_hold(connection):  # sent with COMMIT: composition.deferred_writes
+            row_id = reserve_id(connection, PendingInvalidation)
+            hold(connection, f"INSERT INTO {table} (id, alias, kind, target, created_at) VALUES (%s, %s, %s, %s, %s)",
+                 [row_id, *values])
+            return row_id
         with connection.cursor() as cursor:
             cursor.execute(f"INSERT INTO {table} (alias, kind, target, created_at) VALUES (%s, %s, %s, %s) "
-                           "RETURNING id", [self.alias, kind, target, timezone.now()])
+                           "RETURNING id", values)
             return int(cursor.fetchone()[0])
 
     def apply_committed(self, batch: TransactionInvalidations) -> None:

@@ -29,6 +29,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from dramatiq.broker import MessageProxy
 
 from composition.begin import begin_sql
+from composition.deferred_writes import send_held_first
 from composition.slow_queries import time_query
 
 __all__ = ["IDEMPOTENCY_KEY_HEADER", "ledger_key", "record_processed"]
@@ -38,7 +39,7 @@ IDEMPOTENCY_KEY_HEADER = "idempotency_key"
 
 # Execute wrappers known to need no cursor in their context (the slow-query timer): the one-string
 # path runs them around its statement; with any other wrapper installed it is not taken.
-_CURSORLESS_WRAPPERS = (time_query,)
+_CURSORLESS_WRAPPERS = (time_query, send_held_first)
 
 
 def ledger_key(message: MessageProxy) -> str:

@@ -1,0 +1,1 @@
+"""Database backends of the composition app (``ENGINE = "composition.db.postgresql"``)."""

@@ -1,0 +1,42 @@
+"""The composition PostgreSQL backend: django-prometheus' (query metrics), plus the library's
+own rows sent with the next statement or COMMIT (``composition.deferred_writes``).
+
+Use it as ``DATABASES["default"]["ENGINE"] = "composition.db.postgresql"``. Any other PostgreSQL
+backend works too; the library then inserts those rows at once, one round trip each.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django_prometheus.db.backends.postgresql import base
+
+from composition.deferred_writes import HeldWrites, send_held_first
+
+__all__ = ["DatabaseWrapper"]
+
+
+class DatabaseWrapper(base.DatabaseWrapper):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.held_writes = HeldWrites()
+        # First, so the held rows go before whatever the other wrappers send; it outlives
+        # reconnections, and execute_wrapper() blocks only pop what they pushed.
+        self.execute_wrappers.insert(0, send_held_first)
+
+    def _commit(self) -> None:
+        held = self.held_writes.take()
+        if held is not None and self.connection is not None:
+            # One string: PostgreSQL runs the INSERTs, then COMMIT, and stops at the first error
+            # (the transaction is then aborted and Django's atomic rolls it back and raises).
+            with self.cursor() as cursor:
+                cursor.execute(held + "; COMMIT")
+        super()._commit()  # psycopg sends nothing when the server is idle already
+
+    def _rollback(self) -> None:
+        self.held_writes.drop()
+        super()._rollback()
+
+    def _close(self) -> None:
+        self.held_writes.drop()
+        super()._close()
