@@ -9,7 +9,7 @@ alike. Per side: throughput (payments per second over its rounds) and p99 latenc
 Goals (issue 15): throughput >= 0.8x the plain view, p99 <= 1.5x.
 
 What the library's pay sends from the request thread: BEGIN with the row lock (one string),
-the payment, the invoice, the outbox row, then the invalidation record with COMMIT (one
+the payment, the invoice, then the outbox row and the invalidation record with COMMIT (one
 string: ``composition.deferred_writes``, on the example's ``composition.db.postgresql``
 backend), then one Redis DEL; the plain view sends BEGIN, its lock, the payment, the invoice,
 COMMIT. The outbox row's send

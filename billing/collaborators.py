@@ -75,10 +75,11 @@ class BillingJobs:
     receipt_actor: str = "send_payment_receipt"
     reminder_actor: str = "send_invoice_reminder"
 
-    def receipt(self, payment_id: int) -> OutboxMessage:
+    def receipt(self, payment_id: int) -> None:
         # No ordering key: an invoice has one payment and so one receipt job, nothing to order
-        # it against (a key costs a confirming statement after COMMIT).
-        return publish(self.receipt_actor, {"payment_id": payment_id})
+        # it against (a key costs a confirming statement after COMMIT). No row back: its INSERT
+        # then goes with the pay's COMMIT (composition.deferred_writes).
+        publish(self.receipt_actor, {"payment_id": payment_id}, row=False)
 
     def admit_reminder(self) -> None:
         """Raise ``Backpressure`` when the reminders' queue is full: reminders are the work to

@@ -1,12 +1,12 @@
-"""Rows the library writes in the caller's transaction, sent with COMMIT rather than in a round
-trip of their own.
+"""Rows the library writes in the caller's transaction, sent with the next statement or COMMIT
+rather than in a round trip of their own.
 
 Inside the caller's transaction the library writes rows of its own whose results it does not
-need before COMMIT once their ids are known ahead (``reserve_id``): today the pending-invalidation
-record of each invalidated cache key (``composition.cache.invalidation``). On the composition
-database backend (``ENGINE = "composition.db.postgresql"``) such an INSERT is held and goes out
-with the connection's next statement or with COMMIT, in one string (``"INSERT ...; COMMIT"``):
-a pay that invalidates its invoice's cache entry costs a round trip fewer.
+need at once: the pending-invalidation record of each invalidated cache key
+(``composition.cache.invalidation``) and the outbox row of a ``publish(..., row=False)``
+without a key. On the composition database backend (``ENGINE = "composition.db.postgresql"``)
+such an INSERT is held and goes out in one string with the connection's next statement or with
+COMMIT (``"INSERT ...; INSERT ...; COMMIT"``): the example's pay costs two round trips fewer.
 
 What this keeps as it was:
 
@@ -19,50 +19,52 @@ What this keeps as it was:
   half-written, but the error surfaces later than the call that held it.
 - Only inside a transaction the server has begun: its first statement carries psycopg's BEGIN
   (``composition.begin`` folds it into the caller's first statement), so nothing may go before
-  it. Elsewhere, on another backend, or with server-side binding, callers insert at once.
+  it. Elsewhere, on another backend, with psycopg 2 or server-side binding, callers insert at once.
 
-Ids come from the table's own sequence in blocks of ``ID_BLOCK`` per process and table, one
-round trip per block, so they no longer follow insertion order across processes. That is why
-the outbox's rows are not held: the relay sends the rows of a key, and those of one
-transaction, in id order. A block is dropped after ``ID_BLOCK_MAX_AGE_S``, so that a sequence
-reset under a running process (``TRUNCATE ... RESTART IDENTITY``) can collide only with ids
-reserved just before it; such a collision fails the caller's COMMIT rather than losing anything.
+A held statement may return a row (``RETURNING``), handed to its ``on_row`` once sent: the
+rows get their ids from the sequence at the INSERT, in insertion order, as before (the outbox's
+relay sends a key's rows, and a transaction's, in id order). Their callers learn the ids after
+that, which is why ``publish()`` holds its row only when asked to return none.
 """
 
 from __future__ import annotations
 
-import os
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
-from django.db.models import Model
+__all__ = ["HeldWrites", "RowCallback", "can_hold", "hold", "send_held_first"]
 
-__all__ = ["ID_BLOCK", "ID_BLOCK_MAX_AGE_S", "HeldWrites", "can_hold", "hold", "reserve_id", "send_held_first"]
-
-ID_BLOCK = 50
-ID_BLOCK_MAX_AGE_S = 60.0
+# Called with the row a held statement returned (RETURNING), once it is sent.
+RowCallback = Callable[[tuple[Any, ...]], None]
 
 
 class HeldWrites:
-    """The statements held on one connection, already bound (no parameters left)."""
+    """The statements held on one connection, already bound (no parameters left), each with what
+    to call with the row it returns, if it returns one."""
 
     def __init__(self) -> None:
-        self._statements: list[str] = []
+        self._statements: list[tuple[str, RowCallback | None]] = []
 
     def __bool__(self) -> bool:
         return bool(self._statements)
 
-    def add(self, statement: str) -> None:
-        self._statements.append(statement)
+    def add(self, statement: str, on_row: RowCallback | None = None) -> None:
+        self._statements.append((statement, on_row))
 
-    def take(self) -> str | None:
-        """Everything held, as one string, and nothing held any more; None when nothing was."""
-        if not self._statements:
-            return None
+    def send(self, cursor: Any, *, then: str = "") -> None:
+        """Send everything held on Django ``cursor``, in one string followed by ``then`` (say,
+        ``"COMMIT"``), and hand each statement's row to its callback; nothing is held any more,
+        whether this succeeds or raises."""
         statements, self._statements = self._statements, []
-        return "; ".join(statements)
+        if not statements:
+            return
+        cursor.execute("; ".join([*(sql for sql, _ in statements), *([then] if then else [])]))
+        raw = cursor.cursor  # psycopg's: one result per statement, the first one current
+        for index, (_, on_row) in enumerate(statements):
+            if index:
+                raw.nextset()
+            if on_row is not None:
+                on_row(raw.fetchone())
 
     def drop(self) -> None:
         self._statements = []
@@ -88,72 +90,27 @@ def can_hold(connection: Any) -> bool:
                 and pgconn.pipeline_status == pq.PipelineStatus.OFF)
 
 
-def hold(connection: Any, sql: str, params: Any) -> None:
+def hold(connection: Any, sql: str, params: Any, on_row: RowCallback | None = None) -> None:
     """Hold ``sql`` with ``params`` bound, to go with the next statement or COMMIT of
-    ``connection``; only after ``can_hold(connection)`` answered True. The statement must not
-    return rows."""
+    ``connection``; only after ``can_hold(connection)`` answered True. A statement that returns
+    a row (``RETURNING``) needs ``on_row``, called with it once it is sent."""
     from psycopg import ClientCursor
 
     writes = held_writes(connection)
     assert writes is not None
     # Bound here, with the connection's adapters, as client-side binding would at execute time.
-    writes.add(ClientCursor(connection.connection).mogrify(sql, params))
+    writes.add(ClientCursor(connection.connection).mogrify(sql, params), on_row)
 
 
 def send_held_first(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
     """An ``execute_wrapper`` (installed by the composition backend): before any statement, send
     what its connection holds, so the held rows land where they would have."""
     connection = context["connection"]
-    held = held_writes(connection).take()  # type: ignore[union-attr]
-    if held is not None:
-        cursor = context["cursor"]
-        if cursor is None:  # a caller that sends without a cursor (composition.jobs.inbox)
-            with connection.cursor() as own:
-                own.execute(held)
+    writes = held_writes(connection)
+    if writes:
+        if context["cursor"] is None:  # a caller that sends without a cursor (composition.jobs.inbox)
+            with connection.cursor() as cursor:
+                writes.send(cursor)
         else:
-            cursor.execute(held)
+            writes.send(context["cursor"])
     return execute(sql, params, many, context)
-
-
-class _IdBlocks:
-    """Ids reserved from tables' sequences, per process: (alias, table) -> (ids, reserved at)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.blocks: dict[tuple[str, str], tuple[list[int], float]] = {}
-
-    def forget(self) -> None:
-        # A forked child must not hand out the ids its parent holds too.
-        self.lock = threading.Lock()
-        self.blocks = {}
-
-    def take(self, connection: Any, model: type[Model]) -> int:
-        key = (connection.alias, model._meta.db_table)
-        now = time.monotonic()
-        with self.lock:
-            ids, reserved_at = self.blocks.get(key, ([], now))
-            if ids and now - reserved_at < ID_BLOCK_MAX_AGE_S:
-                return ids.pop()
-        fresh = self._reserve(connection, model)
-        with self.lock:
-            self.blocks[key] = (fresh[:-1], now)
-        return fresh[-1]
-
-    @staticmethod
-    def _reserve(connection: Any, model: type[Model]) -> list[int]:
-        table = connection.ops.quote_name(model._meta.db_table)
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT nextval(pg_get_serial_sequence(%s, %s)) FROM generate_series(1, %s)",
-                           [table, model._meta.pk.column, ID_BLOCK])
-            # Handed out from the end: the smallest first.
-            return sorted((int(row[0]) for row in cursor.fetchall()), reverse=True)
-
-
-_id_blocks = _IdBlocks()
-os.register_at_fork(after_in_child=_id_blocks.forget)
-
-
-def reserve_id(connection: Any, model: type[Model]) -> int:
-    """An id of ``model``'s sequence on ``connection`` that no other row will take: from this
-    process's block, or a new block (one round trip)."""
-    return _id_blocks.take(connection, model)

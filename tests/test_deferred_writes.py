@@ -1,22 +1,27 @@
 """Rows held and sent with the next statement or COMMIT (composition.deferred_writes, on the
-composition backend the tests' settings use): fewer round trips, the same atomicity."""
+composition backend the tests' settings use): fewer round trips, the same atomicity, and outbox
+rows published without a row back still in publish order."""
 
 from __future__ import annotations
 
-import os
 import uuid
+from collections.abc import Iterator
 
 import pytest
 from django.db import IntegrityError, connection, transaction
 
 from composition.cache import invalidate
 from composition.cache.models import PendingInvalidation
-from composition.deferred_writes import _id_blocks, can_hold, hold, reserve_id
+from composition.deferred_writes import can_hold, hold
+from composition.outbox import OutboxMessage, publish
 from composition.testing import after_commit_done
+from tests.outboxapp.helpers import enqueued, flush_broker
 from tests.outboxapp.models import Order
 from tests.pgtrace import sent_queries
 
 ORDER_TABLE = Order._meta.db_table
+PROBE = "outboxapp_relay_probe"
+PROBE_QUEUE = "outboxapp_probe"
 
 
 def _hold_order(reference: str) -> None:
@@ -31,10 +36,6 @@ def _references() -> list[str]:
 @pytest.mark.django_db(transaction=True)
 def test_invalidation_records_go_with_commit_in_one_string() -> None:
     ns = uuid.uuid4().hex[:8]
-    with transaction.atomic():  # a block of ids reserved first: the count below is the steady state
-        Order.objects.create(reference="warm")
-        invalidate(f"{ns}:warm")
-    after_commit_done()
     with sent_queries() as queries, transaction.atomic():
         Order.objects.create(reference="A")
         invalidate(f"{ns}:1")
@@ -115,17 +116,57 @@ def test_nothing_is_held_before_the_transaction_reached_the_server_nor_in_autoco
         assert can_hold(connection)
 
 
+@pytest.fixture
+def empty_probe_queue() -> Iterator[None]:
+    flush_broker()
+    yield
+    after_commit_done()
+    flush_broker()
+
+
 @pytest.mark.django_db(transaction=True)
-def test_reserved_ids_are_distinct_and_a_forked_child_holds_none_of_its_parents() -> None:
+@pytest.mark.usefixtures("empty_probe_queue")
+def test_messages_published_without_a_row_go_with_commit_and_leave_in_publish_order() -> None:
+    with sent_queries() as queries, transaction.atomic():
+        Order.objects.create(reference="A")
+        assert publish(PROBE, {"seq": 0}, row=False) is None
+        publish(PROBE, {"seq": 1}, key="k")  # a key: inserted at once, after the held row
+        publish(PROBE, {"seq": 2}, row=False)
+        publish(PROBE, {"seq": 3})  # a row back: inserted at once
+        publish(PROBE, {"seq": 4}, row=False)
+    outbox = f'INSERT INTO "{OutboxMessage._meta.db_table}"'
+    # Each held row goes before the next statement (the keyed INSERT, the one with a row back),
+    # the last one with COMMIT.
+    assert [query.count(outbox) for query in queries] == [0, 0, 1, 1, 1, 1, 1], queries
+    assert queries[-1].endswith("; COMMIT")
+    after_commit_done()
+    rows = list(OutboxMessage.objects.order_by("id").values_list("payload", "status", "attempts"))
+    assert rows == [({"seq": seq}, "sent", 1) for seq in range(5)]  # ids in publish order, each sent once
+    assert [message.kwargs["seq"] for message in enqueued(PROBE_QUEUE)] == list(range(5))
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("empty_probe_queue")
+def test_a_message_without_a_row_rolls_back_with_its_savepoint_and_the_others_are_sent() -> None:
     with transaction.atomic():
         Order.objects.create(reference="A")
-        ids = [reserve_id(connection, PendingInvalidation) for _ in range(120)]  # across blocks
-    assert len(set(ids)) == 120
-    assert _id_blocks.blocks
-    read, write = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover - the child reports through the pipe
-        os.write(write, b"empty" if not _id_blocks.blocks else b"kept")
-        os._exit(0)
-    os.waitpid(child, 0)
-    assert os.read(read, 16) == b"empty"
+        publish(PROBE, {"seq": 1}, row=False)
+        with pytest.raises(RuntimeError), transaction.atomic():
+            publish(PROBE, {"seq": 2}, row=False)
+            raise RuntimeError
+        publish(PROBE, {"seq": 3}, row=False)
+    after_commit_done()
+    assert sorted(p["seq"] for p in OutboxMessage.objects.values_list("payload", flat=True)) == [1, 3]
+    assert sorted(message.kwargs["seq"] for message in enqueued(PROBE_QUEUE)) == [1, 3]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("empty_probe_queue")
+def test_a_message_without_a_row_in_a_rolled_back_transaction_is_neither_written_nor_sent() -> None:
+    with pytest.raises(RuntimeError), transaction.atomic():
+        Order.objects.create(reference="A")
+        publish(PROBE, {"seq": 1}, row=False)
+        raise RuntimeError
+    after_commit_done()
+    assert not OutboxMessage.objects.exists()
+    assert enqueued(PROBE_QUEUE) == []

@@ -20,6 +20,7 @@ misses), which is what lets the writer and a replayer overlap without coordinati
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -29,7 +30,7 @@ from django.utils import timezone
 from composition import background
 from composition.breaker import CircuitBreaker
 from composition.cache.store import KeySpace
-from composition.deferred_writes import can_hold, hold, reserve_id
+from composition.deferred_writes import can_hold, hold
 from composition.metrics import CACHE_INVALIDATIONS
 from composition.redis_errors import REDIS_ERRORS
 from composition.transactions import on_commit_once, open_savepoints
@@ -102,11 +103,13 @@ class Invalidations:
         savepoints = open_savepoints(db_alias)
         if batch.recorded(item, savepoints):
             return
-        batch.row_ids.append(self._insert_pending_row(kind, target, db_alias))
+        self._insert_pending_row(kind, target, db_alias, batch.row_ids.append)
         batch.targets[item] = savepoints
 
-    def _insert_pending_row(self, kind: str, target: str, db_alias: str) -> int:
-        """Record the invalidation as a PendingInvalidation row; returns its id."""
+    def _insert_pending_row(self, kind: str, target: str, db_alias: str, on_id: Callable[[int], None]) -> None:
+        """Record the invalidation as a PendingInvalidation row; ``on_id`` gets its id once it is
+        written: at once, or with the transaction's next statement or COMMIT on the composition
+        backend (``composition.deferred_writes``)."""
         # Late: models need the app registry, and composition.cache is importable before it.
         from composition.cache.models import PendingInvalidation
 
@@ -114,16 +117,14 @@ class Invalidations:
         # and the ORM's model and compiler work cost more than the statement itself.
         connection = connections[db_alias]
         table = connection.ops.quote_name(PendingInvalidation._meta.db_table)
+        sql = f"INSERT INTO {table} (alias, kind, target, created_at) VALUES (%s, %s, %s, %s) RETURNING id"
         values: list[Any] = [self.alias, kind, target, timezone.now()]
-        if can_hold(connection):  # sent with COMMIT: composition.deferred_writes
-            row_id = reserve_id(connection, PendingInvalidation)
-            hold(connection, f"INSERT INTO {table} (id, alias, kind, target, created_at) VALUES (%s, %s, %s, %s, %s)",
-                 [row_id, *values])
-            return row_id
+        if can_hold(connection):
+            hold(connection, sql, values, on_row=lambda row: on_id(int(row[0])))
+            return
         with connection.cursor() as cursor:
-            cursor.execute(f"INSERT INTO {table} (alias, kind, target, created_at) VALUES (%s, %s, %s, %s) "
-                           "RETURNING id", values)
-            return int(cursor.fetchone()[0])
+            cursor.execute(sql, values)
+            on_id(int(cursor.fetchone()[0]))
 
     def apply_committed(self, batch: TransactionInvalidations) -> None:
         """After COMMIT: apply a transaction's invalidations in one Redis round trip (a pipeline
@@ -215,7 +216,7 @@ class Invalidations:
 
     def _defer(self, kind: str, target: str, db_alias: str) -> None:
         try:
-            self._insert_pending_row(kind, target, db_alias)
+            self._insert_pending_row(kind, target, db_alias, on_id=lambda _: None)
         except DatabaseError as exc:
             CACHE_INVALIDATIONS.labels("lost").inc()
             log.error("cache invalidation lost: redis and the database both failed", alias=self.alias,

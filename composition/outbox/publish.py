@@ -27,7 +27,7 @@ import math
 import time
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal, overload
 
 import structlog
 from django.db import DEFAULT_DB_ALIAS, transaction
@@ -38,7 +38,7 @@ from composition.broker import configured_broker
 from composition.conf import conf
 from composition.errors import PayloadValidationError
 from composition.outbox.after_commit import SendAfterCommit, nudge
-from composition.outbox.claims import ClaimedMessage, Inserted, insert
+from composition.outbox.claims import ClaimedMessage, Inserted, insert, insert_with_commit
 from composition.outbox.errors import (
     InvalidDelayError,
     InvalidKeyError,
@@ -69,8 +69,18 @@ _NUDGE_KEY = "composition.outbox.nudge"
 _OWN_HEADERS = frozenset({"request_id", "published_at"})
 
 
-def publish(actor: Any, payload: Mapping[str, Any], *, key: str | None = None,
-            delay_s: float | None = None) -> OutboxMessage:
+@overload
+def publish(actor: Any, payload: Mapping[str, Any], *, key: str | None = None, delay_s: float | None = None,
+            row: Literal[True] = True) -> OutboxMessage: ...
+
+
+@overload
+def publish(actor: Any, payload: Mapping[str, Any], *, key: str | None = None, delay_s: float | None = None,
+            row: Literal[False]) -> None: ...
+
+
+def publish(actor: Any, payload: Mapping[str, Any], *, key: str | None = None, delay_s: float | None = None,
+            row: bool = True) -> OutboxMessage | None:
     """Write one outbox message for ``actor`` with ``payload`` as its keyword arguments.
 
     ``actor`` is an actor (anything with an ``actor_name``, such as a Dramatiq actor or a job) or
@@ -83,12 +93,30 @@ def publish(actor: Any, payload: Mapping[str, Any], *, key: str | None = None,
     Raises ``UnknownActorError``, ``PayloadNotSerializableError`` (not a dict with string keys
     of JSON values), ``PayloadTooLargeError`` (above ``OUTBOX_MAX_PAYLOAD_BYTES`` encoded),
     ``InvalidKeyError`` or ``InvalidDelayError``; all are ``PublishError``/``ValueError``.
+
+    Returns the row, as read back. With ``row=False`` it returns None, and a message without a
+    key published inside a transaction then costs no round trip of its own on the composition
+    database backend (``composition.db.postgresql``): its INSERT goes in one string with the
+    transaction's next statement or its COMMIT (``composition.deferred_writes``), and a
+    database error writing it surfaces there, rolling the transaction back as any would.
     """
-    return publish_with_headers(actor, payload, headers={}, key=key, delay_s=delay_s)
+    return publish_with_headers(actor, payload, headers={}, key=key, delay_s=delay_s, row=row)
+
+
+@overload
+def publish_with_headers(actor: Any, payload: Mapping[str, Any], *, headers: Mapping[str, Any],
+                         key: str | None = None, delay_s: float | None = None,
+                         row: Literal[True] = True) -> OutboxMessage: ...
+
+
+@overload
+def publish_with_headers(actor: Any, payload: Mapping[str, Any], *, headers: Mapping[str, Any],
+                         key: str | None = None, delay_s: float | None = None, row: bool) -> OutboxMessage | None: ...
 
 
 def publish_with_headers(actor: Any, payload: Mapping[str, Any], *, headers: Mapping[str, Any],
-                         key: str | None = None, delay_s: float | None = None) -> OutboxMessage:
+                         key: str | None = None, delay_s: float | None = None,
+                         row: bool = True) -> OutboxMessage | None:
     """``publish()`` with extra message headers (JSON values under string keys) that travel in
     the Dramatiq message's ``options["composition"]``, such as the idempotency key of a replayed
     dead letter. The request id and publish time are always publish's own. Raises like
@@ -125,7 +153,8 @@ def publish_with_headers(actor: Any, payload: Mapping[str, Any], *, headers: Map
                           headers_json=headers_json, delay_s=delay_s, created_at=created_at)
         # A transaction publishing thousands of rows needs one nudge, not thousands.
         on_commit_once(_NUDGE_KEY, nudge, using=DEFAULT_DB_ALIAS)
-        return _row(inserted, name, declared.queue_name, payload, key, all_headers, delay_s, created_at, "")
+        return _row(inserted, name, declared.queue_name, payload, key, all_headers, delay_s, created_at, "") \
+            if row else None
     in_transaction = transaction.get_connection(DEFAULT_DB_ALIAS).in_atomic_block
     # One send after COMMIT for the whole transaction, however many rows it publishes.
     send = on_commit_once(_SEND_KEY, SendAfterCommit(), using=DEFAULT_DB_ALIAS) if in_transaction \
@@ -137,18 +166,30 @@ def publish_with_headers(actor: Any, payload: Mapping[str, Any], *, headers: Map
     # send after COMMIT needs no claim: see composition.outbox.claims.
     claim_for = relay.relay_id if send.relay is relay else None
     since = time.monotonic()
+    under_savepoint = any(sid is not None for sid in open_savepoints(DEFAULT_DB_ALIAS))
+
+    def inserted_as(inserted: Inserted) -> None:
+        send.ids.append(inserted.id)
+        if inserted.claimed_until is not None:
+            # Decoded again: the caller may change its payload before COMMIT, the row cannot.
+            send.add_claimed(ClaimedMessage(
+                id=inserted.id, actor_name=name, queue_name=declared.queue_name, payload=json.loads(encoded),
+                key=key, headers=json.loads(headers_json), delay_s=delay_s, created_at=created_at,
+            ), since=since, under_savepoint=under_savepoint)
+
+    if not row and key is None and claim_for is not None and in_transaction and insert_with_commit(
+            actor_name=name, queue_name=declared.queue_name, payload_json=encoded.decode(),
+            headers_json=headers_json, delay_s=delay_s, created_at=created_at, claim_for=claim_for,
+            lease_s=relay.lease_s, on_inserted=inserted_as):
+        return None
     inserted = insert(actor_name=name, queue_name=declared.queue_name, payload_json=encoded.decode(), key=key,
                       headers_json=headers_json, delay_s=delay_s, created_at=created_at, claim_for=claim_for,
                       lease_s=relay.lease_s, own_ids=send.claimed_by_key.get(key, ()) if key is not None else ())
-    send.ids.append(inserted.id)
-    if inserted.claimed_until is not None:
-        # Decoded again: the caller may change its payload before COMMIT, the row cannot.
-        send.add_claimed(ClaimedMessage(
-            id=inserted.id, actor_name=name, queue_name=declared.queue_name, payload=json.loads(encoded),
-            key=key, headers=json.loads(headers_json), delay_s=delay_s, created_at=created_at,
-        ), since=since, under_savepoint=any(sid is not None for sid in open_savepoints(DEFAULT_DB_ALIAS)))
+    inserted_as(inserted)
     if not in_transaction:
         send()  # autocommit: the row is committed already
+    if not row:
+        return None
     return _row(inserted, name, declared.queue_name, payload, key, all_headers, delay_s, created_at,
                 claim_for if inserted.claimed_until is not None else "")
 

@@ -25,12 +25,11 @@ class DatabaseWrapper(base.DatabaseWrapper):
         self.execute_wrappers.insert(0, send_held_first)
 
     def _commit(self) -> None:
-        held = self.held_writes.take()
-        if held is not None and self.connection is not None:
+        if self.held_writes and self.connection is not None:
             # One string: PostgreSQL runs the INSERTs, then COMMIT, and stops at the first error
             # (the transaction is then aborted and Django's atomic rolls it back and raises).
             with self.cursor() as cursor:
-                cursor.execute(held + "; COMMIT")
+                self.held_writes.send(cursor, then="COMMIT")
         super()._commit()  # psycopg sends nothing when the server is idle already
 
     def _rollback(self) -> None:
