@@ -121,6 +121,14 @@ def _decode_json(value: Any) -> Any:
     return value
 
 
+def _insert_params(actor_name: str, queue_name: str, payload_json: str, key: str | None, headers_json: str,
+                   delay_s: float | None, created_at: datetime, claim_for: str | None,
+                   lease_s: float) -> dict[str, Any]:
+    return {"actor_name": actor_name, "queue_name": queue_name, "payload": payload_json, "key": key,
+            "headers": headers_json, "delay_s": delay_s, "created_at": created_at,
+            "claim": claim_for is not None, "relay_id": claim_for or "", "lease_s": lease_s}
+
+
 def insert(*, actor_name: str, queue_name: str, payload_json: str, key: str | None, headers_json: str,
            delay_s: float | None, created_at: datetime, claim_for: str | None = None, lease_s: float = 0.0,
            own_ids: Sequence[int] = ()) -> Inserted:
@@ -130,9 +138,8 @@ def insert(*, actor_name: str, queue_name: str, payload_json: str, key: str | No
     is visible; ``own_ids`` are the rows of its key this transaction inserted leased already,
     which do not count.
     """
-    params = {"actor_name": actor_name, "queue_name": queue_name, "payload": payload_json, "key": key,
-              "headers": headers_json, "delay_s": delay_s, "created_at": created_at,
-              "claim": claim_for is not None, "relay_id": claim_for or "", "lease_s": lease_s}
+    params = _insert_params(actor_name, queue_name, payload_json, key, headers_json, delay_s, created_at,
+                            claim_for, lease_s)
     if claim_for is not None and key is not None:
         rows = _execute(INSERT_UNLESS_KEY_PENDING_SQL, {**params, "own_ids": _id_array(own_ids)})
     else:
@@ -149,9 +156,8 @@ def insert_with_commit(*, actor_name: str, queue_name: str, payload_json: str, h
     The id is still the sequence's at the INSERT, so ids follow publish order as ever."""
     if not can_hold(connection):
         return False
-    params = {"actor_name": actor_name, "queue_name": queue_name, "payload": payload_json, "key": None,
-              "headers": headers_json, "delay_s": delay_s, "created_at": created_at,
-              "claim": True, "relay_id": claim_for, "lease_s": lease_s}
+    params = _insert_params(actor_name, queue_name, payload_json, None, headers_json, delay_s, created_at,
+                            claim_for, lease_s)
     hold(connection, INSERT_SQL.format(table=_table()), params,
          on_row=lambda row: on_inserted(Inserted(id=row[0], claimed_until=row[1])))
     return True

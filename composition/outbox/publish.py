@@ -177,14 +177,14 @@ def publish_with_headers(actor: Any, payload: Mapping[str, Any], *, headers: Map
                 key=key, headers=json.loads(headers_json), delay_s=delay_s, created_at=created_at,
             ), since=since, under_savepoint=under_savepoint)
 
+    row_fields: dict[str, Any] = {
+        "actor_name": name, "queue_name": declared.queue_name, "payload_json": encoded.decode(),
+        "headers_json": headers_json, "delay_s": delay_s, "created_at": created_at, "lease_s": relay.lease_s}
     if not row and key is None and claim_for is not None and in_transaction and insert_with_commit(
-            actor_name=name, queue_name=declared.queue_name, payload_json=encoded.decode(),
-            headers_json=headers_json, delay_s=delay_s, created_at=created_at, claim_for=claim_for,
-            lease_s=relay.lease_s, on_inserted=inserted_as):
+            **row_fields, claim_for=claim_for, on_inserted=inserted_as):
         return None
-    inserted = insert(actor_name=name, queue_name=declared.queue_name, payload_json=encoded.decode(), key=key,
-                      headers_json=headers_json, delay_s=delay_s, created_at=created_at, claim_for=claim_for,
-                      lease_s=relay.lease_s, own_ids=send.claimed_by_key.get(key, ()) if key is not None else ())
+    inserted = insert(**row_fields, key=key, claim_for=claim_for,
+                      own_ids=send.claimed_by_key.get(key, ()) if key is not None else ())
     inserted_as(inserted)
     if not in_transaction:
         send()  # autocommit: the row is committed already
