@@ -5,7 +5,8 @@ the request-path cost of the guarantees.
 One gunicorn (2 workers x 16 threads, the example's settings plus the baseline's URL,
 ``bench/_pay_settings.py``) serves both. 32 client threads pay distinct open invoices, one
 request each, in alternating rounds (library, plain, plain, library, ...), so drift hits both
-alike. Per side: throughput (payments per second over its rounds) and p99 latency.
+alike. Per side: throughput (payments per second over its rounds), each round's rate (how much
+the shared machine wandered during the run), and p99 latency.
 Goals (issue 15): throughput >= 0.8x the plain view, p99 <= 1.5x.
 
 What the library's pay sends from the request thread: BEGIN with the row lock (one string),
