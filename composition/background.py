@@ -31,6 +31,8 @@ from typing import Any
 import structlog
 from django.db import DEFAULT_DB_ALIAS, connections
 
+from composition.metrics import AFTER_COMMIT_BACKLOG, AFTER_COMMIT_FAILURES_TOTAL, AFTER_COMMIT_ROUND_SECONDS
+
 __all__ = ["EXIT_FLUSH_S", "IDLE_EXIT_S", "Batcher", "flush", "stop", "submit"]
 
 log = structlog.get_logger("composition.background")
@@ -50,11 +52,14 @@ Handler = Callable[[list[Any]], None]
 class Batcher:
     """One thread running handlers on the items handed in with ``submit``, in batches: each
     round takes every item submitted since the last round began and calls each handler once
-    with its items, in submission order. Thread-safe, and fork-safe (a child starts afresh)."""
+    with its items, in submission order. Thread-safe, and fork-safe (a child starts afresh).
+    ``exports_metrics``: the ``composition_after_commit_*`` metrics describe this one (the
+    process's after-commit thread; one per process, so they need no label of their own)."""
 
-    def __init__(self, name: str, *, idle_exit_s: float = IDLE_EXIT_S) -> None:
+    def __init__(self, name: str, *, idle_exit_s: float = IDLE_EXIT_S, exports_metrics: bool = False) -> None:
         self.name = name
         self.idle_exit_s = idle_exit_s
+        self.exports_metrics = exports_metrics
         self._cond = threading.Condition()
         self._reset()
 
@@ -66,6 +71,8 @@ class Batcher:
         self._thread: threading.Thread | None = None
         self._stop_requested = False
         self.rounds = 0  # for tests and operators
+        if self.exports_metrics:  # a forked child holds none of its parent's items
+            AFTER_COMMIT_BACKLOG.set(0)
 
     def submit(self, handler: Handler, item: Any) -> None:
         """Have ``handler`` called with ``item`` (among others) on the batcher's thread. Handlers
@@ -80,6 +87,8 @@ class Batcher:
                 self._thread.start()
             else:
                 self._cond.notify()
+        if self.exports_metrics:
+            AFTER_COMMIT_BACKLOG.inc()
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until everything submitted before this call has been handled; False on timeout."""
@@ -128,6 +137,7 @@ class Batcher:
                         self._cond.notify_all()
                         return
                     items, self._items = self._items, []
+                started = time.monotonic()
                 try:
                     self._round(items)
                 finally:
@@ -135,6 +145,9 @@ class Batcher:
                         self.rounds += 1
                         self._done += len(items)
                         self._cond.notify_all()
+                    if self.exports_metrics:
+                        AFTER_COMMIT_BACKLOG.dec(len(items))
+                        AFTER_COMMIT_ROUND_SECONDS.observe(time.monotonic() - started)
         finally:
             # The thread's own database connections (Django's are per thread): an idle process
             # keeps none, and a test database can be dropped.
@@ -152,9 +165,11 @@ class Batcher:
             try:
                 handler(handed)
             except Exception as exc:
+                name = getattr(handler, "__qualname__", type(handler).__name__)
+                if self.exports_metrics:
+                    AFTER_COMMIT_FAILURES_TOTAL.labels(name).inc()
                 log.error("background bookkeeping failed; it is left to its repair", batcher=self.name,
-                          handler=getattr(handler, "__qualname__", repr(handler)), count=len(handed),
-                          error=f"{type(exc).__name__}: {exc}")
+                          handler=name, count=len(handed), error=f"{type(exc).__name__}: {exc}")
         # What Django does after every request, when there is reason to: a connection that broke
         # (a restarted or failed-over database) is closed, so the next round connects afresh
         # instead of failing again, and one past CONN_MAX_AGE is closed. Not every round: that
@@ -165,7 +180,7 @@ class Batcher:
                 connection.close_if_unusable_or_obsolete()
 
 
-_after_commit = Batcher("composition-after-commit")
+_after_commit = Batcher("composition-after-commit", exports_metrics=True)
 
 
 def submit(handler: Handler, item: Any, *, using: str = DEFAULT_DB_ALIAS) -> None:

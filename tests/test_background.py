@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 from django.db import DatabaseError, connection, connections
+from prometheus_client import REGISTRY
 
 from billing.models import Invoice
 from billing.wiring import default_service
+from composition import background
 from composition.background import Batcher
 from composition.cache.models import PendingInvalidation
 from composition.outbox import OutboxMessage
@@ -92,6 +94,40 @@ def test_flush_times_out_while_a_round_is_stuck_and_succeeds_after() -> None:
     assert 0.15 < time.monotonic() - started < 2
     gate.set()
     assert batcher.flush(5)
+
+
+
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_the_after_commit_metrics_show_the_backlog_each_round_and_each_failed_batch() -> None:
+    assert background.flush(5)  # the process's own thread idle, so only this batcher moves them
+    backlog, rounds = "composition_after_commit_backlog_items", "composition_after_commit_round_seconds_count"
+    backlog_before, rounds_before = _sample(backlog), _sample(rounds)
+    gate, started = threading.Event(), threading.Event()
+
+    def stuck(items: list[int]) -> None:
+        started.set()
+        gate.wait(5)
+
+    def fails(items: list[int]) -> None:
+        raise RuntimeError("broken bookkeeping")
+
+    batcher = Batcher("test-metrics", exports_metrics=True)
+    batcher.submit(stuck, 1)
+    assert started.wait(5)
+    for item in (2, 3, 4):  # waiting behind the stuck round, which counts until it ends
+        batcher.submit(fails, item)
+    assert _sample(backlog) - backlog_before == 4
+    failures_before = _sample("composition_after_commit_failures_total", handler=fails.__qualname__)
+    gate.set()
+    assert batcher.flush(5)
+    assert _sample(backlog) == backlog_before
+    assert _sample(rounds) - rounds_before == 2
+    # One failed batch of three items, counted once, by the handler's name.
+    assert _sample("composition_after_commit_failures_total", handler=fails.__qualname__) - failures_before == 1
+    assert batcher.stop(5)
 
 
 @pytest.mark.django_db(transaction=True)
