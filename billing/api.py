@@ -15,8 +15,8 @@ from functools import wraps
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.middleware.csrf import CsrfViewMiddleware
-from django.views.decorators.csrf import csrf_exempt, ensure_csrf_cookie
+from django.middleware.csrf import CsrfViewMiddleware, get_token
+from django.views.decorators.csrf import csrf_exempt
 
 from billing.tokens import user_for_token
 
@@ -78,10 +78,13 @@ def endpoint(**handlers: tuple[str, Handler]) -> Handler:
     allowed = sorted(handlers)
 
     @csrf_exempt  # checked in _authenticate, for session requests only
-    @ensure_csrf_cookie  # a logged-in browser reads the token it must send back
     @wraps(next(iter(handlers.values()))[1])
     def view(request: HttpRequest, **kwargs: Any) -> HttpResponse:
         method = "GET" if request.method == "HEAD" else (request.method or "GET")
+        if "Authorization" not in request.headers:
+            # A browser reads the CSRF token it must send back from this cookie. A bearer-token
+            # client needs none, and gets no Set-Cookie (nor the per-request token it costs).
+            get_token(request)
         try:
             user = _authenticate(request)
             if method not in handlers:

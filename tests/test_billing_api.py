@@ -117,7 +117,9 @@ def test_a_session_needs_the_csrf_token_and_the_permission_a_token_only_the_perm
     # The token path is CSRF-exempt: a browser never sends an Authorization header by itself.
     voider = _user("voider", "change_invoice")
     paid = Invoice.objects.get(status="paid")
-    assert _call(_token_client(voider), "POST", f"/api/invoices/{paid.pk}/void", None).status_code == 409
+    answered = _call(_token_client(voider), "POST", f"/api/invoices/{paid.pk}/void", None)
+    assert answered.status_code == 409
+    assert "csrftoken" not in answered.cookies  # nor does it hand a token client a CSRF cookie
 
 
 def test_the_csrf_token_of_another_session_is_refused() -> None:
