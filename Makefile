@@ -60,9 +60,11 @@ pytest: venv browser promtool
 	$(VENV)/bin/pytest --durations=15 $(PYTEST_ARGS)
 
 # The suite again on the newest Python with the newest Django (6.x needs Python >= 3.12), less
-# the soak tests (they test our code, not the versions, and take a minute each) and the tests of
-# ./run (it runs the main .venv whatever the interpreter); skipped, saying
-# so, where no Python 3.13 is installed.
+# the soak tests (they test our code, not the versions, and take a minute each), the tests of
+# ./run (it runs the main .venv whatever the interpreter) and the slow ones (real processes and
+# servers: they test our code's timing more than the versions, and halve the cell's time)
+# except a few marked version_smoke, which run real workers, gunicorn and signals on the new
+# versions; skipped, saying so, where no Python 3.13 is installed.
 matrix: pyproject.toml browser promtool
 	@py=""; for candidate in "$$(pyenv prefix 3.13 2>/dev/null)/bin/python" python3.13; do \
 	  if "$$candidate" -c "import sys; assert sys.version_info[:2] == (3, 13)" 2>/dev/null; then py=$$candidate; break; fi; \
@@ -74,7 +76,7 @@ matrix: pyproject.toml browser promtool
 	  $(MATRIX_VENV)/bin/python -m pip install -q -e '.[rabbitmq,embedded,example,dev,tasks]' && touch $(MATRIX_STAMP) || exit 1; \
 	fi; \
 	$(MATRIX_VENV)/bin/python -c "import django, sys; print('matrix: Python', sys.version.split()[0], 'Django', django.get_version())"; \
-	$(MATRIX_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not soak and not main_cell" --durations=15 $(PYTEST_ARGS)
+	$(MATRIX_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not soak and not main_cell and (not slow or version_smoke)" --durations=15 $(PYTEST_ARGS)
 
 # The whole gate, the same locally and in CI.
 test: lint typecheck check pytest matrix

@@ -31,6 +31,7 @@ def _clean() -> None:
     configured_broker().flush("billing")
 
 
+@pytest.mark.version_smoke  # the matrix cell runs it too (Makefile)
 def test_100_concurrent_pays_through_gunicorn_give_one_payment_one_receipt_one_email(  # type: ignore[no-untyped-def]
         worker_processes, api_token: str, tmp_path: Path) -> None:
     mail_dir = tmp_path / "mail"

@@ -192,6 +192,7 @@ def test_get_result_of_an_unknown_id_or_another_actors_row() -> None:
 
 
 # -- real workers ----------------------------------------------------------------------------------------
+@pytest.mark.version_smoke  # the matrix cell runs it too (Makefile): Django 6 has django.tasks built in
 def test_rolled_back_never_runs_and_committed_runs_once(worker_processes) -> None:
     with pytest.raises(RuntimeError), transaction.atomic():
         rolled_back = tasks.add_effect.enqueue("rolled-back")

@@ -108,6 +108,7 @@ def empty_queue() -> Iterator[None]:
 
 
 @pytest.mark.slow
+@pytest.mark.version_smoke  # the matrix cell runs it too (Makefile)
 @pytest.mark.django_db(transaction=True)
 def test_runworkers_interrupts_retries_and_dead_letters_an_overrunning_job(
         worker_processes, empty_queue: None, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

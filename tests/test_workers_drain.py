@@ -40,6 +40,7 @@ def _beat_of(pid: int) -> dict | None:
     return None
 
 
+@pytest.mark.version_smoke  # the matrix cell runs it too (Makefile)
 def test_sigterm_drains_in_time_and_loses_no_job(worker_processes, tmp_path: Path) -> None:
     gate, short_gate = tmp_path / "gate", tmp_path / "short-gate"
     args = ["--threads", "4", "--queues", jobs.SLOW_QUEUE, "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]
