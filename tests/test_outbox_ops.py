@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from datetime import timedelta
 from io import StringIO
@@ -121,6 +122,24 @@ def test_admin_list_shows_pending_count_and_oldest_age_and_filters(staff_client:
     assert [o.pk for o in by_key.context["cl"].result_list] == [old.pk]
     by_id = staff_client.get("/admin/composition/outboxmessage/", {"q": str(old.pk)})
     assert [o.pk for o in by_id.context["cl"].result_list] == [old.pk]
+
+
+@pytest.mark.django_db
+def test_admin_list_says_when_each_row_was_sent_or_where_it_stands(staff_client: Client) -> None:
+    sent, leased, failed, waiting = (publish(PROBE, {"seq": seq}) for seq in range(4))
+    now = timezone.now()
+    OutboxMessage.objects.filter(pk=sent.pk).update(status="sent", sent_at=now, claimed_until=None)
+    OutboxMessage.objects.filter(pk=leased.pk).update(claimed_until=now + timedelta(seconds=30))
+    OutboxMessage.objects.filter(pk=failed.pk).update(claimed_until=None, last_error="ConnectionError: refused")
+    OutboxMessage.objects.filter(pk=waiting.pk).update(claimed_until=now - timedelta(seconds=1))
+    body = staff_client.get("/admin/composition/outboxmessage/").content.decode()
+    delivery = {int(pk): cell for pk, cell in re.findall(
+        r'outboxmessage/(\d+)/change/.*?<td class="field-delivery">(.*?)</td>', body, re.DOTALL)}
+    assert set(delivery) == {sent.pk, leased.pk, failed.pk, waiting.pk}
+    assert timezone.localtime(now).strftime("%Y-%m-%d %H:%M:%S") in delivery[sent.pk]
+    assert "leased until" in delivery[leased.pk]
+    assert "waiting, last error: ConnectionError: refused" in delivery[failed.pk]
+    assert "waiting for the relay" in delivery[waiting.pk]
 
 
 @pytest.mark.django_db
