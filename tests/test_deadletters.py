@@ -339,3 +339,8 @@ def test_the_admin_lists_open_dead_letters_by_default(admin_client: Client) -> N
     assert ids == {open_letter.pk}
     everything = admin_client.get("/admin/composition/deadletter/?status=all")
     assert {row.pk for row in everything.context["cl"].result_list} == {open_letter.pk, handled.pk}
+    # One status shown: no status column repeating it on every row; "All" has one.
+    assert "column-status" not in page.content.decode() and "column-status" in everything.content.decode()
+    # The error's class and its message share a column (the list fits beside the admin's sidebar).
+    assert f"<strong>{open_letter.error_class.rsplit('.', 1)[-1]}</strong> {open_letter.error_message}" \
+        in page.content.decode()

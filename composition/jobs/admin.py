@@ -17,6 +17,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.html import format_html
 
+from composition.admin_format import moment
 from composition.jobs import replay as service
 from composition.jobs.failure_groups import failure_groups
 from composition.jobs.models import DeadLetter
@@ -83,8 +84,9 @@ class FingerprintFilter(admin.SimpleListFilter):
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(ReadOnlyRows, admin.ModelAdmin):
-    list_display = ("id", "actor", "short_error_class", "error_message", "attempts", "status",
-                    "last_failed_at", "short_fingerprint")
+    # The error's class and message in one column, and moments to the second: the list fits a
+    # laptop's admin beside the sidebar without scrolling sideways.
+    list_display = ("id", "actor", "error", "runs", "status", "last_failed", "short_fingerprint")
     list_filter = (StatusFilter, "actor", "error_class", FingerprintFilter)
     search_fields = ("=message_id", "=fingerprint", "error_message")
     list_per_page = 100
@@ -95,6 +97,13 @@ class DeadLetterAdmin(ReadOnlyRows, admin.ModelAdmin):
                        "discarded_at", "discarded_by", "pretty_traceback")
     fields = readonly_fields
 
+    def get_list_display(self, request: HttpRequest) -> Any:
+        # Filtered to one status (open dead letters by default), its column would repeat it on
+        # every row: shown only for "All".
+        if request.GET.get(StatusFilter.parameter_name) == StatusFilter.ALL:
+            return self.list_display
+        return tuple(column for column in self.list_display if column != "status")
+
     def has_replay_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(service.REPLAY_PERMISSION)
 
@@ -103,8 +112,17 @@ class DeadLetterAdmin(ReadOnlyRows, admin.ModelAdmin):
 
     # -- columns and detail ---------------------------------------------------------------------
     @admin.display(description="error", ordering="error_class")
-    def short_error_class(self, obj: DeadLetter) -> str:
-        return obj.error_class.rsplit(".", 1)[-1]
+    def error(self, obj: DeadLetter) -> str:
+        message = obj.error_message if len(obj.error_message) <= 200 else obj.error_message[:200] + "…"
+        return format_html("<strong>{}</strong> {}", obj.error_class.rsplit(".", 1)[-1], message)
+
+    @admin.display(description="runs", ordering="attempts")
+    def runs(self, obj: DeadLetter) -> int:
+        return obj.attempts  # how many times it ran, as max_attempts counts
+
+    @admin.display(description="last failed", ordering="last_failed_at")
+    def last_failed(self, obj: DeadLetter) -> str:
+        return moment(obj.last_failed_at)
 
     @admin.display(description="fingerprint", ordering="fingerprint")
     def short_fingerprint(self, obj: DeadLetter) -> str:

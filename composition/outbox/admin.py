@@ -8,9 +8,9 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
-from django.utils.formats import date_format
 from django.utils.html import format_html
 
+from composition.admin_format import moment
 from composition.outbox.maintenance import pending_summary
 from composition.outbox.models import OutboxMessage
 
@@ -23,7 +23,7 @@ class OutboxMessageAdmin(admin.ModelAdmin):
 
     # Sent time and lease share one column: a row has one or the other, and the list then fits
     # a laptop's admin without scrolling sideways.
-    list_display = ("id", "actor_name", "key", "status", "created_at", "delivery", "attempts")
+    list_display = ("id", "actor_name", "key", "status", "created", "delivery", "attempts")
     list_filter = ("status", "actor_name")
     search_fields = ("=id", "key")
     list_per_page = 100
@@ -35,14 +35,18 @@ class OutboxMessageAdmin(admin.ModelAdmin):
                        "sent_at", "last_error")
     fields = readonly_fields
 
-    @admin.display(description="sent, or where it stands", ordering="sent_at")
+    @admin.display(description="created at", ordering="created_at")
+    def created(self, obj: OutboxMessage) -> str:
+        return moment(obj.created_at)
+
+    @admin.display(description="sent / lease", ordering="sent_at")
     def delivery(self, obj: OutboxMessage) -> str:
         """When it was sent; for a pending row, the relay lease it is under, or that it waits
         (with its last error, when a send failed)."""
         if obj.sent_at is not None:
-            return _moment(obj.sent_at)
+            return moment(obj.sent_at)
         if obj.claimed_until is not None and obj.claimed_until > timezone.now():
-            return f"leased until {_moment(obj.claimed_until)}"
+            return f"leased until {moment(obj.claimed_until)}"
         if obj.last_error:
             return format_html('<span title="{}">waiting, last error: {}</span>', obj.last_error,
                                obj.last_error[:60] + ("…" if len(obj.last_error) > 60 else ""))
@@ -76,7 +80,3 @@ class OutboxMessageAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: OutboxMessage | None = None) -> bool:
         return False
-
-
-def _moment(value: Any) -> str:
-    return date_format(timezone.localtime(value), "Y-m-d H:i:s")
