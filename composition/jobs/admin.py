@@ -17,7 +17,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.html import format_html
 
-from composition.admin_format import moment
+from composition.admin_format import moment, shortened
 from composition.jobs import replay as service
 from composition.jobs.failure_groups import failure_groups
 from composition.jobs.models import DeadLetter
@@ -113,8 +113,8 @@ class DeadLetterAdmin(ReadOnlyRows, admin.ModelAdmin):
     # -- columns and detail ---------------------------------------------------------------------
     @admin.display(description="error", ordering="error_class")
     def error(self, obj: DeadLetter) -> str:
-        message = obj.error_message if len(obj.error_message) <= 200 else obj.error_message[:200] + "…"
-        return format_html("<strong>{}</strong> {}", obj.error_class.rsplit(".", 1)[-1], message)
+        return format_html("<strong>{}</strong> {}", obj.error_class.rsplit(".", 1)[-1],
+                           shortened(obj.error_message, 200))
 
     @admin.display(description="runs", ordering="attempts")
     def runs(self, obj: DeadLetter) -> int:

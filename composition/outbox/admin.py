@@ -10,7 +10,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from composition.admin_format import moment
+from composition.admin_format import moment, shortened
 from composition.outbox.maintenance import pending_summary
 from composition.outbox.models import OutboxMessage
 
@@ -49,7 +49,7 @@ class OutboxMessageAdmin(admin.ModelAdmin):
             return f"leased until {moment(obj.claimed_until)}"
         if obj.last_error:
             return format_html('<span title="{}">waiting, last error: {}</span>', obj.last_error,
-                               obj.last_error[:60] + ("…" if len(obj.last_error) > 60 else ""))
+                               shortened(obj.last_error, 60))
         return "waiting for the relay"
 
     @admin.display(description="payload")
