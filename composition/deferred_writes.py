@@ -24,7 +24,11 @@ What this keeps as it was:
 A held statement may return a row (``RETURNING``), handed to its ``on_row`` once sent: the
 rows get their ids from the sequence at the INSERT, in insertion order, as before (the outbox's
 relay sends a key's rows, and a transaction's, in id order). Their callers learn the ids after
-that, which is why ``publish()`` holds its row only when asked to return none.
+that, which is why ``publish()`` holds its row only when asked to return none. A callback that
+raises after the rows went with COMMIT is logged, not raised: the transaction has committed, and
+an exception from ``atomic`` would tell its caller it had not (what the callback was for, the
+after-commit send of an outbox row or the deletion of an invalidation record, is left to the
+relay's sweep and the invalidation replay).
 """
 
 from __future__ import annotations
@@ -32,7 +36,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import structlog
+
 __all__ = ["HeldWrites", "RowCallback", "can_hold", "hold", "send_held_first"]
+
+log = structlog.get_logger("composition.database")
 
 # Called with the row a held statement returned (RETURNING), once it is sent.
 RowCallback = Callable[[tuple[Any, ...]], None]
@@ -60,11 +68,20 @@ class HeldWrites:
             return
         cursor.execute("; ".join([*(sql for sql, _ in statements), *([then] if then else [])]))
         raw = cursor.cursor  # psycopg's: one result per statement, the first one current
-        for index, (_, on_row) in enumerate(statements):
+        for index, (sql, on_row) in enumerate(statements):
             if index:
                 raw.nextset()
-            if on_row is not None:
-                on_row(raw.fetchone())
+            if on_row is None:
+                continue
+            row = raw.fetchone()
+            if not then:
+                on_row(row)
+                continue
+            try:
+                on_row(row)
+            except Exception as exc:  # the string ran to its end: ``then`` (COMMIT) has happened
+                log.error("a held statement's row callback failed after its transaction ended; "
+                          "its repair takes over", sql=sql[:200], error=f"{type(exc).__name__}: {exc}")
 
     def drop(self) -> None:
         self._statements = []

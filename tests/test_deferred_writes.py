@@ -170,3 +170,32 @@ def test_a_message_without_a_row_in_a_rolled_back_transaction_is_neither_written
     after_commit_done()
     assert not OutboxMessage.objects.exists()
     assert enqueued(PROBE_QUEUE) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_row_callback_failing_after_commit_is_logged_and_the_commit_stands(
+        caplog: pytest.LogCaptureFixture) -> None:
+    def fails(row: tuple[object, ...]) -> None:
+        raise RuntimeError(f"callback bug on row {row[0]}")
+
+    committed: list[str] = []
+    with transaction.atomic():
+        Order.objects.create(reference="A")
+        hold(connection, f"INSERT INTO {ORDER_TABLE} (reference) VALUES (%s) RETURNING id", ["held"], on_row=fails)
+        transaction.on_commit(lambda: committed.append("hooks ran"))
+    # No exception out of atomic (the transaction has committed), its hooks ran, the failure is logged.
+    assert _references() == ["A", "held"]
+    assert committed == ["hooks ran"]
+    assert "row callback failed after its transaction ended" in caplog.text and "callback bug" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_row_callback_failing_before_commit_raises_and_rolls_back() -> None:
+    def fails(row: tuple[object, ...]) -> None:
+        raise RuntimeError("callback bug")
+
+    with pytest.raises(RuntimeError, match="callback bug"), transaction.atomic():
+        Order.objects.create(reference="A")
+        hold(connection, f"INSERT INTO {ORDER_TABLE} (reference) VALUES (%s) RETURNING id", ["held"], on_row=fails)
+        Order.objects.count()  # the held row goes with this statement, its callback raises here
+    assert _references() == []
