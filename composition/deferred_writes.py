@@ -73,15 +73,16 @@ class HeldWrites:
                 raw.nextset()
             if on_row is None:
                 continue
-            row = raw.fetchone()
-            if not then:
-                on_row(row)
-                continue
             try:
-                on_row(row)
-            except Exception as exc:  # the string ran to its end: ``then`` (COMMIT) has happened
+                on_row(raw.fetchone())
+            except Exception as exc:
+                if not then:
+                    raise
+                # The string ran to its end: ``then`` (COMMIT) has happened. The statement is
+                # named by its table only: its bound values are the caller's data.
                 log.error("a held statement's row callback failed after its transaction ended; "
-                          "its repair takes over", sql=sql[:200], error=f"{type(exc).__name__}: {exc}")
+                          "its repair takes over", statement=sql.split("(", 1)[0].strip(),
+                          error=f"{type(exc).__name__}: {exc}")
 
     def drop(self) -> None:
         self._statements = []
