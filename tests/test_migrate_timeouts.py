@@ -29,7 +29,7 @@ def scratch_database_url() -> Iterator[str]:
     with psycopg.connect(server_url, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     try:
-        yield server_url.rsplit("/", 1)[0] + "/" + name
+        yield current_database_url(name=name)
     finally:
         with psycopg.connect(server_url, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -39,8 +39,9 @@ def use_broker(url: str) -> Iterator[Any]:
         temporary.close()
 
 
-def current_database_url(alias: str = "default") -> str:
-    """A postgresql:// URL for the database Django is using now (the test database in tests)."""
+def current_database_url(alias: str = "default", *, name: str | None = None) -> str:
+    """A postgresql:// URL for the database Django is using now (the test database in tests), or
+    for the database ``name`` on the same server as that one."""
     from urllib.parse import quote
 
     from django.db import connections
@@ -50,7 +51,7 @@ def current_database_url(alias: str = "default") -> str:
     auth = quote(params.get("USER") or "")
     if params.get("PASSWORD"):
         auth += ":" + quote(params["PASSWORD"])
-    name = quote(params["NAME"])
+    name = quote(name or params["NAME"])
     if host.startswith("/"):
         return f"postgresql://{auth}@/{name}?host={quote(host)}"
     port = f":{params['PORT']}" if params.get("PORT") else ""
