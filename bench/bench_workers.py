@@ -35,6 +35,7 @@ QUEUE = jobs.NOOP_QUEUE
 POLL_S = 0.005
 START_FRACTION = 0.05
 TIMEOUT_S = 120.0
+GOAL = 0.9
 
 
 def fill(broker) -> None:  # type: ignore[no-untyped-def]
@@ -74,7 +75,7 @@ def measure(argv: list[str], env: dict[str, str]) -> float:
             process.wait()
 
 
-def main() -> None:
+def main() -> int:
     env = dict(os.environ, BENCH_BROKER_URL=conf.BROKER_URL, BENCH_QUEUE=QUEUE)
     composed = [sys.executable, "manage.py", "runworkers", "--processes", "1", "--threads", THREADS,
                 "--queues", QUEUE]
@@ -88,9 +89,11 @@ def main() -> None:
     print(f"messages={MESSAGES} threads={THREADS} rounds={ROUNDS}")
     print(f"dramatiq   : {best_plain:8.0f} msg/s  (rounds: {', '.join(f'{r:.0f}' for r in dramatiq_rates)})")
     print(f"runworkers : {best_composed:8.0f} msg/s  (rounds: {', '.join(f'{r:.0f}' for r in runworkers_rates)})")
-    print(f"ratio runworkers/dramatiq = {best_composed / best_plain:.2f} (goal >= 0.90)")
+    ratio = best_composed / best_plain
+    print(f"ratio runworkers/dramatiq = {ratio:.2f} (goal >= {GOAL}): {'goal met' if ratio >= GOAL else 'MISSED'}")
     configured_broker().flush(QUEUE)
+    return 0 if ratio >= GOAL else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -91,8 +91,13 @@ class BackpressureMiddleware:
                 admit(queue)
             except Backpressure as exc:
                 log.warning("request shed: queue full", queue=queue, depth=exc.depth, limit=exc.limit)
-                response = JsonResponse({"error": "overloaded", "queue": queue, "depth": exc.depth,
-                                         "limit": exc.limit, "retry_after_s": exc.retry_after_s}, status=503)
-                response["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+                retry_after = max(1, math.ceil(exc.retry_after_s))
+                # The shape of any JSON API error (a stable code, a sentence for people), plus the numbers.
+                response = JsonResponse({"code": "overloaded",
+                                         "error": f"the {queue} queue is full ({exc.depth} waiting, limit "
+                                                  f"{exc.limit}); retry after {retry_after} s",
+                                         "queue": queue, "depth": exc.depth, "limit": exc.limit,
+                                         "retry_after_s": exc.retry_after_s}, status=503)
+                response["Retry-After"] = str(retry_after)
                 return response
         return self.get_response(request)

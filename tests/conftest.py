@@ -35,6 +35,34 @@ def _after_commit_thread_stopped(django_db_setup: None) -> Iterator[None]:
     background.stop(10)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_cached_answers_from_an_earlier_run() -> None:
+    """A new test database numbers its rows from 1 again, while the shared Redis still holds
+    what an earlier run cached under those ids (an invoice's answer lives 5 minutes): a run must
+    not be served another run's invoice 1. Only the cache-aside entries go (the broker's db and
+    the other keys stay)."""
+    from django.conf import settings
+    from django.core.cache import caches
+    from django_redis import get_redis_connection
+
+    for alias in settings.CACHES:
+        pattern = f"{caches[alias].make_key('composition:ca:')}*"
+        client = get_redis_connection(alias)
+        for batch in _batches(client.scan_iter(match=pattern, count=1000), 1000):
+            client.delete(*batch)
+
+
+def _batches(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
+    batch: list[Any] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
 @pytest.fixture(autouse=True)
 def _after_commit_bookkeeping_done() -> Iterator[None]:
     """What a test's commits handed to the after-commit thread (outbox sends, invalidation

@@ -82,6 +82,8 @@ def test_middleware_sheds_unsafe_requests_with_503_and_retry_after(api_client: C
         assert response.status_code == 503
         assert response["Retry-After"] == "5"
         assert response.json()["queue"] == "billing" and response.json()["depth"] == 1
+        assert response.json()["code"] == "overloaded"
+        assert response.json()["error"] == "the billing queue is full (1 waiting, limit 1); retry after 5 s"
         assert client.get("/api/invoices/1").status_code == 404  # reads are never shed
     created = client.post("/api/invoices", data=json.dumps({"number": "X", "customer": "c", "amount_cents": 5}),
                           content_type="application/json")

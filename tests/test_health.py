@@ -184,6 +184,13 @@ def test_health_command_usage_error_exits_2() -> None:
     code, _, out = _health("nonsense", "redis://127.0.0.1:1/0")
     assert code == 2
     assert "invalid choice" in out
+    # A flag on the kind it does not apply to is a usage error too, not "unhealthy".
+    code, _, out = _health("liveness", "redis://127.0.0.1:1/0", "--local")
+    assert code == 2, out
+    assert "--local applies to `health workers` only" in out
+    code, _, out = _health("workers", "redis://127.0.0.1:1/0", "--role", "worker")
+    assert code == 2, out
+    assert "--role applies to `health readiness` only" in out
 
 
 def test_concurrent_readiness_checks_share_one_round_and_agree() -> None:

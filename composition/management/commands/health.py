@@ -23,10 +23,12 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         kind = options["kind"]
+        # A misused flag exits 2, as argparse's own usage errors do: a healthcheck must not read
+        # a typo in its own command as "unhealthy".
         if options["local"] and kind != "workers":
-            raise CommandError("--local applies to `health workers` only")
+            raise CommandError("--local applies to `health workers` only", returncode=2)
         if options["role"] != "web" and kind != "readiness":
-            raise CommandError("--role applies to `health readiness` only")
+            raise CommandError("--role applies to `health readiness` only", returncode=2)
         if kind == "liveness":
             report = health.liveness()
         elif kind == "readiness":
