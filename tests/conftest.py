@@ -46,21 +46,10 @@ def _no_cached_answers_from_an_earlier_run() -> None:
     from django_redis import get_redis_connection
 
     for alias in settings.CACHES:
-        pattern = f"{caches[alias].make_key('composition:ca:')}*"
         client = get_redis_connection(alias)
-        for batch in _batches(client.scan_iter(match=pattern, count=1000), 1000):
-            client.delete(*batch)
-
-
-def _batches(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
-    batch: list[Any] = []
-    for item in items:
-        batch.append(item)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
+        stale = list(client.scan_iter(match=f"{caches[alias].make_key('composition:ca:')}*", count=1000))
+        if stale:
+            client.delete(*stale)
 
 
 @pytest.fixture(autouse=True)
