@@ -152,6 +152,7 @@ def _settled_start_cost() -> float:
     return took
 
 
+@pytest.mark.slow
 def test_health_command_readiness_exit_codes_for_up_closed_and_frozen(
         throwaway_redis_server: ThrowawayRedis) -> None:
     startup_s = _settled_start_cost()

@@ -35,6 +35,8 @@ def _health_workers() -> tuple[int, dict[str, Any]]:
     return result.returncode, json.loads(result.stdout[result.stdout.index("{"):])
 
 
+@pytest.mark.slow
+@pytest.mark.version_smoke  # the health command against a real worker, on the new versions
 @pytest.mark.django_db(transaction=True)
 def test_exit_codes_follow_a_real_worker_process(client: Any, worker_processes) -> None:  # type: ignore[no-untyped-def]
     code, body = _health_workers()
@@ -84,6 +86,7 @@ def _health_workers_local() -> tuple[int, dict[str, Any]]:
     return result.returncode, json.loads(result.stdout[result.stdout.index("{"):])
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_local_checks_only_this_host_s_processes(client: Any, worker_processes) -> None:  # type: ignore[no-untyped-def]
     import socket

@@ -42,6 +42,7 @@ def _manage(database_url: str, *args: str, hold_s: float, **composition: float) 
                           timeout=120)
 
 
+@pytest.mark.slow
 @pytest.mark.django_db
 def test_migrate_holds_a_statement_longer_than_the_timeout_while_other_commands_cannot(
         scratch_database_url: str) -> None:

@@ -78,6 +78,7 @@ def test_start_failure_rolls_back_and_exits_non_zero(worker_processes) -> None: 
     assert "workers" not in _component_lines(output, "component started")
 
 
+@pytest.mark.slow
 def test_several_processes_drain_together_and_children_die_with_the_parent(worker_processes) -> None:  # type: ignore[no-untyped-def]
     process = worker_processes.spawn(["--processes", "2", "--threads", "1", "--shutdown-timeout", "10"])
     def both_beating() -> bool:
