@@ -5,8 +5,9 @@ Inside the caller's transaction the library writes rows of its own whose results
 need at once: the pending-invalidation record of each invalidated cache key
 (``composition.cache.invalidation``) and the outbox row of a ``publish(..., row=False)``
 without a key. On the composition database backend (``ENGINE = "composition.db.postgresql"``)
-such an INSERT is held and goes out in one string with the connection's next statement or with
-COMMIT (``"INSERT ...; INSERT ...; COMMIT"``): the example's pay costs two round trips fewer.
+such an INSERT is held and goes out in one string with COMMIT (``"INSERT ...; INSERT ...;
+COMMIT"``), or, when another statement comes first, all held ones in one string just before it:
+the example's pay costs two round trips fewer.
 
 What this keeps as it was:
 
@@ -59,14 +60,24 @@ class HeldWrites:
     def add(self, statement: str, on_row: RowCallback | None = None) -> None:
         self._statements.append((statement, on_row))
 
-    def send(self, cursor: Any, *, then: str = "") -> None:
+    def send(self, cursor: Any, *, then: str = "", past_wrappers: bool = False) -> None:
         """Send everything held on Django ``cursor``, in one string followed by ``then`` (say,
         ``"COMMIT"``), and hand each statement's row to its callback; nothing is held any more,
-        whether this succeeds or raises."""
+        whether this succeeds or raises. ``past_wrappers``: not through the connection's execute
+        wrappers (see ``send_held_first``); Django's query log still sees the string."""
         statements, self._statements = self._statements, []
         if not statements:
             return
-        cursor.execute("; ".join([*(sql for sql, _ in statements), *([then] if then else [])]))
+        string = "; ".join([*(sql for sql, _ in statements), *([then] if then else [])])
+        if past_wrappers:
+            connection = cursor.db  # per thread, as its wrappers list: nothing else runs on it meanwhile
+            wrappers, connection.execute_wrappers = connection.execute_wrappers, []
+            try:
+                cursor.execute(string)
+            finally:
+                connection.execute_wrappers = wrappers
+        else:
+            cursor.execute(string)
         raw = cursor.cursor  # psycopg's: one result per statement, the first one current
         for index, (sql, on_row) in enumerate(statements):
             if index:
@@ -122,13 +133,17 @@ def hold(connection: Any, sql: str, params: Any, on_row: RowCallback | None = No
 
 def send_held_first(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
     """An ``execute_wrapper`` (installed by the composition backend): before any statement, send
-    what its connection holds, so the held rows land where they would have."""
+    what its connection holds, so the held rows land where they would have.
+
+    They go on a plain cursor of their own, not the caller's: that one may be server-side (a
+    ``QuerySet.iterator()``), whose execute is a DECLARE, which cannot carry an INSERT. And they
+    go past the execute wrappers inside this one, which are there for the caller's statement: a
+    row lock's (``composition.locks.db``) puts its savepoint and lock_timeout around the next
+    statement it sees, and must not spend them on the held rows, leaving its lock unbounded
+    and, refused, rolling the held rows back with its savepoint."""
     connection = context["connection"]
     writes = held_writes(connection)
     if writes:
-        if context["cursor"] is None:  # a caller that sends without a cursor (composition.jobs.inbox)
-            with connection.cursor() as cursor:
-                writes.send(cursor)
-        else:
-            writes.send(context["cursor"])
+        with connection.cursor() as cursor:
+            writes.send(cursor, past_wrappers=True)
     return execute(sql, params, many, context)

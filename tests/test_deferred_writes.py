@@ -7,14 +7,16 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 from django.db import IntegrityError, connection, transaction
 
 from composition.cache import invalidate
 from composition.cache.models import PendingInvalidation
 from composition.deferred_writes import can_hold, hold
+from composition.locks import LockNotAcquired, row_lock
 from composition.outbox import OutboxMessage, publish
-from composition.testing import after_commit_done
+from composition.testing import after_commit_done, current_database_url
 from tests.outboxapp.helpers import enqueued, flush_broker
 from tests.outboxapp.models import Order
 from tests.pgtrace import sent_queries
@@ -114,6 +116,43 @@ def test_nothing_is_held_before_the_transaction_reached_the_server_nor_in_autoco
         invalidate(f"{uuid.uuid4().hex[:8]}:1")
         assert not connection.held_writes  # type: ignore[attr-defined]
         assert can_hold(connection)
+
+
+@pytest.fixture
+def order_locked_elsewhere() -> Iterator[int]:
+    """A committed order whose row another connection holds locked (FOR UPDATE) meanwhile."""
+    order = Order.objects.create(reference="busy").pk
+    with psycopg.connect(current_database_url()) as other:
+        other.execute(f"SELECT 1 FROM {ORDER_TABLE} WHERE id = %s FOR UPDATE", [order])
+        yield order
+        other.rollback()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("wait", ["nowait", "timeout"])
+def test_a_row_lock_after_a_held_row_keeps_its_timeout_and_the_held_row(order_locked_elsewhere: int,
+                                                                        wait: str) -> None:
+    # The held row goes out before the lock's savepoint: a refused lock takes nothing with it,
+    # and the lock statement itself keeps its NOWAIT or lock_timeout.
+    options = {"nowait": True} if wait == "nowait" else {"timeout_s": 0.2}
+    with transaction.atomic():
+        Order.objects.create(reference="A")
+        _hold_order("held")
+        with pytest.raises(LockNotAcquired), row_lock(Order.objects.filter(pk=order_locked_elsewhere), **options):
+            pass
+        Order.objects.create(reference="B")  # the transaction is still usable
+    assert _references() == ["A", "B", "busy", "held"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_server_side_cursor_after_a_held_row_reads_it() -> None:
+    # QuerySet.iterator() reads through a named (server-side) cursor, whose execute is a
+    # DECLARE: the held row cannot go on it.
+    with transaction.atomic():
+        Order.objects.create(reference="A")
+        _hold_order("held")
+        assert sorted(order.reference for order in Order.objects.iterator(chunk_size=1)) == ["A", "held"]
+    assert _references() == ["A", "held"]
 
 
 @pytest.fixture
