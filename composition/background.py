@@ -25,6 +25,7 @@ import atexit
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -62,9 +63,15 @@ class Batcher:
         self.exports_metrics = exports_metrics
         self._cond = threading.Condition()
         self._reset()
+        _batchers.add(self)
+
+    def _start_afresh_in_child(self) -> None:
+        # A fork may come while the parent's thread holds the lock for a moment: the child's
+        # copy would stay held by a thread the child does not have. A new one, and no items.
+        self._cond = threading.Condition()
+        self._reset()
 
     def _reset(self) -> None:
-        self._pid = os.getpid()
         self._items: list[tuple[Handler, Any]] = []
         self._submitted = 0  # items handed in, ever
         self._done = 0  # items handled (or dropped by a failing handler), ever
@@ -78,8 +85,6 @@ class Batcher:
         """Have ``handler`` called with ``item`` (among others) on the batcher's thread. Handlers
         are grouped by equality, so give the same function (or bound method) every time."""
         with self._cond:
-            if self._pid != os.getpid():  # a forked child: the parent's thread is not here
-                self._reset()
             self._items.append((handler, item))
             self._submitted += 1
             if self._thread is None:
@@ -94,8 +99,6 @@ class Batcher:
         """Wait until everything submitted before this call has been handled; False on timeout."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            if self._pid != os.getpid():
-                return True
             target = self._submitted
             while self._done < target:
                 remaining = deadline - time.monotonic()
@@ -179,6 +182,16 @@ class Batcher:
             if connection.errors_occurred or (connection.close_at is not None and now >= connection.close_at):
                 connection.close_if_unusable_or_obsolete()
 
+
+_batchers: weakref.WeakSet[Batcher] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for batcher in list(_batchers):
+        batcher._start_afresh_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 _after_commit = Batcher("composition-after-commit", exports_metrics=True)
 

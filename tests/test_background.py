@@ -5,6 +5,8 @@ invalidation record deleted, on the after-commit thread."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 import uuid
@@ -83,6 +85,44 @@ def test_a_failing_handler_drops_its_items_and_the_others_and_later_rounds_still
     batcher.submit(done.extend, "later")
     assert batcher.flush(5)
     assert done == ["kept", "later"]
+
+
+def test_a_child_forked_while_the_thread_held_the_batchers_lock_still_hands_work_in() -> None:
+    # A fork (a preloading server's master starting its workers) may come while the parent's
+    # thread holds the batcher's lock for a moment: the child inherits the lock held, by a
+    # thread it does not have, and would hang on its first submit.
+    batcher = Batcher("test-fork")
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_lock() -> None:
+        with batcher._cond:  # type: ignore[attr-defined]
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold_the_lock)
+    holder.start()
+    assert held.wait(5)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: only the batcher and the pipe, then out without Python's exit
+        try:
+            signal.alarm(5)  # hung on the inherited lock: die rather than hang the test
+            handled: list[str] = []
+            batcher.submit(handled.extend, "child")
+            os.write(write_end, f"{batcher.flush(5)} {','.join(handled)}".encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    release.set()
+    holder.join()
+    try:
+        answer = os.read(read_end, 100).decode()
+    finally:
+        os.close(read_end)
+        os.waitpid(pid, 0)
+    assert answer == "True child", answer
+    batcher.submit(lambda items: None, "parent")  # and the parent's batcher is as it was
+    assert batcher.flush(5) and batcher.stop(5)
 
 
 def test_flush_times_out_while_a_round_is_stuck_and_succeeds_after() -> None:
