@@ -5,27 +5,41 @@
 - A job interrupted by a drain (Dramatiq's ``Shutdown``) goes back on its queue as it was,
   without using an attempt (``requeue_message``).
 
+- A retry the broker will not take (Redis restarting) is tried again for a few seconds, then
+  the message fails: a dead letter in the database, replayable, instead of a message acked with
+  its retry lost (Dramatiq logs the enqueue's error and acks). A refused enqueue that did reach
+  the broker (a reply lost to a timeout) may leave the retry there twice: at least once.
+
 Everything else (``max_retries``, ``throws``, a ``Retry`` with its own delay) is Dramatiq's.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+import structlog
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import current_millis
-from dramatiq.errors import ActorNotFound, Retry
+from dramatiq.errors import ActorNotFound, BrokerError, Retry
 from dramatiq.middleware import Retries, Shutdown
 
 from composition.jobs.deadletters import FIRST_FAILED_OPTION
 from composition.jobs.policy import backoff_s
 from composition.outbox.publish import PAYLOAD_SCHEMA_OPTION
+from composition.redis_errors import REDIS_ERRORS
 
-__all__ = ["BACKOFF_OPTION", "JobRetries", "requeue_message"]
+__all__ = ["BACKOFF_OPTION", "RETRY_ENQUEUE_PAUSES_S", "JobRetries", "requeue_message"]
 
 # message.options key holding the delay (ms) computed before this attempt, for logs and tests.
 BACKOFF_OPTION = "composition_backoff_ms"
+# Pauses before enqueueing a retry again after the broker refused it; then the message fails.
+RETRY_ENQUEUE_PAUSES_S = (0.5, 1.0, 2.0)
+
+log = structlog.get_logger("composition.jobs")
+# What a broker's enqueue raises when the broker is unreachable.
+BROKER_DOWN: tuple[type[BaseException], ...] = (BrokerError, *REDIS_ERRORS)
 
 
 def requeue_message(broker: Broker, message: MessageProxy) -> None:
@@ -76,4 +90,25 @@ class JobRetries(Retries):
             # Retries takes a Retry's delay as given; the original stays the current exception,
             # so the traceback Retries stores is still the job's own.
             exception = Retry(str(exception), delay=delay_ms)
-        super().after_process_message(broker, message, result=result, exception=exception)
+        try:
+            super().after_process_message(broker, message, result=result, exception=exception)
+        except BROKER_DOWN as exc:
+            if message.failed or not isinstance(exception, Retry) or exception.delay is None:
+                raise  # not the retry's enqueue (an on_retry_exhausted send): Dramatiq's case
+            _enqueue_retry_or_fail(broker, message, delay_ms=exception.delay, error=exc)
+
+
+def _enqueue_retry_or_fail(broker: Broker, message: MessageProxy, *, delay_ms: int, error: BaseException) -> None:
+    """The broker refused the retry Retries just enqueued: try again a few times; if it still
+    refuses, fail the message, so that DeadLetters records it (nothing is acked unrecorded)."""
+    for pause_s in RETRY_ENQUEUE_PAUSES_S:
+        time.sleep(pause_s)
+        try:
+            broker.enqueue(message, delay=delay_ms)  # type: ignore[arg-type]  # as Retries does
+            return
+        except BROKER_DOWN as exc:
+            error = exc
+    log.error("the broker refused the job's retry; the message becomes a dead letter (replay it "
+              "once the broker is back)", actor=message.actor_name, message_id=message.message_id,
+              error=f"{type(error).__name__}: {error}")
+    message.fail()

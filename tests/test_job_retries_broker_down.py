@@ -1,0 +1,63 @@
+"""A retry the broker refuses (Redis restarting or frozen at the moment a failed job's retry is
+enqueued) is not lost (``composition.jobs.retries``): tried again for a few seconds, then the
+message fails, which DeadLetters records as a dead letter. Against a private Valkey server that
+the tests stop and freeze, never the shared one."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import dramatiq
+import pytest
+from dramatiq import Message
+from dramatiq.broker import Broker, MessageProxy
+
+from composition.broker import build_broker
+from composition.jobs.retries import RETRY_ENQUEUE_PAUSES_S, JobRetries
+from composition.testing import ThrowawayRedis
+
+QUEUE = "retry_probe"
+
+
+@pytest.fixture
+def broker(throwaway_redis_server: ThrowawayRedis) -> Iterator[Broker]:
+    broker = build_broker(throwaway_redis_server.url, heartbeat_timeout_s=5.0, maintenance_chance=0,
+                          socket_timeout_s=0.3, connect_timeout_s=0.3, middleware=[JobRetries()])
+    dramatiq.actor(lambda: None, broker=broker, actor_name="retry_probe", queue_name=QUEUE, max_retries=3)
+    yield broker
+    broker.client.close()  # type: ignore[attr-defined]
+
+
+def _failed_attempt(broker: Broker) -> tuple[MessageProxy, float]:
+    """A first attempt of a retry_probe message that failed transiently, through JobRetries; the
+    message and how long its after-hook took."""
+    message = MessageProxy(Message(queue_name=QUEUE, actor_name="retry_probe", args=(), kwargs={}, options={}))
+    retries = next(m for m in broker.middleware if isinstance(m, JobRetries))
+    began = time.monotonic()
+    retries.after_process_message(broker, message, exception=RuntimeError("the job's own transient error"))
+    return message, time.monotonic() - began
+
+
+def _delayed(broker: Any) -> int:
+    return int(broker.client.hlen(f"{broker.namespace}:{QUEUE}.DQ.msgs"))
+
+
+def test_a_retry_the_broker_refuses_for_good_fails_the_message_for_its_dead_letter(
+        broker: Broker, throwaway_redis_server: ThrowawayRedis) -> None:
+    throwaway_redis_server.stop()
+    message, took = _failed_attempt(broker)
+    assert message.failed, "acked with its retry lost"
+    assert took < sum(RETRY_ENQUEUE_PAUSES_S) + 4 * 1.0, took
+
+
+def test_a_retry_refused_while_the_broker_is_frozen_goes_out_once_it_answers(
+        broker: Broker, throwaway_redis_server: ThrowawayRedis) -> None:
+    throwaway_redis_server.freeze()
+    threading.Timer(0.6, throwaway_redis_server.thaw).start()
+    message, _ = _failed_attempt(broker)
+    assert not message.failed
+    assert message.options["retries"] == 1
+    assert _delayed(broker) == 1  # the retry, waiting out its backoff
