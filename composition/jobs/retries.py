@@ -22,13 +22,13 @@ import structlog
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import current_millis
-from dramatiq.errors import ActorNotFound, BrokerError, Retry
+from dramatiq.errors import ActorNotFound, Retry
 from dramatiq.middleware import Retries, Shutdown
 
 from composition.jobs.deadletters import FIRST_FAILED_OPTION
 from composition.jobs.policy import backoff_s
 from composition.outbox.publish import PAYLOAD_SCHEMA_OPTION
-from composition.redis_errors import REDIS_ERRORS
+from composition.redis_errors import BROKER_FAILURES
 
 __all__ = ["BACKOFF_OPTION", "RETRY_ENQUEUE_PAUSES_S", "JobRetries", "requeue_message"]
 
@@ -38,8 +38,6 @@ BACKOFF_OPTION = "composition_backoff_ms"
 RETRY_ENQUEUE_PAUSES_S = (0.5, 1.0, 2.0)
 
 log = structlog.get_logger("composition.jobs")
-# What a broker's enqueue raises when the broker is unreachable.
-BROKER_DOWN: tuple[type[BaseException], ...] = (BrokerError, *REDIS_ERRORS)
 
 
 def requeue_message(broker: Broker, message: MessageProxy) -> None:
@@ -92,7 +90,7 @@ class JobRetries(Retries):
             exception = Retry(str(exception), delay=delay_ms)
         try:
             super().after_process_message(broker, message, result=result, exception=exception)
-        except BROKER_DOWN as exc:
+        except BROKER_FAILURES as exc:
             if message.failed or not isinstance(exception, Retry) or exception.delay is None:
                 raise  # not the retry's enqueue (an on_retry_exhausted send): Dramatiq's case
             _enqueue_retry_or_fail(broker, message, delay_ms=exception.delay, error=exc)
@@ -106,7 +104,7 @@ def _enqueue_retry_or_fail(broker: Broker, message: MessageProxy, *, delay_ms: i
         try:
             broker.enqueue(message, delay=delay_ms)  # type: ignore[arg-type]  # as Retries does
             return
-        except BROKER_DOWN as exc:
+        except BROKER_FAILURES as exc:
             error = exc
     log.error("the broker refused the job's retry; the message becomes a dead letter (replay it "
               "once the broker is back)", actor=message.actor_name, message_id=message.message_id,

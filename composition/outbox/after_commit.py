@@ -16,7 +16,6 @@ from collections.abc import Sequence
 import structlog
 from django.db import DEFAULT_DB_ALIAS
 from dramatiq.broker import Broker
-from dramatiq.errors import BrokerError
 
 from composition import background
 from composition.breaker import CircuitBreaker, CircuitOpen
@@ -24,16 +23,13 @@ from composition.broker import configured_broker
 from composition.conf import conf
 from composition.outbox.claims import ClaimedMessage
 from composition.outbox.relay import Relay, SentAfterCommit, relay_actor, relay_for
-from composition.redis_errors import REDIS_ERRORS
+from composition.redis_errors import BROKER_FAILURES
 
 __all__ = ["BROKER_FAILURES", "NUDGE_BREAKER_FAILURES", "NUDGE_BREAKER_RESET_S", "SendAfterCommit", "nudge",
            "nudge_breaker", "send_in_background"]
 
 log = structlog.get_logger("composition.outbox")
 
-# What opens the breaker: the broker failing. A database error of the after-commit send (a
-# restarting PostgreSQL) says nothing about the broker and must not pause sends that would work.
-BROKER_FAILURES: tuple[type[BaseException], ...] = (BrokerError, *REDIS_ERRORS)
 # One failed nudge opens the broker's nudge circuit: a frozen broker then costs one socket
 # timeout per NUDGE_BREAKER_RESET_S for the whole process, not one per commit.
 NUDGE_BREAKER_FAILURES = 1
@@ -48,6 +44,9 @@ def nudge_breaker(broker: Broker) -> CircuitBreaker:
     with _breakers_lock:
         breaker = _breakers.get(broker)
         if breaker is None:
+            # What opens it: the broker failing (BROKER_FAILURES). A database error of the
+            # after-commit send (a restarting PostgreSQL) says nothing about the broker and must
+            # not pause sends that would work.
             breaker = CircuitBreaker("outbox_nudge", failure_threshold=NUDGE_BREAKER_FAILURES,
                                      reset_timeout_s=NUDGE_BREAKER_RESET_S, failure_types=BROKER_FAILURES)
             _breakers[broker] = breaker
