@@ -132,7 +132,7 @@ def test_delay_queues_keep_dramatiqs_polling(broker: WakingRedisBroker, client: 
 
 
 def test_messages_handed_back_wake_consumers(broker: WakingRedisBroker, client: redis.Redis) -> None:
-    # What a draining worker requeues (requeue_unacked, a Shutdown requeue, Dramatiq's own) goes
+    # What a stopping worker hands back (requeue_unacked, Dramatiq's own unrun prefetch) goes
     # through do_requeue, and wakes another worker's consumer for each message.
     consumer = broker.consume(UNIT_QUEUE, prefetch=2, timeout=IDLE_POLL_MS)
     try:

@@ -4,9 +4,9 @@ back on its queue.
 Dramatiq's broker-side dead-letter queue expires and is not searchable, so it must never be the
 only copy. ``write_dead_letter`` retries the write through a database blip
 (``DEAD_LETTER_RETRY_DELAYS_S``); when the connection stays lost, the message goes back on its
-queue to fail, and be recorded, again later. That fallback relies on how the Redis broker nacks
-(see ``_requeue_instead_of_rejecting``). Other errors are not retried: they would fail the same
-way every time, and a requeue would rerun the job forever.
+queue, as a copy with the original acknowledged, to fail and be recorded again later. Other
+errors are not retried: they would fail the same way every time, and a requeue would rerun the
+job forever.
 
 ``DeadLetters`` calls it after a job's last run. An actor (or a message) declared with
 ``dead_letter=False`` (the outbox relay's nudges) fails without one. The row itself is written
@@ -16,6 +16,7 @@ by ``composition.jobs.deadletters.record_dead_letter``.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -36,6 +37,9 @@ __all__ = [
     "DEAD_LETTER_OPTION",
     "DEAD_LETTER_RETRY_DELAYS_S",
     "DeadLetters",
+    "Requeue",
+    "requeue_as_copy",
+    "requeue_rejected",
     "requeue_voids_nack",
     "write_dead_letter",
 ]
@@ -47,6 +51,30 @@ DEAD_LETTER_OPTION = "dead_letter"
 # Pauses between tries to write a dead letter (4 tries, about 3 s in all): long enough to ride
 # out a database blip or failover, short enough not to hold a worker thread for long.
 DEAD_LETTER_RETRY_DELAYS_S = (0.25, 0.75, 2.0)
+
+# How a message whose dead letter could not be written goes back on its queue.
+Requeue = Callable[[Broker, MessageProxy], None]
+
+
+def requeue_as_copy(broker: Broker, message: MessageProxy) -> None:
+    """Put a failed message back on its queue, as a copy, and have the original acknowledged
+    rather than rejected: a rejected one would also sit in the broker's dead-letter queue."""
+    requeue_message(broker, message)
+    message.failed = False
+
+
+def requeue_rejected(broker: Broker, message: MessageProxy) -> None:
+    """Put a message being rejected back on its queue by its Redis id, which turns the nack
+    already under way into a no-op. Only for the consumer thread's own rejection: it alone
+    fetches this queue for this worker, so nothing can fetch the message again before the nack
+    (``requeue_message`` says why that would lose it)."""
+    assert isinstance(broker, RedisBroker)
+    broker.do_requeue(message.queue_name, message.options["redis_message_id"])
+
+
+def requeue_voids_nack(broker: Broker, message: MessageProxy) -> bool:
+    """Whether ``requeue_rejected`` can put ``message`` back (the Redis broker only)."""
+    return isinstance(broker, RedisBroker) and message.options.get("redis_message_id") is not None
 
 
 class DeadLetters(Middleware):
@@ -75,23 +103,24 @@ class DeadLetters(Middleware):
 
 
 def write_dead_letter(broker: Broker, message: MessageProxy, exception: BaseException, attempts: int, *,
-                      can_requeue: bool = True) -> None:
+                      requeue: Requeue | None = requeue_as_copy) -> None:
     """Write the dead letter, retrying through a database blip; failing that, put the message
-    back on its queue (when ``can_requeue``) so that it fails, and is recorded, again later.
+    back on its queue with ``requeue`` (none: it cannot be) so that it fails, and is recorded,
+    again later.
     Never raises for a failed write: it is logged critical and counted."""
     error = error_text(exception)
     dead_letter_id, record_error, database_lost = _record_with_retries(message, exception, attempts, error)
     if dead_letter_id is not None:
         log.error("job dead-lettered", error=error, attempts=attempts, dead_letter_id=dead_letter_id)
         return
-    if not can_requeue or not database_lost:
+    if requeue is None or not database_lost:
         DEAD_LETTER_RECORD_FAILURES_TOTAL.labels(message.actor_name, "broker_dlq").inc()
         log.critical("could not record dead letter; only the broker's expiring dead-letter queue holds the "
                      "message", error=error, record_error=record_error, queue=message.queue_name,
                      payload=message.kwargs, args=message.args)
         return
     try:
-        _requeue_instead_of_rejecting(broker, message)
+        requeue(broker, message)
     except Exception as exc:
         DEAD_LETTER_RECORD_FAILURES_TOTAL.labels(message.actor_name, "broker_dlq").inc()
         log.critical("could not record dead letter nor requeue the message; only the broker's expiring "
@@ -136,18 +165,3 @@ def _wants_dead_letter(broker: Broker, message: MessageProxy) -> bool:
     except ActorNotFound:
         declared = True
     return message.options.get(DEAD_LETTER_OPTION, declared) is not False
-
-
-def _requeue_instead_of_rejecting(broker: Broker, message: MessageProxy) -> None:
-    """Put a failed message back on its queue so that the broker's nack does not move it to the
-    dead-letter queue: on Redis the requeue takes it out of this worker's unacked set, and
-    dispatch.lua's nack then finds nothing to move; elsewhere a copy is enqueued and the
-    original must be acknowledged, not rejected, or it would exist twice."""
-    requeue_message(broker, message)
-    if not requeue_voids_nack(broker, message):
-        message.failed = False
-
-
-def requeue_voids_nack(broker: Broker, message: MessageProxy) -> bool:
-    """Whether requeueing ``message`` turns the broker's coming nack into a no-op (Redis only)."""
-    return isinstance(broker, RedisBroker) and message.options.get("redis_message_id") is not None

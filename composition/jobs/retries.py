@@ -20,7 +20,6 @@ from typing import Any
 
 import structlog
 from dramatiq.broker import Broker, MessageProxy
-from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import current_millis
 from dramatiq.errors import ActorNotFound, Retry
 from dramatiq.middleware import Retries, Shutdown
@@ -41,17 +40,16 @@ log = structlog.get_logger("composition.jobs")
 
 
 def requeue_message(broker: Broker, message: MessageProxy) -> None:
-    """Put a fetched message back at the end of its queue unchanged (same retries count).
+    """Put a fetched message back at the end of its queue unchanged (same retries count), as a
+    copy under a new broker id; the caller then lets the original be acknowledged.
 
-    On Redis this moves the broker's own copy back from this worker's unacked set, so the
-    worker's later acknowledgement of it does nothing; elsewhere a copy is enqueued and the
-    original is acknowledged as usual.
+    Not the Redis broker's own requeue, which moves the same id back from this worker's unacked
+    set: a consumer of this same worker may fetch it again before the original is acknowledged,
+    and that acknowledgement then deletes the body the refetched message still needs (a worker
+    stopping hands the refetched one back by id, and finds nothing). A copy can at worst run
+    twice, if the worker dies between the enqueue and the acknowledgement: at least once.
     """
-    redis_id = message.options.get("redis_message_id")
-    if isinstance(broker, RedisBroker) and redis_id is not None:
-        broker.do_requeue(message.queue_name, redis_id)
-    else:
-        broker.enqueue(message.copy())
+    broker.enqueue(message.copy())
 
 
 class JobRetries(Retries):

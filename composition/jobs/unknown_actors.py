@@ -16,7 +16,7 @@ from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import Middleware
 
 from composition.jobs.current import attempt_of
-from composition.jobs.dead_lettering import requeue_voids_nack, write_dead_letter
+from composition.jobs.dead_lettering import requeue_rejected, requeue_voids_nack, write_dead_letter
 from composition.metrics import JOBS_TOTAL
 
 __all__ = ["UnknownActors"]
@@ -38,7 +38,7 @@ class UnknownActors(Middleware):
         close_old_connections()
         try:
             write_dead_letter(broker, message, error, attempt_of(message),
-                              can_requeue=requeue_voids_nack(broker, message))
+                              requeue=requeue_rejected if requeue_voids_nack(broker, message) else None)
         finally:
             structlog.contextvars.clear_contextvars()
             close_old_connections()

@@ -1,0 +1,98 @@
+"""A message a worker puts back on its queue (a drained job, a dead letter the database would not
+take) survives being fetched again by a consumer of the same worker before the original is
+acknowledged (``composition.jobs.retries.requeue_message``).
+
+Redis's own requeue moved the same id back from the worker's unacked set: the refetch put that
+id in the set again, the original's acknowledgement then deleted the message's body, and the
+refetched message, handed back unrun by a stopping worker, found nothing to put back. Lost.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+from dramatiq.broker import Consumer, MessageProxy
+from dramatiq.common import xq_name
+from dramatiq.message import Message
+
+from composition.broker import configured_broker
+from composition.jobs.dead_lettering import requeue_as_copy
+from composition.jobs.retries import requeue_message
+from composition.redis_broker import WakingRedisBroker
+
+QUEUE = "requeue_unit"
+
+
+@pytest.fixture
+def broker() -> Iterator[WakingRedisBroker]:
+    broker = configured_broker()
+    assert isinstance(broker, WakingRedisBroker)
+    broker.flush(QUEUE)
+    yield broker
+    broker.flush(QUEUE)
+
+
+def _fetch(consumer: Consumer) -> MessageProxy:
+    """The next message (a wake token can make ``next`` return None first)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        message = next(consumer)
+        if message is not None:
+            return message
+    raise AssertionError("no message within 5 s")
+
+
+def _sent(broker: WakingRedisBroker) -> Message[Any]:
+    return broker.enqueue(Message(queue_name=QUEUE, actor_name="requeue_unit_probe", args=(7,), kwargs={},
+                                  options={"retries": 3}))
+
+
+def test_a_requeued_message_survives_a_refetch_by_the_same_worker(broker: WakingRedisBroker) -> None:
+    sent = _sent(broker)
+    consumer = broker.consume(QUEUE, prefetch=2, timeout=100)
+    try:
+        original = _fetch(consumer)
+        requeue_message(broker, original)  # a drained job goes back as it was
+        refetched = _fetch(consumer)  # this worker's consumer, with room to prefetch, takes it again
+        assert refetched.message_id == sent.message_id
+        assert refetched.options["retries"] == 3  # no attempt used
+        consumer.ack(original)  # the worker thread's acknowledgement of the drained original
+        consumer.requeue([refetched])  # the worker stops before running the refetched one
+    finally:
+        consumer.close()
+
+    again = broker.consume(QUEUE, prefetch=1, timeout=100)
+    try:
+        survivor = _fetch(again)
+        assert (survivor.message_id, survivor.args) == (sent.message_id, (7,))
+        again.ack(survivor)
+    finally:
+        again.close()
+    assert broker.do_qsize(QUEUE) == 0
+
+
+def test_a_message_requeued_for_its_dead_letter_is_acknowledged_not_rejected(broker: WakingRedisBroker) -> None:
+    # The database would not take the dead letter: the message goes back to fail again later,
+    # and the original is acknowledged, so that no copy sits in the broker's dead-letter queue.
+    _sent(broker)
+    client = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
+    consumer = broker.consume(QUEUE, prefetch=2, timeout=100)
+    try:
+        original = _fetch(consumer)
+        original.fail()  # its last attempt failed
+        requeue_as_copy(broker, original)
+        assert not original.failed
+        refetched = _fetch(consumer)
+        # What Dramatiq's consumer thread does with a message that is not failed.
+        consumer.ack(original)
+        consumer.ack(refetched)
+        assert client.zcard(f"{broker.namespace}:{xq_name(QUEUE)}") == 0
+        assert broker.do_qsize(QUEUE) == 0
+    finally:
+        consumer.close()
+        client.close()
