@@ -17,6 +17,11 @@ its watchdog thread is replaced:
 ``shielded()`` defers the interrupt while a block that must not be cut runs (the outbox relay's
 claim, enqueue and mark-sent); a deadline that passed meanwhile fires when the block ends.
 
+``interrupt_job()`` is how a drain interrupts a job still running at its deadline: through the
+same watchdog, so its ``Shutdown`` obeys the same rules (only while the job body runs, never
+inside ``shielded()``). Raised from outside, it could land in the retry's enqueue or the dead
+letter's write after the body returned, and requeue a job that had finished.
+
 Dramatiq's CLI starts the watchdog by emitting ``process_boot`` once per worker process;
 ``boot_worker_process(broker)`` does the same for ``runworkers`` (only once: a thread cannot
 start twice).
@@ -40,7 +45,9 @@ __all__ = [
     "TimeLimitExceeded",
     "boot_worker_process",
     "disarm_time_limit",
+    "interrupt_job",
     "shielded",
+    "time_limits_enforced",
 ]
 
 # How often the watchdog looks at the deadlines (Dramatiq's default is 1 s): a time limit is
@@ -68,6 +75,8 @@ class _Watchdog(threading.Thread):
         self._lock = threading.Lock()
         self._deadlines: dict[int, float] = {}
         self._fired: set[int] = set()
+        # Thread ident -> what to raise instead of TimeLimitExceeded (a drain's Shutdown).
+        self._interrupts: dict[int, type[BaseException]] = {}
         self._boot_lock = threading.Lock()
         _watchdogs.add(self)
 
@@ -79,6 +88,7 @@ class _Watchdog(threading.Thread):
     def add_timeout(self, thread_id: int, ttl_ms: float) -> None:
         with self._lock:
             self._fired.discard(thread_id)
+            self._interrupts.pop(thread_id, None)
             self._deadlines[thread_id] = time.monotonic() + ttl_ms / 1000
 
     def remove_timeout(self, thread_id: int) -> None:
@@ -87,6 +97,7 @@ class _Watchdog(threading.Thread):
     def disarm(self, thread_id: int) -> None:
         with self._lock:
             self._deadlines.pop(thread_id, None)
+            self._interrupts.pop(thread_id, None)
             if thread_id in self._fired:
                 self._fired.discard(thread_id)
                 _clear_pending_interrupt(thread_id)
@@ -95,18 +106,26 @@ class _Watchdog(threading.Thread):
         with self._lock:
             return thread_id in self._fired
 
+    def interrupt_now(self, thread_id: int, exception: type[BaseException]) -> bool:
+        """Make ``thread_id``'s deadline due, raising ``exception``; False if it has none here."""
+        with self._lock:
+            if thread_id not in self._deadlines or not self.is_alive():
+                return False
+            self._deadlines[thread_id] = float("-inf")
+            self._interrupts[thread_id] = exception
+            return True
+
     def run(self) -> None:
         while True:
             time.sleep(self.interval_s)
             now = time.monotonic()
-            with _shield_lock:
-                shielded = set(_shield_depth)
-            with self._lock:
+            # Both locks while firing: a thread entering shielded() meanwhile is seen, or waits.
+            with _shield_lock, self._lock:
                 for thread_id, deadline in list(self._deadlines.items()):
-                    if now >= deadline and thread_id not in shielded:
+                    if now >= deadline and thread_id not in _shield_depth:
                         del self._deadlines[thread_id]
                         self._fired.add(thread_id)
-                        raise_thread_exception(thread_id, TimeLimitExceeded)
+                        raise_thread_exception(thread_id, self._interrupts.pop(thread_id, TimeLimitExceeded))
 
 
 class JobTimeLimit(TimeLimit):
@@ -137,20 +156,43 @@ def disarm_time_limit() -> None:
         pass
 
 
+def interrupt_job(thread_id: int, exception: type[BaseException]) -> bool:
+    """Raise ``exception`` in worker thread ``thread_id`` at the watchdog's next look, as an
+    expired time limit would: only if its job body is still running, never inside
+    ``shielded()`` (delivered when the block ends), withdrawn if the body returns first.
+
+    False when no watchdog of this process holds a deadline for that thread: its body has
+    returned (what is left, retry or dead-letter bookkeeping, must not be cut), or it runs
+    under a broker without ``JobTimeLimit``.
+    """
+    return any(watchdog.interrupt_now(thread_id, exception) for watchdog in list(_watchdogs))
+
+
+def time_limits_enforced() -> bool:
+    """Whether a time-limit watchdog runs in this process (``boot_worker_process`` started it)."""
+    return any(watchdog.is_alive() for watchdog in list(_watchdogs))
+
+
 @contextmanager
 def shielded() -> Iterator[None]:
     """No time-limit interrupt lands in the calling thread inside this block; one that became
     due meanwhile is delivered at the watchdog's next look after the block."""
     thread_id = threading.get_ident()
-    with _shield_lock:
-        _shield_depth[thread_id] = _shield_depth.get(thread_id, 0) + 1
+    # An interrupt already on its way can land while this registers; the finally then puts the
+    # depth back as it was, or the thread would stay shielded for good.
+    depth_before: int | None = None
     try:
+        with _shield_lock:
+            depth_before = _shield_depth.get(thread_id, 0)
+            _shield_depth[thread_id] = depth_before + 1
         yield
     finally:
-        with _shield_lock:
-            depth = _shield_depth.pop(thread_id) - 1
-            if depth:
-                _shield_depth[thread_id] = depth
+        if depth_before is not None:
+            with _shield_lock:
+                if depth_before:
+                    _shield_depth[thread_id] = depth_before
+                else:
+                    _shield_depth.pop(thread_id, None)
 
 
 _booted: weakref.WeakSet[Broker] = weakref.WeakSet()

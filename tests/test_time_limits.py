@@ -11,12 +11,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from dramatiq.middleware import Shutdown
 from prometheus_client import CollectorRegistry, multiprocess
 
 from composition.broker import configured_broker
 from composition.jobs.models import DeadLetter, ProcessedMessage
 from composition.testing import wait_until
-from composition.time_limits import JobTimeLimit, TimeLimitExceeded, disarm_time_limit, shielded
+from composition.time_limits import (
+    JobTimeLimit,
+    TimeLimitExceeded,
+    disarm_time_limit,
+    interrupt_job,
+    shielded,
+    time_limits_enforced,
+)
 from tests.jobsapp import jobs
 from tests.jobsapp.models import Attempt, Effect
 
@@ -83,6 +91,36 @@ def test_a_shielded_block_is_never_cut_and_the_interrupt_follows_it(watchdog: Jo
     with shielded():
         _busy(0.3)  # well past the deadline
     with pytest.raises(TimeLimitExceeded):
+        _busy(2)
+
+
+# -- a drain's interrupt goes through the same watchdog ---------------------------------------------
+
+def test_a_drain_interrupts_a_running_body_with_shutdown(watchdog: JobTimeLimit) -> None:
+    watchdog.manager.add_timeout(threading.get_ident(), float("inf"))  # a job with no limit
+    assert time_limits_enforced()
+    began = time.monotonic()
+    assert interrupt_job(threading.get_ident(), Shutdown)
+    with pytest.raises(Shutdown):
+        _busy(5)
+    assert time.monotonic() - began < 1.0
+
+
+def test_a_drain_spares_a_job_whose_body_returned(watchdog: JobTimeLimit) -> None:
+    # Past its body the job is only bookkeeping (its retry's enqueue, its dead letter's write):
+    # a Shutdown there would requeue a run that already happened.
+    watchdog.manager.add_timeout(threading.get_ident(), 60_000)
+    disarm_time_limit()
+    assert not interrupt_job(threading.get_ident(), Shutdown)
+    _busy(0.3)
+
+
+def test_a_drain_interrupt_waits_for_a_shielded_block(watchdog: JobTimeLimit) -> None:
+    watchdog.manager.add_timeout(threading.get_ident(), 60_000)
+    with shielded():
+        assert interrupt_job(threading.get_ident(), Shutdown)
+        _busy(0.3)  # many watchdog looks
+    with pytest.raises(Shutdown):
         _busy(2)
 
 

@@ -3,7 +3,8 @@ heartbeat that does not depend on the consumers polling.
 
 Drain (Redis broker): intake stops at once (consumers stop fetching, worker threads take no new
 message), running jobs get until the deadline, jobs still running then are interrupted with
-Dramatiq's ``Shutdown`` (which ``JobRetries`` requeues without using an attempt), and finally
+Dramatiq's ``Shutdown`` (which ``JobRetries`` requeues without using an attempt; sent through
+the time-limit watchdog, so it cuts only a job body and never a ``shielded()`` block), and finally
 every message this worker fetched but did not finish (prefetched, delayed, stuck in a system
 call) goes back to its queue at once, instead of waiting for the broker's heartbeat timeout.
 RabbitMQ returns unacknowledged messages by itself when the connection closes, and its
@@ -28,8 +29,10 @@ from dramatiq.broker import Broker
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Shutdown, raise_thread_exception
 
+from composition.jobs.in_flight import InFlight
 from composition.jobs.recovery import return_dead_workers_messages
 from composition.jobs.stack import find_in_flight
+from composition.time_limits import interrupt_job, time_limits_enforced
 
 __all__ = ["BrokerKeepalive", "drain_worker", "requeue_unacked", "stop_intake"]
 
@@ -89,9 +92,7 @@ def drain_worker(worker: Worker, deadline: float) -> int:
     running = registry.in_flight() if registry is not None else {}
     for thread in busy:
         if thread.ident in running:
-            log.warning("job still running at the deadline, interrupting", job_id=running[thread.ident].job_id,
-                        actor=running[thread.ident].actor)
-            raise_thread_exception(thread.ident, Shutdown)
+            _interrupt(thread.ident, running[thread.ident])
     _join(busy, max(deadline, time.monotonic() + MIN_UNWIND_S))
     _join(worker.consumers.values(), time.monotonic() + CONSUMER_JOIN_S)
     requeued = requeue_unacked(broker)
@@ -101,6 +102,20 @@ def drain_worker(worker: Worker, deadline: float) -> int:
     if requeued:
         log.info("unfinished messages handed back to the broker", count=requeued)
     return requeued
+
+
+def _interrupt(thread_id: int, job: InFlight) -> None:
+    """Interrupt a job still running at the deadline with ``Shutdown``, through the time-limit
+    watchdog (``interrupt_job``): its body is cut, its retry or dead-letter bookkeeping is not."""
+    if interrupt_job(thread_id, Shutdown):
+        log.warning("job still running at the deadline, interrupting", job_id=job.job_id, actor=job.actor)
+    elif not time_limits_enforced():
+        # No watchdog to go through (a worker started without process_boot): Dramatiq's way.
+        log.warning("job still running at the deadline, interrupting", job_id=job.job_id, actor=job.actor)
+        raise_thread_exception(thread_id, Shutdown)
+    else:
+        log.info("job past its body at the deadline (retry or dead-letter bookkeeping); not interrupted",
+                 job_id=job.job_id, actor=job.actor)
 
 
 def requeue_unacked(broker: RedisBroker) -> int:
