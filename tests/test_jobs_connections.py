@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from django.db import close_old_connections, connection
 
-from composition.jobs.observability import check_connections
+from composition.jobs.connection_hygiene import check_connections
 from composition.testing import current_database_url
 
 

@@ -18,6 +18,7 @@ from dramatiq.middleware import CurrentMessage, Retries, TimeLimit, TimeLimitExc
 from prometheus_client import REGISTRY
 
 from composition.jobs import current_message
+from composition.jobs.connection_hygiene import InterruptedQueries
 from composition.jobs.dead_lettering import DeadLetters
 from composition.jobs.in_flight import InFlight, InFlightRegistry
 from composition.jobs.observability import JobMetrics, MessageContext, explained
@@ -33,6 +34,7 @@ def test_the_stack_keeps_its_order_rules() -> None:
     stack = job_middleware()
     kinds = [type(middleware) for middleware in stack]
     assert kinds[-1] is JobTimeLimit, "JobTimeLimit last: its after-hook disarms first"
+    assert kinds[-2] is InterruptedQueries, "then what an interrupt left mid-query is closed"
     assert Retries not in kinds and TimeLimit not in kinds
     # After-hooks run in reverse: the retry decision, then the in-flight table, the counts, the
     # dead letter, and the log context and current message last.

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from django.db import connection
 from dramatiq.middleware import Shutdown
 from prometheus_client import CollectorRegistry, multiprocess
 
@@ -168,6 +169,37 @@ def test_runworkers_interrupts_retries_and_dead_letters_an_overrunning_job(
     assert _timeouts_counted(tmp_path, "overruns") == 2
     log = worker.output()
     assert log.count("job exceeded its time limit") == 2 and message.message_id in log
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_query_cut_by_the_time_limit_is_cancelled_and_leaves_the_next_job_a_working_connection(
+        worker_processes, empty_queue: None) -> None:  # type: ignore[no-untyped-def]
+    # The pure-Python psycopg waits for a result in Python code, so the interrupt lands with the
+    # query in flight; one thread, so the next job gets the same thread and its connections.
+    worker = worker_processes.spawn(["--processes", "1", "--threads", "1", "--queues", jobs.TIME_LIMIT_QUEUE],
+                                    PSYCOPG_IMPL="python")
+    jobs.overruns_in_a_query.send(key="in-query", sleep_s=25)
+    wait_until(lambda: DeadLetter.objects.filter(actor="overruns_in_a_query").exists(), 20,
+               message=f"no dead letter; worker log:\n{worker.output()[-3000:]}")
+    assert DeadLetter.objects.get(actor="overruns_in_a_query").error_class.endswith("TimeLimitExceeded")
+    # The server stopped the query rather than sleeping out its 25 s.
+    wait_until(lambda: not _running_query("pg_sleep"), 5, message="the interrupted query still runs")
+
+    jobs.records_its_attempt.send(key="after-the-cut")
+    wait_until(lambda: Attempt.objects.filter(key="after-the-cut").exists(), 20,
+               message=f"next job did not run; worker log:\n{worker.output()[-3000:]}")
+    # Its first attempt worked: no "another command is already in progress", no retry.
+    assert list(Attempt.objects.filter(key="after-the-cut").values_list("attempt", flat=True)) == [1]
+    assert worker.terminate() == 0
+    assert "closing a database connection an interrupt left mid-query" in worker.output()
+
+
+def _running_query(fragment: str) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE %s "
+                       "AND pid <> pg_backend_pid()", [f"%{fragment}%"])
+        return bool(cursor.fetchone()[0])
 
 
 @pytest.mark.slow

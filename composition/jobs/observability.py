@@ -1,12 +1,11 @@
 """What every message leaves for operators: connection hygiene, log context, metrics, outcome logs.
 
-- ``MessageContext`` opens and closes the round around each message: ``close_old_connections()``
-  before and after (worker threads never see Django's ``request_finished``), with the health
-  check of a reused connection (``CONN_HEALTH_CHECKS``) done without a round trip
-  (``check_connections``), and a fresh
-  structlog context bound with job_id, actor, attempt and the request_id a message carries,
-  cleared afterwards (worker threads are reused). It sits outside the other job middleware, so
-  everything they log about the message, the dead letter included, carries that context.
+- ``MessageContext`` opens and closes the round around each message: connection hygiene before
+  and after (worker threads never see Django's ``request_finished``;
+  ``composition.jobs.connection_hygiene``), and a fresh structlog context bound with job_id, actor, attempt and
+  the request_id a message carries, cleared afterwards (worker threads are reused). It sits
+  outside the other job middleware, so everything they log about the message, the dead letter
+  included, carries that context.
 - ``JobMetrics`` counts each run by outcome (success, retry, dead), observes its duration,
   counts time-outs, and logs the outcome; it runs before the dead letter is written, so the
   ``dead`` count never trails a dead letter that is already visible.
@@ -18,24 +17,24 @@ names the limit, for these logs and for the dead letter.
 from __future__ import annotations
 
 import os
-import select
 import socket
 import threading
 import time
 from typing import Any
 
 import structlog
-from django.db import close_old_connections, connections
+from django.db import close_old_connections
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import Middleware, Shutdown
 
+from composition.jobs.connection_hygiene import check_connections
 from composition.jobs.current import attempt_of
 from composition.jobs.in_flight import InFlight, InFlightRegistry
 from composition.jobs.retries import BACKOFF_OPTION
 from composition.metrics import JOB_DURATION_SECONDS, JOB_TIMEOUTS_TOTAL, JOBS_TOTAL
 from composition.time_limits import TimeLimitExceeded
 
-__all__ = ["JobMetrics", "MessageContext", "check_connections", "error_text", "explained"]
+__all__ = ["JobMetrics", "MessageContext", "error_text", "explained"]
 
 # This process, as the heartbeat names it ("host:pid").
 _WORKER = f"{socket.gethostname()}:{os.getpid()}"
@@ -56,36 +55,6 @@ def explained(exception: BaseException, job: InFlight | None) -> BaseException:
     limit = f"{job.time_limit_s:g}s" if job and job.time_limit_s else "its time limit"
     return TimeLimitExceeded(f"job ran longer than {limit} and was interrupted").with_traceback(
         exception.__traceback__)
-
-
-def check_connections() -> None:
-    """Django's health check of this thread's open connections (``CONN_HEALTH_CHECKS``), without
-    its ``SELECT 1`` round trip: a connection whose socket has something to read while idle is
-    closed (Django opens a new one on first use), any other is taken as healthy.
-
-    Django checks a reused connection with a ``SELECT 1`` before the first query of each request;
-    for a job that is a round trip per message (a fifth of an idempotent job's database work).
-    An idle connection has nothing to read unless the server ended it (a restart, an idle
-    timeout or ``pg_terminate_backend`` send an error and close), so looking at the socket finds
-    what the ``SELECT 1`` would; a network path that died silently stalls both alike. Connections
-    of other databases than PostgreSQL, or with nothing to poll, are left to Django's own check.
-    """
-    for wrapper in connections.all(initialized_only=True):
-        raw = wrapper.connection
-        # health_check_done: Django's own flag (4.1+) for "checked since the last close_old_connections()".
-        if raw is None or wrapper.vendor != "postgresql" or not getattr(wrapper, "health_check_enabled", False) \
-                or getattr(wrapper, "health_check_done", True):
-            continue
-        try:
-            poller = select.poll()
-            poller.register(raw.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
-            readable = bool(poller.poll(0))
-        except (OSError, ValueError, AttributeError):
-            continue  # Django's SELECT 1 decides
-        if readable or getattr(raw, "closed", False):
-            wrapper.close()
-        else:
-            wrapper.health_check_done = True  # type: ignore[attr-defined]
 
 
 class MessageContext(Middleware):

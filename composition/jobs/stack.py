@@ -14,7 +14,9 @@ reverse):
 7. ``JobRetries``: its after-hook decides retry or failure before any of the above reads it.
 
 Dramatiq's ``TimeLimit`` is replaced by ``composition.time_limits.JobTimeLimit``, placed last:
-armed after every other before-hook, disarmed before any other after-hook runs.
+armed after every other before-hook, disarmed before any other after-hook runs. Just before it,
+``InterruptedQueries`` closes a connection an interrupt left mid-query, before the bookkeeping
+above needs the database.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import TypeVar
 from dramatiq.broker import Broker
 from dramatiq.middleware import CurrentMessage, Middleware, Retries, TimeLimit, default_middleware
 
+from composition.jobs.connection_hygiene import InterruptedQueries
 from composition.jobs.dead_lettering import DeadLetters
 from composition.jobs.in_flight import InFlightRegistry
 from composition.jobs.observability import JobMetrics, MessageContext
@@ -48,7 +51,7 @@ def job_middleware() -> list[Middleware]:
             continue  # JobTimeLimit goes last, so its after-hook disarms the limit first
         else:
             stack.append(middleware_class())
-    return [*stack, JobTimeLimit()]
+    return [*stack, InterruptedQueries(), JobTimeLimit()]
 
 
 def find_middleware(broker: Broker, kind: type[M]) -> M | None:

@@ -8,7 +8,7 @@ import os
 import time
 
 import dramatiq
-from django.db import transaction
+from django.db import connection, transaction
 
 from composition.broker import configured_broker
 from composition.jobs import PermanentError, TransientError, current_message, job
@@ -126,6 +126,20 @@ def overruns(key: str, run_s: float) -> None:
     while time.monotonic() < deadline:
         time.sleep(0.1)
     Effect.objects.create(key=key)
+
+
+@job(queue=TIME_LIMIT_QUEUE, timeout_s=1, max_attempts=1)
+def overruns_in_a_query(key: str, sleep_s: float) -> None:
+    """Overruns inside one query, outside any transaction: the interrupt lands while the query
+    is in flight (with the pure-Python psycopg, which waits for the result in Python code)."""
+    _record_attempt(key)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_sleep(%s)", [sleep_s])
+
+
+@job(queue=TIME_LIMIT_QUEUE, max_attempts=3, initial_delay_s=0.05, max_delay_s=0.1)
+def records_its_attempt(key: str) -> None:
+    _record_attempt(key)
 
 
 @job(queue=TIME_LIMIT_QUEUE, timeout_s=2, max_attempts=3, initial_delay_s=0.05, max_delay_s=0.1,
