@@ -5,7 +5,8 @@ Three tables grow with traffic and are pruned in small batches (``composition.pr
 - the inbox ledger (``ProcessedMessage``), after ``INBOX_RETENTION_S``, but never while a
   message could still come back: a ledger row pruned too early lets a late redelivery run its
   effects a second time. The window of a job is its whole retry schedule plus the broker's
-  heartbeat timeout plus the outbox lease (``redelivery_window_s``);
+  heartbeat timeout plus the outbox lease (``redelivery_window_s``). Nor while an unresolved
+  dead letter has the same key: its replay would run the effects again;
 - sent outbox rows, after ``OUTBOX_RETENTION_S`` (pending rows never go);
 - replayed or discarded dead letters, after ``DEAD_LETTER_RETENTION_S`` (unresolved ones never go).
 
@@ -24,11 +25,14 @@ from typing import Any
 
 import structlog
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
-from django.db.models import Q, QuerySet
+from django.db.models import F, Q, QuerySet, TextField, Value
+from django.db.models.fields.json import KT
+from django.db.models.functions import Coalesce, NullIf
 from django.utils import timezone
 
 from composition.broker import configured_broker
 from composition.conf import conf
+from composition.jobs.inbox import IDEMPOTENCY_KEY_HEADER
 from composition.jobs.models import DeadLetter, ProcessedMessage
 from composition.jobs.policy import JobPolicy, backoff_s
 from composition.lifecycle.periodic import PeriodicComponent
@@ -109,8 +113,13 @@ def _before(older_than_s: float) -> Any:
 
 
 def ledger_older_than(older_than_s: float) -> QuerySet[Any]:
-    """Ledger rows written more than ``older_than_s`` seconds ago."""
-    return ProcessedMessage.objects.filter(processed_at__lt=_before(older_than_s))
+    """Ledger rows written more than ``older_than_s`` seconds ago, except those under the key of
+    an unresolved dead letter: another copy of that message ran (a duplicate delivery), and the
+    dead letter's replay, however late, must still find its effects recorded."""
+    open_keys = DeadLetter.objects.filter(status=DeadLetter.Status.DEAD).annotate(
+        key=Coalesce(NullIf(KT(f"headers__{IDEMPOTENCY_KEY_HEADER}"), Value("")), F("message_id"),
+                     output_field=TextField())).values("key")
+    return ProcessedMessage.objects.filter(processed_at__lt=_before(older_than_s)).exclude(message_id__in=open_keys)
 
 
 def dead_letters_older_than(older_than_s: float) -> QuerySet[Any]:

@@ -148,6 +148,30 @@ def test_defaults_prune_old_rows_of_each_table_and_keep_the_rest() -> None:
 
 
 @pytest.mark.django_db
+def test_ledger_rows_of_an_unresolved_dead_letter_stay_until_it_is_resolved() -> None:
+    # One copy of a message died, a duplicate of it ran: a replay, however late, must find
+    # the effects recorded under the same key (the message id, or the idempotency key it carried).
+    old = ledger_rows(400 * DAY_S, 4, "dup")
+    by_id = dead_letter(1 * DAY_S, "dead", "by-id")
+    DeadLetter.objects.filter(pk=by_id).update(message_id="dup-0")
+    by_key = dead_letter(1 * DAY_S, "dead", "by-key")
+    DeadLetter.objects.filter(pk=by_key).update(headers={"idempotency_key": "dup-1"})
+    empty_key = dead_letter(1 * DAY_S, "dead", "empty-key")
+    DeadLetter.objects.filter(pk=empty_key).update(message_id="dup-2", headers={"idempotency_key": ""})
+    DeadLetter.objects.create(actor="charge", queue="jobs_check", message_id="dup-3", attempts=1,
+                              error_class="PermanentError", fingerprint="f" * 64, first_failed_at=_ago(DAY_S),
+                              last_failed_at=_ago(DAY_S), status="discarded", discarded_at=_ago(DAY_S))
+
+    prune_expired(batch_size=2)
+    assert set(ProcessedMessage.objects.values_list("pk", flat=True)) == set(old[:3])
+
+    DeadLetter.objects.filter(pk__in=[by_id, by_key, empty_key]).update(status="discarded",
+                                                                          discarded_at=timezone.now())
+    prune_expired(batch_size=2)
+    assert not ProcessedMessage.objects.exists()
+
+
+@pytest.mark.django_db
 def test_none_keeps_a_table_forever() -> None:
     ledger_rows(1000 * DAY_S, 2, "ancient")
     outbox_rows(1000 * DAY_S, 2)
