@@ -32,10 +32,13 @@ Connections: a waiting consumer holds one connection of the broker's pool while 
 one per consumed queue (delay queues excluded) per worker process, held for as long as the
 process is idle, on top of those the worker threads and Dramatiq's polling already use.
 
+``requeue_as_new`` hands a message back under a new id (``composition.jobs.retries`` says why).
+
 Dramatiq internals this relies on (``dramatiq>=2.2,<3``): the private ``_RedisConsumer`` and its
 attributes ``message_cache``, ``prefetch``, ``queue_name``, ``timeout`` and
 ``outstanding_message_count``; ``RedisBroker.consumer_class``, ``RedisBroker.scripts`` and the
-``do_<command>`` methods its ``__getattr__`` makes for ``dispatch.lua``'s commands.
+``do_<command>`` methods its ``__getattr__`` makes for ``dispatch.lua``'s commands; the key
+names of ``dispatch.lua`` (``<ns>:<queue>``, ``<ns>:<queue>.msgs``, the unacked sets).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
+from uuid import uuid4
 
 import redis
 import structlog
@@ -88,6 +92,20 @@ end
 """
 _WAKE_SCRIPT = WAKE_LUA + "push_wake_tokens(1)\n"
 
+# requeue_as_new: KEYS = this worker's unacked set of the queue, the queue's messages hash, the
+# queue; ARGV = old id, new id, new body, then wake_args. Nothing happens unless the old id was
+# still unacked here (the drain or a dead-worker recovery may have handed it back already).
+_REQUEUE_AS_NEW_SCRIPT = WAKE_LUA + """
+if redis.call("srem", KEYS[1], ARGV[1]) == 0 then
+    return 0
+end
+redis.call("hdel", KEYS[2], ARGV[1])
+redis.call("hset", KEYS[2], ARGV[2], ARGV[3])
+redis.call("rpush", KEYS[3], ARGV[2])
+push_wake_tokens(4)
+return 1
+"""
+
 
 def _wakes(queue_name: str) -> bool:
     # Delay (".DQ") and dead-letter (".XQ") queues poll; see the module doc.
@@ -123,6 +141,7 @@ class WakingRedisBroker(RedisBroker):
         self.max_wait_s: float | None = (
             float(socket_timeout_s) * WAIT_SHARE_OF_SOCKET_TIMEOUT if socket_timeout_s else None)
         self._wake = self.client.register_script(_WAKE_SCRIPT)
+        self._requeue_as_new = self.client.register_script(_REQUEUE_AS_NEW_SCRIPT)
 
     @property
     def consumer_class(self) -> type[WakingRedisConsumer]:
@@ -140,6 +159,22 @@ class WakingRedisBroker(RedisBroker):
         result = super().__getattr__("do_requeue")(queue_name, *message_ids)
         self.wake([queue_name] * len(message_ids))
         return result
+
+    def requeue_as_new(self, redis_message_id: str, message: Message[Any]) -> bool:
+        """Put a message this worker fetched and has not acknowledged (Redis id
+        ``redis_message_id``) back at the end of its queue as ``message``, under a new Redis id,
+        in one step; False, and nothing done, when it is no longer unacked here.
+
+        Unlike ``dispatch.lua``'s requeue, which keeps the id, the worker's later acknowledgement
+        of the old id cannot touch the requeued message, even if a consumer of this same worker
+        has fetched it again meanwhile (see ``composition.jobs.retries.requeue_message``)."""
+        new_id = str(uuid4())
+        queue = message.queue_name
+        body = Message(**{**message.asdict(), "options": {**message.options, "redis_message_id": new_id}}).encode()
+        keys = [f"{self.namespace}:__acks__.{self.broker_id}.{queue}", f"{self.namespace}:{queue}.msgs",
+                f"{self.namespace}:{queue}"]
+        return bool(self._requeue_as_new(keys=keys, args=[redis_message_id, new_id, body,
+                                                          *wake_args(self, [queue])]))
 
     def wake(self, queue_names: Iterable[str]) -> None:
         """Push wake tokens for messages just put on ``queue_names`` (one name per message).

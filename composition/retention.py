@@ -5,8 +5,9 @@ Three tables grow with traffic and are pruned in small batches (``composition.pr
 - the inbox ledger (``ProcessedMessage``), after ``INBOX_RETENTION_S``, but never while a
   message could still come back: a ledger row pruned too early lets a late redelivery run its
   effects a second time. The window of a job is its whole retry schedule plus the broker's
-  heartbeat timeout plus the outbox lease (``redelivery_window_s``). Nor while an unresolved
-  dead letter has the same key: its replay would run the effects again;
+  heartbeat timeout plus the outbox lease (``redelivery_window_s``). Nor while a dead letter
+  with the same key is unresolved or was replayed within the retention: its replay would run
+  the effects again;
 - sent outbox rows, after ``OUTBOX_RETENTION_S`` (pending rows never go);
 - replayed or discarded dead letters, after ``DEAD_LETTER_RETENTION_S`` (unresolved ones never go).
 
@@ -25,7 +26,7 @@ from typing import Any
 
 import structlog
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
-from django.db.models import F, Q, QuerySet, TextField, Value
+from django.db.models import Exists, F, OuterRef, Q, QuerySet, TextField, Value
 from django.db.models.fields.json import KT
 from django.db.models.functions import Coalesce, NullIf
 from django.utils import timezone
@@ -114,12 +115,16 @@ def _before(older_than_s: float) -> Any:
 
 def ledger_older_than(older_than_s: float) -> QuerySet[Any]:
     """Ledger rows written more than ``older_than_s`` seconds ago, except those under the key of
-    an unresolved dead letter: another copy of that message ran (a duplicate delivery), and the
-    dead letter's replay, however late, must still find its effects recorded."""
-    open_keys = DeadLetter.objects.filter(status=DeadLetter.Status.DEAD).annotate(
-        key=Coalesce(NullIf(KT(f"headers__{IDEMPOTENCY_KEY_HEADER}"), Value("")), F("message_id"),
-                     output_field=TextField())).values("key")
-    return ProcessedMessage.objects.filter(processed_at__lt=_before(older_than_s)).exclude(message_id__in=open_keys)
+    a dead letter that is unresolved, or was replayed less than ``older_than_s`` ago: another
+    copy of that message ran (a duplicate delivery), and the replay, however late, must still
+    find its effects recorded (a replay may wait in the outbox, the queue or its own retries)."""
+    cutoff = _before(older_than_s)
+    dead_letter_key = Coalesce(NullIf(KT(f"headers__{IDEMPOTENCY_KEY_HEADER}"), Value("")), F("message_id"),
+                               output_field=TextField())
+    holding = DeadLetter.objects.filter(Q(status=DeadLetter.Status.DEAD)
+                                        | Q(status=DeadLetter.Status.REPLAYED, replayed_at__gte=cutoff)).annotate(
+        key=dead_letter_key).filter(key=OuterRef("message_id"))
+    return ProcessedMessage.objects.filter(processed_at__lt=cutoff).exclude(Exists(holding))
 
 
 def dead_letters_older_than(older_than_s: float) -> QuerySet[Any]:

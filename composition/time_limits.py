@@ -16,11 +16,14 @@ its watchdog thread is replaced:
 
 ``shielded()`` defers the interrupt while a block that must not be cut runs (the outbox relay's
 claim, enqueue and mark-sent); a deadline that passed meanwhile fires when the block ends.
+The limit of a plain Dramatiq actor (no ``@job``) ends in this middleware's after-hook, right
+after the actor returns.
 
 ``interrupt_job()`` is how a drain interrupts a job still running at its deadline: through the
 same watchdog, so its ``Shutdown`` obeys the same rules (only while the job body runs, never
 inside ``shielded()``). Raised from outside, it could land in the retry's enqueue or the dead
-letter's write after the body returned, and requeue a job that had finished.
+letter's write after the body returned, and requeue a job that had finished. Dramatiq's
+``ShutdownNotifications`` goes the same way (``JobShutdownNotifications``).
 
 Dramatiq's CLI starts the watchdog by emitting ``process_boot`` once per worker process;
 ``boot_worker_process(broker)`` does the same for ``runworkers`` (only once: a thread cannot
@@ -37,18 +40,24 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from dramatiq.broker import Broker
-from dramatiq.middleware import TimeLimit, TimeLimitExceeded
+from dramatiq.middleware import Shutdown, ShutdownNotifications, TimeLimit, TimeLimitExceeded
 from dramatiq.middleware.threading import raise_thread_exception
 
 __all__ = [
+    "INTERRUPTS",
+    "JobShutdownNotifications",
     "JobTimeLimit",
     "TimeLimitExceeded",
     "boot_worker_process",
     "disarm_time_limit",
     "interrupt_job",
+    "interrupt_running_job",
     "shielded",
     "time_limits_enforced",
 ]
+
+# What the watchdog raises in a worker thread: a time limit's, a drain's.
+INTERRUPTS = (TimeLimitExceeded, Shutdown)
 
 # How often the watchdog looks at the deadlines (Dramatiq's default is 1 s): a time limit is
 # enforced within this much of its value.
@@ -145,15 +154,54 @@ class JobTimeLimit(TimeLimit):
 def disarm_time_limit() -> None:
     """End the calling worker thread's time limit now (the job body has returned or raised).
 
-    A no-op outside a job. If the interrupt was delivered while this ran, it is swallowed: the
-    body had already finished.
+    A no-op outside a job. If the interrupt (a time limit's, a drain's) was delivered while this
+    ran, it is swallowed: the body had already finished. One can also land as this is called,
+    before its first line: callers catch ``INTERRUPTS`` around the call too.
     """
     thread_id = threading.get_ident()
     try:
         for watchdog in list(_watchdogs):
             watchdog.disarm(thread_id)
-    except TimeLimitExceeded:
+    except INTERRUPTS:
         pass
+
+
+def interrupt_running_job(thread_id: int, exception: type[BaseException]) -> bool:
+    """``interrupt_job``, or, when no watchdog runs in this process (a worker started without
+    ``process_boot``), Dramatiq's direct raise. False when the job body had returned."""
+    if interrupt_job(thread_id, exception):
+        return True
+    if time_limits_enforced():
+        return False
+    raise_thread_exception(thread_id, exception)
+    return True
+
+
+class JobShutdownNotifications(ShutdownNotifications):
+    """Dramatiq's ``ShutdownNotifications`` (an actor declared ``notify_shutdown=True`` is
+    interrupted as soon as the drain begins), through the watchdog like the drain's own
+    interrupt: never after the job body returned, never inside ``shielded()``."""
+
+    def __init__(self, notify_shutdown: bool = False) -> None:
+        super().__init__(notify_shutdown)
+        self.manager = _NotifyThroughTheWatchdog()  # type: ignore[assignment]  # same three methods
+
+
+class _NotifyThroughTheWatchdog:
+    """The threads running a notify-shutdown actor, interrupted through the watchdog."""
+
+    def __init__(self) -> None:
+        self.notifications: set[int] = set()
+
+    def add_notification(self) -> None:
+        self.notifications.add(threading.get_ident())
+
+    def remove_notification(self) -> None:
+        self.notifications.discard(threading.get_ident())
+
+    def shutdown(self) -> None:
+        for thread_id in list(self.notifications):
+            interrupt_running_job(thread_id, Shutdown)
 
 
 def interrupt_job(thread_id: int, exception: type[BaseException]) -> bool:

@@ -14,18 +14,18 @@ import structlog
 from dramatiq import Message, Worker
 from dramatiq.broker import MessageProxy
 from dramatiq.brokers.stub import StubBroker
-from dramatiq.middleware import CurrentMessage, Retries, TimeLimit, TimeLimitExceeded
+from dramatiq.middleware import CurrentMessage, Retries, ShutdownNotifications, TimeLimit, TimeLimitExceeded
 from prometheus_client import REGISTRY
 
 from composition.jobs import current_message
-from composition.jobs.connection_hygiene import InterruptedQueries
 from composition.jobs.dead_lettering import DeadLetters
 from composition.jobs.in_flight import InFlight, InFlightRegistry
+from composition.jobs.interrupted_queries import InterruptedQueries
 from composition.jobs.observability import JobMetrics, MessageContext, explained
 from composition.jobs.retries import JobRetries
 from composition.jobs.stack import find_in_flight, find_middleware, job_middleware
 from composition.jobs.unknown_actors import UnknownActors
-from composition.time_limits import JobTimeLimit
+from composition.time_limits import JobShutdownNotifications, JobTimeLimit
 
 QUEUE = "middleware_stack"
 
@@ -35,7 +35,8 @@ def test_the_stack_keeps_its_order_rules() -> None:
     kinds = [type(middleware) for middleware in stack]
     assert kinds[-1] is JobTimeLimit, "JobTimeLimit last: its after-hook disarms first"
     assert kinds[-2] is InterruptedQueries, "then what an interrupt left mid-query is closed"
-    assert Retries not in kinds and TimeLimit not in kinds
+    assert Retries not in kinds and TimeLimit not in kinds and ShutdownNotifications not in kinds
+    assert JobShutdownNotifications in kinds
     # After-hooks run in reverse: the retry decision, then the in-flight table, the counts, the
     # dead letter, and the log context and current message last.
     ours = [CurrentMessage, MessageContext, UnknownActors, DeadLetters, JobMetrics, InFlightRegistry, JobRetries]

@@ -1,10 +1,13 @@
 """A message a worker puts back on its queue (a drained job, a dead letter the database would not
-take) survives being fetched again by a consumer of the same worker before the original is
-acknowledged (``composition.jobs.retries.requeue_message``).
+take) goes back once, as it was fetched (``composition.jobs.retries.requeue_message``):
 
-Redis's own requeue moved the same id back from the worker's unacked set: the refetch put that
-id in the set again, the original's acknowledgement then deleted the message's body, and the
-refetched message, handed back unrun by a stopping worker, found nothing to put back. Lost.
+- it survives being fetched again by a consumer of the same worker before the original is
+  acknowledged. Redis's own requeue moved the same id back from the worker's unacked set: the
+  refetch put that id in the set again, the original's acknowledgement then deleted the
+  message's body, and the refetched message, handed back unrun by a stopping worker, found
+  nothing to put back. Lost;
+- it is not doubled when the drain has handed it back already;
+- it keeps the retries count it was fetched with (the failed run's bookkeeping raised it).
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from dramatiq.broker import Consumer, MessageProxy
 from dramatiq.common import xq_name
 from dramatiq.message import Message
 
-from composition.broker import configured_broker
+from composition.broker import build_broker
+from composition.conf import conf
 from composition.jobs.dead_lettering import requeue_as_copy
-from composition.jobs.retries import requeue_message
+from composition.jobs.retries import JobRetries, requeue_message
+from composition.jobs.runtime import requeue_unacked
 from composition.redis_broker import WakingRedisBroker
 
 QUEUE = "requeue_unit"
@@ -30,11 +35,14 @@ QUEUE = "requeue_unit"
 
 @pytest.fixture
 def broker() -> Iterator[WakingRedisBroker]:
-    broker = configured_broker()
+    # A broker of its own, with the queue declared (the drain hands back declared queues only).
+    broker = build_broker(conf.BROKER_URL, heartbeat_timeout_s=60.0, maintenance_chance=0, middleware=[])
     assert isinstance(broker, WakingRedisBroker)
+    broker.declare_queue(QUEUE)
     broker.flush(QUEUE)
     yield broker
     broker.flush(QUEUE)
+    broker.client.close()
 
 
 def _fetch(consumer: Consumer) -> MessageProxy:
@@ -76,20 +84,39 @@ def test_a_requeued_message_survives_a_refetch_by_the_same_worker(broker: Waking
     assert broker.do_qsize(QUEUE) == 0
 
 
-def test_a_message_requeued_for_its_dead_letter_is_acknowledged_not_rejected(broker: WakingRedisBroker) -> None:
-    # The database would not take the dead letter: the message goes back to fail again later,
-    # and the original is acknowledged, so that no copy sits in the broker's dead-letter queue.
+def test_a_message_the_drain_handed_back_already_is_not_doubled(broker: WakingRedisBroker) -> None:
     _sent(broker)
+    consumer = broker.consume(QUEUE, prefetch=1, timeout=100)
+    try:
+        original = _fetch(consumer)
+        assert requeue_unacked(broker) == 1  # the drain's deadline: everything unacked goes back
+        requeue_message(broker, original)  # the job's Shutdown unwinds only now
+        consumer.ack(original)
+    finally:
+        consumer.close()
+    assert broker.do_qsize(QUEUE) == 1
+
+
+def test_a_message_requeued_for_its_dead_letter_goes_back_as_fetched_and_not_to_the_dlq(
+        broker: WakingRedisBroker) -> None:
+    # The database would not take the dead letter: the message goes back to fail again later,
+    # with the retries count it was fetched with, and no copy sits in the broker's DLQ.
+    _sent(broker)
+    retries = JobRetries()
     client = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
     consumer = broker.consume(QUEUE, prefetch=2, timeout=100)
     try:
         original = _fetch(consumer)
-        original.fail()  # its last attempt failed
+        retries.before_process_message(broker, original)
+        # Its last attempt failed: Dramatiq's Retries counted it and failed it.
+        original.options["retries"] += 1
+        original.options["traceback"] = "Traceback ..."
+        original.fail()
         requeue_as_copy(broker, original)
-        assert not original.failed
+        # What Dramatiq's consumer thread does next.
+        (consumer.nack if original.failed else consumer.ack)(original)
         refetched = _fetch(consumer)
-        # What Dramatiq's consumer thread does with a message that is not failed.
-        consumer.ack(original)
+        assert (refetched.options["retries"], "traceback" in refetched.options) == (3, False)
         consumer.ack(refetched)
         assert client.zcard(f"{broker.namespace}:{xq_name(QUEUE)}") == 0
         assert broker.do_qsize(QUEUE) == 0

@@ -148,7 +148,7 @@ def test_defaults_prune_old_rows_of_each_table_and_keep_the_rest() -> None:
 
 
 @pytest.mark.django_db
-def test_ledger_rows_of_an_unresolved_dead_letter_stay_until_it_is_resolved() -> None:
+def test_ledger_rows_of_an_unresolved_or_just_replayed_dead_letter_stay() -> None:
     # One copy of a message died, a duplicate of it ran: a replay, however late, must find
     # the effects recorded under the same key (the message id, or the idempotency key it carried).
     old = ledger_rows(400 * DAY_S, 4, "dup")
@@ -165,8 +165,13 @@ def test_ledger_rows_of_an_unresolved_dead_letter_stay_until_it_is_resolved() ->
     prune_expired(batch_size=2)
     assert set(ProcessedMessage.objects.values_list("pk", flat=True)) == set(old[:3])
 
-    DeadLetter.objects.filter(pk__in=[by_id, by_key, empty_key]).update(status="discarded",
-                                                                          discarded_at=timezone.now())
+    # Replayed just now: the replay has yet to run, and must find the effects recorded.
+    DeadLetter.objects.filter(pk=by_id).update(status="replayed", replayed_at=timezone.now())
+    DeadLetter.objects.filter(pk__in=[by_key, empty_key]).update(status="discarded", discarded_at=timezone.now())
+    prune_expired(batch_size=2)
+    assert set(ProcessedMessage.objects.values_list("pk", flat=True)) == {old[0]}
+    # Replayed longer ago than the ledger keeps rows: that replay has long run.
+    DeadLetter.objects.filter(pk=by_id).update(replayed_at=_ago(8 * DAY_S))
     prune_expired(batch_size=2)
     assert not ProcessedMessage.objects.exists()
 

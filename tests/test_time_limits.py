@@ -19,6 +19,7 @@ from composition.broker import configured_broker
 from composition.jobs.models import DeadLetter, ProcessedMessage
 from composition.testing import wait_until
 from composition.time_limits import (
+    JobShutdownNotifications,
     JobTimeLimit,
     TimeLimitExceeded,
     disarm_time_limit,
@@ -125,6 +126,27 @@ def test_a_drain_interrupt_waits_for_a_shielded_block(watchdog: JobTimeLimit) ->
         _busy(2)
 
 
+def test_dramatiqs_shutdown_notifications_go_through_the_watchdog(watchdog: JobTimeLimit) -> None:
+    # An actor declared notify_shutdown=True is interrupted as the drain begins: in its body, not
+    # in a shielded block, and not once the body returned.
+    notifications = JobShutdownNotifications(notify_shutdown=True)
+    notifications.manager.add_notification()
+    try:
+        watchdog.manager.add_timeout(threading.get_ident(), 60_000)
+        with shielded():
+            notifications.before_worker_shutdown(configured_broker(), None)
+            _busy(0.3)
+        with pytest.raises(Shutdown):
+            _busy(2)
+
+        watchdog.manager.add_timeout(threading.get_ident(), 60_000)
+        disarm_time_limit()
+        notifications.before_worker_shutdown(configured_broker(), None)
+        _busy(0.3)
+    finally:
+        notifications.manager.remove_notification()
+
+
 def test_the_watchdog_starts_once_however_often_the_process_boots(watchdog: JobTimeLimit) -> None:
     watchdog.after_process_boot(configured_broker())  # already started by the fixture
     assert watchdog.manager.is_alive()
@@ -173,18 +195,20 @@ def test_runworkers_interrupts_retries_and_dead_letters_an_overrunning_job(
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_a_query_cut_by_the_time_limit_is_cancelled_and_leaves_the_next_job_a_working_connection(
+def test_a_query_cut_by_the_time_limit_is_cancelled_and_its_connection_goes_on(
         worker_processes, empty_queue: None) -> None:  # type: ignore[no-untyped-def]
     # The pure-Python psycopg waits for a result in Python code, so the interrupt lands with the
-    # query in flight; one thread, so the next job gets the same thread and its connections.
+    # query in flight; one thread, so every job here runs on the same thread and connections.
     worker = worker_processes.spawn(["--processes", "1", "--threads", "1", "--queues", jobs.TIME_LIMIT_QUEUE],
                                     PSYCOPG_IMPL="python")
-    jobs.overruns_in_a_query.send(key="in-query", sleep_s=25)
-    wait_until(lambda: DeadLetter.objects.filter(actor="overruns_in_a_query").exists(), 20,
-               message=f"no dead letter; worker log:\n{worker.output()[-3000:]}")
-    assert DeadLetter.objects.get(actor="overruns_in_a_query").error_class.endswith("TimeLimitExceeded")
-    # The server stopped the query rather than sleeping out its 25 s.
-    wait_until(lambda: not _running_query("pg_sleep"), 5, message="the interrupted query still runs")
+    for actor in (jobs.overruns_in_a_query, jobs.overruns_in_a_transaction):
+        actor.send(key=actor.actor_name, sleep_s=25)
+        wait_until(lambda: DeadLetter.objects.filter(actor=actor.actor_name).exists(), 20,  # noqa: B023
+                   message=f"no dead letter; worker log:\n{worker.output()[-3000:]}")
+        assert DeadLetter.objects.get(actor=actor.actor_name).error_class.endswith("TimeLimitExceeded")
+        # The server stopped the query rather than sleeping out its 25 s.
+        wait_until(lambda: not _running_query("pg_sleep"), 3, message=f"{actor.actor_name}'s query still runs")
+    assert not Effect.objects.filter(key="overruns_in_a_transaction").exists()  # rolled back
 
     jobs.records_its_attempt.send(key="after-the-cut")
     wait_until(lambda: Attempt.objects.filter(key="after-the-cut").exists(), 20,
@@ -192,7 +216,9 @@ def test_a_query_cut_by_the_time_limit_is_cancelled_and_leaves_the_next_job_a_wo
     # Its first attempt worked: no "another command is already in progress", no retry.
     assert list(Attempt.objects.filter(key="after-the-cut").values_list("attempt", flat=True)) == [1]
     assert worker.terminate() == 0
-    assert "closing a database connection an interrupt left mid-query" in worker.output()
+    log = worker.output()
+    assert log.count("interrupted query cancelled") == 2, log[-3000:]
+    assert "closing a database connection" not in log
 
 
 def _running_query(fragment: str) -> bool:

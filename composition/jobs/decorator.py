@@ -24,7 +24,7 @@ from composition.jobs.current import current_message
 from composition.jobs.inbox import ledger_key, record_processed
 from composition.jobs.policy import JobPolicy
 from composition.jobs.schema import PayloadSchema
-from composition.time_limits import disarm_time_limit
+from composition.time_limits import INTERRUPTS, disarm_time_limit
 
 __all__ = ["job"]
 
@@ -43,7 +43,10 @@ def _body(fn: Callable[..., R], args: tuple[Any, ...], kwargs: dict[str, Any]) -
     try:
         return fn(*args, **kwargs)
     finally:
-        disarm_time_limit()
+        try:
+            disarm_time_limit()
+        except INTERRUPTS:
+            pass  # landed as the disarm began: the body had finished
 
 
 def job(*, queue: str = "default", max_attempts: int = 5, initial_delay_s: float = 10,

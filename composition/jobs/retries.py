@@ -15,6 +15,7 @@ Everything else (``max_retries``, ``throws``, a ``Retry`` with its own delay) is
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -22,11 +23,13 @@ import structlog
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.common import current_millis
 from dramatiq.errors import ActorNotFound, Retry
+from dramatiq.message import Message
 from dramatiq.middleware import Retries, Shutdown
 
 from composition.jobs.deadletters import FIRST_FAILED_OPTION
 from composition.jobs.policy import backoff_s
 from composition.outbox.publish import PAYLOAD_SCHEMA_OPTION
+from composition.redis_broker import WakingRedisBroker
 from composition.redis_errors import BROKER_FAILURES
 
 __all__ = ["BACKOFF_OPTION", "RETRY_ENQUEUE_PAUSES_S", "JobRetries", "requeue_message"]
@@ -38,18 +41,35 @@ RETRY_ENQUEUE_PAUSES_S = (0.5, 1.0, 2.0)
 
 log = structlog.get_logger("composition.jobs")
 
+# Per worker thread, the message it runs and the options it started with (options_as_fetched).
+_fetched = threading.local()
+
 
 def requeue_message(broker: Broker, message: MessageProxy) -> None:
-    """Put a fetched message back at the end of its queue unchanged (same retries count), as a
-    copy under a new broker id; the caller then lets the original be acknowledged.
+    """Put a fetched message back at the end of its queue as it was fetched (same retries count),
+    under a new broker id; the caller then lets the original be acknowledged.
 
-    Not the Redis broker's own requeue, which moves the same id back from this worker's unacked
-    set: a consumer of this same worker may fetch it again before the original is acknowledged,
-    and that acknowledgement then deletes the body the refetched message still needs (a worker
-    stopping hands the refetched one back by id, and finds nothing). A copy can at worst run
-    twice, if the worker dies between the enqueue and the acknowledgement: at least once.
+    On Redis, in one step and only while this worker still holds it unacknowledged
+    (``WakingRedisBroker.requeue_as_new``): a drain that already handed it back by id is not
+    doubled. Not Redis's own requeue, which keeps the id: a consumer of this same worker may
+    fetch it again before the original is acknowledged, and that acknowledgement then deleted
+    the body the refetched message still needed (a worker stopping hands the refetched one back
+    by id, and found nothing). Elsewhere a copy is enqueued: if the worker dies before the
+    acknowledgement, it can run twice (at least once).
     """
-    broker.enqueue(message.copy())
+    as_fetched: Message[Any] = Message(**{**message.asdict(), "options": options_as_fetched(message)})
+    redis_id = message.options.get("redis_message_id")
+    if isinstance(broker, WakingRedisBroker) and redis_id is not None:
+        broker.requeue_as_new(redis_id, as_fetched)
+    else:
+        broker.enqueue(as_fetched)
+
+
+def options_as_fetched(message: MessageProxy) -> dict[str, Any]:
+    """``message``'s options as they were before this run (the retry bookkeeping changes them),
+    or as they are for a message this process did not see start."""
+    started: tuple[MessageProxy, dict[str, Any]] | None = getattr(_fetched, "started", None)
+    return dict(started[1] if started is not None and started[0] is message else message.options)
 
 
 class JobRetries(Retries):
@@ -60,6 +80,9 @@ class JobRetries(Retries):
         # @job stores its JobPolicy on the actor, for retention and operators' tools, and its
         # payload check, for publish().
         return {*super().actor_options, "job_policy", PAYLOAD_SCHEMA_OPTION}
+
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        _fetched.started = (message, dict(message.options))
 
     def after_process_message(self, broker: Broker, message: MessageProxy, *, result: Any = None,
                               exception: BaseException | None = None) -> None:

@@ -27,12 +27,12 @@ import structlog
 from dramatiq import Worker
 from dramatiq.broker import Broker
 from dramatiq.brokers.redis import RedisBroker
-from dramatiq.middleware import Shutdown, raise_thread_exception
+from dramatiq.middleware import Shutdown
 
 from composition.jobs.in_flight import InFlight
 from composition.jobs.recovery import return_dead_workers_messages
 from composition.jobs.stack import find_in_flight
-from composition.time_limits import interrupt_job, time_limits_enforced
+from composition.time_limits import interrupt_running_job
 
 __all__ = ["BrokerKeepalive", "drain_worker", "requeue_unacked", "stop_intake"]
 
@@ -106,13 +106,10 @@ def drain_worker(worker: Worker, deadline: float) -> int:
 
 def _interrupt(thread_id: int, job: InFlight) -> None:
     """Interrupt a job still running at the deadline with ``Shutdown``, through the time-limit
-    watchdog (``interrupt_job``): its body is cut, its retry or dead-letter bookkeeping is not."""
-    if interrupt_job(thread_id, Shutdown):
+    watchdog (``interrupt_running_job``): its body is cut, its retry or dead-letter bookkeeping
+    is not."""
+    if interrupt_running_job(thread_id, Shutdown):
         log.warning("job still running at the deadline, interrupting", job_id=job.job_id, actor=job.actor)
-    elif not time_limits_enforced():
-        # No watchdog to go through (a worker started without process_boot): Dramatiq's way.
-        log.warning("job still running at the deadline, interrupting", job_id=job.job_id, actor=job.actor)
-        raise_thread_exception(thread_id, Shutdown)
     else:
         log.info("job past its body at the deadline (retry or dead-letter bookkeeping); not interrupted",
                  job_id=job.job_id, actor=job.actor)

@@ -13,10 +13,12 @@ reverse):
    interrupts a dead-letter write.
 7. ``JobRetries``: its after-hook decides retry or failure before any of the above reads it.
 
-Dramatiq's ``TimeLimit`` is replaced by ``composition.time_limits.JobTimeLimit``, placed last:
-armed after every other before-hook, disarmed before any other after-hook runs. Just before it,
-``InterruptedQueries`` closes a connection an interrupt left mid-query, before the bookkeeping
-above needs the database.
+Dramatiq's ``ShutdownNotifications`` is replaced by ``JobShutdownNotifications`` (its interrupt
+goes through the time-limit watchdog), and its ``TimeLimit`` by
+``composition.time_limits.JobTimeLimit``, placed last: armed after every other before-hook,
+disarmed before any other after-hook runs. Just before it,
+``InterruptedQueries`` cancels a query an interrupt lands in, and closes a connection it could
+not free, before the bookkeeping above needs the database.
 """
 
 from __future__ import annotations
@@ -24,15 +26,22 @@ from __future__ import annotations
 from typing import TypeVar
 
 from dramatiq.broker import Broker
-from dramatiq.middleware import CurrentMessage, Middleware, Retries, TimeLimit, default_middleware
+from dramatiq.middleware import (
+    CurrentMessage,
+    Middleware,
+    Retries,
+    ShutdownNotifications,
+    TimeLimit,
+    default_middleware,
+)
 
-from composition.jobs.connection_hygiene import InterruptedQueries
 from composition.jobs.dead_lettering import DeadLetters
 from composition.jobs.in_flight import InFlightRegistry
+from composition.jobs.interrupted_queries import InterruptedQueries
 from composition.jobs.observability import JobMetrics, MessageContext
 from composition.jobs.retries import JobRetries
 from composition.jobs.unknown_actors import UnknownActors
-from composition.time_limits import JobTimeLimit
+from composition.time_limits import JobShutdownNotifications, JobTimeLimit
 
 __all__ = ["find_in_flight", "find_middleware", "job_middleware"]
 
@@ -49,6 +58,8 @@ def job_middleware() -> list[Middleware]:
                       JobMetrics(in_flight), in_flight, JobRetries()]
         elif middleware_class is TimeLimit:
             continue  # JobTimeLimit goes last, so its after-hook disarms the limit first
+        elif middleware_class is ShutdownNotifications:
+            stack.append(JobShutdownNotifications())
         else:
             stack.append(middleware_class())
     return [*stack, InterruptedQueries(), JobTimeLimit()]

@@ -52,7 +52,7 @@ from composition.tasks._compat import (
 )
 from composition.tasks.options import QueuePolicy, actor_name
 from composition.tasks.payload import arguments_schema, resolve_task
-from composition.time_limits import disarm_time_limit
+from composition.time_limits import INTERRUPTS, disarm_time_limit
 
 __all__ = ["WORKER_IDS_HEADER", "declare_task_actor", "worker_id"]
 
@@ -120,7 +120,10 @@ def _run(alias: str, queue: str, policy: QueuePolicy, path: str, args: list[Any]
             # get_result reports as finished_at. Same transaction: it commits with the effects.
             _ledger(message).update(processed_at=Now())
         else:
-            disarm_time_limit()  # the run is over: an interrupt now would only repeat it
+            try:
+                disarm_time_limit()  # the run is over: an interrupt now would only repeat it
+            except INTERRUPTS:
+                pass  # landed as the disarm began
             with transaction.atomic():
                 record_processed(ledger_key(message), message.actor_name)
     # After COMMIT of an atomic run (at once otherwise): only then has the task succeeded.

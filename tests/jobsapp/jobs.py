@@ -137,6 +137,14 @@ def overruns_in_a_query(key: str, sleep_s: float) -> None:
         cursor.execute("SELECT pg_sleep(%s)", [sleep_s])
 
 
+@job(queue=TIME_LIMIT_QUEUE, timeout_s=1, max_attempts=1, idempotent=True)
+def overruns_in_a_transaction(key: str, sleep_s: float) -> None:
+    """``overruns_in_a_query`` inside the job's transaction, holding a row lock meanwhile."""
+    Effect.objects.create(key=key)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_sleep(%s)", [sleep_s])
+
+
 @job(queue=TIME_LIMIT_QUEUE, max_attempts=3, initial_delay_s=0.05, max_delay_s=0.1)
 def records_its_attempt(key: str) -> None:
     _record_attempt(key)

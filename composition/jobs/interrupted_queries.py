@@ -1,0 +1,115 @@
+"""A query an interrupt lands in is cancelled, so that its connection stays usable.
+
+A time limit or a drain's ``Shutdown`` raised while a query is in flight leaves the connection
+busy with that query. That happens with the pure-Python psycopg, which waits for the result in
+Python code, where the interrupt lands (the C and binary builds wait in C, and the interrupt
+waits for the query to return); psycopg itself cancels the query for a ``KeyboardInterrupt``
+only. Left so, the query runs on in the server, with its locks, until ``statement_timeout``;
+inside ``atomic()`` Django's rollback fails and Django closes the connection; outside one the
+connection fails its next statement ("another command is already in progress"): the job's own
+dead-letter write, or the thread's next job.
+
+``InterruptedQueries`` adds ``cancel_on_interrupt`` to the execute wrappers of the worker
+thread's PostgreSQL connections before each job: on an interrupt it cancels the query and reads
+what the server answers, so the transaction rolls back as usual and the connection goes on.
+What it could not cancel within ``CANCEL_TIMEOUT_S`` is closed right after the job, before the
+retry and dead-letter bookkeeping needs the database.
+"""
+
+from __future__ import annotations
+
+import select
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from dramatiq.broker import Broker, MessageProxy
+from dramatiq.middleware import Middleware
+from psycopg import pq
+
+__all__ = ["CANCEL_TIMEOUT_S", "InterruptedQueries", "cancel_on_interrupt", "close_interrupted_connections"]
+
+log = structlog.get_logger("composition.jobs")
+
+# How long cancelling an interrupted query may take (the cancel request, then the server's
+# answer) before its connection is closed instead.
+CANCEL_TIMEOUT_S = 2.0
+
+
+def cancel_on_interrupt(execute: Callable[..., Any], sql: str, params: Any, many: bool,
+                        context: dict[str, Any]) -> Any:
+    """Django execute wrapper: an interrupt (any ``BaseException`` that is not an ``Exception``)
+    landing with the query in flight cancels the query before it goes on up."""
+    try:
+        return execute(sql, params, many, context)
+    except Exception:
+        raise
+    except BaseException:
+        _cancel_in_flight(context["connection"])
+        raise
+
+
+def _busy(wrapper: BaseDatabaseWrapper) -> Any:
+    """The libpq connection of ``wrapper`` if it has a query in flight, else None."""
+    pgconn = getattr(wrapper.connection, "pgconn", None)
+    if wrapper.vendor != "postgresql" or pgconn is None or pgconn.transaction_status != pq.TransactionStatus.ACTIVE:
+        return None
+    return pgconn
+
+
+def _cancel_in_flight(wrapper: BaseDatabaseWrapper) -> bool:
+    """Cancel the query in flight on ``wrapper`` and read the server's answers; True when the
+    connection is ready again (or was never busy)."""
+    pgconn = _busy(wrapper)
+    if pgconn is None:
+        return True
+    deadline = time.monotonic() + CANCEL_TIMEOUT_S
+    try:
+        wrapper.connection.cancel_safe(timeout=CANCEL_TIMEOUT_S)
+        while pgconn.is_busy():
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                return False
+            select.select([pgconn.socket], [], [], remaining_s)
+            pgconn.consume_input()
+        while pgconn.get_result() is not None:
+            pass  # the cancelled query's error, then the end of its results
+    except Exception as exc:
+        log.warning("could not cancel an interrupted query", alias=wrapper.alias, error=f"{type(exc).__name__}: {exc}")
+        return False
+    log.info("interrupted query cancelled", alias=wrapper.alias)
+    return True
+
+
+def close_interrupted_connections() -> None:
+    """Close this thread's PostgreSQL connections still left with a query in flight."""
+    for wrapper in connections.all(initialized_only=True):
+        if _busy(wrapper) is None:
+            continue
+        log.warning("closing a database connection an interrupt left mid-query", alias=wrapper.alias)
+        try:
+            wrapper.close()
+        except Exception as exc:
+            log.warning("could not close the interrupted connection", alias=wrapper.alias, error=str(exc))
+            wrapper.connection = None
+
+
+class InterruptedQueries(Middleware):
+    """Cancels a query an interrupt lands in, and closes what it could not (see module doc)."""
+
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        for wrapper in connections.all():
+            # Innermost (first): the cancel comes before any other wrapper sees the interrupt.
+            if wrapper.vendor == "postgresql" and cancel_on_interrupt not in wrapper.execute_wrappers:
+                wrapper.execute_wrappers.insert(0, cancel_on_interrupt)
+
+    def after_process_message(self, broker: Broker, message: MessageProxy, *, result: Any = None,
+                              exception: BaseException | None = None) -> None:
+        if exception is not None:
+            close_interrupted_connections()
+
+    def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
+        close_interrupted_connections()
