@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging.config
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +29,24 @@ def _fresh_metrics_dir() -> str:
     return str(path)
 
 
+def _port_in_use() -> bool:
+    """Whether HOST:PORT is taken. Checked before anything starts: a second ``./run`` would
+    otherwise attach to the first one's embedded servers, replace its API token, take the first
+    one's /readyz for its own and announce itself up, before its web server gave up on the port."""
+    with socket.socket(socket.AF_INET6 if ":" in HOST else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds
+        try:
+            probe.bind((HOST, PORT))
+        except OSError:
+            return True
+    return False
+
+
 def main() -> int:
+    if _port_in_use():
+        print(f"./run: {HOST}:{PORT} is in use (another ./run?). Stop it, or choose another port: "
+              f"PORT={PORT + 1} ./run", file=sys.stderr)
+        return 2
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = _fresh_metrics_dir()
     os.environ.setdefault("LOG_FORMAT", "console")

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -141,3 +143,20 @@ def test_run_command_serves_readyz_on_embedded_servers_and_ctrl_c_stops_in_rever
     assert own_stops == [("web", "stopped"), ("migrations", "stopped"), ("embedded-valkey", "stopped"),
                          ("embedded-postgres", "stopped")], output
     assert stopped[-2:] == [("embedded-valkey", "stopped"), ("embedded-postgres", "stopped")]
+
+
+def test_a_second_run_on_a_taken_port_refuses_before_starting_anything(tmp_path: Path) -> None:
+    # A second ./run would attach to the first one's embedded servers and replace its API token.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {key: value for key, value in os.environ.items() if key not in ("DATABASE_URL", "REDIS_URL")}
+        env.update(COMPOSITION_DATA_DIR=str(tmp_path), PORT=str(port))
+        began = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "project.run"], env=env, capture_output=True, text=True,
+                              timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"127.0.0.1:{port} is in use" in done.stderr and f"PORT={port + 1} ./run" in done.stderr
+    assert time.monotonic() - began < 10
+    assert not any(tmp_path.iterdir()), "nothing may start: no embedded server, no data"
