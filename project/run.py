@@ -87,8 +87,9 @@ def main() -> int:
             # A mark left by a run that was killed would keep the new web server draining.
             subprocess.run([*manage, "drain", "--clear"], check=True, cwd=BASE_DIR, stdout=subprocess.DEVNULL)
             subprocess.run([*manage, "ensure_dev_superuser"], check=True, cwd=BASE_DIR)
-            # A fresh API token each run (the previous run's is replaced): shown once, below.
-            made = subprocess.run([*manage, "create_api_token", "admin", "--name", "./run", "--replace"],
+            # A fresh API token each run (the previous run's on this port is replaced; one on
+            # another port, sharing these servers, keeps its own): shown once, below.
+            made = subprocess.run([*manage, "create_api_token", "admin", "--name", f"./run :{PORT}", "--replace"],
                                   cwd=BASE_DIR, capture_output=True, text=True)
             self.api_token = made.stdout.strip() if made.returncode == 0 else None
             if self.api_token is None:
