@@ -56,7 +56,15 @@ from dramatiq.common import q_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.message import Message
 
-__all__ = ["WAKE_LUA", "WAKE_TOKENS_MAX", "WAKE_TTL_MS", "WakingRedisBroker", "WakingRedisConsumer", "wake_args"]
+__all__ = [
+    "WAKE_LUA",
+    "WAKE_TOKENS_MAX",
+    "WAKE_TTL_MS",
+    "WakingRedisBroker",
+    "WakingRedisConsumer",
+    "requeue_as_new",
+    "wake_args",
+]
 
 log = structlog.get_logger("composition.broker")
 
@@ -123,6 +131,23 @@ def wake_args(broker: RedisBroker, queue_names: Iterable[str]) -> list[Any]:
     return args
 
 
+def requeue_as_new(broker: RedisBroker, redis_message_id: str, message: Message[Any]) -> bool:
+    """Put a message this worker fetched and has not acknowledged (Redis id ``redis_message_id``)
+    back at the end of its queue as ``message``, under a new Redis id, in one step; False, and
+    nothing done, when it is no longer unacked here. Safe to repeat after a lost reply.
+
+    Unlike ``dispatch.lua``'s requeue, which keeps the id, the worker's later acknowledgement of
+    the old id cannot touch the requeued message, even if a consumer of this same worker has
+    fetched it again meanwhile (see ``composition.jobs.retries.requeue_message``)."""
+    new_id = str(uuid4())
+    queue = message.queue_name
+    body = Message(**{**message.asdict(), "options": {**message.options, "redis_message_id": new_id}}).encode()
+    keys = [f"{broker.namespace}:__acks__.{broker.broker_id}.{queue}", f"{broker.namespace}:{queue}.msgs",
+            f"{broker.namespace}:{queue}"]
+    script = broker.client.register_script(_REQUEUE_AS_NEW_SCRIPT)  # no round trip: EVALSHA on call
+    return bool(script(keys=keys, args=[redis_message_id, new_id, body, *wake_args(broker, [queue])]))
+
+
 def wake_key(broker: RedisBroker, queue_name: str) -> str:
     """The wake list of ``queue_name``."""
     return f"{broker.namespace}:{queue_name}{WAKE_SUFFIX}"
@@ -141,7 +166,6 @@ class WakingRedisBroker(RedisBroker):
         self.max_wait_s: float | None = (
             float(socket_timeout_s) * WAIT_SHARE_OF_SOCKET_TIMEOUT if socket_timeout_s else None)
         self._wake = self.client.register_script(_WAKE_SCRIPT)
-        self._requeue_as_new = self.client.register_script(_REQUEUE_AS_NEW_SCRIPT)
 
     @property
     def consumer_class(self) -> type[WakingRedisConsumer]:
@@ -159,22 +183,6 @@ class WakingRedisBroker(RedisBroker):
         result = super().__getattr__("do_requeue")(queue_name, *message_ids)
         self.wake([queue_name] * len(message_ids))
         return result
-
-    def requeue_as_new(self, redis_message_id: str, message: Message[Any]) -> bool:
-        """Put a message this worker fetched and has not acknowledged (Redis id
-        ``redis_message_id``) back at the end of its queue as ``message``, under a new Redis id,
-        in one step; False, and nothing done, when it is no longer unacked here.
-
-        Unlike ``dispatch.lua``'s requeue, which keeps the id, the worker's later acknowledgement
-        of the old id cannot touch the requeued message, even if a consumer of this same worker
-        has fetched it again meanwhile (see ``composition.jobs.retries.requeue_message``)."""
-        new_id = str(uuid4())
-        queue = message.queue_name
-        body = Message(**{**message.asdict(), "options": {**message.options, "redis_message_id": new_id}}).encode()
-        keys = [f"{self.namespace}:__acks__.{self.broker_id}.{queue}", f"{self.namespace}:{queue}.msgs",
-                f"{self.namespace}:{queue}"]
-        return bool(self._requeue_as_new(keys=keys, args=[redis_message_id, new_id, body,
-                                                          *wake_args(self, [queue])]))
 
     def wake(self, queue_names: Iterable[str]) -> None:
         """Push wake tokens for messages just put on ``queue_names`` (one name per message).

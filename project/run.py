@@ -7,6 +7,7 @@ terminal's Ctrl-C reaches only this process, which then stops them in order.
 
 from __future__ import annotations
 
+import errno
 import logging.config
 import os
 import shutil
@@ -23,7 +24,8 @@ PORT = int(os.environ.get("PORT", "8000"))
 
 def _fresh_metrics_dir() -> str:
     # Multiprocess samples of an earlier run would be merged into this one's totals.
-    path = DATA_DIR / "prometheus"
+    # Per port: two ./run on different ports share DATA_DIR, not their metrics.
+    path = DATA_DIR / f"prometheus-{PORT}"
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
     return str(path)
@@ -37,13 +39,20 @@ def _port_in_use() -> bool:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds
         try:
             probe.bind((HOST, PORT))
-        except OSError:
-            return True
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return True
+            raise  # another reason (a HOST not on this machine, a port below 1024): main says which
     return False
 
 
 def main() -> int:
-    if _port_in_use():
+    try:
+        taken = _port_in_use()
+    except OSError as exc:
+        print(f"./run: cannot serve on {HOST}:{PORT}: {exc} (set HOST and PORT)", file=sys.stderr)
+        return 2
+    if taken:
         print(f"./run: {HOST}:{PORT} is in use (another ./run?). Stop it, or choose another port: "
               f"PORT={PORT + 1} ./run", file=sys.stderr)
         return 2

@@ -16,6 +16,7 @@ from psycopg import IsolationLevel
 from structlog.testing import capture_logs
 
 from composition.jobs.inbox import record_processed
+from composition.jobs.interrupted_queries import InterruptedQueries, cancel_on_interrupt
 from composition.jobs.models import ProcessedMessage
 from composition.testing import current_database_url
 
@@ -44,6 +45,21 @@ def test_the_ledger_row_goes_out_with_begin_and_is_timed_either_way() -> None:
     assert ledger[2] == ledger[0]
     assert "timed-first" not in ledger[0], "the logged SQL carries no parameters"
     assert set(ProcessedMessage.objects.values_list("message_id", flat=True)) == {"timed-first", "timed-later"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_threads_interrupt_cancel_keeps_the_one_round_trip() -> None:
+    # Every job runs with InterruptedQueries' execute wrapper installed: the ledger INSERT must
+    # still go out with the BEGIN.
+    InterruptedQueries().before_process_message(None, None)  # type: ignore[arg-type]
+    try:
+        assert cancel_on_interrupt in connection.execute_wrappers
+        with override_settings(COMPOSITION={**settings.COMPOSITION, "DB_SLOW_QUERY_S": 1e-9}), \
+                capture_logs() as logs, transaction.atomic():
+            assert record_processed("with-the-cancel", "charge") is True
+    finally:
+        connection.execute_wrappers.remove(cancel_on_interrupt)
+    assert _slow_query_sql(logs)[0].startswith("BEGIN; INSERT INTO")
 
 
 @pytest.mark.django_db(transaction=True)

@@ -30,6 +30,7 @@ from dramatiq.broker import MessageProxy
 
 from composition.begin import begin_sql
 from composition.deferred_writes import send_held_first
+from composition.jobs.interrupted_queries import cancel_on_interrupt
 from composition.slow_queries import time_query
 
 __all__ = ["IDEMPOTENCY_KEY_HEADER", "ledger_key", "record_processed"]
@@ -37,9 +38,9 @@ __all__ = ["IDEMPOTENCY_KEY_HEADER", "ledger_key", "record_processed"]
 # Key in message.options["composition"] that replaces the message id in the ledger.
 IDEMPOTENCY_KEY_HEADER = "idempotency_key"
 
-# Execute wrappers known to need no cursor in their context (the slow-query timer): the one-string
-# path runs them around its statement; with any other wrapper installed it is not taken.
-_CURSORLESS_WRAPPERS = (time_query, send_held_first)
+# Execute wrappers known to need no cursor in their context (the slow-query timer, the interrupt
+# cancel): the one-string path runs them around its statement; with any other it is not taken.
+_CURSORLESS_WRAPPERS = (time_query, send_held_first, cancel_on_interrupt)
 
 
 def ledger_key(message: MessageProxy) -> str:

@@ -34,6 +34,8 @@ __all__ = ["CANCEL_TIMEOUT_S", "InterruptedQueries", "cancel_on_interrupt", "clo
 
 log = structlog.get_logger("composition.jobs")
 
+_COPY_STATUSES = (pq.ExecStatus.COPY_IN, pq.ExecStatus.COPY_OUT, pq.ExecStatus.COPY_BOTH)
+
 # How long cancelling an interrupted query may take (the cancel request, then the server's
 # answer) before its connection is closed instead.
 CANCEL_TIMEOUT_S = 2.0
@@ -61,26 +63,41 @@ def _busy(wrapper: BaseDatabaseWrapper) -> Any:
 
 
 def _cancel_in_flight(wrapper: BaseDatabaseWrapper) -> bool:
-    """Cancel the query in flight on ``wrapper`` and read the server's answers; True when the
-    connection is ready again (or was never busy)."""
+    """Cancel the query in flight on ``wrapper`` and read the server's answers, all within
+    ``CANCEL_TIMEOUT_S``; True when the connection is ready again (or was never busy)."""
     pgconn = _busy(wrapper)
     if pgconn is None:
         return True
     deadline = time.monotonic() + CANCEL_TIMEOUT_S
     try:
         wrapper.connection.cancel_safe(timeout=CANCEL_TIMEOUT_S)
-        while pgconn.is_busy():
-            remaining_s = deadline - time.monotonic()
-            if remaining_s <= 0:
+        # One string may hold several statements (a row lock's SAVEPOINT; SELECT; RELEASE): wait
+        # for each result before reading it, so that no read blocks past the deadline.
+        while True:
+            if not _wait_for_result(pgconn, deadline):
                 return False
-            select.select([pgconn.socket], [], [], remaining_s)
-            pgconn.consume_input()
-        while pgconn.get_result() is not None:
-            pass  # the cancelled query's error, then the end of its results
+            result = pgconn.get_result()
+            if result is None:
+                break
+            if result.status in _COPY_STATUSES:
+                return False  # a COPY wants the client: leave it to the close
     except Exception as exc:
         log.warning("could not cancel an interrupted query", alias=wrapper.alias, error=f"{type(exc).__name__}: {exc}")
         return False
     log.info("interrupted query cancelled", alias=wrapper.alias)
+    return True
+
+
+def _wait_for_result(pgconn: Any, deadline: float) -> bool:
+    """Wait until ``pgconn`` can return its next result without blocking; False at the deadline."""
+    poller = select.poll()
+    poller.register(pgconn.socket, select.POLLIN)
+    while pgconn.is_busy():
+        remaining_ms = (deadline - time.monotonic()) * 1000
+        if remaining_ms <= 0:
+            return False
+        poller.poll(remaining_ms)
+        pgconn.consume_input()
     return True
 
 
@@ -102,7 +119,7 @@ class InterruptedQueries(Middleware):
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         for wrapper in connections.all():
-            # Innermost (first): the cancel comes before any other wrapper sees the interrupt.
+            # First in the list is outermost: it also covers what the others send (held writes).
             if wrapper.vendor == "postgresql" and cancel_on_interrupt not in wrapper.execute_wrappers:
                 wrapper.execute_wrappers.insert(0, cancel_on_interrupt)
 

@@ -15,12 +15,14 @@ Everything else (``max_retries``, ``throws``, a ``Retry`` with its own delay) is
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from typing import Any
 
 import structlog
 from dramatiq.broker import Broker, MessageProxy
+from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import current_millis
 from dramatiq.errors import ActorNotFound, Retry
 from dramatiq.message import Message
@@ -29,7 +31,7 @@ from dramatiq.middleware import Retries, Shutdown
 from composition.jobs.deadletters import FIRST_FAILED_OPTION
 from composition.jobs.policy import backoff_s
 from composition.outbox.publish import PAYLOAD_SCHEMA_OPTION
-from composition.redis_broker import WakingRedisBroker
+from composition.redis_broker import requeue_as_new
 from composition.redis_errors import BROKER_FAILURES
 
 __all__ = ["BACKOFF_OPTION", "RETRY_ENQUEUE_PAUSES_S", "JobRetries", "requeue_message"]
@@ -50,7 +52,7 @@ def requeue_message(broker: Broker, message: MessageProxy) -> None:
     under a new broker id; the caller then lets the original be acknowledged.
 
     On Redis, in one step and only while this worker still holds it unacknowledged
-    (``WakingRedisBroker.requeue_as_new``): a drain that already handed it back by id is not
+    (``composition.redis_broker.requeue_as_new``): a drain that already handed it back by id is not
     doubled. Not Redis's own requeue, which keeps the id: a consumer of this same worker may
     fetch it again before the original is acknowledged, and that acknowledgement then deleted
     the body the refetched message still needed (a worker stopping hands the refetched one back
@@ -59,8 +61,8 @@ def requeue_message(broker: Broker, message: MessageProxy) -> None:
     """
     as_fetched: Message[Any] = Message(**{**message.asdict(), "options": options_as_fetched(message)})
     redis_id = message.options.get("redis_message_id")
-    if isinstance(broker, WakingRedisBroker) and redis_id is not None:
-        broker.requeue_as_new(redis_id, as_fetched)
+    if isinstance(broker, RedisBroker) and redis_id is not None:
+        requeue_as_new(broker, redis_id, as_fetched)
     else:
         broker.enqueue(as_fetched)
 
@@ -69,7 +71,7 @@ def options_as_fetched(message: MessageProxy) -> dict[str, Any]:
     """``message``'s options as they were before this run (the retry bookkeeping changes them),
     or as they are for a message this process did not see start."""
     started: tuple[MessageProxy, dict[str, Any]] | None = getattr(_fetched, "started", None)
-    return dict(started[1] if started is not None and started[0] is message else message.options)
+    return copy.deepcopy(started[1] if started is not None and started[0] is message else message.options)
 
 
 class JobRetries(Retries):
@@ -82,14 +84,15 @@ class JobRetries(Retries):
         return {*super().actor_options, "job_policy", PAYLOAD_SCHEMA_OPTION}
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
-        _fetched.started = (message, dict(message.options))
+        # Deep: a run may change nested options in place (a task appends its worker id).
+        _fetched.started = (message, copy.deepcopy(message.options))
 
     def after_process_message(self, broker: Broker, message: MessageProxy, *, result: Any = None,
                               exception: BaseException | None = None) -> None:
         if exception is None:
             return
         if isinstance(exception, Shutdown):
-            requeue_message(broker, message)
+            _requeue_drained(broker, message)
             return
         message.options.setdefault(FIRST_FAILED_OPTION, current_millis())
         try:
@@ -131,3 +134,18 @@ def _enqueue_retry_or_fail(broker: Broker, message: MessageProxy, *, delay_ms: i
               "once the broker is back)", actor=message.actor_name, message_id=message.message_id,
               error=f"{type(error).__name__}: {error}")
     message.fail()
+
+
+def _requeue_drained(broker: Broker, message: MessageProxy) -> None:
+    """Hand a drained job back; through a broker blip, try again a few times (on Redis a repeat
+    after a lost reply does nothing twice). Failing that it is logged: on Redis the drain's final
+    hand-back still returns it if the acknowledgement fails too."""
+    for pause_s in (0.0, *RETRY_ENQUEUE_PAUSES_S):
+        time.sleep(pause_s)
+        try:
+            requeue_message(broker, message)
+            return
+        except BROKER_FAILURES as exc:
+            error = exc
+    log.critical("could not hand a drained job back to the broker", actor=message.actor_name,
+                 message_id=message.message_id, error=f"{type(error).__name__}: {error}")
