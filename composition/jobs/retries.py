@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -123,16 +124,12 @@ class JobRetries(Retries):
 def _enqueue_retry_or_fail(broker: Broker, message: MessageProxy, *, delay_ms: int, error: BaseException) -> None:
     """The broker refused the retry Retries just enqueued: try again a few times; if it still
     refuses, fail the message, so that DeadLetters records it (nothing is acked unrecorded)."""
-    for pause_s in RETRY_ENQUEUE_PAUSES_S:
-        time.sleep(pause_s)
-        try:
-            broker.enqueue(message, delay=delay_ms)  # type: ignore[arg-type]  # as Retries does
-            return
-        except BROKER_FAILURES as exc:
-            error = exc
+    last = _tried_again(lambda: broker.enqueue(message, delay=delay_ms), error)  # type: ignore[arg-type]
+    if last is None:
+        return
     log.error("the broker refused the job's retry; the message becomes a dead letter (replay it "
               "once the broker is back)", actor=message.actor_name, message_id=message.message_id,
-              error=f"{type(error).__name__}: {error}")
+              error=f"{type(last).__name__}: {last}")
     message.fail()
 
 
@@ -140,12 +137,24 @@ def _requeue_drained(broker: Broker, message: MessageProxy) -> None:
     """Hand a drained job back; through a broker blip, try again a few times (on Redis a repeat
     after a lost reply does nothing twice). Failing that it is logged: on Redis the drain's final
     hand-back still returns it if the acknowledgement fails too."""
-    for pause_s in (0.0, *RETRY_ENQUEUE_PAUSES_S):
+    try:
+        requeue_message(broker, message)
+        return
+    except BROKER_FAILURES as exc:
+        error = _tried_again(lambda: requeue_message(broker, message), exc)
+    if error is not None:
+        log.critical("could not hand a drained job back to the broker", actor=message.actor_name,
+                     message_id=message.message_id, error=f"{type(error).__name__}: {error}")
+
+
+def _tried_again(send: Callable[[], object], error: BaseException) -> BaseException | None:
+    """``send`` again after each of ``RETRY_ENQUEUE_PAUSES_S`` while the broker refuses it; None
+    once it is taken, else the last refusal."""
+    for pause_s in RETRY_ENQUEUE_PAUSES_S:
         time.sleep(pause_s)
         try:
-            requeue_message(broker, message)
-            return
+            send()
+            return None
         except BROKER_FAILURES as exc:
             error = exc
-    log.critical("could not hand a drained job back to the broker", actor=message.actor_name,
-                 message_id=message.message_id, error=f"{type(error).__name__}: {error}")
+    return error
