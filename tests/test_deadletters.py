@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from io import StringIO
 from typing import Any
 
@@ -182,7 +183,9 @@ def test_admin_replay_confirms_the_count_then_acts() -> None:
     assert confirm.status_code == 200
     assert b"This will replay <strong>2</strong> dead letters" in confirm.content
     assert DeadLetter.objects.filter(status="dead").count() == 2, "nothing happens before the confirmation"
-    done = client.post(url, {**selection, "confirm": "yes"})
+    upto = re.search(rb'name="upto" value="(\d+)"', confirm.content)
+    assert upto is not None and int(upto.group(1)) == letters[-1].pk
+    done = client.post(url, {**selection, "confirm": "yes", "upto": upto.group(1).decode()})
     assert done.status_code == 302
     assert DeadLetter.objects.filter(status="replayed").count() == 2
     assert OutboxMessage.objects.filter(actor_name="charge").count() == 2

@@ -26,6 +26,13 @@ __all__ = ["DeadLetterAdmin", "FingerprintFilter", "ReadOnlyRows"]
 
 # The fingerprint filter lists the largest groups; a long tail of one-off failures is searchable.
 FINGERPRINT_CHOICES = 30
+# One click replays or discards at most this many (the oldest first): each is a transaction of
+# its own (a few ms), and a web request has a timeout (gunicorn's, a proxy's) that would cut a
+# group of a hundred thousand part-way with no report. The next click takes the next ones; the
+# command line (``manage.py deadletters``) has no such bound.
+BULK_ACTION_LIMIT = 1000
+# Refused ids named per reason in the message after an action.
+REFUSED_IDS_SHOWN = 10
 
 
 class ReadOnlyRows:
@@ -155,28 +162,48 @@ class DeadLetterAdmin(ReadOnlyRows, admin.ModelAdmin):
 
     def _confirm_then(self, request: HttpRequest, queryset: QuerySet[DeadLetter], verb: str,
                       act: Any) -> HttpResponse | None:
-        selected = queryset.filter(status=DeadLetter.Status.DEAD)
+        selected = queryset.filter(status=DeadLetter.Status.DEAD).order_by("id")
         if request.POST.get("confirm") != "yes":
+            count = selected.count()
+            batch = list(selected.values_list("pk", flat=True)[:BULK_ACTION_LIMIT])
             context = {
                 **self.admin_site.each_context(request),
                 "title": f"Confirm {verb}",
                 "opts": self.model._meta,
                 "verb": verb,
                 "action": request.POST.get("action", ""),
-                "count": selected.count(),
-                "skipped": queryset.count() - selected.count(),
+                "count": len(batch),
+                "matching": count,
+                "left_for_later": count - len(batch),
+                # The newest id counted: the action keeps to these rows, not to rows that failed
+                # while the operator read this page ("select all" re-runs the filter on confirm).
+                "upto": batch[-1] if batch else 0,
+                "skipped": queryset.count() - count,
                 # "All N matching" (select_across) acts on the filtered list, not on ids: a group of
                 # ten thousand is not ten thousand hidden inputs (the admin still wants one).
                 "ids": [str(pk) for pk in queryset.values_list("pk", flat=True)[
                     :1 if request.POST.get("select_across") == "1" else None]],
                 "select_across": request.POST.get("select_across", "0"),
-                "groups": (selected.values("actor", "error_class").annotate(count=Count("id"))
+                "groups": (selected.filter(pk__in=batch).values("actor", "error_class").annotate(count=Count("id"))
                            .order_by("-count")[:FINGERPRINT_CHOICES]),
             }
             return TemplateResponse(request, "admin/composition/deadletter/confirm_action.html", context)
-        result = act(selected, user=request.user)
+        try:
+            upto = int(request.POST.get("upto", ""))
+        except ValueError:
+            self.message_user(request, "The confirmation was incomplete; nothing was done. Try the action again.",
+                              messages.ERROR)
+            return None
+        batch = list(selected.filter(pk__lte=upto).values_list("pk", flat=True)[:BULK_ACTION_LIMIT])
+        result = act(DeadLetter.objects.filter(pk__in=batch).order_by("id"), user=request.user)
         if result.done:
             self.message_user(request, f"{verb.capitalize()}ed {len(result.done)} dead letter(s).", messages.SUCCESS)
-        for pk, reason in result.refused.items():
-            self.message_user(request, f"Dead letter {pk} refused: {reason}", messages.WARNING)
+        for reason, pks in result.refused_by_reason():
+            named = ", ".join(str(pk) for pk in pks[:REFUSED_IDS_SHOWN]) + ("…" if len(pks) > REFUSED_IDS_SHOWN else "")
+            self.message_user(request, f"{len(pks)} dead letter(s) refused: {reason} (ids {named})", messages.WARNING)
+        more = selected.filter(pk__gt=upto).count()
+        if more:
+            self.message_user(request, f"{more} more open dead letter(s) match this selection (beyond the "
+                              f"{BULK_ACTION_LIMIT} one action takes, or failed since); run it again for them.",
+                              messages.INFO)
         return None

@@ -24,6 +24,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
+from dramatiq.errors import ActorNotFound
 
 from composition.broker import configured_broker
 from composition.errors import (
@@ -34,6 +35,7 @@ from composition.errors import (
 )
 from composition.jobs.inbox import IDEMPOTENCY_KEY_HEADER
 from composition.jobs.models import DeadLetter
+from composition.outbox.errors import UnknownActorError
 from composition.outbox.publish import publish_with_headers
 
 __all__ = [
@@ -56,10 +58,13 @@ DISCARD_PERMISSION = "composition.discard_deadletter"
 
 def filter_dead_letters(*, ids: Iterable[int] | None = None, actor: str | None = None,
                         error: str | None = None, fingerprint: str | None = None,
-                        status: str | None = DeadLetter.Status.DEAD) -> QuerySet[DeadLetter]:
+                        status: str | None = DeadLetter.Status.DEAD,
+                        max_id: int | None = None) -> QuerySet[DeadLetter]:
     """Dead letters matching every given filter; ``error`` matches the error class exactly or by
     its last dotted part (``ValueError``, ``PayloadValidationError``); ``fingerprint`` matches a
-    whole fingerprint or a prefix of one, as ``deadletters list`` shows it (12 characters).
+    whole fingerprint or a prefix of one, as ``deadletters list`` shows it (12 characters);
+    ``max_id`` keeps to the rows there were when an operator counted them (ids only grow), so
+    what failed since is not acted on unseen.
 
     Raises AmbiguousFingerprintError when the prefix matches more than one group among the rows
     the other filters select, so a short prefix never acts on more than the operator meant.
@@ -73,6 +78,8 @@ def filter_dead_letters(*, ids: Iterable[int] | None = None, actor: str | None =
         rows = rows.filter(error_class=error) | rows.filter(error_class__endswith=f".{error}")
     if status:
         rows = rows.filter(status=status)
+    if max_id is not None:
+        rows = rows.filter(pk__lte=max_id)
     if fingerprint:
         rows = rows.filter(fingerprint__startswith=fingerprint.strip().lower())
         groups = sorted(rows.order_by().values_list("fingerprint", flat=True).distinct()[:_MAX_CANDIDATES])
@@ -93,11 +100,15 @@ def _require(user: Any, permission: str) -> None:
 
 def replay_payload(dead_letter: DeadLetter) -> dict[str, Any]:
     """The keyword payload to publish again; positional args (a plain ``actor.send(x)``) are
-    named from the job's current signature. Raises PayloadValidationError when they cannot be."""
+    named from the job's current signature. Raises PayloadValidationError when they cannot be,
+    UnknownActorError when no such actor is declared any more (a deploy removed it)."""
     payload = dict(dead_letter.payload or {})
     if not dead_letter.args:
         return payload
-    fn = configured_broker().get_actor(dead_letter.actor).fn
+    try:
+        fn = configured_broker().get_actor(dead_letter.actor).fn
+    except ActorNotFound:
+        raise UnknownActorError(dead_letter.actor) from None
     try:
         bound = inspect.signature(fn).bind_partial(*dead_letter.args)
     except TypeError as exc:
@@ -169,6 +180,14 @@ class BulkResult:
     done: list[int] = field(default_factory=list)
     refused: dict[int, str] = field(default_factory=dict)
 
+    def refused_by_reason(self) -> list[tuple[str, list[int]]]:
+        """The refused ids grouped by reason, the most common reason first: a thousand rows
+        refused for one cause are one line to an operator, not a thousand."""
+        by_reason: dict[str, list[int]] = {}
+        for pk, reason in self.refused.items():
+            by_reason.setdefault(reason, []).append(pk)
+        return sorted(by_reason.items(), key=lambda item: -len(item[1]))
+
     def as_dict(self) -> dict[str, Any]:
         return {"done": self.done, "refused": {str(k): v for k, v in self.refused.items()},
                 "done_count": len(self.done), "refused_count": len(self.refused)}
@@ -180,7 +199,11 @@ def _bulk(action: Any, rows: QuerySet[DeadLetter], user: Any, permission: str) -
     for pk in rows.values_list("pk", flat=True):
         try:
             action(pk, user=user)
-        except (CompositionError, DeadLetter.DoesNotExist) as exc:
+        except DeadLetterStateError as exc:  # worded without its id, so refusals group by reason
+            result.refused[pk] = f"already {exc.status}"
+        except DeadLetter.DoesNotExist:
+            result.refused[pk] = "no such dead letter"
+        except CompositionError as exc:
             result.refused[pk] = str(exc) or type(exc).__name__
         else:
             result.done.append(pk)

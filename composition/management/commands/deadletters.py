@@ -4,7 +4,7 @@ import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db.models import QuerySet
+from django.db.models import Max, QuerySet
 
 from composition.errors import CompositionError
 from composition.jobs import replay as service
@@ -14,6 +14,7 @@ from composition.management.retention_option import SECONDS_PER_DAY, older_than_
 from composition.retention import prune_dead_letters
 
 LIST_LIMIT = 200
+LIST_GROUPS = 50
 
 
 def _summary(row: DeadLetter) -> dict[str, Any]:
@@ -24,7 +25,8 @@ def _summary(row: DeadLetter) -> dict[str, Any]:
 
 
 def _groups(rows: QuerySet[DeadLetter]) -> list[dict[str, Any]]:
-    return [{**group, "last_failed_at": group["last_failed_at"].isoformat()} for group in failure_groups(rows)]
+    return [{**group, "last_failed_at": group["last_failed_at"].isoformat()}
+            for group in failure_groups(rows, limit=LIST_GROUPS)]
 
 
 def _detail(row: DeadLetter) -> dict[str, Any]:
@@ -34,6 +36,17 @@ def _detail(row: DeadLetter) -> dict[str, Any]:
             "replay_outbox_id": row.replay_outbox_id,
             "discarded_at": row.discarded_at.isoformat() if row.discarded_at else None,
             "traceback": row.traceback}
+
+
+def _missing(ids: list[int] | None, found: Any) -> list[int]:
+    """The ids asked for that ``found`` (rows, or a queryset of them) does not hold, in order."""
+    present = {row.pk for row in found}
+    return [pk for pk in dict.fromkeys(ids or []) if pk not in present]
+
+
+def _why_not_open(pk: int) -> str:
+    status = DeadLetter.objects.filter(pk=pk).values_list("status", flat=True).first()
+    return "no such dead letter" if status is None else f"already {status}"
 
 
 class Command(BaseCommand):
@@ -52,6 +65,9 @@ class Command(BaseCommand):
                             help="list: every status, not only dead; replay/discard: act without a filter")
         parser.add_argument("--older-than", type=float, default=None, dest="older_than",
                             help="prune: resolved over this many days ago (default DEAD_LETTER_RETENTION_S)")
+        parser.add_argument("--max-id", type=int, default=None, dest="max_id",
+                            help="replay/discard: only dead letters up to this id, as the count without --yes "
+                                 "printed it (so what failed since is left alone)")
         parser.add_argument("--dry-run", action="store_true", help="print what would be done, do nothing")
         parser.add_argument("--yes", action="store_true", help="carry out a bulk replay or discard")
         parser.add_argument("--json", action="store_true", help="machine-readable output")
@@ -70,7 +86,7 @@ class Command(BaseCommand):
         elif action == "show":
             if not options["ids"]:
                 raise CommandError("show needs --id")
-            self._show(self._select(options, None), options["json"])
+            self._show(self._select(options, None), options["ids"], options["json"])
         else:
             if not filtered and not options["all"]:
                 raise CommandError(f"{action} needs --id, a filter (--actor/--error/--fingerprint) or --all")
@@ -79,7 +95,8 @@ class Command(BaseCommand):
     def _select(self, options: dict[str, Any], status: str | None) -> QuerySet[DeadLetter]:
         try:
             return service.filter_dead_letters(ids=options["ids"], actor=options["actor"], error=options["error"],
-                                               fingerprint=options["fingerprint"], status=status)
+                                               fingerprint=options["fingerprint"], status=status,
+                                               max_id=options["max_id"])
         except CompositionError as exc:  # an ambiguous fingerprint prefix
             raise CommandError(str(exc)) from exc
 
@@ -89,9 +106,10 @@ class Command(BaseCommand):
     def _list(self, rows: QuerySet[DeadLetter], as_json: bool) -> None:
         total = rows.count()
         groups = _groups(rows)
+        group_count = rows.values("fingerprint").distinct().count() if len(groups) == LIST_GROUPS else len(groups)
         shown = [_summary(row) for row in rows.order_by("-last_failed_at", "-id")[:LIST_LIMIT]]
         if as_json:
-            self._emit({"count": total, "groups": groups, "dead_letters": shown})
+            self._emit({"count": total, "group_count": group_count, "groups": groups, "dead_letters": shown})
             return
         # The groups first: at 3 a.m. "one bug, 4,000 letters" matters more than the letters.
         if groups:
@@ -108,20 +126,25 @@ class Command(BaseCommand):
             self.stdout.write(f"{row['id']:>8}  {row['status']:<9} {row['actor']:<30} "
                               f"{row['error_class'].rsplit('.', 1)[-1]:<28} x{row['attempts']:<3} "
                               f"{row['fingerprint'][:12]}  {row['error_message'][:80]}")
-        self.stdout.write(f"{total} dead letter(s)" + (f", newest {LIST_LIMIT} shown" if total > LIST_LIMIT else ""))
+        self.stdout.write(f"{total} dead letter(s)" + (f", newest {LIST_LIMIT} shown" if total > LIST_LIMIT else "")
+                          + (f"; {group_count} groups, largest {LIST_GROUPS} shown" if group_count > len(groups)
+                             else ""))
 
-    def _show(self, rows: QuerySet[DeadLetter], as_json: bool) -> None:
+    def _show(self, rows: QuerySet[DeadLetter], ids: list[int], as_json: bool) -> None:
         found = list(rows)
+        missing = _missing(ids, found)
         if not found:
-            raise CommandError("no such dead letter")
+            raise CommandError(f"no dead letter with id {', '.join(map(str, missing))}")
         if as_json:
             self._emit([_detail(row) for row in found])
-            return
-        for row in found:
-            for name, value in _detail(row).items():
-                if name != "traceback":
-                    self.stdout.write(f"{name}: {value}")
-            self.stdout.write(row.traceback)
+        else:
+            for row in found:
+                for name, value in _detail(row).items():
+                    if name != "traceback":
+                        self.stdout.write(f"{name}: {value}")
+                self.stdout.write(row.traceback)
+        if missing:
+            raise CommandError(f"no dead letter with id {', '.join(map(str, missing))}")
 
     def _act(self, action: str, rows: QuerySet[DeadLetter], options: dict[str, Any]) -> None:
         count = rows.count()
@@ -129,22 +152,36 @@ class Command(BaseCommand):
         bulk = len(ids) != 1 or bool(options["actor"] or options["error"] or options["fingerprint"]
                                      or options["all"])
         if options["dry_run"] or (bulk and not options["yes"]):
-            note = "dry run" if options["dry_run"] else "add --yes to carry it out"
+            upto = rows.aggregate(upto=Max("id"))["upto"]
             if options["json"]:
-                self._emit({"action": action, "count": count, "done": False})
+                self._emit({"action": action, "count": count, "max_id": upto, "done": False})
+            elif options["dry_run"]:
+                self.stdout.write(f"{count} dead letter(s) would be {action}ed (dry run).")
             else:
-                self.stdout.write(f"{count} dead letter(s) would be {action}ed ({note}).")
+                keep = f" --max-id {upto}" if upto is not None and options["max_id"] is None else ""
+                self.stdout.write(f"{count} dead letter(s) would be {action}ed: add --yes{keep} to carry it out"
+                                  + (" (--max-id leaves alone what fails meanwhile)." if keep else "."))
             return
         if not bulk:
             self._act_one(action, ids[0], options["json"])
             return
+        # Ids asked for by number that are not open dead letters are refused by name, not dropped.
+        not_open = _missing(ids, rows.filter(pk__in=ids))
         result = (service.replay_many if action == "replay" else service.discard_many)(rows)
+        for pk in not_open:
+            result.refused[pk] = _why_not_open(pk)
         if options["json"]:
             self._emit({"action": action, "count": count, **result.as_dict()})
-            return
-        self.stdout.write(f"{action}ed {len(result.done)} of {count} dead letter(s).")
-        for pk, reason in result.refused.items():
-            self.stderr.write(f"dead letter {pk} refused: {reason}")
+        else:
+            self.stdout.write(f"{action}ed {len(result.done)} of {count} dead letter(s).")
+            for reason, pks in result.refused_by_reason():
+                self.stderr.write(f"{len(pks)} refused: {reason}: ids {' '.join(map(str, pks))}")
+        # A run that did not do everything it was asked exits non-zero, so a runbook's script
+        # cannot mistake "0 of 2" or a mistyped filter for success.
+        if result.refused:
+            raise CommandError(f"{len(result.refused)} dead letter(s) not {action}ed (see above)")
+        if not result.done:
+            raise CommandError(f"no open dead letter matches; nothing was {action}ed")
 
     def _prune(self, options: dict[str, Any]) -> None:
         days = older_than_days(options["older_than"], "DEAD_LETTER_RETENTION_S")
