@@ -189,7 +189,7 @@ RETENTION_PRUNED_TOTAL = Counter("composition_retention_pruned_total",
 __all__ += [
     "BROKER_MESSAGES", "BROKER_OLDEST_MESSAGE_AGE_SECONDS", "CACHE_OPERATION_SECONDS", "DB_CONNECTIONS_IN_USE",
     "DB_CONNECTIONS_MAX", "DB_CONNECTION_BUDGET", "DB_DEADLOCKS_DETECTED", "DB_SLOW_QUERIES_TOTAL",
-    "DEAD_LETTERS_OPEN", "LOCK_TIMEOUTS_TOTAL",
+    "DEAD_LETTERS_OPEN", "LOCK_LOST_TOTAL", "LOCK_TIMEOUTS_TOTAL",
 ]
 DB_CONNECTIONS_IN_USE = Gauge(
     "composition_db_connections_in_use",
@@ -236,6 +236,11 @@ DEAD_LETTERS_OPEN = Gauge(
     "composition_dead_letters_open",
     "Dead letters neither replayed nor discarded, by actor (sampled by runworkers).", ["actor"],
     multiprocess_mode="livemostrecent")
+LOCK_LOST_TOTAL = Counter(
+    "composition_lock_lost_total",
+    "Redis locks that expired before their with-block ended (the release found another owner or "
+    "none), by kind and name: only the fence guarded the writes made after the expiry.",
+    ["kind", "name"])
 LOCK_TIMEOUTS_TOTAL = Counter(
     "composition_lock_timeouts_total",
     "Lock acquisitions that waited their whole timeout_s / wait_s and gave up, by kind and name "

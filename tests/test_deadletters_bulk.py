@@ -45,8 +45,12 @@ def test_a_bulk_replay_refuses_a_row_of_a_removed_actor_and_replays_the_others()
     first = dead_letter(key="a", error="no account")
     removed = _of_a_removed_actor()
     last = dead_letter(key="b", error="no account")
+    out, err = StringIO(), StringIO()
     with pytest.raises(CommandError, match="1 dead letter\\(s\\) not replayed"):
-        out, err = run("replay", "--id", str(first.pk), str(removed.pk), str(last.pk), "--yes")
+        call_command("deadletters", "replay", "--id", str(first.pk), str(removed.pk), str(last.pk), "--yes",
+                     stdout=out, stderr=err)
+    assert "replayed 2 of 3" in out.getvalue()
+    assert "1 refused: unknown actor 'charge_v1_removed'" in err.getvalue() and f"ids {removed.pk}" in err.getvalue()
     statuses = dict(DeadLetter.objects.values_list("pk", "status"))
     assert statuses == {first.pk: "replayed", removed.pk: "dead", last.pk: "replayed"}
     assert OutboxMessage.objects.count() == 2
@@ -132,7 +136,7 @@ def test_one_admin_action_takes_a_bounded_batch_and_groups_its_refusals(monkeypa
     assert done.status_code == 200
     text = done.content.decode()
     assert text.count("refused: unknown actor") == 1, "one line per reason, not per row"
-    assert f"2 dead letter(s) refused: unknown actor &#x27;charge_v1_removed&#x27;" in text
+    assert "2 dead letter(s) refused: unknown actor &#x27;charge_v1_removed&#x27;" in text
     assert DeadLetter.objects.get(pk=fine[0].pk).status == "replayed"
     assert DeadLetter.objects.get(pk=fine[1].pk).status == "dead", "beyond the batch: the next click's"
     assert "1 more open dead letter(s) match" in text

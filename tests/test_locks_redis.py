@@ -3,6 +3,8 @@ across a Redis restart), mutual exclusion, and outages."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 import uuid
@@ -13,6 +15,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.test import override_settings
+from prometheus_client import REGISTRY
 
 from composition.conf import conf
 from composition.locks import (
@@ -147,6 +150,43 @@ def test_fences_keep_increasing_across_a_redis_restart_without_persistence(
             pass
         with pytest.raises(StaleFence), fenced_write(name, before.fence):
             pass
+
+
+def test_fences_keep_increasing_when_a_restart_restores_an_older_counter(
+        throwaway_redis_server: ThrowawayRedis) -> None:
+    # A crash restores what the last snapshot held (or what an AOF kept of its tail): the fence
+    # hash comes back with a counter older than fences already handed out.
+    name = unique()
+    with redis_at(throwaway_redis_server.url):
+        with redis_lock(name, ttl_s=5):
+            pass
+        _store().client.save()
+        issued = []
+        for _ in range(3):
+            with redis_lock(name, ttl_s=5) as lock:
+                issued.append(lock.fence)
+        with fenced_write(name, issued[-1]):
+            pass
+        os.kill(throwaway_redis_server.pid, signal.SIGKILL)
+        throwaway_redis_server.restart()
+        assert _store().client.exists(_store().fence_key), "the snapshot's fence hash is back"
+        with redis_lock(name, ttl_s=5) as after:
+            assert after.fence > max(issued)
+        with fenced_write(name, after.fence):
+            pass
+
+
+def test_a_lock_that_expired_under_its_body_is_logged_and_counted(caplog: pytest.LogCaptureFixture) -> None:
+    name = unique()
+    lost = REGISTRY.get_sample_value("composition_lock_lost_total", {"kind": "redis", "name": name}) or 0.0
+    with redis_lock(name, ttl_s=0.2):
+        time.sleep(0.3)
+        with redis_lock(name, ttl_s=5):  # another owner took it meanwhile
+            pass
+    assert REGISTRY.get_sample_value("composition_lock_lost_total", {"kind": "redis", "name": name}) == lost + 1
+    with redis_lock(name, ttl_s=5) as lock:
+        lock.release()  # released by its body: nothing was lost
+    assert REGISTRY.get_sample_value("composition_lock_lost_total", {"kind": "redis", "name": name}) == lost + 1
 
 
 @pytest.mark.parametrize("outage", ["closed port", "frozen"])

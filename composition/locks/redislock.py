@@ -5,8 +5,11 @@
   and was taken by someone else;
 - fence = ``epoch << 32 | counter``: the counter lives in Redis (so fences follow the order in
   which acquisitions happened), the epoch comes from a PostgreSQL sequence and is installed
-  whenever Redis has none (a restart without persistence, a flush): every fence issued after a
-  Redis restart is larger than every fence issued before it;
+  whenever Redis has none (a restart without persistence, a flush) or has one another server
+  process wrote (its ``run_id`` is kept beside it): a restart that restored an older counter
+  from a snapshot or a truncated AOF, or a replica promoted while behind, would otherwise hand
+  out fences already issued. Every fence issued after a Redis restart or failover is larger than
+  every fence issued before it;
 - when Redis is unreachable acquisition raises LockBackendUnavailable: a correctness lock never
   proceeds without its store. Calls are bounded by the cache's socket timeouts.
 
@@ -24,26 +27,38 @@ from contextlib import contextmanager
 from typing import Any
 
 import redis
+import structlog
 from django.core.cache import caches
 from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from composition.conf import conf
 from composition.locks.errors import LockBackendUnavailable, LockLost, LockNotAcquired
-from composition.metrics import LOCK_ACQUIRE, LOCK_HOLD_SECONDS, LOCK_TIMEOUTS_TOTAL, LOCK_WAIT_SECONDS
+from composition.metrics import (
+    LOCK_ACQUIRE,
+    LOCK_HOLD_SECONDS,
+    LOCK_LOST_TOTAL,
+    LOCK_TIMEOUTS_TOTAL,
+    LOCK_WAIT_SECONDS,
+)
 from composition.redis_errors import REDIS_ERRORS
 
 __all__ = ["RedisLock", "acquire_redis_lock", "redis_lock"]
 
+log = structlog.get_logger("composition.locks")
+
 _UNAVAILABLE: tuple[type[BaseException], ...] = (*REDIS_ERRORS, DatabaseError)
 _MAX_POLL_S = 0.05
 
-# KEYS: lock, fence hash. ARGV: token, px. Returns -1 (no epoch yet, or the counter is spent:
-# install a new epoch), 0 (busy) or {epoch, counter}. The counter is bumped in the same script
-# as the SET, so fence order is acquisition order.
-_ACQUIRE = """
-local state = redis.call('HMGET', KEYS[2], 'epoch', 'n')
-if not state[1] or tonumber(state[2] or '0') >= 4294967295 then return -1 end
+# Both scripts start with the server process's run_id: new at every start, other on every replica.
+_SERVER_RUN_ID = "local server = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')"
+
+# KEYS: lock, fence hash. ARGV: token, px. Returns -1 (no epoch yet, one this server process did
+# not install, or the counter is spent: install a new epoch), 0 (busy) or {epoch, counter}. The
+# counter is bumped in the same script as the SET, so fence order is acquisition order.
+_ACQUIRE = _SERVER_RUN_ID + """
+local state = redis.call('HMGET', KEYS[2], 'epoch', 'n', 'server')
+if not state[1] or state[3] ~= server or tonumber(state[2] or '0') >= 4294967295 then return -1 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {state[1], redis.call('HINCRBY', KEYS[2], 'n', 1)}
 end
@@ -51,9 +66,9 @@ return 0
 """
 
 # KEYS: fence hash. ARGV: epoch. Only a newer epoch replaces the current one.
-_INSTALL_EPOCH = """
+_INSTALL_EPOCH = _SERVER_RUN_ID + """
 local current = tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0')
-if tonumber(ARGV[1]) > current then redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'n', 0) end
+if tonumber(ARGV[1]) > current then redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'n', 0, 'server', server) end
 return 1
 """
 
@@ -125,6 +140,8 @@ class RedisLock:
         self.fence = fence
         self._acquired_at = acquired_at
         self.released = False
+        # Set when release() found the lock no longer ours: it had expired under its holder.
+        self.lost = False
 
     @property
     def _key(self) -> str:
@@ -148,9 +165,11 @@ class RedisLock:
         self.released = True
         LOCK_HOLD_SECONDS.labels("redis", _label(self.name)).observe(time.monotonic() - self._acquired_at)
         try:
-            return bool(self._store.release(keys=[self._key], args=[self.token]))
+            released = bool(self._store.release(keys=[self._key], args=[self.token]))
         except REDIS_ERRORS:
             return False
+        self.lost = not released
+        return released
 
 
 def acquire_redis_lock(name: str, *, ttl_s: float, wait_s: float = 0) -> RedisLock:
@@ -178,6 +197,7 @@ def acquire_redis_lock(name: str, *, ttl_s: float, wait_s: float = 0) -> RedisLo
                 continue
         except _UNAVAILABLE as exc:
             _record(label, "unavailable", started)
+            _forget_unanswered(store, store.prefix + name, token)
             raise LockBackendUnavailable(name, f"lock store unreachable: {exc}") from exc
         if result == -1:
             _record(label, "unavailable", started)
@@ -197,6 +217,15 @@ def acquire_redis_lock(name: str, *, ttl_s: float, wait_s: float = 0) -> RedisLo
         poll_s = min(poll_s * 2, _MAX_POLL_S)
 
 
+def _forget_unanswered(store: _Store, key: str, token: str) -> None:
+    """After an acquisition whose answer was lost (a timeout): it may have taken the lock all
+    the same, which nobody would then release before its TTL. Best effort: Redis may be down."""
+    try:
+        store.release(keys=[key], args=[token])
+    except REDIS_ERRORS:
+        pass
+
+
 def _record(label: str, outcome: str, started: float) -> None:
     LOCK_ACQUIRE.labels("redis", label, outcome).inc()
     LOCK_WAIT_SECONDS.labels("redis", label).observe(time.monotonic() - started)
@@ -213,3 +242,9 @@ def redis_lock(name: str, *, ttl_s: float, wait_s: float = 0) -> Iterator[RedisL
         yield lock
     finally:
         lock.release()
+        if lock.lost:
+            # The TTL ran out under the body: someone else may have held it meanwhile. Only the
+            # fence (fenced_write) protected the writes; say so where an operator looks.
+            LOCK_LOST_TOTAL.labels("redis", _label(name)).inc()
+            log.warning("redis lock expired before its with-block ended; another owner may have held it",
+                        lock=name, ttl_s=ttl_s)
