@@ -83,7 +83,8 @@ class CircuitBreaker:
 
     def __init__(self, name: str, *, failure_threshold: int, reset_timeout_s: float,
                  half_open_max_calls: int = 1, failure_types: tuple[type[BaseException], ...] = (Exception,),
-                 clock: Callable[[], float] = time.monotonic, probe: Callable[[], object] | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, probe: Callable[[], object] | None = None,
+                 after_close: Callable[[], object] | None = None) -> None:
         if failure_threshold < 1 or half_open_max_calls < 1:
             raise ValueError("failure_threshold and half_open_max_calls must be at least 1")
         if reset_timeout_s <= 0:
@@ -95,6 +96,9 @@ class CircuitBreaker:
         self.failure_types = failure_types
         self._clock = clock
         self._probe = probe
+        # Run on the probe's thread once its success closed the circuit (errors logged): for
+        # what callers refused while the probe ran left behind (see composition.cache).
+        self._after_close = after_close
         self._lock = threading.Lock()
         self._state = _CLOSED
         self._failures = 0
@@ -242,3 +246,8 @@ class CircuitBreaker:
                 else:
                     self._opened_at = self._clock()
                     self._set(_OPEN)
+        if succeeded and self._after_close is not None:
+            try:
+                self._after_close()
+            except Exception as exc:
+                log.warning("circuit after-close step failed", circuit=self.name, error=str(exc))

@@ -15,6 +15,7 @@ from django.core.management.base import SystemCheckError
 from django.db import transaction
 from django.test import override_settings
 from prometheus_client import REGISTRY
+from structlog.testing import capture_logs
 
 from composition.cache import (
     CacheConfigurationError,
@@ -224,6 +225,22 @@ class PickyReprSerializer:
 
     def loads(self, data: bytes) -> Any:
         return f"decoded:{data.decode()}"
+
+
+def test_a_rebuild_that_outlasts_its_lease_is_not_cached_and_says_why() -> None:
+    key = f"{unique()}:slow"
+    calls = []
+
+    def slow_loader() -> int:
+        calls.append(1)
+        time.sleep(0.4)
+        return 1
+
+    with override_settings(COMPOSITION={**conf.as_dict(), "CACHE_LEASE_TTL_S": 0.3}), capture_logs() as logs:
+        outcomes = [cache_aside_result(key, slow_loader, ttl_s=30).outcome for _ in range(2)]
+    assert outcomes == ["uncached", "uncached"] and len(calls) == 2, "each caller ran the loader again"
+    warnings = [entry for entry in logs if entry["event"].startswith("cache rebuild outlasted its lease")]
+    assert len(warnings) == 2 and warnings[0]["key"] == key and warnings[0]["lease_ttl_s"] == 0.3
 
 
 def test_serializer_is_configurable() -> None:

@@ -118,6 +118,37 @@ def test_frozen_redis_degrades_then_outage_invalidations_apply_after(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_an_invalidation_refused_while_the_probe_ran_is_applied_when_it_closes(
+        throwaway_redis_server: ThrowawayRedis) -> None:
+    # The interleaving the probe cannot see: its replay has read the pending rows, then a
+    # writer commits and its after-commit hook, refused by the half-open breaker, leaves its row;
+    # then the probe closes the breaker. That row must not wait for the periodic replay (a
+    # web-only deployment runs none) while the old entry is served as a hit.
+    ns = unique()
+    key = f"{ns}:1"
+    with cache_at(throwaway_redis_server.url, CACHE_BREAKER_RESET_S=0.3):
+        engine = get_cache_aside()
+        assert cache_aside(key, lambda: "old", ttl_s=60) == "old"
+        throwaway_redis_server.freeze()
+        timed_calls(f"{ns}:other", 3, "from-db")
+        assert engine.breaker.is_open
+        throwaway_redis_server.thaw()
+        recover = engine._recover
+
+        def probe_then_a_refused_commit() -> None:
+            recover()  # its replay found nothing pending
+            with transaction.atomic():  # committed while the breaker is still half-open
+                invalidate(key)
+
+        engine.breaker._probe = probe_then_a_refused_commit
+        wait_until(lambda: cache_aside(f"{ns}:other", lambda: 1, ttl_s=60) is not None
+                   and not engine.breaker.is_open, 10, interval_s=0.05, message="breaker never closed")
+        wait_until(lambda: not PendingInvalidation.objects.filter(target=key).exists(), 5,
+                   message="the refused invalidation stayed pending after the breaker closed")
+        assert cache_aside(key, lambda: "new", ttl_s=60) == "new"
+
+
+@pytest.mark.django_db(transaction=True)
 def test_loader_runs_once_per_process_during_an_outage() -> None:
     key = f"{unique()}:1"
     calls = 0

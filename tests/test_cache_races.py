@@ -146,6 +146,26 @@ def test_slow_reader_cannot_back_fill_the_old_value(how: str) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("how", ["key", "namespace"])
+def test_a_read_that_begins_after_the_invalidation_does_not_join_a_rebuild_from_before_it(how: str) -> None:
+    # In one process: a rebuild read version 1 and is still running when the write commits;
+    # a request that starts after the write (say, the GET after a pay's 201) must see version 2,
+    # not the older rebuild's value handed over by the in-process coalescing.
+    key = f"{unique()}:1"
+    LockFence.objects.create(resource=key, fence=1)
+    reader = SlowReader(key, key).start()
+    with transaction.atomic():
+        LockFence.objects.filter(resource=key).update(fence=2)
+        if how == "key":
+            invalidate(key)
+        else:
+            invalidate_namespace(key.split(":")[0])
+    after = cache_aside_result(key, lambda: LockFence.objects.get(resource=key).fence, ttl_s=60)
+    assert after.value == 2, f"a read begun after the write got the old value ({after.outcome})"
+    assert reader.finish().value == 1  # the one that began before may see either
+
+
+@pytest.mark.django_db(transaction=True)
 def test_invalidation_before_the_read_is_not_affected() -> None:
     # The other order: the write commits first, the reader loads afterwards and may cache.
     key = f"{unique()}:1"

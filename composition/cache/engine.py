@@ -34,7 +34,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from composition.breaker import CircuitBreaker
 from composition.cache.flights import Flights
-from composition.cache.invalidation import Invalidations
+from composition.cache.invalidation import KIND_NAMESPACE, Invalidations
 from composition.cache.results import (
     COALESCED,
     DEGRADED,
@@ -83,13 +83,15 @@ class CacheAside:
         self.lease_wait_s = lease_wait_s
         # No trial calls: the probe (which replays deferred invalidations first) closes it.
         self.breaker = CircuitBreaker(f"cache:{alias}", failure_threshold=breaker_failures,
-                                      reset_timeout_s=breaker_reset_s, probe=self._recover)
+                                      reset_timeout_s=breaker_reset_s, probe=self._recover,
+                                      after_close=self._replay_stragglers)
         self.keys = KeySpace(str(cache.make_key("composition:ca:")))
-        self.invalidations = Invalidations(alias, self.client, self.keys, self.breaker, db_alias=db_alias)
+        self._flights = Flights()
+        self.invalidations = Invalidations(alias, self.client, self.keys, self.breaker, db_alias=db_alias,
+                                           on_applied=self._detach_flights)
         self.store = LeaseStore(self.client)
         self._execute = self.client.execute_command
         self._metrics: dict[str, PatternMetrics] = {}
-        self._flights = Flights()
         # Resolved once: observing a labelled child costs a lookup the hit path need not pay.
         self._get_seconds = CACHE_OPERATION_SECONDS.labels("get")
         self._acquire_seconds = CACHE_OPERATION_SECONDS.labels("acquire")
@@ -213,7 +215,7 @@ class CacheAside:
                 assert entry is not None
                 return CacheResult(entry.payload, WAITED if waited else HIT)
             if status == LEASED:
-                return self._load_and_fill(call, token, ns_raw)
+                return self._load_and_fill(call, token, ns_raw, lease_ms)
             if not waited:
                 call.metrics.lease_rejected("acquire")
                 waited = True
@@ -228,7 +230,7 @@ class CacheAside:
             time.sleep(min(poll_s, remaining_s))
             poll_s = min(poll_s * 2, _MAX_POLL_S)
 
-    def _load_and_fill(self, call: _Call, token: str, ns_raw: bytes) -> CacheResult:
+    def _load_and_fill(self, call: _Call, token: str, ns_raw: bytes, lease_ms: int) -> CacheResult:
         started = time.monotonic()
         try:
             payload = self.serializer.dumps(call.loader())
@@ -251,8 +253,23 @@ class CacheAside:
         self._fill_seconds.observe(time.perf_counter() - started)
         if not filled:
             call.metrics.lease_rejected("fill")
+            if rebuild_s * 1000 >= lease_ms:
+                # Not an invalidation: the lease ran out under a slow loader. Nothing it loads is
+                # ever stored, and every caller runs it again, until the lease outlasts it.
+                log.warning("cache rebuild outlasted its lease; the value was not cached", alias=self.alias,
+                            key=call.key, rebuild_s=round(rebuild_s, 3), lease_ttl_s=self.lease_ttl_s,
+                            fix="raise COMPOSITION['CACHE_LEASE_TTL_S'] or make the loader cheaper")
             return CacheResult(payload, UNCACHED)
         return CacheResult(payload, LOADED)
+
+    def _detach_flights(self, kind: str, target: str) -> None:
+        # A rebuild of this process in flight when the invalidation landed may hold the data as
+        # it was before the write; its fill is refused (the lease went with the entry), and
+        # callers from now on must not be handed its value either.
+        if kind == KIND_NAMESPACE:
+            self._flights.detach_namespace(target)
+        else:
+            self._flights.detach(target)
 
     def _give_back(self, call: _Call, token: str) -> None:
         try:
@@ -265,6 +282,19 @@ class CacheAside:
         if metrics is not None:
             metrics.error("redis_error")
         log.warning("cache redis call failed", alias=self.alias, error=str(exc))
+
+    def _replay_stragglers(self) -> None:
+        """Once the probe closed the breaker: a commit refused while the probe ran (half-open)
+        left its rows, committed before it asked, so before the close; replaying once more
+        now finds them, rather than leaving them to the periodic replay (which a web-only
+        deployment does not run) while the old entries are served as hits."""
+        try:
+            replayed = self.invalidations.replay_pending()
+            if replayed:
+                log.info("replayed cache invalidations deferred while the breaker probed", alias=self.alias,
+                         count=replayed)
+        finally:
+            connections.close_all()  # the probe thread's own connections
 
     def _recover(self) -> None:
         """The breaker's probe: Redis answers again; deferred invalidations go first, so nothing

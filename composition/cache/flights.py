@@ -50,5 +50,19 @@ class Flights:
         """End the leader's flight with its ``payload`` or ``error`` and wake the waiters."""
         flight._payload, flight._error = payload, error
         with self._lock:
-            del self._flights[key]
+            if self._flights.get(key) is flight:  # not if detached (and maybe replaced) meanwhile
+                del self._flights[key]
         flight._done.set()
+
+    def detach(self, key: str) -> None:
+        """An invalidation of ``key`` was applied: a rebuild in flight may have read the data
+        before the write, so callers from now on start a new one instead of joining it (those
+        that joined before the write keep waiting for it, as any read racing a write may)."""
+        with self._lock:
+            self._flights.pop(key, None)
+
+    def detach_namespace(self, namespace: str) -> None:
+        """``detach`` every key of ``namespace`` (the text before a key's first ``:``)."""
+        with self._lock:
+            for key in [key for key in self._flights if key.split(":", 1)[0] == namespace]:
+                del self._flights[key]

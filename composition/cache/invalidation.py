@@ -20,7 +20,7 @@ misses), which is what lets the writer and a replayer overlap without coordinati
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import structlog
@@ -38,6 +38,8 @@ from composition.transactions import on_commit_once, open_savepoints
 __all__ = ["REDIS_ERRORS", "Invalidations", "KeySpace"]  # the first and last kept here for old imports
 
 log = structlog.get_logger("composition.cache")
+
+_REPLAY_ERRORS: tuple[type[BaseException], ...] = (*REDIS_ERRORS, DatabaseError)
 
 KIND_KEY = "key"
 KIND_NAMESPACE = "namespace"
@@ -76,12 +78,15 @@ class TransactionInvalidations:
 class Invalidations:
     """Invalidations of one cache alias (see the module docstring)."""
 
-    def __init__(self, alias: str, client: Any, keys: KeySpace, breaker: CircuitBreaker, *, db_alias: str) -> None:
+    def __init__(self, alias: str, client: Any, keys: KeySpace, breaker: CircuitBreaker, *, db_alias: str,
+                 on_applied: Callable[[str, str], None] | None = None) -> None:
         self.alias = alias
         self.client = client
         self.keys = keys
         self.breaker = breaker
         self.db_alias = db_alias
+        # Told (kind, target) of every invalidation applied in Redis by this process.
+        self.on_applied = on_applied
 
     def schedule(self, kind: str, target: str, *, using: str | None = None) -> None:
         """Invalidate after the transaction on ``using`` commits (at once outside one); nothing
@@ -151,6 +156,7 @@ class Invalidations:
             return
         self.breaker.record_success()
         CACHE_INVALIDATIONS.labels("applied").inc(count)
+        self._applied(batch.targets)
         # The rows' DELETE is bookkeeping: the after-commit thread does it for many requests at
         # once (composition.background; a row it misses is replayed, harmlessly).
         background.submit(self._forget_batch, (batch.db_alias, batch.row_ids), using=batch.db_alias)
@@ -167,6 +173,11 @@ class Invalidations:
             except DatabaseError as exc:
                 log.warning("applied cache invalidations stay recorded; the replay repeats them",
                             alias=self.alias, count=len(row_ids), error=str(exc))
+
+    def _applied(self, items: Iterable[tuple[str, str]]) -> None:
+        if self.on_applied is not None:
+            for kind, target in items:
+                self.on_applied(kind, target)
 
     def _left_for_replay(self, count: int, reason: str) -> None:
         CACHE_INVALIDATIONS.labels("deferred").inc(count)
@@ -204,8 +215,18 @@ class Invalidations:
             else:
                 self.breaker.record_success()
                 CACHE_INVALIDATIONS.labels("applied").inc()
+                self._applied([(kind, target)])
                 return
+            self._defer(kind, target, db_alias or self.db_alias)
+            return
         self._defer(kind, target, db_alias or self.db_alias)
+        if self.breaker.state == CircuitBreaker.CLOSED:
+            # Refused while the breaker's probe ran, and recorded after the probe's last replay
+            # (the probe has closed it since): applied now, not at the next periodic replay.
+            try:
+                self.replay_pending()
+            except _REPLAY_ERRORS as exc:
+                log.warning("deferred cache invalidation left for the replay", alias=self.alias, error=str(exc))
 
     def _apply(self, client: Any, kind: str, target: str) -> None:
         if kind == KIND_NAMESPACE:
@@ -249,6 +270,7 @@ class Invalidations:
                 for kind, target in dict.fromkeys((kind, target) for _, kind, target in claimed):
                     self._apply(pipe, kind, target)
                 pipe.execute()
+                self._applied((kind, target) for _, kind, target in claimed)
                 rows.filter(id__in=[row[0] for row in claimed]).delete()
             total += len(claimed)
             CACHE_INVALIDATIONS.labels("replayed").inc(len(claimed))
