@@ -4,6 +4,7 @@ worked, and whatever was left behind (a killed process, a skipped callback) is r
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -26,7 +27,7 @@ from composition.cache import (
 )
 from composition.cache.models import PendingInvalidation
 from composition.locks.models import LockFence
-from composition.testing import after_commit_done, subprocess_env, wait_until
+from composition.testing import after_commit_done, free_port, subprocess_env, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = PendingInvalidation._meta.db_table
@@ -232,3 +233,55 @@ def test_concurrent_replayers_skip_rows_another_one_holds() -> None:
         thread.join(10)
     assert replay_pending_invalidations() == 1
     assert engine.peek(key) is None
+
+
+# A project with a second database ("other") that writes cached data: the invalidation is
+# recorded in that database's transaction while Redis is down, and the replay must find it there.
+# A child process: the alias has to be in DATABASES when Django starts.
+OTHER_DATABASE_CHILD = """
+import json, sys
+import tests.settings as project_settings
+project_settings.DATABASES["other"] = {**project_settings.DATABASES["default"], "NAME": sys.argv[2]}
+import django
+django.setup()
+from django.conf import settings
+from django.db import connections, transaction
+from django.test import override_settings
+from composition.cache import get_cache_aside, invalidate
+from composition.cache.models import PendingInvalidation
+
+key, down = sys.argv[1], sys.argv[3]
+with connections["other"].schema_editor() as editor:
+    editor.create_model(PendingInvalidation)
+with override_settings(CACHES={"default": {**settings.CACHES["default"], "LOCATION": down}}), \\
+        transaction.atomic(using="other"):
+    invalidate(key, using="other")
+recorded = PendingInvalidation.objects.using("other").filter(target=key).count()
+engine = get_cache_aside()
+engine.client.set(engine.keys.entry(key), b"stale")
+replayed = engine.invalidations.replay_pending()
+print(json.dumps({"recorded": recorded, "replayed": replayed,
+                  "left": PendingInvalidation.objects.using("other").filter(target=key).count(),
+                  "entry": engine.client.get(engine.keys.entry(key)) is not None}))
+connections.close_all()
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_invalidation_recorded_on_another_database_is_replayed() -> None:
+    key = f"{unique()}:1"
+    other = f"{connection.settings_dict['NAME']}_other"
+    with connection.cursor() as cursor:
+        cursor.execute(f'DROP DATABASE IF EXISTS "{other}"')
+        cursor.execute(f'CREATE DATABASE "{other}"')
+    try:
+        child = subprocess.run([sys.executable, "-c", OTHER_DATABASE_CHILD, key, other,
+                                f"redis://127.0.0.1:{free_port()}/0"],
+                               env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings"), cwd=ROOT,
+                               capture_output=True, text=True, timeout=60)
+        assert child.returncode == 0, child.stderr[-3000:]
+        outcome = json.loads(child.stdout.strip().splitlines()[-1])
+        assert outcome == {"recorded": 1, "replayed": 1, "left": 0, "entry": False}, outcome
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f'DROP DATABASE IF EXISTS "{other}" WITH (FORCE)')

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import structlog
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, connections, router, transaction
 from django.utils import timezone
 
 from composition import background
@@ -87,6 +87,7 @@ class Invalidations:
         self.db_alias = db_alias
         # Told (kind, target) of every invalidation applied in Redis by this process.
         self.on_applied = on_applied
+        self._replayed_databases: list[str] | None = None
 
     def schedule(self, kind: str, target: str, *, using: str | None = None) -> None:
         """Invalidate after the transaction on ``using`` commits (at once outside one); nothing
@@ -254,14 +255,49 @@ class Invalidations:
         same transaction, so a concurrent replayer (or a writer deleting its own rows) skips them
         instead of applying them twice or waiting. The lock is held only for that one bounded
         Redis round trip (the client's socket timeout). Raises the Redis or database error that
-        stopped it; the claimed rows are released for the next attempt.
+        stopped it on the engine's database; the claimed rows are released for the next attempt.
+
+        Rows recorded on another database (``invalidate(key, using="other")`` writes them in that
+        database's transaction) are replayed there too, on every database whose router takes the
+        table and that has it; an error there (a read-only replica) is logged, not raised, so it
+        never keeps the cache's breaker open.
         """
+        total = self._replay_on(self.db_alias, batch)
+        for db_alias in self._other_databases():
+            try:
+                total += self._replay_on(db_alias, batch)
+            except DatabaseError as exc:
+                log.warning("cache invalidations recorded on another database could not be replayed",
+                            alias=self.alias, database=db_alias, error=str(exc))
+        return total
+
+    def _other_databases(self) -> list[str]:
+        """The other databases that may hold pending rows: looked up once per engine (the
+        introspection is a query per database)."""
+        if self._replayed_databases is None:
+            from composition.cache.models import PendingInvalidation  # late: needs the app registry
+
+            found = []
+            for db_alias in connections:
+                if db_alias == self.db_alias or not router.allow_migrate_model(db_alias, PendingInvalidation):
+                    continue
+                try:
+                    with connections[db_alias].cursor() as cursor:
+                        tables = connections[db_alias].introspection.table_names(cursor)
+                except DatabaseError:
+                    continue  # unreachable now; looked at again by the next engine
+                if PendingInvalidation._meta.db_table in tables:
+                    found.append(db_alias)
+            self._replayed_databases = found
+        return self._replayed_databases
+
+    def _replay_on(self, db_alias: str, batch: int) -> int:
         from composition.cache.models import PendingInvalidation  # late: needs the app registry
 
-        rows = PendingInvalidation.objects.using(self.db_alias).filter(alias=self.alias)
+        rows = PendingInvalidation.objects.using(db_alias).filter(alias=self.alias)
         total = 0
         while True:
-            with transaction.atomic(using=self.db_alias):
+            with transaction.atomic(using=db_alias):
                 claimed = list(rows.order_by("id").select_for_update(skip_locked=True)
                                .values_list("id", "kind", "target")[:batch])
                 if not claimed:
