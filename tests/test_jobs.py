@@ -114,6 +114,19 @@ def test_fingerprint_groups_the_same_failure_of_different_messages() -> None:
     assert normalise_message("at 0x7f3a   after 12.5s") == "at <addr> after <n>s"
 
 
+def test_fingerprint_keeps_an_http_status_and_drops_opaque_ids() -> None:
+    # Gone for good and try-again-later are two causes, whatever the URL's numbers.
+    gone = fingerprint("sync", "HTTPError", "HTTP 404 from /orders/81")
+    assert gone == fingerprint("sync", "HTTPError", "HTTP 404 from /orders/97")
+    assert gone != fingerprint("sync", "HTTPError", "HTTP 503 from /orders/81")
+    assert fingerprint("sync", "APIError", "status_code=502") != fingerprint("sync", "APIError", "status_code=400")
+    # Ids of other services mix letters and digits: one group, not one per charge.
+    assert fingerprint("refund", "StripeError", "charge ch_3Mml8LrLkdIwHu7ix not found") == fingerprint(
+        "refund", "StripeError", "charge ch_9QzPq2Xw7Yt4Rr1ab not found")
+    # Words without digits stay, so different causes keep their groups.
+    assert fingerprint("refund", "KeyError", "'currency'") != fingerprint("refund", "KeyError", "'amount'")
+
+
 # -- the inbox ledger ---------------------------------------------------------------------------------
 @pytest.mark.django_db(transaction=True)
 def test_ledger_claims_a_message_id_once() -> None:

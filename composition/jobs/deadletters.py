@@ -26,15 +26,25 @@ _NORMALISERS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.I), "<uuid>"),
     (re.compile(r"\b0x[0-9a-f]+\b", re.I), "<addr>"),
     (re.compile(r"\b[0-9a-f]{16,}\b", re.I), "<hex>"),
+    # Opaque ids of other services (a charge "ch_3Mml8Lr2Kd", an order "ORD7H2K9Q"): 8 or more
+    # letters, digits, "_" or "-", with at least one digit and one letter.
+    (re.compile(r"\b(?=[\w-]*\d)(?=[\w-]*[a-z])[\w-]{8,}\b", re.I), "<id>"),
     (re.compile(r"\d+(?:\.\d+)?"), "<n>"),
     (re.compile(r"\s+"), " "),
 ]
+# An HTTP status is the cause, not an id: "HTTP 404" and "HTTP 503" (gone for good, try again
+# later) must not share a group. Kept, spelled in letters so the number rule leaves it.
+_HTTP_STATUS = re.compile(r"\b(HTTP(?:/\d(?:\.\d)?)?|status(?:[ _]code)?)([\s:=]+)([1-5]\d\d)\b", re.I)
+_DIGITS_AS_LETTERS = str.maketrans("0123456789", "abcdefghij")
 
 
 def normalise_message(message: str) -> str:
     """The error message with ids, numbers and addresses replaced, so that the same failure of
-    different messages ("invoice 41 not found", "invoice 42 not found") reads the same."""
+    different messages ("invoice 41 not found", "invoice 42 not found") reads the same; an HTTP
+    status ("HTTP 404", "status_code=503") is kept."""
     text = message[:MAX_MESSAGE_CHARS]
+    text = _HTTP_STATUS.sub(lambda match: f"{match[1]}{match[2]}<status {match[3].translate(_DIGITS_AS_LETTERS)}>",
+                            text)
     for pattern, replacement in _NORMALISERS:
         text = pattern.sub(replacement, text)
     return text.strip()
