@@ -52,14 +52,34 @@ def broker_counts(queue: str, broker: Broker | None = None) -> BrokerCounts:
         pipe.hlen(f"{namespace}:{queue}.DQ.msgs")
         ready, bodies, delayed = (int(value) for value in pipe.execute())
         return BrokerCounts(ready=ready, delayed=delayed, in_flight=max(0, bodies - ready))
-    channel = broker.channel  # type: ignore[attr-defined]
-    ready = int(channel.queue_declare(queue, passive=True).method.message_count)
-    delayed = int(channel.queue_declare(f"{queue}.DQ", passive=True).method.message_count)
-    return BrokerCounts(ready=ready, delayed=delayed, in_flight=None)
+    return BrokerCounts(ready=_rabbitmq_count(broker, queue), delayed=_rabbitmq_count(broker, f"{queue}.DQ"),
+                        in_flight=None)
+
+
+def _rabbitmq_count(broker: Broker, queue: str) -> int:
+    """The message count of a passive declare on the thread's channel; 0 for a queue no one has
+    declared yet. A failed declare closes the channel (RabbitMQ's way with a 404) or came from a
+    broken connection: either is dropped, as Dramatiq does, so the thread's next read opens a
+    fresh one instead of failing on a closed channel from then on (and counting as empty)."""
+    import pika.exceptions
+
+    try:
+        return int(broker.channel.queue_declare(queue, passive=True).method.message_count)  # type: ignore[attr-defined]
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        del broker.channel  # type: ignore[attr-defined]
+        if exc.reply_code == 404:
+            return 0
+        raise
+    except pika.exceptions.ChannelError:
+        del broker.channel  # type: ignore[attr-defined]
+        raise
+    except Exception:
+        del broker.connection  # type: ignore[attr-defined]  # and its channel
+        raise
 
 
 def _broker_depth(queue: str) -> int:
-    """Messages the broker holds for ``queue`` (waiting, delayed and in flight)."""
+    """Messages the broker holds for ``queue``: waiting, delayed and (Redis) in flight."""
     broker = configured_broker()
     client = getattr(broker, "client", None)
     if client is not None:  # Redis: every message body lives in the queue's hash until acked
@@ -68,8 +88,8 @@ def _broker_depth(queue: str) -> int:
         pipe.hlen(f"{namespace}:{queue}.msgs")
         pipe.hlen(f"{namespace}:{queue}.DQ.msgs")
         return int(sum(pipe.execute()))
-    channel = broker.channel  # type: ignore[attr-defined]
-    return int(channel.queue_declare(queue, passive=True).method.message_count)
+    # RabbitMQ: waiting and delayed (a passive declare does not count the unacked ones).
+    return _rabbitmq_count(broker, queue) + _rabbitmq_count(broker, f"{queue}.DQ")
 
 
 def _outbox_depth(queue: str) -> int:

@@ -29,6 +29,7 @@ from composition.outbox import OutboxMessage, publish
 from composition.outbox.enqueue import enqueue_many
 from composition.outbox.rabbitmq import ConfirmTimeout, MessagesRejected
 from composition.outbox.relay import Relay
+from composition.queue_depth import broker_counts, queue_depth
 from composition.testing import free_port, use_broker, wait_until
 from tests.jobsapp.jobs import RABBIT_QUEUE
 from tests.jobsapp.models import Effect
@@ -338,3 +339,20 @@ def test_a_batch_rabbitmq_does_not_confirm_in_time_is_released(amqp, new_queue) 
         proxy.close()
     # RabbitMQ took the unconfirmed message too: at least once, never lost.
     assert [message.kwargs["seq"] for _, message in _drain(amqp, queue)] == [0, 1, 1]
+
+
+@pytest.mark.django_db
+def test_the_queue_depth_reads_on_after_a_queue_that_did_not_exist_yet(rabbit_broker, amqp,  # type: ignore[no-untyped-def]
+                                                                      new_queue) -> None:
+    # Asked before any worker declared the queue, RabbitMQ answers 404 and closes the channel;
+    # the next read (backpressure's, the sampler's) must see the messages, not a dead channel.
+    queue = new_queue("depth_before_declare")
+    assert queue_depth(queue) == 0
+    assert broker_counts(queue).ready == 0
+    amqp.queue_declare(queue, durable=True)
+    for _ in range(5):
+        amqp.basic_publish("", queue, b"{}")
+    amqp.queue_declare(dq_name(queue), durable=True)
+    amqp.basic_publish("", dq_name(queue), b"{}")
+    wait_until(lambda: queue_depth(queue) == 6, 5, message="the depth stayed at what a closed channel reads")
+    assert broker_counts(queue).ready == 5
