@@ -285,3 +285,54 @@ def test_old_import_paths_name_the_same_objects() -> None:
     assert workers.build_worker_system is lifecycle_workers.build_worker_system
     assert ops.prune_sent is maintenance.prune_sent
     assert Relay.nudged is Relay.run_coalesced_round
+
+
+# -- child processes under a supervisor's deadlines ---------------------------------------------------
+STUBBORN = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('up', flush=True); time.sleep(120)"]
+
+
+def test_a_child_that_ignores_sigterm_is_killed_within_the_stop_budget() -> None:
+    # A gunicorn already stopping ignores a second SIGTERM: the supervisor's budget for it must
+    # end with the child dead, not with the supervisor giving up and exiting around it.
+    child = ProcessComponent("stubborn", STUBBORN)
+    system = System([child], shutdown_timeout_s=3, stop_timeout_s=2)
+    system.start()
+    assert child.process is not None
+    try:
+        time.sleep(0.3)  # its SIGTERM handler is in place
+        began = time.monotonic()
+        report = system.stop(drain=False)
+        assert time.monotonic() - began < 3
+        assert [result.status for result in report] != ["timeout"], report
+        assert child.process.poll() is not None, "the child outlived its stop"
+    finally:
+        if child.process.poll() is None:  # never leave it behind, whatever failed
+            os.kill(child.process.pid, signal.SIGKILL)
+
+
+SIGNALLED_DURING_START = textwrap.dedent("""
+    import os, signal, sys, threading, time
+    from composition.errors import SystemStartError
+    from composition.lifecycle import ProcessComponent
+    from composition.system import System
+    web = ProcessComponent("web", [sys.executable, "-c", "import time; time.sleep(120)"],
+                           ready_url="http://127.0.0.1:" + sys.argv[1] + "/readyz", start_timeout_s=60)
+    threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
+    began = time.monotonic()
+    try:
+        System([web]).run()
+    except SystemStartError as exc:
+        print("start cancelled after", round(time.monotonic() - began, 1), "child", web.process.poll(), flush=True)
+""")
+
+
+def test_a_sigterm_during_start_up_rolls_back_at_once() -> None:
+    from composition.testing import free_port
+
+    child = subprocess.run([sys.executable, "-c", SIGNALLED_DURING_START, str(free_port())], capture_output=True,
+                           text=True, timeout=60, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert "start cancelled after" in child.stdout, child.stdout + child.stderr[-2000:]
+    took = float(child.stdout.split("start cancelled after")[1].split()[0])
+    assert took < 5, f"the stop waited for the start-up ({took} s; the ready wait was 60 s)"
+    assert "child None" not in child.stdout, "the child was left running"

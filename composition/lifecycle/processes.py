@@ -7,6 +7,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -18,6 +19,8 @@ __all__ = ["ProcessComponent", "detach_and_die_with_parent"]
 log = structlog.get_logger("composition.processes")
 
 _PR_SET_PDEATHSIG = 1
+# Of a child's stop budget, the part kept for SIGKILL and reaping after SIGTERM was ignored.
+KILL_RESERVE_S = 1.0
 
 
 def detach_and_die_with_parent() -> None:
@@ -52,6 +55,11 @@ class ProcessComponent:
         self.pre_stop = pre_stop
         self.on_exit = on_exit
         self.process: subprocess.Popen[bytes] | None = None
+        self._start_cancelled = threading.Event()
+
+    def cancel_start(self) -> None:
+        """Give up waiting for readiness (a stop came during start-up): start raises."""
+        self._start_cancelled.set()
 
     def start(self) -> None:
         self.process = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd,
@@ -64,6 +72,9 @@ class ProcessComponent:
         deadline = time.monotonic() + self.start_timeout_s
         last_error = "no answer"
         while time.monotonic() < deadline:
+            if self._start_cancelled.is_set():
+                self._kill()
+                raise RuntimeError("start cancelled: a stop was requested before it was ready")
             if self.process.poll() is not None:
                 raise RuntimeError(f"exited with code {self.process.returncode} before it was ready")
             try:
@@ -72,7 +83,7 @@ class ProcessComponent:
                         return
             except Exception as exc:
                 last_error = str(exc)
-            time.sleep(0.2)
+            self._start_cancelled.wait(0.2)
         self._kill()
         raise TimeoutError(f"{url} not ready within {self.start_timeout_s:.0f}s: {last_error}")
 
@@ -102,9 +113,14 @@ class ProcessComponent:
             return
         if self.alive():
             self._signal(signal.SIGTERM)
+            # The kill comes inside the budget, not after it: the supervisor gives up on a stop
+            # at its budget and may exit, leaving a child that ignores SIGTERM (a gunicorn
+            # already stopping does) running on its own.
+            grace_s = max(0.0, timeout_s - min(KILL_RESERVE_S, timeout_s / 2))
             try:
-                self.process.wait(timeout_s)
+                self.process.wait(grace_s)
             except subprocess.TimeoutExpired:
+                log.warning("child ignored SIGTERM until its stop budget ran out; killing it", component=self.name)
                 self._kill()
         code = self.process.returncode
         if code is not None and self.on_exit is not None:

@@ -27,7 +27,7 @@ from composition.lifecycle.ordering import order_components
 from composition.lifecycle.stopping import StopResult, call_with_timeout, stop_with_timeout
 from composition.metrics import COMPONENT_START_SECONDS, COMPONENT_STOP_SECONDS
 
-__all__ = ["FORCED_EXIT_CODE", "MIN_STOP_BUDGET_S", "System"]
+__all__ = ["FORCED_EXIT_CODE", "MIN_STOP_BUDGET_S", "StartCancelled", "System"]
 
 # The logger name predates the package; operators' log filters (and the tests) select on it.
 log = structlog.get_logger("composition.system")
@@ -37,6 +37,10 @@ FORCED_EXIT_CODE = 130
 # A component stop always gets at least this long, even when draining used up the deadline,
 # so that the database and logs are still closed properly.
 MIN_STOP_BUDGET_S = 1.0
+
+
+class StartCancelled(Exception):
+    """A stop (SIGTERM, SIGINT, ``request_stop()``) came while the system was starting."""
 
 
 @dataclass
@@ -57,6 +61,7 @@ class System:
     _stop_event: threading.Event = field(default_factory=threading.Event, init=False)
     _signals_seen: int = field(default=0, init=False)
     _stopping: bool = field(default=False, init=False)
+    _starting: Component | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.components = order_components(self.components)
@@ -75,13 +80,20 @@ class System:
         """Start every component in order; on a failure roll back and raise SystemStartError."""
         for component in self.components:
             began = time.monotonic()
+            self._starting = component
             try:
+                if self._stop_event.is_set():
+                    # A signal during start-up: what has started is rolled back now, rather than
+                    # after every other component came up (a web server's ready wait, say).
+                    raise StartCancelled("a stop was requested during start-up")
                 component.start()
             except BaseException as exc:
                 log.error("component failed to start", component=component.name,
                           error=f"{type(exc).__name__}: {exc}")
                 rollback = self._stop_started(deadline=time.monotonic() + self.shutdown_timeout_s)
                 raise SystemStartError(component.name, exc, rollback) from exc
+            finally:
+                self._starting = None
             self.started.append(component)
             took = time.monotonic() - began
             COMPONENT_START_SECONDS.labels(component.name).observe(took)
@@ -185,3 +197,7 @@ class System:
             os._exit(FORCED_EXIT_CODE)
         log.info("signal received, draining", signal=signal.Signals(signum).name)
         self._stop_event.set()
+        starting = self._starting
+        cancel = getattr(starting, "cancel_start", None)
+        if cancel is not None:  # a component waiting to be ready (a child process) gives up now
+            cancel()
