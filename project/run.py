@@ -59,6 +59,8 @@ def main() -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = _fresh_metrics_dir()
     os.environ.setdefault("LOG_FORMAT", "console")
+    # Per port too: stopping one ./run must not mark another one's web server draining.
+    drain_mark = Path(os.environ.setdefault("DRAIN_FILE", str(DATA_DIR / f"web-{PORT}.draining")))
 
     from composition.errors import SystemStartError
     from composition.logging import configure_structlog, logging_config
@@ -119,7 +121,7 @@ def main() -> int:
         "web", [python, "-m", "gunicorn", "project.wsgi:application",
                 "--config", "python:project.gunicorn_conf", "--bind", f"{HOST}:{PORT}"],
         depends_on=("migrations",), ready_url=f"http://{HOST}:{PORT}/readyz", cwd=str(BASE_DIR),
-        pre_stop=announce_draining)
+        pre_stop=announce_draining, on_exit=lambda _pid: drain_mark.unlink(missing_ok=True))
     migrations = Migrations()
     system = System([*components, migrations, workers, web], shutdown_timeout_s=30.0,
                     stop_timeout_s=35.0)

@@ -122,6 +122,9 @@ def test_run_command_serves_readyz_on_embedded_servers_and_ctrl_c_stops_in_rever
             process.wait()
     output = log_path.read_text()
     assert code == 0, output
+    # Its draining mark is its port's, and gone once it stopped: another ./run sharing the data
+    # directory, or the next one, does not start out (or turn) draining.
+    assert not list(tmp_path.glob("*.draining")), "a drain mark outlived the run"
     assert "using embedded services" not in output  # the launcher owns them; children reuse
     started, stopped = [], []
     for line in output.splitlines():
