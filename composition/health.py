@@ -234,9 +234,19 @@ def workers(*, local: bool = False) -> HealthReport:
         detail = {"host": hostname, "gone": gone}
     now = time.time()
     fresh = [b for b in beats if now - b["beat_at"] <= stale_after_s]
-    # A worker that keeps beating but has held one job for longer than that job may run (its
+    # A worker that keeps beating but has held a job for longer than that job may run (its
     # time limit, or WORKER_STUCK_AFTER_S for a job without one) is stuck.
-    stuck = [b["worker"] for b in fresh if b.get("oldest_job_started_at")
-             and now - b["oldest_job_started_at"] > (b.get("max_job_s") or float(conf.WORKER_STUCK_AFTER_S))]
+    stuck = [b["worker"] for b in fresh if _holds_an_overdue_job(b, now, float(conf.WORKER_STUCK_AFTER_S))]
     ok = bool(fresh) and not stuck
     return HealthReport("workers", ok, detail={"workers": beats, "fresh": len(fresh), "stuck": stuck, **detail})
+
+
+def _holds_an_overdue_job(beat: dict[str, Any], now: float, default_limit_s: float) -> bool:
+    """Whether any job of the heartbeat ran past its own limit: not only the oldest, which may
+    have an hour's limit while a younger one hangs far past its thirty seconds."""
+    jobs = beat.get("jobs")
+    if isinstance(jobs, list) and jobs and all(isinstance(job, dict) and "time_limit_s" in job for job in jobs):
+        return any(now - job["started_at"] > (job["time_limit_s"] or default_limit_s) for job in jobs)
+    # A heartbeat of a worker from before per-job limits: its oldest job only.
+    started = beat.get("oldest_job_started_at")
+    return started is not None and now - float(started) > float(beat.get("max_job_s") or default_limit_s)

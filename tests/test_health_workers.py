@@ -69,10 +69,20 @@ def test_stale_and_stuck_workers_are_unhealthy(client: Any) -> None:
                                                       "max_job_s": None})
         heartbeats.write_heartbeat(client, "host:4", {"jobs_in_flight": 1, "oldest_job_started_at": now - 30,
                                                       "max_job_s": None})
+        # Every job against its own limit: a young job far past its 30 s behind an old one
+        # well within its hour.
+        heartbeats.write_heartbeat(client, "host:5", {"jobs_in_flight": 2, "oldest_job_started_at": now - 1200,
+                                                      "max_job_s": 3600, "jobs": [
+                                                          {"started_at": now - 1200, "time_limit_s": 3600},
+                                                          {"started_at": now - 900, "time_limit_s": 30}]})
+        heartbeats.write_heartbeat(client, "host:6", {"jobs_in_flight": 2, "oldest_job_started_at": now - 1200,
+                                                      "max_job_s": 3600, "jobs": [
+                                                          {"started_at": now - 1200, "time_limit_s": 3600},
+                                                          {"started_at": now - 20, "time_limit_s": 30}]})
         report = health.workers()
         assert not report.ok
-        assert report.detail["stuck"] == ["host:2", "host:3"]
-        for worker_id in ("host:2", "host:3", "host:4"):
+        assert report.detail["stuck"] == ["host:2", "host:3", "host:5"]
+        for worker_id in ("host:2", "host:3", "host:4", "host:5", "host:6"):
             heartbeats.clear_heartbeat(client, worker_id)
         assert health.workers().ok
         time.sleep(1.2)

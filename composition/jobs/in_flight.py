@@ -68,7 +68,7 @@ class InFlightRegistry(Middleware):
             "oldest_job_started_at": oldest.started_at if oldest else None,
             "max_job_s": oldest.time_limit_s if oldest and oldest.time_limit_s else None,
             "jobs": [{"job_id": job.job_id, "actor": job.actor, "attempt": job.attempt,
-                      "started_at": job.started_at} for job in jobs],
+                      "started_at": job.started_at, "time_limit_s": job.time_limit_s} for job in jobs],
             "runs_window_s": RUNS_WINDOW_S,
             "runs_by_queue": self._runs.totals(),
         }
