@@ -27,7 +27,7 @@ from composition.conf import conf
 from composition.draining import is_draining, set_draining
 from composition.heartbeats import read_heartbeats, read_stale_workers
 from composition.metrics import HEALTH_CHECK_SECONDS, HEALTH_CHECK_UP
-from composition.pids import pid_runs
+from composition.pids import pid_runs, processes_running
 from composition.probes import PROBES, heartbeat_client, probe_broker, probe_cache, probe_database
 
 __all__ = [
@@ -222,7 +222,16 @@ def workers(*, local: bool = False) -> HealthReport:
         finally:
             client.close()
     except Exception as exc:
-        return HealthReport("workers", False, detail={"error": f"{type(exc).__name__}: {exc}"})
+        error = f"{type(exc).__name__}: {exc}"
+        if local:
+            # The heartbeats live in the cache's Redis, whose outage the workers ride out
+            # (degraded): a container healthcheck must not call them dead for it, and have an
+            # orchestrator restart working containers. What this host can still tell: whether
+            # its worker processes run.
+            running = processes_running("runworkers")
+            return HealthReport("workers", bool(running), detail={
+                "error": error, "heartbeats": "unreadable", "runworkers_pids": running})
+        return HealthReport("workers", False, detail={"error": error})
     # Stale: stopped beating without withdrawing (killed or frozen); reported, and their
     # messages come back to the queue by the broker's own recovery.
     detail: dict[str, Any] = {"stale": stale} if stale else {}

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from composition import health, heartbeats
-from composition.testing import subprocess_env, wait_until
+from composition.testing import free_port, subprocess_env, wait_until
 from tests.outboxapp.helpers import flush_broker
 
 
@@ -123,3 +123,20 @@ def test_local_checks_only_this_host_s_processes(client: Any, worker_processes) 
     assert code == 1, body
     assert body["gone"] == [f"{socket.gethostname()}:{worker.pid}"]
     heartbeats.clear_heartbeat(client, elsewhere)
+
+
+def test_a_container_check_with_the_heartbeats_unreadable_asks_whether_its_workers_run() -> None:
+    # The heartbeats live in the cache's Redis; its outage degrades the workers, it does not
+    # kill them, and the container's healthcheck must not have working containers restarted.
+    down = {"default": {**settings.CACHES["default"], "LOCATION": f"redis://127.0.0.1:{free_port()}/0"}}
+    with override_settings(CACHES=down):
+        report = health.workers(local=True)
+        assert not report.ok and report.detail["heartbeats"] == "unreadable", "no worker runs here"
+        worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "runworkers"])
+        try:
+            report = health.workers(local=True)
+            assert report.ok and worker.pid in report.detail["runworkers_pids"], report.detail
+            assert not health.workers().ok, "the cluster view cannot tell, and says so"
+        finally:
+            worker.kill()
+            worker.wait()
