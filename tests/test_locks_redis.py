@@ -184,6 +184,7 @@ def test_a_lock_that_expired_under_its_body_is_logged_and_counted(caplog: pytest
         with redis_lock(name, ttl_s=5):  # another owner took it meanwhile
             pass
     assert REGISTRY.get_sample_value("composition_lock_lost_total", {"kind": "redis", "name": name}) == lost + 1
+    assert "redis lock expired before its with-block ended" in caplog.text and name in caplog.text
     with redis_lock(name, ttl_s=5) as lock:
         lock.release()  # released by its body: nothing was lost
     assert REGISTRY.get_sample_value("composition_lock_lost_total", {"kind": "redis", "name": name}) == lost + 1
