@@ -51,13 +51,16 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (*REDIS_ERRORS, DatabaseError)
 _MAX_POLL_S = 0.05
 
 # Both scripts start with the server process's run_id: new at every start, other on every replica.
-_SERVER_RUN_ID = "local server = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')"
+# A provider that refuses INFO in scripts gets '' (no restart detection, as before; not a failure).
+_SERVER_RUN_ID = """
+local info = redis.pcall('INFO', 'server')
+local server = type(info) == 'string' and string.match(info, 'run_id:(%x+)') or ''
+"""
 
 # KEYS: lock, fence hash. ARGV: token, px. Returns -1 (no epoch yet, one this server process did
 # not install, or the counter is spent: install a new epoch), 0 (busy) or {epoch, counter}. The
 # counter is bumped in the same script as the SET, so fence order is acquisition order.
-_ACQUIRE = _SERVER_RUN_ID + """
-local state = redis.call('HMGET', KEYS[2], 'epoch', 'n', 'server')
+_ACQUIRE = _SERVER_RUN_ID + """local state = redis.call('HMGET', KEYS[2], 'epoch', 'n', 'server')
 if not state[1] or state[3] ~= server or tonumber(state[2] or '0') >= 4294967295 then return -1 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {state[1], redis.call('HINCRBY', KEYS[2], 'n', 1)}
@@ -66,8 +69,7 @@ return 0
 """
 
 # KEYS: fence hash. ARGV: epoch. Only a newer epoch replaces the current one.
-_INSTALL_EPOCH = _SERVER_RUN_ID + """
-local current = tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0')
+_INSTALL_EPOCH = _SERVER_RUN_ID + """local current = tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0')
 if tonumber(ARGV[1]) > current then redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'n', 0, 'server', server) end
 return 1
 """
