@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import structlog
 from django.db import transaction
+from django.db.transaction import TransactionManagementError
 from django.test import override_settings
 
 from composition.outbox import (
@@ -176,3 +177,32 @@ def test_a_database_error_of_the_after_commit_send_does_not_pause_sends() -> Non
     with pytest.raises(OperationalError):
         breaker.call(claim_on_a_restarting_database)
     assert breaker.call(lambda: "sent") == "sent"
+
+
+# -- transactions Django's atomic does not describe ---------------------------------------------------
+@pytest.mark.django_db(transaction=True)
+def test_a_row_published_under_a_savepoint_rolled_back_by_hand_is_never_sent() -> None:
+    # transaction.savepoint() is not atomic's: Django keeps the after-commit hook, and the send
+    # must find out that the row went with the savepoint.
+    with transaction.atomic():
+        sid = transaction.savepoint()
+        publish(PROBE, {"seq": 1})
+        transaction.savepoint_rollback(sid)
+        publish(PROBE, {"seq": 2})
+    assert [row["seq"] for row in OutboxMessage.objects.values_list("payload", flat=True)] == [2]
+    assert [message.kwargs["seq"] for message in enqueued("outboxapp_probe")] == [2]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_publish_under_manual_transaction_management_is_refused() -> None:
+    # Autocommit off outside atomic: nothing says when (or whether) it commits, so publish()
+    # refuses, as on_commit() does, rather than send a row that is then rolled back.
+    transaction.set_autocommit(False)
+    try:
+        with pytest.raises(TransactionManagementError, match="manual transaction management"):
+            publish(PROBE, {"seq": 1})
+    finally:
+        transaction.rollback()
+        transaction.set_autocommit(True)
+    assert not OutboxMessage.objects.exists()
+    assert enqueued("outboxapp_probe") == []

@@ -31,6 +31,7 @@ from typing import Any, Literal, overload
 
 import structlog
 from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 from dramatiq.errors import ActorNotFound
 
@@ -49,7 +50,7 @@ from composition.outbox.errors import (
 )
 from composition.outbox.models import KEY_MAX_LENGTH, OutboxMessage
 from composition.outbox.relay import relay_for
-from composition.transactions import on_commit_once, open_savepoints
+from composition.transactions import on_commit_once, open_savepoints, savepoint_outside_atomic
 
 __all__ = ["PAYLOAD_SCHEMA_OPTION", "encode_payload", "publish", "publish_with_headers"]
 
@@ -155,7 +156,13 @@ def publish_with_headers(actor: Any, payload: Mapping[str, Any], *, headers: Map
         on_commit_once(_NUDGE_KEY, nudge, using=DEFAULT_DB_ALIAS)
         return _row(inserted, name, declared.queue_name, payload, key, all_headers, delay_s, created_at, "") \
             if row else None
-    in_transaction = transaction.get_connection(DEFAULT_DB_ALIAS).in_atomic_block
+    connection = transaction.get_connection(DEFAULT_DB_ALIAS)
+    in_transaction = connection.in_atomic_block
+    if not in_transaction and not connection.get_autocommit():
+        # Managed by hand (set_autocommit(False)): nothing says when it commits, so nothing can
+        # be sent after it, and sending now could send a row that is then rolled back.
+        raise TransactionManagementError("publish() cannot be used in manual transaction management "
+                                         "(autocommit off outside atomic): use transaction.atomic()")
     # One send after COMMIT for the whole transaction, however many rows it publishes.
     send = on_commit_once(_SEND_KEY, SendAfterCommit(), using=DEFAULT_DB_ALIAS) if in_transaction \
         else SendAfterCommit()
@@ -166,7 +173,8 @@ def publish_with_headers(actor: Any, payload: Mapping[str, Any], *, headers: Map
     # send after COMMIT needs no claim: see composition.outbox.claims.
     claim_for = relay.relay_id if send.relay is relay else None
     since = time.monotonic()
-    under_savepoint = any(sid is not None for sid in open_savepoints(DEFAULT_DB_ALIAS))
+    under_savepoint = any(sid is not None for sid in open_savepoints(DEFAULT_DB_ALIAS)) \
+        or savepoint_outside_atomic(DEFAULT_DB_ALIAS)
 
     def inserted_as(inserted: Inserted) -> None:
         send.ids.append(inserted.id)

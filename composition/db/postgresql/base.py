@@ -20,6 +20,10 @@ class DatabaseWrapper(base.DatabaseWrapper):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.held_writes = HeldWrites()
+        # Every savepoint open now, atomic's and those of transaction.savepoint() alike (Django
+        # tracks only atomic's): a row published under a savepoint may yet be rolled back with
+        # it, so its send after COMMIT confirms it first (composition.transactions).
+        self.open_savepoint_ids: list[str] = []
         # First, so the held rows go before whatever the other wrappers send; it outlives
         # reconnections, and execute_wrapper() blocks only pop what they pushed.
         self.execute_wrappers.insert(0, send_held_first)
@@ -31,11 +35,32 @@ class DatabaseWrapper(base.DatabaseWrapper):
             with self.cursor() as cursor:
                 self.held_writes.send(cursor, then="COMMIT")
         super()._commit()  # psycopg sends nothing when the server is idle already
+        self.open_savepoint_ids.clear()
 
     def _rollback(self) -> None:
         self.held_writes.drop()
+        self.open_savepoint_ids.clear()
         super()._rollback()
 
     def _close(self) -> None:
         self.held_writes.drop()
+        self.open_savepoint_ids.clear()
         super()._close()
+
+    def _savepoint(self, sid: str) -> None:
+        super()._savepoint(sid)
+        self.open_savepoint_ids.append(sid)
+
+    def _savepoint_rollback(self, sid: str) -> None:
+        super()._savepoint_rollback(sid)
+        self._forget_savepoints_after(sid)  # ROLLBACK TO keeps sid, ends the ones inside it
+
+    def _savepoint_commit(self, sid: str) -> None:
+        super()._savepoint_commit(sid)
+        self._forget_savepoints_after(sid)
+        if sid in self.open_savepoint_ids:
+            self.open_savepoint_ids.remove(sid)
+
+    def _forget_savepoints_after(self, sid: str) -> None:
+        if sid in self.open_savepoint_ids:
+            del self.open_savepoint_ids[self.open_savepoint_ids.index(sid) + 1:]
