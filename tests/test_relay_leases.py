@@ -10,10 +10,12 @@ import sys
 import textwrap
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
+from django.utils import timezone
 
 from composition.broker import build_broker, configured_broker
 from composition.outbox import OutboxMessage, publish
@@ -163,3 +165,18 @@ def test_a_killed_relay_s_rows_are_free_one_lease_after_its_death() -> None:
     assert sorted(taken) == rows
     # At most one lease (renewed by half a lease at the latest) after the last renewal.
     assert took_s <= LEASE_S + SLACK_S
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("nudge_only")
+def test_a_claim_stops_at_a_row_of_its_key_leased_elsewhere() -> None:
+    # Rows 1, 2, 3 of one key: 1 free again (its send failed and released it), 2 leased to
+    # another process (its transaction committed late and sends it itself), 3 free. Claiming
+    # 1 and 3 would send 3 before 2: the claim must stop at 2.
+    with transaction.atomic():
+        ids = [publish(outbox_jobs.relay_probe, {"seq": seq}, key="order:7").pk for seq in (1, 2, 3)]
+    OutboxMessage.objects.filter(pk=ids[0]).update(claimed_until=None, claimed_by="")
+    OutboxMessage.objects.filter(pk=ids[1]).update(claimed_until=timezone.now() + timedelta(seconds=30),
+                                                   claimed_by="another-process")
+    OutboxMessage.objects.filter(pk=ids[2]).update(claimed_until=None, claimed_by="")
+    assert [message.id for message in Relay(configured_broker(), relay_id="sweeper").claim()] == ids[:1]

@@ -60,6 +60,12 @@ WITH heads AS (
     FROM {table} o JOIN heads h ON o.key = h.key
     WHERE o.status = 'pending' AND o.id > h.id
       AND (o.claimed_until IS NULL OR o.claimed_until < now())
+      -- Not past a row of the key that is leased elsewhere (inserted leased by a transaction
+      -- that committed late, say): the key's order would break at that row.
+      AND NOT EXISTS (
+            SELECT 1 FROM {table} p
+            WHERE p.status = 'pending' AND p.key = o.key AND p.id > h.id AND p.id < o.id
+              AND p.claimed_until >= now())
     ORDER BY o.id
     LIMIT %(limit)s
 ), picked AS (
