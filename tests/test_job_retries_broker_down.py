@@ -61,3 +61,16 @@ def test_a_retry_refused_while_the_broker_is_frozen_goes_out_once_it_answers(
     assert not message.failed
     assert message.options["retries"] == 1
     assert _delayed(broker) == 1  # the retry, waiting out its backoff
+
+
+@pytest.mark.parametrize("options", [{"max_backoff": 5}, {"min_backoff": 0}, {"min_backoff": "soon"},
+                                     {"min_backoff": 10**9, "max_backoff": 1000}])
+def test_a_per_message_backoff_out_of_bounds_still_retries(broker: Broker, options: dict[str, Any]) -> None:
+    # send_with_options(max_backoff=...) below the job's minimum (or a minimum of 0, or not a
+    # number) raised in the after-hook: Dramatiq logged it and acked the message, neither
+    # retried nor dead-lettered. It is retried, within the bounds that make sense.
+    message = MessageProxy(Message(queue_name=QUEUE, actor_name="retry_probe", args=(), kwargs={}, options=options))
+    retries = next(m for m in broker.middleware if isinstance(m, JobRetries))
+    retries.after_process_message(broker, message, exception=RuntimeError("transient"))
+    assert not message.failed
+    assert message.options["retries"] == 1 and _delayed(broker) == 1

@@ -16,6 +16,7 @@ Everything else (``max_retries``, ``throws``, a ``Retry`` with its own delay) is
 from __future__ import annotations
 
 import copy
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -88,6 +89,17 @@ class JobRetries(Retries):
         # Deep: a run may change nested options in place (a task appends its worker id).
         _fetched.started = (message, copy.deepcopy(message.options))
 
+    def _backoff_bounds_ms(self, message: MessageProxy, actor: Any) -> tuple[float, float]:
+        """The message's (min, max) backoff, else the actor's, else the middleware's. A bound
+        given per message (``send_with_options``) that is not a positive number, or a maximum
+        below the minimum, is corrected rather than raised: raised here, in an after-hook,
+        Dramatiq would log it and ack the message, neither retried nor dead-lettered."""
+        min_ms = (_ms(message.options.get("min_backoff")) or _ms(actor.options.get("min_backoff"))
+                  or float(self.min_backoff))
+        max_ms = (_ms(message.options.get("max_backoff")) or _ms(actor.options.get("max_backoff"))
+                  or float(self.max_backoff))
+        return min_ms, max(max_ms, min_ms)
+
     def after_process_message(self, broker: Broker, message: MessageProxy, *, result: Any = None,
                               exception: BaseException | None = None) -> None:
         if exception is None:
@@ -106,8 +118,7 @@ class JobRetries(Retries):
         permanent = throws is not None and isinstance(exception, throws)
         if not permanent and not (isinstance(exception, Retry) and exception.delay is not None):
             retries = int(message.options.get("retries", 0))
-            min_ms = message.options.get("min_backoff", actor.options.get("min_backoff", self.min_backoff))
-            max_ms = message.options.get("max_backoff", actor.options.get("max_backoff", self.max_backoff))
+            min_ms, max_ms = self._backoff_bounds_ms(message, actor)
             delay_ms = int(backoff_s(retries, initial_s=min_ms / 1000, max_s=max_ms / 1000) * 1000)
             message.options[BACKOFF_OPTION] = delay_ms
             # Retries takes a Retry's delay as given; the original stays the current exception,
@@ -119,6 +130,13 @@ class JobRetries(Retries):
             if message.failed or not isinstance(exception, Retry) or exception.delay is None:
                 raise  # not the retry's enqueue (an on_retry_exhausted send): Dramatiq's case
             _enqueue_retry_or_fail(broker, message, delay_ms=exception.delay, error=exc)
+
+
+def _ms(value: Any) -> float | None:
+    """A positive finite number of milliseconds, or None."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        return None
+    return float(value)
 
 
 def _enqueue_retry_or_fail(broker: Broker, message: MessageProxy, *, delay_ms: int, error: BaseException) -> None:
