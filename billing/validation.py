@@ -18,6 +18,9 @@ __all__ = ["AMOUNT", "Integer", "Text", "parse_json_body", "parse_query_int"]
 # NUL cannot be stored in a PostgreSQL text column; other control characters are refused too,
 # as no field here has a use for them.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# JSON may spell half a UTF-16 pair ("\ud800"): Python then holds a string no UTF-8 encoder (the
+# database's) takes, and the save would fail with a 500.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,8 @@ class Text:
             raise _invalid(name, f"must have {self.min_length} to {self.max_length} characters")
         if _CONTROL.search(value):
             raise _invalid(name, "must not contain control characters")
+        if _LONE_SURROGATE.search(value):
+            raise _invalid(name, "must be valid Unicode (a lone surrogate such as \\ud800 is not)")
         if self.pattern is not None and not re.fullmatch(self.pattern, value):
             raise _invalid(name, f"must be {self.pattern_hint}")
         return value

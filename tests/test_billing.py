@@ -129,6 +129,8 @@ def test_bad_input_gets_a_clear_error_and_writes_nothing(api_token: str) -> None
         (json.dumps({"payment_id": "p", "amount_cents": -5}).encode(), 400, "invalid_field", "between 1 and"),
         (json.dumps({"payment_id": "p", "amount_cents": 2**63}).encode(), 400, "invalid_field", "between 1 and"),
         (json.dumps({"payment_id": "p\u0000", "amount_cents": 5}).encode(), 400, "invalid_field", "control"),
+        # Half a UTF-16 pair: valid JSON, no UTF-8 (it was a 500 from the database's encoder).
+        (b'{"payment_id": "p\\ud800", "amount_cents": 5}', 400, "invalid_field", "valid Unicode"),
         (json.dumps({"payment_id": "p", "amount_cents": 5, "x": 1}).encode(), 400, "unknown_field", "'x'"),
         (json.dumps({"payment_id": "p", "amount_cents": 1}).encode(), 422, "amount_mismatch", "not 1"),
     ]
@@ -139,6 +141,7 @@ def test_bad_input_gets_a_clear_error_and_writes_nothing(api_token: str) -> None
     for invoice_body, words in (({"number": "N-1", "customer": "c", "amount_cents": 5, "currency": "euro"}, "currency"),
                                 ({"number": "N-1", "customer": "c", "amount_cents": 0}, "between 1 and"),
                                 ({"number": "N" * 33, "customer": "c", "amount_cents": 5}, "1 to 32 characters"),
+                                ({"number": "N-2", "customer": "c\ud800", "amount_cents": 5}, "valid Unicode"),
                                 ({"number": invoice.number, "customer": "c", "amount_cents": 5}, "already exists")):
         response = _post(client, "/api/invoices", invoice_body)
         assert response.status_code in (400, 409) and words in response.json()["error"], response.content
