@@ -80,7 +80,7 @@ class BackpressureMiddleware:
         if request.method in SAFE_METHODS:
             return None
         for prefix, queue in (conf.BACKPRESSURE_PATHS or {}).items():
-            if request.path.startswith(prefix):
+            if request.path_info.startswith(prefix):  # below the mount point (SCRIPT_NAME), as URLs are
                 return str(queue)
         return None
 
