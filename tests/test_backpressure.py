@@ -10,10 +10,18 @@ from collections.abc import Iterator
 import pytest
 from django.conf import settings
 from django.db import transaction
-from django.test import Client, override_settings
+from django.http import HttpResponse
+from django.test import Client, RequestFactory, override_settings
 
 from composition import backpressure
-from composition.backpressure import Backpressure, CircuitBreaker, CircuitOpen, admit, queue_depth
+from composition.backpressure import (
+    Backpressure,
+    BackpressureMiddleware,
+    CircuitBreaker,
+    CircuitOpen,
+    admit,
+    queue_depth,
+)
 from composition.broker import configured_broker
 from composition.checks import check_backpressure_settings
 from composition.jobs import TransientError
@@ -85,6 +93,11 @@ def test_middleware_sheds_unsafe_requests_with_503_and_retry_after(api_client: C
         assert response.json()["code"] == "overloaded"
         assert response.json()["error"] == "the billing queue is full (1 waiting, limit 1); retry after 5 s"
         assert client.get("/api/invoices/1").status_code == 404  # reads are never shed
+        # Mounted under a prefix (SCRIPT_NAME), the paths are matched below it, as URLs are.
+        mounted = BackpressureMiddleware(lambda request: HttpResponse(status=201))
+        request = RequestFactory().post("/api/invoices", SCRIPT_NAME="/billing-service")
+        assert request.path == "/billing-service/api/invoices"
+        assert mounted(request).status_code == 503
     created = client.post("/api/invoices", data=json.dumps({"number": "X", "customer": "c", "amount_cents": 5}),
                           content_type="application/json")
     assert created.status_code == 201
