@@ -74,3 +74,42 @@ def test_a_per_message_backoff_out_of_bounds_still_retries(broker: Broker, optio
     retries.after_process_message(broker, message, exception=RuntimeError("transient"))
     assert not message.failed
     assert message.options["retries"] == 1 and _delayed(broker) == 1
+
+
+def test_after_a_redis_outage_a_live_worker_s_messages_are_not_taken_for_a_dead_one(
+        throwaway_redis_server: ThrowawayRedis) -> None:
+    # Two live workers, A and B; Redis is away longer than the heartbeat timeout, so both last
+    # beats are old when it returns. A, back first, must not hand B's unfinished message back
+    # (it would run twice): it beats, and recovers only once B has had the time to beat too.
+    from composition.jobs.runtime import BrokerKeepalive
+
+    def worker() -> Any:
+        broker = build_broker(throwaway_redis_server.url, heartbeat_timeout_s=1.0, maintenance_chance=0,
+                              socket_timeout_s=0.2, connect_timeout_s=0.2, middleware=[])
+        dramatiq.actor(lambda: None, broker=broker, actor_name="retry_probe", queue_name=QUEUE)
+        return broker
+
+    a, b = worker(), worker()
+    b.enqueue(Message(queue_name=QUEUE, actor_name="retry_probe", args=(), kwargs={}, options={}))
+    consumer = b.consume(QUEUE, prefetch=1, timeout=1000)
+    taken = next(iter(consumer))
+    assert taken is not None
+    b_unacked = f"{b.namespace}:__acks__.{b.broker_id}.{QUEUE}"  # type: ignore[attr-defined]
+    a_keepalive, b_keepalive = BrokerKeepalive(a, interval_s=0.2), BrokerKeepalive(b, interval_s=0.2)
+    a_keepalive.start()
+    try:
+        time.sleep(0.5)
+        throwaway_redis_server.freeze()
+        time.sleep(1.5)  # longer than the heartbeat timeout
+        throwaway_redis_server.thaw()
+        time.sleep(0.5)  # A beats again first; B's keepalive reconnects later
+        b_keepalive.start()
+        time.sleep(1.5)  # A's recovery runs again, B beating all along
+        unacked = b.client.smembers(b_unacked)  # type: ignore[attr-defined]
+        assert taken.options["redis_message_id"].encode() in unacked, "B's message was taken back while B lived"
+    finally:
+        a_keepalive.stop()
+        b_keepalive.stop()
+        consumer.close()
+        for broker in (a, b):
+            broker.client.close()  # type: ignore[attr-defined]

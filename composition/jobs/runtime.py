@@ -149,15 +149,31 @@ class BrokerKeepalive:
 
     def _loop(self) -> None:
         assert isinstance(self.broker, RedisBroker)
-        wait_s = 0.0  # at start: a dead predecessor's messages come back now
+        broker = self.broker
+        chance = broker.maintenance_chance
+        steady_after_s = broker.heartbeat_timeout / 1000
+        # Since when this process's beats have all gone through; -inf at start, so a dead
+        # predecessor's messages come back now.
+        steady_since: float | None = float("-inf")
+        wait_s = 0.0
         while not self._stop.wait(wait_s):
             wait_s = self.interval_s
+            now = time.monotonic()
+            steady = steady_since is not None and now - steady_since >= steady_after_s
             try:
                 # Records this worker's heartbeat, and returns dead workers' messages at once
-                # rather than by Dramatiq's chance maintenance (composition.jobs.recovery).
-                return_dead_workers_messages(self.broker)
+                # rather than by Dramatiq's chance maintenance (composition.jobs.recovery);
+                # after an outage of our own, only the heartbeat, until the others beat again.
+                return_dead_workers_messages(broker, recover=steady)
             except Exception as exc:  # the consumers report broker outages; keep trying
+                steady_since = None
+                broker.maintenance_chance = 0
                 log.warning("broker keepalive failed", error=str(exc))
+                continue
+            if steady_since is None:
+                steady_since = now
+            elif steady:
+                broker.maintenance_chance = chance
 
     def stop(self) -> None:
         self._stop.set()
