@@ -157,3 +157,21 @@ def test_the_outbox_relay_actor_opts_out_of_dead_letters() -> None:
     message.fail()
     middleware.after_process_message(broker, message, exception=OperationalError("database blip"))
     assert DeadLetter.objects.filter(message_id=message.message_id).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_message_expired_unrun_past_its_max_age_becomes_a_dead_letter() -> None:
+    # Dramatiq's AgeLimit fails and skips a message older than its max_age: only the broker's
+    # expiring dead-letter queue held it. It is recorded like a job that failed for good.
+    from dramatiq.middleware import AgeLimit, SkipMessage
+
+    broker = configured_broker()
+    message = MessageProxy(Message(queue_name=jobs.CHECK_QUEUE, actor_name="charge", args=(),
+                                   kwargs={"account": "acme", "key": "old"}, options={"max_age": 1000},
+                                   message_timestamp=1))
+    with pytest.raises(SkipMessage):
+        find_middleware(broker, AgeLimit).before_process_message(broker, message)
+    find_middleware(broker, DeadLetters).after_skip_message(broker, message)
+    [letter] = DeadLetter.objects.filter(message_id=message.message_id)
+    assert letter.error_class.endswith("PermanentError") and "max_age (1000 ms)" in letter.error_message
+    assert letter.payload == {"account": "acme", "key": "old"}

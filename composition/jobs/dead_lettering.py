@@ -26,12 +26,13 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import Middleware, Shutdown
 
+from composition.errors import PermanentError
 from composition.jobs.current import attempt_of
 from composition.jobs.deadletters import record_dead_letter
 from composition.jobs.in_flight import InFlightRegistry
 from composition.jobs.observability import error_text, explained
 from composition.jobs.retries import requeue_message
-from composition.metrics import DEAD_LETTER_RECORD_FAILURES_TOTAL
+from composition.metrics import DEAD_LETTER_RECORD_FAILURES_TOTAL, JOBS_TOTAL
 
 __all__ = [
     "DEAD_LETTER_OPTION",
@@ -100,6 +101,21 @@ class DeadLetters(Middleware):
                       attempts=attempts)
             return
         write_dead_letter(broker, message, exception, attempts)
+
+
+    def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
+        """A message skipped as failed (Dramatiq's ``AgeLimit``: older than its ``max_age`` when a
+        worker took it) is as lost as one whose last run failed: recorded too, not left to the
+        broker's expiring dead-letter queue."""
+        if not message.failed or not _wants_dead_letter(broker, message):
+            return
+        try:
+            max_age = message.options.get("max_age") or broker.get_actor(message.actor_name).options.get("max_age")
+        except ActorNotFound:
+            return  # UnknownActors records it
+        JOBS_TOTAL.labels(message.actor_name, "dead").inc()
+        write_dead_letter(broker, message, PermanentError(
+            f"expired unrun: older than its max_age ({max_age} ms) when a worker took it"), attempt_of(message))
 
 
 def write_dead_letter(broker: Broker, message: MessageProxy, exception: BaseException, attempts: int, *,
