@@ -8,12 +8,15 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from django.core.exceptions import ValidationError
+from django.core.mail.message import sanitize_address
+from django.core.validators import validate_email
 from django.http import HttpRequest
 
 from billing.api import ApiError
 from billing.models import MAX_AMOUNT_CENTS
 
-__all__ = ["AMOUNT", "Integer", "Text", "parse_json_body", "parse_query_int"]
+__all__ = ["AMOUNT", "Email", "Integer", "Text", "parse_json_body", "parse_query_int"]
 
 # NUL cannot be stored in a PostgreSQL text column; other control characters are refused too,
 # as no field here has a use for them.
@@ -42,6 +45,21 @@ class Text:
             raise _invalid(name, "must be valid Unicode (a lone surrogate such as \\ud800 is not)")
         if self.pattern is not None and not re.fullmatch(self.pattern, value):
             raise _invalid(name, f"must be {self.pattern_hint}")
+        return value
+
+
+@dataclass(frozen=True)
+class Email(Text):
+    """An address Django's validator and its mail backends both take: one the receipt job could
+    not send to would fail every attempt, and open the email breaker for every customer."""
+
+    def parse(self, name: str, value: Any) -> str:
+        value = super().parse(name, value)
+        try:
+            validate_email(value)
+            sanitize_address(value, "utf-8")  # what an SMTP backend does to every recipient
+        except (ValidationError, ValueError, TypeError, AttributeError, IndexError):
+            raise _invalid(name, "must be an email address such as 'ada@example.com'") from None
         return value
 
 
