@@ -8,7 +8,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from django.core.exceptions import ValidationError
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig, ValidationError
 from django.core.mail.message import sanitize_address
 from django.core.validators import validate_email
 from django.http import HttpRequest
@@ -90,7 +91,12 @@ def parse_json_body(request: HttpRequest, fields: dict[str, Text | Integer]) -> 
     if content_type != "application/json":
         raise ApiError(415, "unsupported_media_type", "send the body as Content-Type: application/json")
     try:
-        data = json.loads(request.body or b"")
+        body = request.body
+    except RequestDataTooBig:
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        raise ApiError(413, "body_too_large", f"the body is over {limit} bytes") from None
+    try:
+        data = json.loads(body or b"")
     except (ValueError, RecursionError) as exc:
         raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}"[:200]) from exc
     if not isinstance(data, dict):

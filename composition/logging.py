@@ -26,7 +26,7 @@ __all__ = [
 REQUEST_ID_HEADER = "X-Request-ID"
 # Accept what proxies commonly send (uuids, hex, dotted trace ids), refuse anything that could
 # smuggle newlines or blow up log lines.
-_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+_REQUEST_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # whole value: fullmatch ($ takes a "\n")
 
 _SHARED_PROCESSORS: list[Any] = [
     structlog.contextvars.merge_contextvars,
@@ -88,7 +88,7 @@ def configure_structlog() -> None:
 
 def clean_request_id(value: str | None) -> str:
     """The caller's request id when well formed, otherwise a new one."""
-    if value and _REQUEST_ID_RE.match(value):
+    if value and _REQUEST_ID_RE.fullmatch(value):
         return value
     return uuid.uuid4().hex
 

@@ -46,5 +46,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
         body, content_type = render(scrape_registry(), request.headers.get("Accept", ""))
     except MetricsDirectoryBusy:
         log.warning("metrics scrape refused: directory busy")
-        return HttpResponse("metrics directory busy, retry\n", status=503, content_type="text/plain; charset=utf-8")
+        response = HttpResponse("metrics directory busy, retry\n", status=503, content_type="text/plain; charset=utf-8")
+        response["Retry-After"] = "1"
+        return response
     return HttpResponse(body, content_type=content_type)

@@ -150,6 +150,8 @@ def test_bad_input_gets_a_clear_error_and_writes_nothing(api_token: str) -> None
                                 ({"number": invoice.number, "customer": "c", "amount_cents": 5}, "already exists")):
         response = _post(client, "/api/invoices", invoice_body)
         assert response.status_code in (400, 409) and words in response.json()["error"], response.content
+    huge = client.post(url, data=b'{"payment_id": "' + b"p" * 3_000_000 + b'"}', content_type="application/json")
+    assert huge.status_code == 413 and huge.json()["code"] == "body_too_large", huge.content[:200]
     missing = _post(client, "/api/invoices/999999/pay", {"payment_id": "p", "amount_cents": 1})
     assert missing.status_code == 404
     assert Payment.objects.count() == 0 and OutboxMessage.objects.count() == 0

@@ -18,7 +18,7 @@ def test_well_formed_request_id_is_kept_and_echoed(client: Client) -> None:
     assert response[REQUEST_ID_HEADER] == "abc-123.def:9"
 
 
-@pytest.mark.parametrize("bad", ["", "has space", "new\nline", "x" * 200, "-leading-dash", "émoji"])
+@pytest.mark.parametrize("bad", ["", "has space", "new\nline", "trailing\n", "x" * 200, "-leading-dash", "émoji"])
 def test_malformed_request_id_is_replaced(client: Client, bad: str) -> None:
     assert clean_request_id(bad) != bad
     assert len(clean_request_id(bad)) == 32
