@@ -107,7 +107,7 @@ def test_a_supervisor_serves_every_child_and_archives_each_one_it_reaps(
     children = {f.pid for f in process_files(tmp_path) if f.prefix == "counter"} - {supervisor.pid}
     assert len(children) == 2, "each child writes its own files"
 
-    assert supervisor.terminate() == 0
+    assert supervisor.terminate() == 0, supervisor.output()[-6000:]
 
     # Each child's files went into the archive as it was reaped: only the supervisor's are left.
     assert {f.pid for f in process_files(tmp_path)} <= {supervisor.pid}

@@ -27,7 +27,7 @@ from composition.lifecycle.ordering import order_components
 from composition.lifecycle.stopping import StopResult, call_with_timeout, stop_with_timeout
 from composition.metrics import COMPONENT_START_SECONDS, COMPONENT_STOP_SECONDS
 
-__all__ = ["FORCED_EXIT_CODE", "MIN_STOP_BUDGET_S", "StartCancelled", "System"]
+__all__ = ["FORCED_EXIT_CODE", "MIN_STOP_BUDGET_S", "System"]
 
 # The logger name predates the package; operators' log filters (and the tests) select on it.
 log = structlog.get_logger("composition.system")
@@ -37,10 +37,6 @@ FORCED_EXIT_CODE = 130
 # A component stop always gets at least this long, even when draining used up the deadline,
 # so that the database and logs are still closed properly.
 MIN_STOP_BUDGET_S = 1.0
-
-
-class StartCancelled(Exception):
-    """A stop (SIGTERM, SIGINT, ``request_stop()``) came while the system was starting."""
 
 
 @dataclass
@@ -77,17 +73,25 @@ class System:
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
-        """Start every component in order; on a failure roll back and raise SystemStartError."""
+        """Start every component in order; on a failure roll back and raise SystemStartError.
+
+        A stop requested meanwhile (a signal under ``run``, ``request_stop()``) ends the start-up
+        early: the rest is not started, a component waiting to be ready gives up
+        (``cancel_start``), and what did start is then drained and stopped as in any stop,
+        rather than after every other component came up."""
         for component in self.components:
+            if self._stop_event.is_set():
+                log.info("stop requested during start-up; the rest is not started", next=component.name)
+                return
             began = time.monotonic()
             self._starting = component
             try:
-                if self._stop_event.is_set():
-                    # A signal during start-up: what has started is rolled back now, rather than
-                    # after every other component came up (a web server's ready wait, say).
-                    raise StartCancelled("a stop was requested during start-up")
                 component.start()
             except BaseException as exc:
+                if self._stop_event.is_set() and isinstance(exc, Exception):
+                    log.info("start-up cancelled by a stop request", component=component.name,
+                             error=f"{type(exc).__name__}: {exc}")
+                    return
                 log.error("component failed to start", component=component.name,
                           error=f"{type(exc).__name__}: {exc}")
                 rollback = self._stop_started(deadline=time.monotonic() + self.shutdown_timeout_s)
