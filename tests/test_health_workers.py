@@ -134,8 +134,10 @@ def test_a_container_check_with_the_heartbeats_unreadable_asks_whether_its_worke
         assert not report.ok and report.detail["heartbeats"] == "unreadable", "no worker runs here"
         worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "runworkers"])
         try:
-            report = health.workers(local=True)
-            assert report.ok and worker.pid in report.detail["runworkers_pids"], report.detail
+            seen: list[Any] = []
+            wait_until(lambda: seen.append(health.workers(local=True)) or seen[-1].ok, 10, interval_s=0.2,
+                       message="its runworkers process was never counted")
+            assert worker.pid in seen[-1].detail["runworkers_pids"], seen[-1].detail
             assert not health.workers().ok, "the cluster view cannot tell, and says so"
         finally:
             worker.kill()
