@@ -60,6 +60,17 @@ def timed_calls(key: str, count: int, value: Any) -> tuple[list[Any], list[float
     return values, durations
 
 
+def _cached_then_frozen(server: ThrowawayRedis, cached: str, called: str) -> list[float]:
+    """``cached`` holds "old"; then the server freezes and three calls for ``called`` fall back
+    to the loader (each waiting out the socket timeout) and open the breaker; their durations."""
+    assert cache_aside(cached, lambda: "old", ttl_s=60) == "old"
+    server.freeze()
+    values, durations = timed_calls(called, 3, "from-db")
+    assert values == ["from-db"] * 3
+    assert get_cache_aside().breaker.is_open
+    return durations
+
+
 @pytest.mark.django_db(transaction=True)
 def test_closed_port_degrades_to_the_loader() -> None:
     ns = unique()
@@ -84,12 +95,7 @@ def test_frozen_redis_degrades_then_outage_invalidations_apply_after(
     key = f"{ns}:1"
     with cache_at(throwaway_redis_server.url, CACHE_BREAKER_RESET_S=0.3):
         engine = get_cache_aside()
-        assert cache_aside(key, lambda: "old", ttl_s=60) == "old"
-        throwaway_redis_server.freeze()
-
-        values, durations = timed_calls(key, 3, "from-db")  # each waits out the socket timeout
-        assert values == ["from-db"] * 3
-        assert engine.breaker.is_open
+        durations = _cached_then_frozen(throwaway_redis_server, key, key)
         assert min(durations) >= 0.2, "the frozen server should have cost a socket timeout"
         values, durations = timed_calls(key, 30, "from-db")  # breaker open
         assert values == ["from-db"] * 30
@@ -128,10 +134,7 @@ def test_an_invalidation_refused_while_the_probe_ran_is_applied_when_it_closes(
     key = f"{ns}:1"
     with cache_at(throwaway_redis_server.url, CACHE_BREAKER_RESET_S=0.3):
         engine = get_cache_aside()
-        assert cache_aside(key, lambda: "old", ttl_s=60) == "old"
-        throwaway_redis_server.freeze()
-        timed_calls(f"{ns}:other", 3, "from-db")
-        assert engine.breaker.is_open
+        _cached_then_frozen(throwaway_redis_server, key, f"{ns}:other")
         throwaway_redis_server.thaw()
         recover = engine._recover
 

@@ -34,7 +34,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from composition.breaker import CircuitBreaker
 from composition.cache.flights import Flights
-from composition.cache.invalidation import KIND_NAMESPACE, Invalidations
+from composition.cache.invalidation import Invalidations
 from composition.cache.results import (
     COALESCED,
     DEGRADED,
@@ -88,7 +88,7 @@ class CacheAside:
         self.keys = KeySpace(str(cache.make_key("composition:ca:")))
         self._flights = Flights()
         self.invalidations = Invalidations(alias, self.client, self.keys, self.breaker, db_alias=db_alias,
-                                           on_applied=self._detach_flights)
+                                           on_applied=self._flights.detach_invalidated)
         self.store = LeaseStore(self.client)
         self._execute = self.client.execute_command
         self._metrics: dict[str, PatternMetrics] = {}
@@ -261,15 +261,6 @@ class CacheAside:
                             fix="raise COMPOSITION['CACHE_LEASE_TTL_S'] or make the loader cheaper")
             return CacheResult(payload, UNCACHED)
         return CacheResult(payload, LOADED)
-
-    def _detach_flights(self, kind: str, target: str) -> None:
-        # A rebuild of this process in flight when the invalidation landed may hold the data as
-        # it was before the write; its fill is refused (the lease went with the entry), and
-        # callers from now on must not be handed its value either.
-        if kind == KIND_NAMESPACE:
-            self._flights.detach_namespace(target)
-        else:
-            self._flights.detach(target)
 
     def _give_back(self, call: _Call, token: str) -> None:
         try:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import threading
 
+from composition.cache.invalidation import KIND_NAMESPACE
+
 __all__ = ["Flight", "Flights"]
 
 
@@ -60,6 +62,15 @@ class Flights:
         that joined before the write keep waiting for it, as any read racing a write may)."""
         with self._lock:
             self._flights.pop(key, None)
+
+    def detach_invalidated(self, kind: str, target: str) -> None:
+        """An invalidation (``KIND_KEY`` or ``KIND_NAMESPACE``, see ``composition.cache.invalidation``)
+        was applied: a rebuild in flight may hold the data as it was before the write; its fill is
+        refused (the lease went with the entry), and callers from now on must not get its value."""
+        if kind == KIND_NAMESPACE:
+            self.detach_namespace(target)
+        else:
+            self.detach(target)
 
     def detach_namespace(self, namespace: str) -> None:
         """``detach`` every key of ``namespace`` (the text before a key's first ``:``)."""
