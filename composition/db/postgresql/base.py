@@ -53,14 +53,12 @@ class DatabaseWrapper(base.DatabaseWrapper):
 
     def _savepoint_rollback(self, sid: str) -> None:
         super()._savepoint_rollback(sid)
-        self._forget_savepoints_after(sid)  # ROLLBACK TO keeps sid, ends the ones inside it
+        self._end_savepoints(sid, keep_it=True)  # ROLLBACK TO keeps sid, ends the ones inside it
 
     def _savepoint_commit(self, sid: str) -> None:
         super()._savepoint_commit(sid)
-        self._forget_savepoints_after(sid)
-        if sid in self.open_savepoint_ids:
-            self.open_savepoint_ids.remove(sid)
+        self._end_savepoints(sid, keep_it=False)  # RELEASE ends sid and the ones inside it
 
-    def _forget_savepoints_after(self, sid: str) -> None:
+    def _end_savepoints(self, sid: str, *, keep_it: bool) -> None:
         if sid in self.open_savepoint_ids:
-            del self.open_savepoint_ids[self.open_savepoint_ids.index(sid) + 1:]
+            del self.open_savepoint_ids[self.open_savepoint_ids.index(sid) + int(keep_it):]
