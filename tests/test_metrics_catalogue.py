@@ -1,11 +1,12 @@
 """``docs/metrics.md`` lists exactly the metrics composition and billing register, with their
 types and labels, and every family it lists is in a real ``/metrics`` scrape after one pay, one
-cache miss and hit, one lock time-out, one slow query and one dead letter, whose counters moved
+cache miss and hit, one lock time-out, one lock lost, one slow query and one dead letter, whose counters moved
 by exactly what those did."""
 
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -121,6 +122,9 @@ def test_a_scrape_after_real_work_holds_every_family_and_counters_moved_exactly(
     # One lock time-out: the lock is held, a second caller waits 50 ms for it in vain.
     with redis_lock(f"{lock_name}:x", ttl_s=5), pytest.raises(LockNotAcquired):
         acquire_redis_lock(f"{lock_name}:x", ttl_s=5, wait_s=0.05)
+    # One lock lost: its TTL ran out under its body.
+    with redis_lock(f"{lock_name}:lost", ttl_s=0.05):
+        time.sleep(0.15)
     # One slow query, the only statement under a threshold it exceeds.
     with override_settings(COMPOSITION={**settings.COMPOSITION, "DB_SLOW_QUERY_S": 0.2}), \
             connection.cursor() as cursor:
@@ -169,6 +173,7 @@ def test_a_scrape_after_real_work_holds_every_family_and_counters_moved_exactly(
     assert moved("composition_lock_acquire", "composition_lock_acquire_total",
                  kind="redis", name=lock_name, outcome="busy") == 1
     assert moved("composition_lock_timeouts", "composition_lock_timeouts_total", kind="row") == 0
+    assert moved("composition_lock_lost", "composition_lock_lost_total", kind="redis", name=lock_name) == 1
     assert moved("composition_db_slow_queries", "composition_db_slow_queries_total", alias="default") == 1
     assert moved("composition_dead_letters", "composition_dead_letters_total", actor=actor) == 1
     responses = "django_http_responses_total_by_status_view_method"
