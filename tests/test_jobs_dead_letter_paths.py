@@ -6,6 +6,7 @@ out of dead letters (the outbox relay)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -75,8 +76,14 @@ def test_dead_letter_written_exactly_once_through_a_database_blip(worker_process
     letter = DeadLetter.objects.get(actor="refuses")
     assert letter.message_id == sent.message_id
     assert (letter.attempts, letter.error_class) == (1, "composition.errors.PermanentError")
-    # The job ran once per handling: the requeue made it run again, not vanish.
-    assert [run.attempt for run in Attempt.objects.filter(key="blip")] == [1, 1]
+    assert "invoice blip can never be paid" in letter.error_message
+    assert "raise PermanentError" in letter.traceback  # the run's own traceback, carried by the copy
+    # When it first failed travels with the copy: before the first handling's ~3 s of tries.
+    assert letter.last_failed_at - letter.first_failed_at >= timedelta(seconds=2)
+    runs = list(Attempt.objects.filter(key="blip"))
+    # The job ran once: the requeued copy only carried its dead letter (a job's effects, an
+    # email say, must not happen again because the database was away when it was recorded).
+    assert [run.attempt for run in runs] == [1]
     assert [m.message_id for m in in_broker_dead_letter_queue(jobs.RETRY_QUEUE)] == [sent.message_id]
     assert "requeued" in worker.output()
 
@@ -175,3 +182,37 @@ def test_a_message_expired_unrun_past_its_max_age_becomes_a_dead_letter() -> Non
     [letter] = DeadLetter.objects.filter(message_id=message.message_id)
     assert letter.error_class.endswith("PermanentError") and "max_age (1000 ms)" in letter.error_message
     assert letter.payload == {"account": "acme", "key": "old"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_copy_waiting_for_its_dead_letter_is_recorded_not_run_whoever_skips_it() -> None:
+    # A copy requeued while the database was away carries its failure. Expired meanwhile, it is
+    # skipped by AgeLimit before DeadLetters sees it: still recorded with the job's own failure,
+    # not as expired unrun. A hand-made copy with a garbled option is recorded, not lost.
+    from dramatiq.middleware import AgeLimit, SkipMessage
+
+    from composition.jobs.dead_lettering import DEAD_LETTER_PENDING_OPTION
+
+    broker = configured_broker()
+    dead_letters = find_middleware(broker, DeadLetters)
+    assert dead_letters is not None
+    failure = {"error_class": "billing.errors.CardDeclined", "error_message": "card declined",
+               "traceback": "Traceback (most recent call last): ...", "attempts": 4}
+    expired = MessageProxy(Message(queue_name=jobs.CHECK_QUEUE, actor_name="charge", args=(),
+                                   kwargs={"account": "acme", "key": "expired"}, message_timestamp=1,
+                                   options={"max_age": 1000, DEAD_LETTER_PENDING_OPTION: failure}))
+    with pytest.raises(SkipMessage):
+        find_middleware(broker, AgeLimit).before_process_message(broker, expired)
+    dead_letters.after_skip_message(broker, expired)
+    garbled = MessageProxy(Message(queue_name=jobs.CHECK_QUEUE, actor_name="charge", args=(),
+                                   kwargs={"account": "acme", "key": "garbled"},
+                                   options={DEAD_LETTER_PENDING_OPTION: "not a failure"}))
+    with pytest.raises(SkipMessage):
+        dead_letters.before_process_message(broker, garbled)
+    dead_letters.after_skip_message(broker, garbled)
+
+    letter = DeadLetter.objects.get(message_id=expired.message_id)
+    assert (letter.error_class, letter.error_message, letter.attempts) == ("billing.errors.CardDeclined",
+                                                                           "card declined", 4)
+    assert expired.failed  # recorded as every failure is: the consumer nacks it into the broker's DLQ
+    assert "unreadable" in DeadLetter.objects.get(message_id=garbled.message_id).error_message

@@ -4,9 +4,11 @@ back on its queue.
 Dramatiq's broker-side dead-letter queue expires and is not searchable, so it must never be the
 only copy. ``write_dead_letter`` retries the write through a database blip
 (``DEAD_LETTER_RETRY_DELAYS_S``); when the connection stays lost, the message goes back on its
-queue, as a copy with the original acknowledged, to fail and be recorded again later. Other
-errors are not retried: they would fail the same way every time, and a requeue would rerun the
-job forever.
+queue, as a copy with the original acknowledged, carrying the failure to record
+(``DEAD_LETTER_PENDING_OPTION``). Its next delivery does not run the job again (its effects may
+be ones no database constraint guards, such as an email): it only tries the write once more, and
+goes back again while the database stays away. Other errors are not retried: they would fail the
+same way every time.
 
 ``DeadLetters`` calls it after a job's last run. An actor (or a message) declared with
 ``dead_letter=False`` (the outbox relay's nudges) fails without one. The row itself is written
@@ -24,11 +26,11 @@ from django.db import InterfaceError, OperationalError, close_old_connections
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.errors import ActorNotFound
-from dramatiq.middleware import Middleware, Shutdown
+from dramatiq.middleware import Middleware, Shutdown, SkipMessage
 
 from composition.errors import PermanentError
 from composition.jobs.current import attempt_of
-from composition.jobs.deadletters import record_dead_letter
+from composition.jobs.deadletters import FIRST_FAILED_OPTION, Failure, record_dead_letter
 from composition.jobs.in_flight import InFlightRegistry
 from composition.jobs.observability import error_text, explained
 from composition.jobs.retries import requeue_message
@@ -36,6 +38,7 @@ from composition.metrics import DEAD_LETTER_RECORD_FAILURES_TOTAL, JOBS_TOTAL
 
 __all__ = [
     "DEAD_LETTER_OPTION",
+    "DEAD_LETTER_PENDING_OPTION",
     "DEAD_LETTER_RETRY_DELAYS_S",
     "DeadLetters",
     "Requeue",
@@ -49,6 +52,9 @@ log = structlog.get_logger("composition.jobs")
 
 # Actor (or message) option: False means a message that fails for good leaves no dead letter.
 DEAD_LETTER_OPTION = "dead_letter"
+# Option of a message requeued because its dead letter could not be written: the failure and
+# the attempts to record (``Failure.as_option()`` plus "attempts"), in place of another run.
+DEAD_LETTER_PENDING_OPTION = "composition_dead_letter_pending"
 # Pauses between tries to write a dead letter (4 tries, about 3 s in all): long enough to ride
 # out a database blip or failover, short enough not to hold a worker thread for long.
 DEAD_LETTER_RETRY_DELAYS_S = (0.25, 0.75, 2.0)
@@ -58,9 +64,12 @@ Requeue = Callable[[Broker, MessageProxy], None]
 
 
 def requeue_as_copy(broker: Broker, message: MessageProxy) -> None:
-    """Put a failed message back on its queue, as a copy, and have the original acknowledged
-    rather than rejected: a rejected one would also sit in the broker's dead-letter queue."""
-    requeue_message(broker, message)
+    """Put a failed message back on its queue, as a copy carrying the dead letter still to write
+    (and when it first failed), and have the original acknowledged rather than rejected: a
+    rejected one would also sit in the broker's dead-letter queue."""
+    requeue_message(broker, message, carry={name: message.options[name] for name in
+                                            (DEAD_LETTER_PENDING_OPTION, FIRST_FAILED_OPTION)
+                                            if name in message.options})
     message.failed = False
 
 
@@ -88,6 +97,11 @@ class DeadLetters(Middleware):
     def actor_options(self) -> set[str]:
         return {DEAD_LETTER_OPTION}
 
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        # A message that only waits for its dead letter is not run again: after_skip_message writes it.
+        if DEAD_LETTER_PENDING_OPTION in message.options:
+            raise SkipMessage("its job failed for good already; only its dead letter is left to write")
+
     def after_process_message(self, broker: Broker, message: MessageProxy, *, result: Any = None,
                               exception: BaseException | None = None) -> None:
         # A drained job was requeued as it was (JobRetries); anything not failed will run again.
@@ -106,7 +120,12 @@ class DeadLetters(Middleware):
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         """A message skipped as failed (Dramatiq's ``AgeLimit``: older than its ``max_age`` when a
         worker took it) is as lost as one whose last run failed: recorded too, not left to the
-        broker's expiring dead-letter queue."""
+        broker's expiring dead-letter queue. So is one skipped because it only waits for its
+        dead letter (``before_process_message``), whoever skipped it: that letter is written."""
+        pending = message.options.get(DEAD_LETTER_PENDING_OPTION)
+        if pending is not None:
+            _write_pending(broker, message, pending)
+            return
         if not message.failed or not _wants_dead_letter(broker, message):
             return
         try:
@@ -118,14 +137,26 @@ class DeadLetters(Middleware):
             f"expired unrun: older than its max_age ({max_age} ms) when a worker took it"), attempt_of(message))
 
 
-def write_dead_letter(broker: Broker, message: MessageProxy, exception: BaseException, attempts: int, *,
+def _write_pending(broker: Broker, message: MessageProxy, pending: Any) -> None:
+    try:
+        failure = Failure.from_option(pending)
+        attempts = int(pending["attempts"])
+    except (ValueError, KeyError, TypeError):
+        # Not what requeue_as_copy writes (a hand-made message): recorded as what it is.
+        failure, attempts = Failure.of(PermanentError(f"unreadable {DEAD_LETTER_PENDING_OPTION} option")), 0
+    message.fail()  # recorded as every failure is (into the broker's DLQ too), unless requeued again
+    write_dead_letter(broker, message, failure, attempts)
+
+
+def write_dead_letter(broker: Broker, message: MessageProxy, exception: BaseException | Failure, attempts: int, *,
                       requeue: Requeue | None = requeue_as_copy) -> None:
     """Write the dead letter, retrying through a database blip; failing that, put the message
-    back on its queue with ``requeue`` (none: it cannot be) so that it fails, and is recorded,
-    again later.
+    back on its queue with ``requeue`` (none: it cannot be), carrying the failure, so that the
+    dead letter is written on its next delivery (``DEAD_LETTER_PENDING_OPTION``).
     Never raises for a failed write: it is logged critical and counted."""
-    error = error_text(exception)
-    dead_letter_id, record_error, database_lost = _record_with_retries(message, exception, attempts, error)
+    failure = exception if isinstance(exception, Failure) else Failure.of(exception)
+    error = f"{failure.error_class.rpartition('.')[2]}: {failure.error_message}"
+    dead_letter_id, record_error, database_lost = _record_with_retries(message, failure, attempts, error)
     if dead_letter_id is not None:
         log.error("job dead-lettered", error=error, attempts=attempts, dead_letter_id=dead_letter_id)
         return
@@ -135,6 +166,7 @@ def write_dead_letter(broker: Broker, message: MessageProxy, exception: BaseExce
                      "message", error=error, record_error=record_error, queue=message.queue_name,
                      payload=message.kwargs, args=message.args)
         return
+    message.options[DEAD_LETTER_PENDING_OPTION] = {**failure.as_option(), "attempts": attempts}
     try:
         requeue(broker, message)
     except Exception as exc:
@@ -145,12 +177,12 @@ def write_dead_letter(broker: Broker, message: MessageProxy, exception: BaseExce
                      payload=message.kwargs, args=message.args)
         return
     DEAD_LETTER_RECORD_FAILURES_TOTAL.labels(message.actor_name, "requeued").inc()
-    log.critical("could not record dead letter; message requeued to fail and be recorded again later",
+    log.critical("could not record dead letter; message requeued, to be recorded (not run) again later",
                  error=error, record_error=record_error, queue=message.queue_name,
                  payload=message.kwargs, args=message.args)
 
 
-def _record_with_retries(message: MessageProxy, exception: BaseException, attempts: int,
+def _record_with_retries(message: MessageProxy, failure: Failure, attempts: int,
                          error: str) -> tuple[int | None, str, bool]:
     """The dead letter's id, or None, the last recording error and whether that error was a
     lost connection (worth a requeue: the database comes back) rather than one that would fail
@@ -158,7 +190,7 @@ def _record_with_retries(message: MessageProxy, exception: BaseException, attemp
     record_error = ""
     for delay_s in (*DEAD_LETTER_RETRY_DELAYS_S, None):
         try:
-            return record_dead_letter(message, exception, attempts), "", False
+            return record_dead_letter(message, failure, attempts), "", False
         except (OperationalError, InterfaceError) as exc:
             record_error = error_text(exc)
             # A connection the error broke is replaced on the next try.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 import traceback
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,7 +15,7 @@ from dramatiq.broker import MessageProxy
 
 from composition.metrics import DEAD_LETTERS_TOTAL
 
-__all__ = ["error_class_name", "fingerprint", "normalise_message", "record_dead_letter"]
+__all__ = ["Failure", "error_class_name", "fingerprint", "normalise_message", "record_dead_letter"]
 
 # Bounded so one huge error message cannot bloat a row or a fingerprint's input.
 MAX_MESSAGE_CHARS = 2_000
@@ -58,6 +59,33 @@ def error_class_name(exception: BaseException) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+@dataclass(frozen=True)
+class Failure:
+    """What a dead letter says about why its message failed: taken from the exception when the
+    last run ends (``of``), and kept as plain text so that it can travel in a message's options
+    when the row cannot be written yet (``composition.jobs.dead_lettering``)."""
+
+    error_class: str
+    error_message: str
+    traceback: str
+
+    @classmethod
+    def of(cls, exception: BaseException) -> Failure:
+        return cls(error_class_name(exception), _storable(str(exception)[:MAX_MESSAGE_CHARS]),
+                   _storable("".join(traceback.format_exception(exception, limit=MAX_TRACEBACK_FRAMES))))
+
+    def as_option(self) -> dict[str, str]:
+        return {"error_class": self.error_class, "error_message": self.error_message, "traceback": self.traceback}
+
+    @classmethod
+    def from_option(cls, value: Any) -> Failure:
+        """The failure ``as_option`` wrote; raises ValueError for anything else."""
+        if not isinstance(value, dict) or not all(isinstance(value.get(name), str)
+                                                  for name in ("error_class", "error_message", "traceback")):
+            raise ValueError(f"not a recorded failure: {value!r:.200}")
+        return cls(value["error_class"], value["error_message"][:MAX_MESSAGE_CHARS], value["traceback"])
+
+
 def fingerprint(actor: str, error_class: str, message: str) -> str:
     """A stable hex digest of actor + error class + normalised message."""
     basis = "\x1f".join((actor, error_class, normalise_message(message)))
@@ -84,8 +112,9 @@ def _storable(value: Any) -> Any:
     return _storable(repr(value))
 
 
-def record_dead_letter(message: MessageProxy, exception: BaseException, attempts: int) -> int:
-    """Write (or refresh) the dead letter of ``message``; returns its id.
+def record_dead_letter(message: MessageProxy, exception: BaseException | Failure, attempts: int) -> int:
+    """Write (or refresh) the dead letter of ``message``, failed with ``exception`` (or the
+    ``Failure`` taken from it earlier); returns its id.
 
     A message is dead-lettered once; should it fail for good again (redelivered after a crash
     between this write and the broker's acknowledgement), the same row is refreshed, and a row
@@ -94,8 +123,7 @@ def record_dead_letter(message: MessageProxy, exception: BaseException, attempts
     # Imported here: the worker middleware imports this module, possibly before Django's apps are.
     from composition.jobs.models import DeadLetter
 
-    error_class = error_class_name(exception)
-    error_message = _storable(str(exception)[:MAX_MESSAGE_CHARS])
+    failure = exception if isinstance(exception, Failure) else Failure.of(exception)
     now = timezone.now()
     headers = message.options.get("composition")
     fields = {
@@ -105,10 +133,10 @@ def record_dead_letter(message: MessageProxy, exception: BaseException, attempts
         "args": _storable(list(message.args or ())),
         "headers": _storable(headers) if isinstance(headers, dict) else {},
         "attempts": attempts,
-        "error_class": error_class,
-        "error_message": error_message,
-        "traceback": _storable("".join(traceback.format_exception(exception, limit=MAX_TRACEBACK_FRAMES))),
-        "fingerprint": fingerprint(message.actor_name, error_class, error_message),
+        "error_class": failure.error_class,
+        "error_message": failure.error_message,
+        "traceback": failure.traceback,
+        "fingerprint": fingerprint(message.actor_name, failure.error_class, failure.error_message),
         "last_failed_at": now,
     }
     with transaction.atomic():

@@ -19,7 +19,7 @@ import copy
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
@@ -49,9 +49,10 @@ log = structlog.get_logger("composition.jobs")
 _fetched = threading.local()
 
 
-def requeue_message(broker: Broker, message: MessageProxy) -> None:
+def requeue_message(broker: Broker, message: MessageProxy, *, carry: Mapping[str, Any] | None = None) -> None:
     """Put a fetched message back at the end of its queue as it was fetched (same retries count),
-    under a new broker id; the caller then lets the original be acknowledged.
+    with the options in ``carry`` added, under a new broker id; the caller then lets the
+    original be acknowledged.
 
     On Redis, in one step and only while this worker still holds it unacknowledged
     (``composition.redis_broker.requeue_as_new``): a drain that already handed it back by id is not
@@ -61,7 +62,8 @@ def requeue_message(broker: Broker, message: MessageProxy) -> None:
     by id, and found nothing). Elsewhere a copy is enqueued: if the worker dies before the
     acknowledgement, it can run twice (at least once).
     """
-    as_fetched: Message[Any] = Message(**{**message.asdict(), "options": options_as_fetched(message)})
+    as_fetched: Message[Any] = Message(**{**message.asdict(),
+                                          "options": {**options_as_fetched(message), **(carry or {})}})
     redis_id = message.options.get("redis_message_id")
     if isinstance(broker, RedisBroker) and redis_id is not None:
         requeue_as_new(broker, redis_id, as_fetched)
