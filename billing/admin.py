@@ -28,8 +28,9 @@ class ApiTokenAdmin(admin.ModelAdmin):
     """Tokens are listed and revoked (deleted) here; made with ``manage.py create_api_token``,
     since only then can the token itself be shown."""
 
-    list_display = ("name", "user", "prefix", "created_at", "last_used_at")
+    list_display = ("name", "user", "prefix", "created_at", "last_used_at", "expires_at")
     search_fields = ("name", "user__username", "prefix")
+    # expires_at stays editable: an operator can end a token early, or keep it a while longer.
     readonly_fields = ("user", "name", "prefix", "created_at", "last_used_at")
 
     def has_add_permission(self, request: object) -> bool:

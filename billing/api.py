@@ -18,7 +18,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware, get_token
 from django.views.decorators.csrf import csrf_exempt
 
-from billing.tokens import user_for_token
+from billing.tokens import TokenExpired, user_for_token
 
 __all__ = ["ApiError", "endpoint", "error_response"]
 
@@ -59,7 +59,10 @@ def _authenticate(request: HttpRequest) -> Any:
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise ApiError(401, "invalid_token", "the Authorization header must be 'Bearer <token>'")
-        user = user_for_token(token.strip())
+        try:
+            user = user_for_token(token.strip())
+        except TokenExpired as exc:
+            raise ApiError(401, "token_expired", f"{exc}; make a new one (manage.py create_api_token)") from exc
         if user is None:
             raise ApiError(401, "invalid_token", "the token is unknown or revoked")
         return user

@@ -91,6 +91,9 @@ class ApiToken(models.Model):
     prefix = models.CharField(max_length=12, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # From then on the token is refused (401 ``token_expired``); None: it never expires. An
+    # operator ends a token early by setting it in the admin (or deleting the token).
+    expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["user", "name"], name="billing_api_token_name_per_user")]

@@ -7,20 +7,24 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import timedelta
+from io import StringIO
 from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
+from django.core.management import CommandError, call_command
 from django.db import IntegrityError, connection, transaction
 from django.middleware.csrf import get_token
 from django.test import Client, RequestFactory
+from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from billing.jobs import send_payment_receipt
-from billing.models import Invoice, Payment
-from billing.tokens import create_token
+from billing.models import ApiToken, Invoice, Payment
+from billing.tokens import DEFAULT_LIFETIME, create_token
 from composition.broker import configured_broker
 from composition.cache import invalidate_namespace
 from composition.outbox import OutboxMessage
@@ -95,6 +99,34 @@ def test_anonymous_bad_token_and_unprivileged_callers_are_refused_and_change_not
         expected = "permission_denied" if method == "GET" else "csrf_failed"
         assert (logged_in.status_code, logged_in.json()["code"]) == (403, expected), path
     assert _state() == before
+
+
+def test_a_token_expires_with_its_own_error_and_its_maker_chooses_the_lifetime() -> None:
+    admin = get_user_model().objects.create_superuser("keeper", "keeper@example.invalid", "pw")
+    row, token = create_token(admin, "default")  # the default lifetime
+    assert timedelta(days=89) < row.expires_at - timezone.now() <= DEFAULT_LIFETIME
+    client = Client(headers={"Authorization": f"Bearer {token}"})
+    assert client.get("/api/invoices").status_code == 200
+    ApiToken.objects.filter(pk=row.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    expired = client.get("/api/invoices")
+    assert (expired.status_code, expired.json()["code"]) == (401, "token_expired")
+    assert "create_api_token" in expired.json()["error"]
+    assert expired["WWW-Authenticate"].startswith("Bearer")
+
+    out = StringIO()
+    call_command("create_api_token", "keeper", "--name", "ci", "--expires-in-days", "0.5", stdout=out)
+    assert timedelta(hours=11) < ApiToken.objects.get(name="ci").expires_at - timezone.now() <= timedelta(hours=12)
+    assert Client(headers={"Authorization": f"Bearer {out.getvalue().strip()}"}).get("/api/invoices").status_code == 200
+    call_command("create_api_token", "keeper", "--name", "forever", "--no-expiry", stdout=StringIO())
+    assert ApiToken.objects.get(name="forever").expires_at is None
+    for bad in ("0", "-3", "nan", "soon", "1e9"):
+        with pytest.raises(CommandError, match="days"):
+            call_command("create_api_token", "keeper", "--name", f"bad{bad}", "--expires-in-days", bad)
+    with pytest.raises(CommandError, match="not allowed with"):
+        call_command("create_api_token", "keeper", "--name", "both", "--no-expiry", "--expires-in-days", "3")
+    with pytest.raises(ValueError, match="positive"):
+        create_token(admin, "never-valid", lifetime=timedelta(0))
+    assert not ApiToken.objects.filter(name__startswith="bad").exists()
 
 
 def test_a_session_needs_the_csrf_token_and_the_permission_a_token_only_the_permission() -> None:
