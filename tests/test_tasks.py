@@ -279,6 +279,33 @@ def test_failures_retry_with_backoff_then_dead_letter_and_replay(worker_processe
     assert worker.terminate() == 0
 
 
+def test_task_finished_listeners_run_after_the_tasks_transaction_and_cannot_change_its_error(
+        worker_processes) -> None:
+    # FAILED went out inside the task's own transaction: a listener's row was rolled back with
+    # it, and after a database error the listener's query failed in the broken transaction,
+    # its TransactionManagementError recorded in place of the task's IntegrityError.
+    broken = tasks.duplicates_account.enqueue("dup")
+    refused = tasks.refuses.enqueue("listened")
+    succeeded = tasks.add_effect.enqueue("listened-ok")
+    worker = worker_processes.spawn(["--threads", THREADS, "--queues", QUEUES])
+    wait_until(lambda: Effect.objects.filter(key__startswith="finished:").count() == 3, timeout_s=60,
+               message=f"listeners did not all run; worker log:\n{worker.output()[-3000:]}")
+    assert sorted(Effect.objects.filter(key__startswith="finished:").values_list("key", flat=True)) == [
+        "finished:add_effect:SUCCESSFUL", "finished:duplicates_account:FAILED", "finished:refuses:FAILED"]
+    wait_until(lambda: DeadLetter.objects.count() == 2, timeout_s=30, message=worker.output()[-3000:])
+    result = tasks.duplicates_account.get_result(broken.id)
+    assert result.status == TaskResultStatus.FAILED
+    assert [error.exception_class_path for error in result.errors] == ["django.db.utils.IntegrityError"]
+    assert DeadLetter.objects.get(message_id=OutboxMessage.objects.get(pk=broken.id).message_id).error_class \
+        == "django.db.utils.IntegrityError"
+    assert not Account.objects.filter(name="dup").exists()  # the task's own rows rolled back
+    # The listener that raised for refuses: logged; the task's PermanentError is what was recorded.
+    assert tasks.refuses.get_result(refused.id).errors[0].exception_class.__name__ == "PermanentError"
+    assert "a task_finished listener raised" in worker.output()
+    assert tasks.add_effect.get_result(succeeded.id).status == TaskResultStatus.SUCCESSFUL
+    assert worker.terminate() == 0
+
+
 def test_a_task_over_its_time_limit_is_interrupted_and_ends_failed_as_a_dead_letter(worker_processes) -> None:
     # The worker's settings give the queue a 1 s TIMEOUT_S and 2 attempts; the body would take 60 s.
     run_s = 60

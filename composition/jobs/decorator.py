@@ -17,6 +17,7 @@ import dramatiq
 import structlog
 from django.db import transaction
 from dramatiq import Actor
+from dramatiq.broker import MessageProxy
 
 from composition.broker import configured_broker
 from composition.errors import PermanentError
@@ -26,7 +27,7 @@ from composition.jobs.policy import JobPolicy
 from composition.jobs.schema import PayloadSchema
 from composition.time_limits import INTERRUPTS, disarm_time_limit
 
-__all__ = ["job"]
+__all__ = ["job", "run_idempotently"]
 
 log = structlog.get_logger("composition.jobs")
 
@@ -47,6 +48,19 @@ def _body(fn: Callable[..., R], args: tuple[Any, ...], kwargs: dict[str, Any]) -
             disarm_time_limit()
         except INTERRUPTS:
             pass  # landed as the disarm began: the body had finished
+
+
+def run_idempotently(actor_name: str, message: MessageProxy, fn: Callable[..., R], args: tuple[Any, ...],
+                     kwargs: dict[str, Any]) -> R | None:
+    """``fn(*args, **kwargs)`` in one transaction with the inbox ledger row of ``message``, as
+    ``@job(idempotent=True)`` runs a job; None, without running it, when that message's effects
+    were committed already. The time limit ends before the transaction commits."""
+    with transaction.atomic():
+        if not record_processed(ledger_key(message), actor_name):
+            log.info("message already processed, skipped")
+            return None
+        # Disarmed before this block commits the effects with their ledger row.
+        return _body(fn, args, kwargs)
 
 
 def job(*, queue: str = "default", max_attempts: int = 5, initial_delay_s: float = 10,
@@ -82,12 +96,7 @@ def job(*, queue: str = "default", max_attempts: int = 5, initial_delay_s: float
             message = current_message()
             if not policy.idempotent or message is None:
                 return _body(fn, args, kwargs)
-            with transaction.atomic():
-                if not record_processed(ledger_key(message), name):
-                    log.info("message already processed, skipped")
-                    return None
-                # Disarmed before this block commits the effects with their ledger row.
-                return _body(fn, args, kwargs)
+            return run_idempotently(name, message, fn, args, kwargs)
 
         declare = dramatiq.actor(
             broker=configured_broker(),

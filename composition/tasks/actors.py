@@ -5,19 +5,25 @@ task by the module path in its payload (``payload.resolve_task``) and runs it. B
 it has the jobs' whole policy: retries with backoff, the time limit, dead letters, and the inbox
 ledger of the message id, which is also how ``get_result`` learns that a task succeeded:
 
-- ``ATOMIC`` (the default): the task runs in one transaction with its ledger row (``@job``'s
-  ``idempotent=True``), so a redelivered message has no second database effect; the row's time is
-  moved to the end of the run before it commits.
+- ``ATOMIC`` (the default): the task runs in one transaction with its ledger row (as ``@job``'s
+  ``idempotent=True`` runs a job), so a redelivered message has no second database effect; the
+  row's time is moved to the end of the run before it commits.
 - ``ATOMIC: False``: the task runs in autocommit (a task that calls other services should not
   hold a transaction open) and its ledger row is written once it returns; a message whose row
   exists is skipped, but a worker that dies between the two runs the task again.
 
 A task that raises ``composition.jobs.PermanentError`` is dead-lettered at once; any other
 exception is retried until ``MAX_ATTEMPTS``. The task's return value is not kept.
+
+``task_finished`` is sent once the run's transaction has ended: SUCCESSFUL after its COMMIT,
+FAILED after its ROLLBACK (robustly: a listener that raises is logged, and the task's own error
+stays the one recorded), so a listener's queries neither fail in a broken transaction nor are
+rolled back with the task's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import threading
@@ -39,6 +45,7 @@ from composition.broker import configured_broker
 from composition.errors import PermanentError
 from composition.jobs import current_message, job
 from composition.jobs.current import attempt_of
+from composition.jobs.decorator import run_idempotently
 from composition.jobs.inbox import ledger_key, record_processed
 from composition.tasks._compat import (
     InvalidTask,
@@ -84,15 +91,31 @@ def declare_task_actor(alias: str, queue: str, policy: QueuePolicy) -> Actor[...
             pass
 
         def run_task(task: str, args: list, kwargs: dict) -> None:
-            _run(alias, queue, policy, task, args, kwargs)
+            failed: list[TaskResult[Any, Any]] = []  # a run that failed for good, told once it has rolled back
+            message = current_message()
+            try:
+                if policy.atomic and message is not None:
+                    run_idempotently(name, message, _run, (alias, queue, policy, task, args, kwargs, failed), {})
+                else:
+                    _run(alias, queue, policy, task, args, kwargs, failed)
+            finally:
+                for result in failed:
+                    _finished(result, TaskResultStatus.FAILED)
 
+        # The ledger transaction is run_task's own (run_idempotently), so that FAILED goes out
+        # after it; the policy on the actor, which operators' tools read, still says idempotent.
         declare = job(queue=queue, max_attempts=policy.job.max_attempts, initial_delay_s=policy.job.initial_delay_s,
                       max_delay_s=policy.job.max_delay_s, timeout_s=policy.job.timeout_s,
-                      idempotent=policy.atomic, actor_name=name)
-        return declare(run_task)
+                      idempotent=False, actor_name=name)
+        declared = declare(run_task)
+        declared.options["job_policy"] = dataclasses.replace(declared.options["job_policy"], idempotent=policy.atomic)
+        return declared
 
 
-def _run(alias: str, queue: str, policy: QueuePolicy, path: str, args: list[Any], kwargs: dict[str, Any]) -> None:
+def _run(alias: str, queue: str, policy: QueuePolicy, path: str, args: list[Any], kwargs: dict[str, Any],
+         failed: list[TaskResult[Any, Any]]) -> None:
+    """Run the task; a run that fails for good is appended to ``failed`` (with its error) for
+    the caller to announce once the transaction is over."""
     message = current_message()
     try:
         task = resolve_task(path, alias=alias, queue=queue)
@@ -112,7 +135,8 @@ def _run(alias: str, queue: str, policy: QueuePolicy, path: str, args: list[Any]
             task.call(*args, **kwargs)
     except BaseException as exc:
         if message is None or _is_final(exc, message, policy):
-            _finished(result, TaskResultStatus.FAILED, errors=[_task_error(exc)])
+            result.errors.append(_task_error(exc))
+            failed.append(result)
         raise
     if message is not None:
         if policy.atomic:
@@ -178,11 +202,13 @@ def _task_error(exc: BaseException) -> TaskError:
                      traceback="".join(traceback.format_exception(exc)))
 
 
-def _finished(result: TaskResult[Any, Any], status: TaskResultStatus, errors: list[TaskError] | None = None) -> None:
-    """Send django.tasks' ``task_finished`` for ``result`` with ``status``."""
+def _finished(result: TaskResult[Any, Any], status: TaskResultStatus) -> None:
+    """Send django.tasks' ``task_finished`` for ``result`` with ``status``, to every listener
+    even if one raises (logged): the task's outcome is decided already."""
     now = timezone.now()
     object.__setattr__(result, "status", status)
     object.__setattr__(result, "finished_at", now)
-    if errors:
-        result.errors.extend(errors)
-    task_finished.send(sender=type(result.task.get_backend()), task_result=result)
+    for receiver, response in task_finished.send_robust(sender=type(result.task.get_backend()), task_result=result):
+        if isinstance(response, Exception):
+            log.error("a task_finished listener raised", listener=getattr(receiver, "__qualname__", repr(receiver)),
+                      status=str(status), error=f"{type(response).__name__}: {response}")

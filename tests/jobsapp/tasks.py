@@ -5,14 +5,17 @@ each task by its module path when it runs it."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from composition.jobs import PermanentError
 from tests.jobsapp.models import Account, Attempt, Effect
 
 try:
     from django.tasks import TaskContext, task
+    from django.tasks.signals import task_finished
 except ImportError:  # Django 5.2: the backport
     from django_tasks import TaskContext, task  # type: ignore[no-redef]
+    from django_tasks.signals import task_finished  # type: ignore[no-redef]
 
 QUEUE = "jobs_tasks"
 PLAIN_QUEUE = "jobs_tasks_plain"  # ATOMIC: False in tests/settings.py
@@ -82,3 +85,23 @@ def overruns(key: str, run_s: float) -> None:
     while time.monotonic() < deadline:
         time.sleep(0.05)
     Effect.objects.create(key=key)
+
+
+@task(queue_name=QUEUE)
+def duplicates_account(key: str) -> None:
+    """Fails with the database's own error: the second row breaks the unique name."""
+    Account.objects.create(name=key)
+    Account.objects.create(name=key)
+
+
+def _record_finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
+    """What a project's task_finished listener might do: write a row (an audit, a notification).
+    For the tasks of this module whose name says so only, so the other tests' rows stay theirs."""
+    if task_result.task.func.__module__ == __name__ and task_result.task.name in LISTENED:
+        Effect.objects.create(key=f"finished:{task_result.task.name}:{task_result.status}")
+        if task_result.task.name == "refuses":
+            raise RuntimeError("a listener that fails must not change the task's recorded error")
+
+
+LISTENED = {"duplicates_account", "refuses", "add_effect"}
+task_finished.connect(_record_finished)
