@@ -112,6 +112,11 @@ def test_fingerprint_groups_the_same_failure_of_different_messages() -> None:
     assert a != fingerprint("charge", "KeyError", "invoice 41 not found")
     assert a != fingerprint("refund", "ValueError", "invoice 41 not found")
     assert normalise_message("at 0x7f3a   after 12.5s") == "at <addr> after <n>s"
+    # A number is a number however long: one group, not a second one for the big ids.
+    assert fingerprint("receipt", "PermanentError", "payment 900001 does not exist") == fingerprint(
+        "receipt", "PermanentError", "payment 4611686018427387904 does not exist")
+    assert normalise_message("digest 9f86d081884c7d659a2feaa0c55ad015 of 1234567890123456789") \
+        == "digest <hex> of <n>"
 
 
 def test_fingerprint_keeps_an_http_status_and_drops_opaque_ids() -> None:

@@ -26,7 +26,8 @@ FIRST_FAILED_OPTION = "composition_first_failed_ms"
 _NORMALISERS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.I), "<uuid>"),
     (re.compile(r"\b0x[0-9a-f]+\b", re.I), "<addr>"),
-    (re.compile(r"\b[0-9a-f]{16,}\b", re.I), "<hex>"),
+    # Hex with a letter in it: a long plain number is a number (below), whatever its length.
+    (re.compile(r"\b(?=[0-9a-f]*[a-f])[0-9a-f]{16,}\b", re.I), "<hex>"),
     # Opaque ids of other services (a charge "ch_3Mml8Lr2Kd", an order "ORD7H2K9Q"): 8 or more
     # letters, digits, "_" or "-", with at least one digit and one letter.
     (re.compile(r"\b(?=[\w-]*\d)(?=[\w-]*[a-z])[\w-]{8,}\b", re.I), "<id>"),
