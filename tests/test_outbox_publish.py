@@ -23,6 +23,7 @@ from composition.outbox import (
     publish,
 )
 from composition.outbox.models import message_id_for
+from composition.outbox.publish import publish_with_headers
 from composition.outbox.relay import RELAY_QUEUE_NAME
 from tests.outboxapp import jobs
 from tests.outboxapp.helpers import enqueued, flush_broker
@@ -48,6 +49,10 @@ def _clean_broker() -> Iterator[None]:
     (PROBE, {"seq": {1: "int key"}}, {}, PayloadNotSerializableError),
     (PROBE, {"seq": (1, 2)}, {}, PayloadNotSerializableError),
     (PROBE, {"seq": float("nan")}, {}, PayloadNotSerializableError),
+    # Text PostgreSQL's jsonb refuses: the error came at COMMIT, aborting the caller's transaction.
+    (PROBE, {"seq": "a\x00b"}, {}, PayloadNotSerializableError),
+    (PROBE, {"seq": ["\ud800"]}, {}, PayloadNotSerializableError),
+    (PROBE, {"nul\x00key": 1}, {}, PayloadNotSerializableError),
     (PROBE, {"seq": 1}, {"key": ""}, InvalidKeyError),
     (PROBE, {"seq": 1}, {"key": "k" * 256}, InvalidKeyError),
     (PROBE, {"seq": 1}, {"key": 7}, InvalidKeyError),
@@ -62,6 +67,16 @@ def test_bad_input_raises_at_publish_and_writes_nothing(actor: Any, payload: Any
     assert isinstance(caught.value, PublishError)
     assert isinstance(caught.value, ValueError)
     assert OutboxMessage.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_text_that_only_looks_like_a_nul_escape_is_published_as_it_is() -> None:
+    message = publish(PROBE, {"seq": 1, "note": "\\u0000 and \\\\u0000 are text"})
+    assert OutboxMessage.objects.get(pk=message.pk).payload["note"] == "\\u0000 and \\\\u0000 are text"
+    with pytest.raises(PayloadNotSerializableError, match="NUL"):
+        publish_with_headers(PROBE, {"seq": 1}, headers={"reason": "\x00"})
+    with pytest.raises(PayloadNotSerializableError, match="lone surrogate"):
+        publish_with_headers(PROBE, {"seq": 1}, headers={"reason": "\udfff"})
 
 
 @pytest.mark.django_db

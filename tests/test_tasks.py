@@ -154,6 +154,8 @@ def test_bad_tasks_and_arguments_are_refused_and_nothing_is_written() -> None:
         (lambda: tasks.typed.enqueue(n=timezone.now()), "must be JSON values"),
         (lambda: tasks.typed.enqueue(1, tags=[{1: "a"}]), "non-string key 1"),
         (lambda: tasks.flaky.enqueue(key="k"), "missing a required argument 'fail_times'"),
+        (lambda: tasks.typed.enqueue(1, tags=["a\x00b"]), "NUL character"),
+        (lambda: tasks.typed.enqueue(1, tags=["\ud800"]), "lone surrogate"),
     ]
     for enqueue, expected in refused_arguments:
         with pytest.raises(InvalidTaskArguments) as caught:

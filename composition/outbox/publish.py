@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 import time
 from collections.abc import Mapping
 from datetime import datetime
@@ -68,6 +69,8 @@ _SEND_KEY = "composition.outbox.send_after_commit"
 _NUDGE_KEY = "composition.outbox.nudge"
 # Headers publish() sets itself; extra headers cannot replace them.
 _OWN_HEADERS = frozenset({"request_id", "published_at"})
+# JSON's escape of NUL, not preceded by an escaped backslash (the text "\\u0000" is harmless).
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 @overload
@@ -92,7 +95,8 @@ def publish(actor: Any, payload: Mapping[str, Any], *, key: str | None = None, d
     are relayed in publish order. ``delay_s`` (seconds after publish) delays the job.
 
     Raises ``UnknownActorError``, ``PayloadNotSerializableError`` (not a dict with string keys
-    of JSON values), ``PayloadTooLargeError`` (above ``OUTBOX_MAX_PAYLOAD_BYTES`` encoded),
+    of JSON values, or text PostgreSQL cannot store: a NUL character, a lone surrogate),
+    ``PayloadTooLargeError`` (above ``OUTBOX_MAX_PAYLOAD_BYTES`` encoded),
     ``InvalidKeyError`` or ``InvalidDelayError``; all are ``PublishError``/``ValueError``.
 
     Returns the row, as read back. With ``row=False`` it returns None, and a message without a
@@ -147,7 +151,7 @@ def publish_with_headers(actor: Any, payload: Mapping[str, Any], *, headers: Map
     _check_json(extra, "headers", 0)
     context = structlog.contextvars.get_contextvars()
     all_headers = {**extra, "request_id": context.get("request_id"), "published_at": time.time()}
-    headers_json = json.dumps(all_headers)
+    headers_json = storable_json(all_headers, "headers").decode()
     created_at = timezone.now()
     if not conf.OUTBOX_SEND_ON_COMMIT:
         inserted = insert(actor_name=name, queue_name=declared.queue_name, payload_json=encoded.decode(), key=key,
@@ -225,11 +229,27 @@ def encode_payload(payload: Any) -> bytes:
         raise PayloadNotSerializableError(
             f"payload must be a dict of keyword arguments, got {type(payload).__name__}")
     _check_json(payload, "payload", 0)
-    encoded = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    encoded = storable_json(payload, "payload")
     limit = int(conf.OUTBOX_MAX_PAYLOAD_BYTES)
     if len(encoded) > limit:
         raise PayloadTooLargeError(len(encoded), limit)
     return encoded
+
+
+def storable_json(value: Any, what: str) -> bytes:
+    """``value`` (checked by ``_check_json``) as compact UTF-8 JSON that PostgreSQL's jsonb stores
+    as it is. Raises PayloadNotSerializableError for a NUL character (jsonb refuses ``\\u0000``)
+    and for text that is not Unicode (a lone surrogate): PostgreSQL's error would come only at the
+    INSERT or the COMMIT, and abort the caller's transaction."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    if "\\u0000" in text and _JSON_NUL.search(text):
+        raise PayloadNotSerializableError(f"{what} holds a NUL character (\\u0000), which PostgreSQL cannot store")
+    try:
+        return text.encode()
+    except UnicodeEncodeError as exc:
+        raise PayloadNotSerializableError(
+            f"{what} holds text that is not valid Unicode (a lone surrogate, {exc.object[exc.start:exc.end]!r})"
+        ) from None
 
 
 def _check_json(value: Any, path: str, depth: int) -> None:
