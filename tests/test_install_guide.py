@@ -75,8 +75,10 @@ def test_the_install_guide_works_in_a_fresh_project(tmp_path: Path, guide_servic
         assert result.returncode == 0, f"{script}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
         return result.stdout
 
-    # As written, but from this wheel rather than the registry.
-    sh(readme_block("install").replace("django-backend-composition ", f"{wheel} ", 1)
+    # As written, but from this wheel rather than a clone next to the project.
+    install = readme_block("install")
+    assert "pip install ./django-backend-composition " in install, "the guide's install line changed: follow it here"
+    sh(install.replace("./django-backend-composition ", f"{wheel} ", 1)
        .replace("pip install", "python -m pip install -q", 1))
     sh("django-admin startproject mysite")
     project = tmp_path / "mysite"
@@ -124,6 +126,11 @@ def test_the_install_guide_works_in_a_fresh_project(tmp_path: Path, guide_servic
             publish(deliver, {"tokn": "guide-2"})  # a wrong payload is refused at publish
         except Exception as exc:
             print("refused:", type(exc).__name__)
+        from django.test import Client
+        client = Client(HTTP_HOST="localhost")
+        assert client.get("/healthz").status_code == 200
+        metrics = client.get("/metrics").content.decode()
+        print("http metrics:", "django_http_requests_total_by_method_total" in metrics)
     '''))
     log = (tmp_path / "runworkers.log").open("wb")
     workers = subprocess.Popen([str(venv / "bin" / "python"), "manage.py", "runworkers", "--threads", "2",
@@ -132,6 +139,7 @@ def test_the_install_guide_works_in_a_fresh_project(tmp_path: Path, guide_servic
     try:
         published = sh("python publish_one.py", cwd=project)
         assert "refused: PayloadDoesNotFitError" in published, published
+        assert "http metrics: True" in published, published  # the guide's middleware counts requests
         deadline = time.monotonic() + 60
         query = "SELECT count(*) FROM shop_delivery WHERE token = 'guide-1'"
         connect = dict(host=env["PGHOST"], port=env["PGPORT"], user=env["PGUSER"], dbname=env["PGDATABASE"],

@@ -1,0 +1,39 @@
+"""gunicorn server hooks for ``PROMETHEUS_MULTIPROC_DIR`` (``composition.prometheus``): import
+them into your gunicorn config file (``from composition.gunicorn import child_exit, on_starting``)
+so that ``/metrics`` keeps the totals of workers gunicorn has replaced and reads no more files
+than there are living workers.
+
+- ``on_starting``: the files left by processes of an earlier run go into the archive, once;
+- ``child_exit``: a reaped worker's counters and histograms go into the archive (totals never go
+  down) and its live gauges go, as ``prometheus_client``'s ``mark_process_dead`` does.
+
+Neither stops the server when it fails: the files are then merged at the next start.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+__all__ = ["child_exit", "on_starting"]
+
+
+def on_starting(server: Any) -> None:
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if directory:
+        from composition.prometheus import archive_dead_processes
+
+        os.makedirs(directory, exist_ok=True)
+        try:
+            archive_dead_processes(directory)
+        except Exception as exc:  # serving goes on; the leftovers still count, only unmerged
+            server.log.error("could not archive leftover metrics files: %s", exc)
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    from composition.prometheus.archive import archive_reaped_child
+
+    try:
+        archive_reaped_child(worker.pid)
+    except Exception as exc:  # the arbiter goes on; the files are archived at the next start
+        server.log.error("could not archive the metrics of worker %s: %s", worker.pid, exc)
