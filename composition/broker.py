@@ -79,7 +79,8 @@ def build_broker(url: str, *, heartbeat_timeout_s: float, maintenance_chance: in
         from dramatiq.brokers.rabbitmq import RabbitmqBroker
     except ImportError as exc:  # pika is the optional "rabbitmq" extra
         raise BrokerConfigurationError(
-            "an amqp:// BROKER_URL needs the rabbitmq extra: pip install 'django-backend-composition[rabbitmq]'"
+            "an amqp:// BROKER_URL needs the rabbitmq extra (from a clone: "
+            "pip install './django-backend-composition[rabbitmq]'), or pip install pika"
         ) from exc
     # confirm_delivery: every enqueue (actor.send(), a retry) returns only once RabbitMQ has
     # confirmed the message, and a message no queue takes (mandatory) or a full queue refuses

@@ -3,8 +3,8 @@
 ``TASKS = {"default": {"BACKEND": "composition.tasks.OutboxBackend"}}`` makes ``@task`` code
 enqueue in the caller's transaction and run under ``runworkers`` with the jobs' retries, time
 limit and dead letters. It uses Django's ``django.tasks`` (Django 6) or the ``django-tasks``
-backport (``pip install 'django-backend-composition[tasks]'``; add ``"django_tasks"`` to
-``INSTALLED_APPS`` there).
+backport (the ``tasks`` extra: ``pip install './django-backend-composition[tasks]'`` from a
+clone; add ``"django_tasks"`` to ``INSTALLED_APPS`` there).
 
 The package, module by module:
 

@@ -84,7 +84,8 @@ else:
         except ImportError as exc:
             raise ConfigurationError(
                 "composition.tasks needs django.tasks (Django 6) or the django-tasks backport: "
-                "pip install 'django-backend-composition[tasks]'"
+                "install the package's tasks extra (from a clone: pip install './django-backend-composition[tasks]') "
+                "or pip install 'django-tasks>=0.12,<0.13'"
             ) from exc
 
         BACKPORT = True
