@@ -18,7 +18,7 @@ import structlog
 from composition import health
 from composition.breaker import breaker_states
 from composition.broker import configured_broker
-from composition.jobs.failure_groups import failure_groups
+from composition.jobs.failure_groups import failure_groups, group_count
 from composition.jobs.in_flight import RUNS_WINDOW_S
 from composition.jobs.models import DeadLetter
 from composition.outbox.maintenance import backlog_by_queue, backlog_totals
@@ -68,7 +68,8 @@ class OperationsSnapshot:
     window_s: float
     queues: list[QueueRow]
     open_dead_letters: int
-    failure_groups: list[dict[str, Any]]
+    failure_groups: list[dict[str, Any]]  # the FAILURE_GROUPS_SHOWN largest
+    failure_group_count: int  # all of them
     workers: list[WorkerRow]
     stale_workers: list[dict[str, Any]]
     workers_error: str | None
@@ -125,6 +126,7 @@ def operations_snapshot(*, window_s: float = RUNS_WINDOW_S) -> OperationsSnapsho
     outbox_pending, relay_lag_s = backlog_totals(backlog)  # `outbox status`'s pending and oldest age
     return OperationsSnapshot(
         taken_at=now, window_s=window_s, queues=queues, open_dead_letters=open_letters.count(),
-        failure_groups=failure_groups(open_letters, limit=FAILURE_GROUPS_SHOWN), workers=workers,
+        failure_groups=failure_groups(open_letters, limit=FAILURE_GROUPS_SHOWN),
+        failure_group_count=group_count(open_letters), workers=workers,
         stale_workers=stale, workers_error=workers_error, breakers_here=breaker_states(),
         relay_lag_s=relay_lag_s, outbox_pending=outbox_pending)

@@ -13,6 +13,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from composition.jobs.admin import ReadOnlyRows
+from composition.jobs.replay import REPLAY_PERMISSION
 from composition.operations import operations_snapshot
 from composition.operations_models import Operations
 
@@ -35,6 +36,8 @@ class OperationsAdmin(ReadOnlyRows, admin.ModelAdmin):
             "snapshot": operations_snapshot(),
             "refresh_s": None if paused else REFRESH_S,
             "dead_letters_url": dead_letters,
+            # Replay buttons only for who may replay (the action would refuse the others anyway).
+            "can_replay": request.user.has_perm(REPLAY_PERMISSION),
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/composition/operations.html", context)

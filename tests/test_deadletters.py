@@ -190,6 +190,16 @@ def test_admin_replay_confirms_the_count_then_acts() -> None:
     assert DeadLetter.objects.filter(status="replayed").count() == 2
     assert OutboxMessage.objects.filter(actor_name="charge").count() == 2
 
+    # The same confirmation again (a double click, Back and submit): said, and nothing done twice.
+    again = client.post(url, {**selection, "confirm": "yes", "upto": upto.group(1).decode()}, follow=True)
+    assert b"Nothing to replay: the selected dead letters were replayed or discarded already." in again.content
+    assert OutboxMessage.objects.filter(actor_name="charge").count() == 2
+    # And asked again for rows handled meanwhile: no "replay 0" button, a way back to the same filter.
+    filtered = f"{url}?fingerprint={letters[0].fingerprint}"
+    stale = client.post(filtered, selection)
+    assert b"Nothing to replay" in stale.content and b'name="confirm"' not in stale.content
+    assert f'href="{filtered}"'.encode() in stale.content
+
 
 # -- fix the data, replay, once: with a real worker and relay ------------------------------------------
 def _charge_until_dead_lettered(worker_processes, *, account: str, key: str) -> tuple[Any, DeadLetter]:  # type: ignore[no-untyped-def]

@@ -114,6 +114,28 @@ def test_queue_and_dead_letter_figures_are_the_database_and_the_brokers(admin_cl
     assert f'data-queue="{jobs.CHECK_QUEUE}"' in html
     for group in snapshot.failure_groups:
         assert f"?fingerprint={group['fingerprint']}" in html, "each group links to its filtered list"
+    # Two groups of one actor and error class are told apart by their message.
+    assert "no account in group a" in html and "no account in group b" in html
+    assert snapshot.failure_group_count == 2 and "largest of" not in html
+
+
+@pytest.mark.django_db
+def test_more_groups_than_shown_are_counted_and_only_replayers_see_replay_buttons(admin_client: Client) -> None:
+    from composition.operations import FAILURE_GROUPS_SHOWN
+
+    now = timezone.now()
+    DeadLetter.objects.bulk_create([
+        DeadLetter(actor="charge", queue=jobs.CHECK_QUEUE, message_id=f"group-{index}", payload={}, attempts=1,
+                   error_class="builtins.LookupError", error_message=f"cause {index}",
+                   fingerprint=f"{index:032x}", first_failed_at=now, last_failed_at=now)
+        for index in range(FAILURE_GROUPS_SHOWN + 5)])
+    page = admin_client.get(URL)
+    assert page.context["snapshot"].failure_group_count == FAILURE_GROUPS_SHOWN + 5
+    assert f"The {FAILURE_GROUPS_SHOWN} largest of {FAILURE_GROUPS_SHOWN + 5} groups" in " ".join(
+        page.content.decode().split())
+    assert page.content.count(b"Replay group") == FAILURE_GROUPS_SHOWN
+    viewer = _staff("ops-viewer", "view_operations").get(URL)
+    assert viewer.status_code == 200 and b"Replay group" not in viewer.content
 
 
 def _row(html: str, attribute: str, value: str) -> str:

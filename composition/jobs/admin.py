@@ -79,8 +79,10 @@ class FingerprintFilter(admin.SimpleListFilter):
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         groups = failure_groups(DeadLetter.objects.filter(status=DeadLetter.Status.DEAD), limit=FINGERPRINT_CHOICES)
+        # The message's start too: two groups of one actor and error class differ only there.
         return [(group["fingerprint"],
-                 f"{group['actor']} · {group['error_class'].rsplit('.', 1)[-1]} ({group['count']})")
+                 f"{group['actor']} · {group['error_class'].rsplit('.', 1)[-1]}: "
+                 f"{shortened(group['sample_message'], 50)} ({group['count']})")
                 for group in groups]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> QuerySet[DeadLetter]:
@@ -186,6 +188,8 @@ class DeadLetterAdmin(ReadOnlyRows, admin.ModelAdmin):
                 "select_across": request.POST.get("select_across", "0"),
                 "groups": (selected.filter(pk__in=batch).values("actor", "error_class").annotate(count=Count("id"))
                            .order_by("-count")[:FINGERPRINT_CHOICES]),
+                # Back to the list as the operator left it (a group's filter kept).
+                "back_url": request.get_full_path(),
             }
             return TemplateResponse(request, "admin/composition/deadletter/confirm_action.html", context)
         try:
@@ -198,6 +202,10 @@ class DeadLetterAdmin(ReadOnlyRows, admin.ModelAdmin):
         result = act(DeadLetter.objects.filter(pk__in=batch).order_by("id"), user=request.user)
         if result.done:
             self.message_user(request, f"{verb.capitalize()}ed {len(result.done)} dead letter(s).", messages.SUCCESS)
+        elif not batch:
+            # A second submit of the same confirmation (a double click, Back and submit again).
+            self.message_user(request, f"Nothing to {verb}: the selected dead letters were replayed or discarded "
+                              "already.", messages.INFO)
         for reason, pks in result.refused_by_reason():
             named = ", ".join(str(pk) for pk in pks[:REFUSED_IDS_SHOWN]) + ("…" if len(pks) > REFUSED_IDS_SHOWN else "")
             self.message_user(request, f"{len(pks)} dead letter(s) refused: {reason} (ids {named})", messages.WARNING)
