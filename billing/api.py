@@ -14,13 +14,17 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
+import structlog
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware, get_token
 from django.views.decorators.csrf import csrf_exempt
 
 from billing.tokens import TokenExpired, user_for_token
+from composition.logging import already_logged
 
 __all__ = ["ApiError", "endpoint", "error_response"]
+
+log = structlog.get_logger("billing.api")
 
 Handler = Callable[..., HttpResponse]
 
@@ -104,6 +108,10 @@ def endpoint(**handlers: tuple[str, Handler]) -> Handler:
             response = error_response(exc.status, exc.code, exc.message, **exc.extra)
             if exc.status in (409, 503) and exc.extra.get("retry_after_s"):
                 response["Retry-After"] = str(exc.extra["retry_after_s"])
+            if exc.status == 503:
+                # Work shed on purpose (reminders): a warning, not Django's error line.
+                log.warning("request shed", code=exc.code, path=request.path)
+                already_logged(response)
             return response
 
     return view

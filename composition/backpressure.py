@@ -24,6 +24,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from composition.breaker import CircuitBreaker, CircuitOpen
 from composition.conf import conf
 from composition.errors import CompositionError
+from composition.logging import already_logged
 from composition.metrics import BACKPRESSURE_REJECTIONS_TOTAL
 from composition.queue_depth import QueueDepths, queue_depth
 
@@ -99,5 +100,5 @@ class BackpressureMiddleware:
                                          "queue": queue, "depth": exc.depth, "limit": exc.limit,
                                          "retry_after_s": exc.retry_after_s}, status=503)
                 response["Retry-After"] = str(retry_after)
-                return response
+                return already_logged(response)
         return self.get_response(request)

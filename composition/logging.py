@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from django.http import HttpRequest, HttpResponse
@@ -19,6 +19,7 @@ from django.http import HttpRequest, HttpResponse
 __all__ = [
     "REQUEST_ID_HEADER",
     "RequestIdMiddleware",
+    "already_logged",
     "configure_structlog",
     "logging_config",
 ]
@@ -35,6 +36,27 @@ _SHARED_PROCESSORS: list[Any] = [
     structlog.processors.TimeStamper(fmt="iso", utc=True),
     structlog.processors.StackInfoRenderer(),
 ]
+
+
+def _request_id_of_record(logger: Any, method_name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    """The request id of a standard-library record that names its request (``django.request``
+    logs a 4xx/5xx after the middleware has returned, when the id is no longer bound)."""
+    if "request_id" not in event_dict:
+        request_id = getattr(getattr(event_dict.get("_record"), "request", None), "request_id", None)
+        if isinstance(request_id, str):
+            event_dict["request_id"] = request_id
+    return event_dict
+
+
+R = TypeVar("R", bound=HttpResponse)
+
+
+def already_logged(response: R) -> R:
+    """Mark ``response`` as logged by its view or middleware, so that Django's ``django.request``
+    does not log it again at error level: a 503 that sheds load or answers a readiness probe is
+    expected, and its own warning says why."""
+    response._has_been_logged = True  # type: ignore[attr-defined]  # what django.utils.log.log_response reads
+    return response
 
 
 def _renderer(fmt: str) -> Any:
@@ -56,7 +78,7 @@ def logging_config(fmt: str = "json", level: str = "INFO") -> dict[str, Any]:
             "structlog": {
                 "()": structlog.stdlib.ProcessorFormatter,
                 "processors": processors,
-                "foreign_pre_chain": _SHARED_PROCESSORS,
+                "foreign_pre_chain": [*_SHARED_PROCESSORS, _request_id_of_record],
             },
         },
         "handlers": {

@@ -8,6 +8,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
 from composition import health
+from composition.logging import already_logged
 from composition.prometheus import MetricsAccess, MetricsDirectoryBusy, render, scrape_registry
 
 log = structlog.get_logger("composition.health")
@@ -28,7 +29,8 @@ def readyz(request: HttpRequest) -> JsonResponse:
     failing = {check.name: check.error for check in report.checks if not check.ok}
     if failing:
         log.warning("readiness check failing", failing=failing, ok=report.ok)
-    return JsonResponse(report.as_dict(public=True), status=200 if report.ok else 503)
+    response = JsonResponse(report.as_dict(public=True), status=200 if report.ok else 503)
+    return already_logged(response) if failing else response
 
 
 @never_cache
@@ -48,5 +50,5 @@ def metrics(request: HttpRequest) -> HttpResponse:
         log.warning("metrics scrape refused: directory busy")
         response = HttpResponse("metrics directory busy, retry\n", status=503, content_type="text/plain; charset=utf-8")
         response["Retry-After"] = "1"
-        return response
+        return already_logged(response)
     return HttpResponse(body, content_type=content_type)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -78,7 +79,8 @@ def empty_billing_queue() -> Iterator[None]:
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("nudge_only", "empty_billing_queue")
-def test_middleware_sheds_unsafe_requests_with_503_and_retry_after(api_client: Client) -> None:
+def test_middleware_sheds_unsafe_requests_with_503_and_retry_after(api_client: Client,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
     client = api_client
     with transaction.atomic():
         publish("send_payment_receipt", {"payment_id": 1})
@@ -92,6 +94,8 @@ def test_middleware_sheds_unsafe_requests_with_503_and_retry_after(api_client: C
         assert response.json()["queue"] == "billing" and response.json()["depth"] == 1
         assert response.json()["code"] == "overloaded"
         assert response.json()["error"] == "the billing queue is full (1 waiting, limit 1); retry after 5 s"
+        # Its own warning says why; not also Django's error line, once per shed request.
+        assert not [r for r in caplog.records if r.name == "django.request" and r.levelno >= logging.ERROR]
         assert client.get("/api/invoices/1").status_code == 404  # reads are never shed
         # Mounted under a prefix (SCRIPT_NAME), the paths are matched below it, as URLs are.
         mounted = BackpressureMiddleware(lambda request: HttpResponse(status=201))

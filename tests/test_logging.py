@@ -45,7 +45,8 @@ def test_request_id_is_bound_for_the_request_and_cleared_after() -> None:
     assert structlog.contextvars.get_contextvars() == {}
 
 
-def test_json_lines_carry_the_bound_context(capsys: pytest.CaptureFixture[str]) -> None:
+def _json_handler() -> logging.Handler:
+    """A handler formatting as ``logging_config("json")`` does, to stderr."""
     config = logging_config("json", "INFO")
     formatter = config["formatters"]["structlog"]["()"](
         processors=config["formatters"]["structlog"]["processors"],
@@ -53,6 +54,11 @@ def test_json_lines_carry_the_bound_context(capsys: pytest.CaptureFixture[str]) 
     )
     handler = logging.StreamHandler()
     handler.setFormatter(formatter)
+    return handler
+
+
+def test_json_lines_carry_the_bound_context(capsys: pytest.CaptureFixture[str]) -> None:
+    handler = _json_handler()
     logger = logging.getLogger("test.json")
     logger.addHandler(handler)
     logger.propagate = False
@@ -67,3 +73,20 @@ def test_json_lines_carry_the_bound_context(capsys: pytest.CaptureFixture[str]) 
     assert record["event"] == "processing payment receipt job"
     assert (record["request_id"], record["job_id"], record["attempt"], record["payment_id"]) == ("r1", "j1", 2, 7)
     assert record["level"] == "info" and "timestamp" in record
+
+
+def test_djangos_own_line_for_an_error_answer_carries_the_request_id(client: Client,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    # django.request logs a 4xx/5xx after every middleware has returned, when the request id
+    # is no longer bound: taken from the request the record names.
+    handler = _json_handler()
+    logger = logging.getLogger("django.request")
+    logger.addHandler(handler)
+    try:
+        response = client.get("/no/such/page", HTTP_X_REQUEST_ID="req-404")
+    finally:
+        logger.removeHandler(handler)
+    assert response.status_code == 404
+    lines = [json.loads(line) for line in capsys.readouterr().err.strip().splitlines() if line.startswith("{")]
+    [line] = [line for line in lines if line.get("logger") == "django.request"]
+    assert (line["event"], line["request_id"], line["level"]) == ("Not Found: /no/such/page", "req-404", "warning")
