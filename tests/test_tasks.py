@@ -193,6 +193,26 @@ def test_get_result_of_an_unknown_id_or_another_actors_row() -> None:
         tasks.add_effect.get_result(str(job_row.pk))
 
 
+def test_the_result_of_a_task_a_deploy_removed_is_still_told() -> None:
+    # A row enqueued by the deploy before, for a function this one no longer has: get_result
+    # raised ImportError; it tells the state, with a stand-in under the same path.
+    row = publish(actor_name("default", tasks.QUEUE),
+                  {"task": "tests.jobsapp.tasks.renamed_since", "args": [1], "kwargs": {}})
+    backend = task_backends["default"]
+    result = backend.get_result(str(row.pk))
+    assert (result.status, result.task.module_path, result.args) == (TaskResultStatus.READY,
+                                                                     "tests.jobsapp.tasks.renamed_since", [1])
+    with pytest.raises(InvalidTask, match="no longer a task"):
+        result.task.call(1)
+    now = timezone.now()
+    DeadLetter.objects.create(actor=row.actor_name, queue=row.queue_name, message_id=row.message_id,
+                              payload=row.payload, attempts=3, error_class="composition.errors.PermanentError",
+                              error_message="tests.jobsapp.tasks.renamed_since is not importable",
+                              fingerprint="f" * 32, first_failed_at=now, last_failed_at=now)
+    assert backend.get_result(str(row.pk)).status == TaskResultStatus.FAILED
+    configured_broker().flush(tasks.QUEUE)
+
+
 # -- real workers ----------------------------------------------------------------------------------------
 @pytest.mark.version_smoke  # the matrix cell runs it too (Makefile): Django 6 has django.tasks built in
 def test_rolled_back_never_runs_and_committed_runs_once(worker_processes) -> None:

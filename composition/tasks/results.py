@@ -16,6 +16,7 @@ its dead letter is; the task's return value is not kept (``return_value`` is Non
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -23,7 +24,14 @@ import structlog
 
 from composition import heartbeats, probes
 from composition.jobs.inbox import IDEMPOTENCY_KEY_HEADER
-from composition.tasks._compat import TaskError, TaskResult, TaskResultDoesNotExist, TaskResultStatus
+from composition.tasks._compat import (
+    InvalidTask,
+    Task,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+)
 from composition.tasks.actors import WORKER_IDS_HEADER
 from composition.tasks.options import parse_actor_name
 from composition.tasks.payload import resolve_task
@@ -40,8 +48,8 @@ def read_result(alias: str, result_id: str) -> TaskResult[Any, Any]:
     """The result of the task enqueued on backend ``alias`` as ``result_id``.
 
     Raises ``TaskResultDoesNotExist`` for an id that is not a task of this backend (never
-    committed, another backend's, or pruned), ImportError when the task's module path no longer
-    names anything, and ``InvalidTask`` when it names something that is not a task.
+    committed, another backend's, or pruned). A task whose function a later deploy removed or
+    renamed still has its result, with a stand-in task (``_task_or_stand_in``).
     """
     # Imported here: the backend (hence this module) is built by @task, possibly while apps load.
     from composition.jobs.models import DeadLetter, ProcessedMessage
@@ -68,7 +76,7 @@ def read_result(alias: str, result_id: str) -> TaskResult[Any, Any]:
     if parsed is None or parsed[0] != alias or not isinstance(payload, dict):
         raise TaskResultDoesNotExist(result_id)
     headers = headers if isinstance(headers, dict) else {}
-    task = resolve_task(str(payload.get("task")), alias=alias, queue=parsed[1], run_after=run_after)
+    task = _task_or_stand_in(result_id, str(payload.get("task")), alias=alias, queue=parsed[1], run_after=run_after)
 
     # The dead letters of the message and of its replays, oldest first; ``current`` is the id of
     # the message that would run next (the last replay's).
@@ -109,6 +117,30 @@ def read_result(alias: str, result_id: str) -> TaskResult[Any, Any]:
             status = TaskResultStatus.READY
     return TaskResult(task=task, id=result_id, status=status, enqueued_at=enqueued_at, args=payload.get("args") or [],
                       kwargs=payload.get("kwargs") or {}, backend=alias, **fields)
+
+
+def _task_or_stand_in(result_id: str, path: str, *, alias: str, queue: str,
+                      run_after: datetime | None) -> Task[Any, Any]:
+    """The task at ``path``; when that no longer names a task (a deploy removed or renamed it), a
+    stand-in under the same module path whose call raises ``InvalidTask``, so that the result
+    still tells what became of the run (its dead letter, most likely). Raises
+    ``TaskResultDoesNotExist`` when not even a stand-in can be built (its queue is gone)."""
+    try:
+        return resolve_task(path, alias=alias, queue=queue, run_after=run_after)
+    except (ImportError, InvalidTask) as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+    module, _, name = path.rpartition(".")
+
+    def gone(*args: Any, **kwargs: Any) -> None:
+        raise InvalidTask(f"{path} is no longer a task ({reason})")
+
+    gone.__module__, gone.__name__, gone.__qualname__ = module or "__main__", name or path, name or path
+    fields: dict[str, Any] = {"func": gone, "backend": alias, "queue_name": queue, "run_after": run_after,
+                              "takes_context": False}
+    try:
+        return Task(**{field.name: fields[field.name] for field in dataclasses.fields(Task) if field.name in fields})
+    except InvalidTask as exc:
+        raise TaskResultDoesNotExist(f"{result_id}: its task {path} cannot be built any more: {exc}") from None
 
 
 def _task_error(dead: Any) -> TaskError:
