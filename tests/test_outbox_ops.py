@@ -87,6 +87,20 @@ def test_prune_deletes_only_old_sent_rows_in_batches() -> None:
 
 
 @pytest.mark.django_db
+def test_a_delayed_message_is_kept_until_it_is_due_and_then_the_retention_has_passed() -> None:
+    # Sent at publish (the broker holds the delay), due 10 days later: with 7 days' retention
+    # its row stays until 7 days after it is due, where the task's result is read from it.
+    sent_at = timezone.now() - timedelta(days=8)
+    for due_in_days, created_days_ago in ((10, 8), (0.5, 8), (None, 8)):
+        row = publish(PROBE, {"seq": 1}, delay_s=None if due_in_days is None else due_in_days * 86400)
+        OutboxMessage.objects.filter(pk=row.pk).update(status="sent", sent_at=sent_at,
+                                                       created_at=timezone.now() - timedelta(days=created_days_ago))
+    assert prune_sent(7 * 86400) == 2
+    [kept] = OutboxMessage.objects.all()
+    assert kept.delay_s == 10 * 86400
+
+
+@pytest.mark.django_db
 def test_plain_output_is_readable() -> None:
     publish(PROBE, {"seq": 1})
     out = StringIO()

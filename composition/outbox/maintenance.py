@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, Min, Q, QuerySet
+from django.db.models import Count, DateTimeField, ExpressionWrapper, F, Func, Min, Q, QuerySet
 from django.utils import timezone
 
 from composition.conf import conf
@@ -128,9 +128,15 @@ def outbox_status(*, window_s: float = RELAYED_WINDOW_S) -> OutboxStatus:
 
 
 def sent_older_than(older_than_s: float) -> QuerySet[OutboxMessage]:
-    """Sent rows whose ``sent_at`` is more than ``older_than_s`` seconds ago (never a pending row)."""
+    """Sent rows whose ``sent_at`` is more than ``older_than_s`` seconds ago (never a pending row),
+    and, for a delayed message, whose time to run (``created_at`` + ``delay_s``) is too: a task
+    deferred beyond the retention is sent at once, and its row is how ``get_result`` finds it
+    until it runs."""
     cutoff = timezone.now() - timedelta(seconds=older_than_s)
-    return OutboxMessage.objects.filter(status=OutboxMessage.Status.SENT, sent_at__lt=cutoff)
+    due = ExpressionWrapper(F("created_at") + Func(F("delay_s"), template="make_interval(secs => %(expressions)s)"),
+                            output_field=DateTimeField())
+    return OutboxMessage.objects.alias(due=due).filter(Q(delay_s__isnull=True) | Q(due__lt=cutoff),
+                                                       status=OutboxMessage.Status.SENT, sent_at__lt=cutoff)
 
 
 def prune_sent(older_than_s: float, *, batch_size: int | None = None, dry_run: bool = False) -> int:
