@@ -213,6 +213,25 @@ def test_the_result_of_a_task_a_deploy_removed_is_still_told() -> None:
     configured_broker().flush(tasks.QUEUE)
 
 
+def test_a_result_whose_record_of_success_may_be_pruned_is_not_read_as_ready() -> None:
+    # The ledger (a success's only record) is pruned after INBOX_RETENTION_S; a row sent longer
+    # ago than that, with neither a ledger row nor a dead letter, read READY: as if never run.
+    result = tasks.add_effect.enqueue("long-ago")
+    configured_broker().flush(tasks.QUEUE)
+    row = OutboxMessage.objects.get(pk=result.id)
+    OutboxMessage.objects.filter(pk=row.pk).update(status="sent", sent_at=timezone.now() - timedelta(hours=1))
+    assert status_of(tasks.add_effect, result.id) == TaskResultStatus.READY
+    OutboxMessage.objects.filter(pk=row.pk).update(created_at=timezone.now() - timedelta(days=8),
+                                                   sent_at=timezone.now() - timedelta(days=8))
+    with pytest.raises(TaskResultDoesNotExist, match="pruned"):
+        tasks.add_effect.get_result(result.id)
+    # Deferred: due later than it was sent, it counts from when it was due.
+    OutboxMessage.objects.filter(pk=row.pk).update(delay_s=7.5 * 86400)
+    assert status_of(tasks.add_effect, result.id) == TaskResultStatus.READY
+    ProcessedMessage.objects.create(message_id=row.message_id, actor=row.actor_name, processed_at=timezone.now())
+    assert status_of(tasks.add_effect, result.id) == TaskResultStatus.SUCCESSFUL
+
+
 # -- real workers ----------------------------------------------------------------------------------------
 @pytest.mark.version_smoke  # the matrix cell runs it too (Makefile): Django 6 has django.tasks built in
 def test_rolled_back_never_runs_and_committed_runs_once(worker_processes) -> None:

@@ -21,8 +21,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
+from django.utils import timezone
 
 from composition import heartbeats, probes
+from composition.conf import conf
 from composition.jobs.inbox import IDEMPOTENCY_KEY_HEADER
 from composition.tasks._compat import (
     InvalidTask,
@@ -113,6 +115,10 @@ def read_result(alias: str, result_id: str) -> TaskResult[Any, Any]:
             status = TaskResultStatus.RUNNING
             started_at = datetime.fromtimestamp(running["started_at"], tz=UTC)
             fields.update(started_at=started_at, last_attempted_at=started_at, worker_ids=[running["worker"]])
+        elif _outcome_pruned(chain[-1].replay_outbox_id if chain else outbox_id):
+            # Neither success nor failure on record, and sent long enough ago that its ledger
+            # row (the record of a success) may have been pruned: unknown, not READY.
+            raise TaskResultDoesNotExist(f"{result_id}: its run ended long enough ago that its record was pruned")
         else:
             status = TaskResultStatus.READY
     return TaskResult(task=task, id=result_id, status=status, enqueued_at=enqueued_at, args=payload.get("args") or [],
@@ -141,6 +147,22 @@ def _task_or_stand_in(result_id: str, path: str, *, alias: str, queue: str,
         return Task(**{field.name: fields[field.name] for field in dataclasses.fields(Task) if field.name in fields})
     except InvalidTask as exc:
         raise TaskResultDoesNotExist(f"{result_id}: its task {path} cannot be built any more: {exc}") from None
+
+
+def _outcome_pruned(outbox_id: int | None) -> bool:
+    """Whether the message of outbox row ``outbox_id`` was due (sent, and past any delay) more
+    than ``INBOX_RETENTION_S`` ago, so that a success may be on record no longer."""
+    from composition.outbox.models import OutboxMessage
+
+    retention = conf.INBOX_RETENTION_S
+    if retention is None or outbox_id is None:
+        return False
+    row = OutboxMessage.objects.filter(pk=outbox_id, status=OutboxMessage.Status.SENT).only(
+        "sent_at", "created_at", "delay_s").first()
+    if row is None or row.sent_at is None:
+        return False
+    due = max(row.sent_at, row.created_at + timedelta(seconds=row.delay_s or 0))
+    return timezone.now() - due > timedelta(seconds=float(retention))
 
 
 def _task_error(dead: Any) -> TaskError:
