@@ -32,7 +32,15 @@ Connections: a waiting consumer holds one connection of the broker's pool while 
 one per consumed queue (delay queues excluded) per worker process, held for as long as the
 process is idle, on top of those the worker threads and Dramatiq's polling already use.
 
+The consumer itself is ``composition.redis_consumer.WakingRedisConsumer``.
 ``requeue_as_new`` hands a message back under a new id (``composition.jobs.retries`` says why).
+
+A Redis that stops answering (a timeout, not only a refused connection) is a lost connection to
+Dramatiq's consumer thread (``ConnectionClosed``), which restarts its consumer a second later.
+Raised as itself, it reached the thread's generic handler, whose clean-up timed out too and ended
+the thread for good: that queue was no longer consumed. And the delayed messages a consumer had
+fetched (held in the thread's memory until due, unacknowledged in Redis) are not dropped with
+it: the queue's next consumer hands them back to their delay queue first (``stranded``).
 
 Dramatiq internals this relies on (``dramatiq>=2.2,<3``): the private ``_RedisConsumer`` and its
 attributes ``message_cache``, ``prefetch``, ``queue_name``, ``timeout`` and
@@ -43,25 +51,27 @@ names of ``dispatch.lua`` (``<ns>:<queue>``, ``<ns>:<queue>.msgs``, the unacked 
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import uuid4
 
 import redis
 import structlog
-from dramatiq.broker import MessageProxy
-from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
+from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import q_name
-from dramatiq.errors import ConnectionClosed
 from dramatiq.message import Message
+
+if TYPE_CHECKING:
+    from composition.redis_consumer import WakingRedisConsumer
 
 __all__ = [
     "WAKE_LUA",
     "WAKE_TOKENS_MAX",
     "WAKE_TTL_MS",
     "WakingRedisBroker",
-    "WakingRedisConsumer",
+    "has_wake_list",
     "requeue_as_new",
     "wake_args",
 ]
@@ -115,7 +125,7 @@ return 1
 """
 
 
-def _wakes(queue_name: str) -> bool:
+def has_wake_list(queue_name: str) -> bool:
     # Delay (".DQ") and dead-letter (".XQ") queues poll; see the module doc.
     return q_name(queue_name) == queue_name
 
@@ -124,7 +134,8 @@ def wake_args(broker: RedisBroker, queue_names: Iterable[str]) -> list[Any]:
     """``WAKE_LUA``'s arguments for messages just put on ``queue_names`` (one name per message):
     a token per message, at most ``WAKE_TOKENS_MAX`` per queue; none for delay queues, and none
     at all unless ``broker`` is a ``WakingRedisBroker`` (nobody would listen)."""
-    counts = Counter(name for name in queue_names if _wakes(name)) if isinstance(broker, WakingRedisBroker) else {}
+    listened = isinstance(broker, WakingRedisBroker)
+    counts = Counter(name for name in queue_names if has_wake_list(name)) if listened else {}
     args: list[Any] = [WAKE_TOKENS_MAX, WAKE_TTL_MS, len(counts)]
     for queue_name, count in counts.items():
         args += (wake_key(broker, queue_name), min(count, WAKE_TOKENS_MAX))
@@ -166,9 +177,34 @@ class WakingRedisBroker(RedisBroker):
         self.max_wait_s: float | None = (
             float(socket_timeout_s) * WAIT_SHARE_OF_SOCKET_TIMEOUT if socket_timeout_s else None)
         self._wake = self.client.register_script(_WAKE_SCRIPT)
+        # Per queue, Redis ids of delayed messages this worker fetched whose consumer failed
+        # before it moved them on; handed back by that queue's next consumer.
+        self._stranded: dict[str, set[str]] = {}
+        self._stranded_lock = threading.Lock()
+
+    def strand(self, queue_name: str, redis_ids: Iterable[str]) -> None:
+        with self._stranded_lock:
+            self._stranded.setdefault(queue_name, set()).update(redis_ids)
+
+    def hand_back_stranded(self, queue_name: str) -> None:
+        """Requeue the stranded messages of ``queue_name`` (safe to repeat: ``dispatch.lua``'s
+        requeue moves only ids still unacknowledged here); raises, keeping them, on failure."""
+        with self._stranded_lock:
+            ids = self._stranded.pop(queue_name, set())
+        if not ids:
+            return
+        try:
+            self.do_requeue(queue_name, *sorted(ids))
+        except Exception:
+            self.strand(queue_name, ids)
+            raise
+        log.warning("delayed messages handed back after their consumer lost its connection",
+                    queue=queue_name, count=len(ids))
 
     @property
     def consumer_class(self) -> type[WakingRedisConsumer]:
+        from composition.redis_consumer import WakingRedisConsumer  # it imports this module
+
         return WakingRedisConsumer
 
     def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
@@ -209,39 +245,3 @@ class WakingRedisBroker(RedisBroker):
     def flush(self, queue_name: str) -> None:
         super().flush(queue_name)
         self.client.delete(wake_key(self, queue_name))
-
-
-class WakingRedisConsumer(_RedisConsumer):
-    """Dramatiq's Redis consumer that, when a fetch comes back empty, waits on the queue's wake
-    list for at most one idle poll (``timeout``, ms) instead of sleeping. ``__next__`` returns
-    ``None`` after a wait, as Dramatiq's does after a sleep, so the consumer thread checks its
-    stop flag then."""
-
-    broker: WakingRedisBroker
-
-    def __init__(self, broker: WakingRedisBroker, queue_name: str, prefetch: int, timeout: int) -> None:
-        super().__init__(broker, queue_name, prefetch, timeout)
-        self._wake_key = wake_key(broker, queue_name)
-        self._wakes = _wakes(queue_name)
-
-    def __next__(self) -> MessageProxy | None:
-        # Dramatiq's own path whenever it would not sleep on an empty queue: messages in the
-        # cache, a full prefetch (it sleeps, but a token could not be used), or a delay queue.
-        if not self._wakes or self.message_cache or self.outstanding_message_count >= self.prefetch:
-            return super().__next__()
-        try:
-            # As Dramatiq fetches: dispatch.lua's fetch moves the ids into the unacked set.
-            self.message_cache = self.broker.do_fetch(self.queue_name, self.prefetch - self.outstanding_message_count)
-            if not self.message_cache:
-                self._wait_for_wake()
-                return None
-        except redis.ConnectionError as exc:
-            raise ConnectionClosed(exc) from None
-        return super().__next__()
-
-    def _wait_for_wake(self) -> None:
-        try:
-            self.broker.client.blpop([self._wake_key], timeout=self.broker.wait_s(self.timeout))
-        except redis.TimeoutError:
-            # A late answer counts as one poll; redis-py dropped that connection already.
-            pass

@@ -1,0 +1,104 @@
+"""The consumer of ``composition.redis_broker.WakingRedisBroker`` (that module's doc says what
+it adds to Dramatiq's): it waits on a wake list instead of sleeping on an empty queue, raises a
+Redis that stops answering as a lost connection, and leaves the delayed messages it fetched to
+be handed back, not dropped, when its connection is lost."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+import redis
+from dramatiq.broker import MessageProxy
+from dramatiq.brokers.redis import _RedisConsumer
+from dramatiq.errors import ConnectionClosed
+
+from composition.redis_broker import WakingRedisBroker, has_wake_list, wake_key
+
+__all__ = ["WakingRedisConsumer"]
+
+# What a lost connection looks like from redis-py: refused, reset, or no answer in time.
+_LOST: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError)
+
+
+@contextmanager
+def _lost_as_closed() -> Iterator[None]:
+    """Raise a lost connection as Dramatiq's ``ConnectionClosed`` (see the module doc)."""
+    try:
+        yield
+    except _LOST as exc:
+        raise ConnectionClosed(exc) from None
+
+
+class WakingRedisConsumer(_RedisConsumer):
+    """Dramatiq's Redis consumer that, when a fetch comes back empty, waits on the queue's wake
+    list for at most one idle poll (``timeout``, ms) instead of sleeping. ``__next__`` returns
+    ``None`` after a wait, as Dramatiq's does after a sleep, so the consumer thread checks its
+    stop flag then."""
+
+    broker: WakingRedisBroker
+
+    def __init__(self, broker: WakingRedisBroker, queue_name: str, prefetch: int, timeout: int) -> None:
+        super().__init__(broker, queue_name, prefetch, timeout)
+        self._wake_key = wake_key(broker, queue_name)
+        self._wakes = has_wake_list(queue_name)
+        # Redis id -> message handed out with an eta and not yet acked, nacked or requeued.
+        self._delayed: dict[str, MessageProxy] = {}
+
+    def __next__(self) -> MessageProxy | None:
+        try:
+            with _lost_as_closed():
+                self.broker.hand_back_stranded(self.queue_name)
+                message = self._next()
+        except ConnectionClosed:
+            # The consumer thread drops its delayed messages now: they are stranded.
+            self.broker.strand(self.queue_name, self._delayed)
+            self._delayed.clear()
+            raise
+        if message is not None and "eta" in message.options:
+            self._delayed[message.options["redis_message_id"]] = message
+        return message
+
+    def ack(self, message: MessageProxy) -> None:
+        with _lost_as_closed():
+            super().ack(message)
+        self._delayed.pop(message.options["redis_message_id"], None)
+
+    def nack(self, message: MessageProxy) -> None:
+        with _lost_as_closed():
+            super().nack(message)
+        self._delayed.pop(message.options["redis_message_id"], None)
+
+    def requeue(self, messages: Iterable[MessageProxy]) -> None:
+        handed = list(messages)  # the thread's delay queue, drained by the generator
+        ids = [message.options["redis_message_id"] for message in handed]
+        try:
+            with _lost_as_closed():
+                super().requeue(handed)
+        except ConnectionClosed:
+            self.broker.strand(self.queue_name, ids)
+            raise
+        for redis_id in ids:
+            self._delayed.pop(redis_id, None)
+
+    def _next(self) -> MessageProxy | None:
+        # Dramatiq's own path whenever it would not sleep on an empty queue: messages in the
+        # cache, a full prefetch (it sleeps, but a token could not be used), or a delay queue.
+        if not self._wakes or self.message_cache or self.outstanding_message_count >= self.prefetch:
+            return super().__next__()
+        try:
+            # As Dramatiq fetches: dispatch.lua's fetch moves the ids into the unacked set.
+            self.message_cache = self.broker.do_fetch(self.queue_name, self.prefetch - self.outstanding_message_count)
+            if not self.message_cache:
+                self._wait_for_wake()
+                return None
+        except _LOST as exc:
+            raise ConnectionClosed(exc) from None
+        return super().__next__()
+
+    def _wait_for_wake(self) -> None:
+        try:
+            self.broker.client.blpop([self._wake_key], timeout=self.broker.wait_s(self.timeout))
+        except redis.TimeoutError:
+            # A late answer counts as one poll; redis-py dropped that connection already.
+            pass
