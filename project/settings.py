@@ -59,7 +59,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "django_prometheus.middleware.PrometheusAfterMiddleware",
+    # django-prometheus's, with its method labels bounded (composition.prometheus.http_metrics).
+    "composition.prometheus.http_metrics.PrometheusAfterMiddleware",
 ]
 
 ROOT_URLCONF = "project.urls"

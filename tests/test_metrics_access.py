@@ -28,6 +28,16 @@ def test_open_by_default(client: Client) -> None:
     assert client.get("/metrics").status_code == 200
 
 
+@pytest.mark.django_db
+def test_an_invented_http_method_makes_no_series_of_its_own(client: Client) -> None:
+    # The request-latency family took the method as sent: one set of buckets per invented verb.
+    for verb in ("BOGUS1", "BOGUS2"):
+        assert client.generic(verb, "/api/invoices").status_code in (401, 405)
+    scrape = client.get("/metrics").content.decode()
+    assert "BOGUS" not in scrape
+    assert 'django_http_requests_latency_seconds_by_view_method_count{method="<invalid method>"' in scrape
+
+
 def test_a_token_is_required_when_set(client: Client) -> None:
     with _policy(METRICS_TOKEN=TOKEN):
         missing = client.get("/metrics")
