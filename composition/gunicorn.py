@@ -8,6 +8,10 @@ than there are living workers.
   down) and its live gauges go, as ``prometheus_client``'s ``mark_process_dead`` does.
 
 Neither stops the server when it fails: the files are then merged at the next start.
+
+``gunicorn_logging(fmt, level)`` is a ``logconfig_dict`` for the same file: gunicorn's own lines (its
+arbiter, a worker timing out, a request it refuses) rendered as the application's, one JSON
+object per line, instead of gunicorn's plain text among them.
 """
 
 from __future__ import annotations
@@ -15,7 +19,18 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["child_exit", "on_starting"]
+__all__ = ["child_exit", "gunicorn_logging", "on_starting"]
+
+
+def gunicorn_logging(fmt: str = "json", level: str = "INFO") -> dict[str, Any]:
+    """``composition.logging.logging_config`` with gunicorn's loggers sent through it (their own
+    handlers, which gunicorn sets up first, are removed by configuring them)."""
+    from composition.logging import logging_config
+
+    config = logging_config(fmt, level)
+    config["loggers"] |= {name: {"handlers": [], "propagate": True, "level": level}
+                          for name in ("gunicorn.error", "gunicorn.access")}
+    return config
 
 
 def on_starting(server: Any) -> None:

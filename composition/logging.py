@@ -8,6 +8,7 @@ request_id, job_id, attempt, entity ids.
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from django.http import HttpRequest, HttpResponse
 
 __all__ = [
     "REQUEST_ID_HEADER",
+    "LevelCap",
     "RequestIdMiddleware",
     "already_logged",
     "configure_structlog",
@@ -65,8 +67,32 @@ def _renderer(fmt: str) -> Any:
     return structlog.processors.JSONRenderer()
 
 
+class LevelCap(logging.Filter):
+    """Lowers records of its logger whose message starts with ``prefix`` to ``level`` (and, with
+    ``traceback=False``, drops their traceback): for lines other libraries log as errors that are
+    routine here, so that error level keeps meaning "look at this"."""
+
+    def __init__(self, level: str = "WARNING", prefix: str = "", traceback: bool = True) -> None:
+        super().__init__()
+        self.levelno = logging.getLevelName(level)
+        self.prefix = prefix
+        self.traceback = traceback
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > self.levelno and str(record.msg).startswith(self.prefix):
+            record.levelno, record.levelname = self.levelno, logging.getLevelName(self.levelno)
+            if not self.traceback:
+                record.exc_info = record.exc_text = None
+        return True
+
+
 def logging_config(fmt: str = "json", level: str = "INFO") -> dict[str, Any]:
-    """A ``logging.config.dictConfig`` dict that renders every record through structlog."""
+    """A ``logging.config.dictConfig`` dict that renders every record through structlog.
+
+    Two lines logged as errors by others are warnings here: Dramatiq's "Failed to process
+    message" for every failed attempt (composition logs the outcome itself: a retry is a warning,
+    the dead letter an error), and Django's ``DisallowedHost`` (a scanner's bad Host header, one
+    traceback each)."""
     processors: list[Any] = [structlog.stdlib.ProcessorFormatter.remove_processors_meta]
     if fmt != "console":
         processors.append(structlog.processors.format_exc_info)
@@ -81,13 +107,19 @@ def logging_config(fmt: str = "json", level: str = "INFO") -> dict[str, Any]:
                 "foreign_pre_chain": [*_SHARED_PROCESSORS, _request_id_of_record],
             },
         },
+        "filters": {
+            "attempt_failures": {"()": LevelCap, "prefix": "Failed to process message"},
+            "disallowed_hosts": {"()": LevelCap, "traceback": False},
+        },
         "handlers": {
             "default": {"class": "logging.StreamHandler", "formatter": "structlog"},
         },
         "root": {"handlers": ["default"], "level": level},
         "loggers": {
             "django.server": {"level": "WARNING"},
+            "django.security.DisallowedHost": {"filters": ["disallowed_hosts"]},
             "dramatiq": {"level": level},
+            "dramatiq.worker.WorkerThread": {"filters": ["attempt_failures"]},
         },
     }
 

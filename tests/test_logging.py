@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
 
 import pytest
 import structlog
@@ -11,6 +18,7 @@ from django.http import HttpRequest, HttpResponse
 from django.test import Client, RequestFactory
 
 from composition.logging import REQUEST_ID_HEADER, RequestIdMiddleware, clean_request_id, logging_config
+from composition.testing import free_port, subprocess_env
 
 
 def test_well_formed_request_id_is_kept_and_echoed(client: Client) -> None:
@@ -90,3 +98,73 @@ def test_djangos_own_line_for_an_error_answer_carries_the_request_id(client: Cli
     lines = [json.loads(line) for line in capsys.readouterr().err.strip().splitlines() if line.startswith("{")]
     [line] = [line for line in lines if line.get("logger") == "django.request"]
     assert (line["event"], line["request_id"], line["level"]) == ("Not Found: /no/such/page", "req-404", "warning")
+
+
+def test_lines_others_log_as_errors_that_are_routine_here_are_warnings(capsys: pytest.CaptureFixture[str]) -> None:
+    handler = _json_handler()
+    config = logging_config("json", "INFO")
+    loggers = {name: logging.getLogger(name) for name in ("dramatiq.worker.WorkerThread",
+                                                          "django.security.DisallowedHost")}
+    filters = {name: config["filters"][config["loggers"][name]["filters"][0]] for name in loggers}
+    try:
+        for name, logger in loggers.items():
+            options = {key: value for key, value in filters[name].items() if key != "()"}
+            logger.addFilter(filters[name]["()"](**options))
+            logger.addHandler(handler)
+            logger.propagate = False
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            loggers["dramatiq.worker.WorkerThread"].error("Failed to process message %s with unhandled exception.",
+                                                          "m1", exc_info=True)
+            loggers["dramatiq.worker.WorkerThread"].error("Something else went wrong", exc_info=True)
+            loggers["django.security.DisallowedHost"].error("Invalid HTTP_HOST header: 'evil'.", exc_info=True)
+    finally:
+        for logger in loggers.values():
+            logger.filters.clear()
+            logger.removeHandler(handler)
+            logger.propagate = True
+    lines = [json.loads(line) for line in capsys.readouterr().err.strip().splitlines()]
+    assert [(line["level"], "exception" in line) for line in lines] == [
+        ("warning", True),  # an attempt that failed: composition says retry (warning) or dead letter (error)
+        ("error", True),  # anything else stays what it was
+        ("warning", False),  # a scanner's Host header: no traceback
+    ]
+
+
+@pytest.mark.slow
+def test_gunicorn_with_the_projects_config_writes_only_json_lines(tmp_path: Path) -> None:
+    port = free_port()
+    errors = (tmp_path / "gunicorn.err").open("w+b")
+    web = subprocess.Popen([sys.executable, "-m", "gunicorn", "project.wsgi:application", "--config",
+                            "python:project.gunicorn_conf", "--bind", f"127.0.0.1:{port}", "--workers", "1"],
+                           cwd=Path(__file__).resolve().parent.parent, env=subprocess_env(LOG_FORMAT="json"),
+                           stdout=errors, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "gunicorn did not come up"
+                time.sleep(0.2)
+        bad_host = urllib.request.Request(f"http://127.0.0.1:{port}/healthz", headers={"Host": "evil.example"})
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(bad_host, timeout=5)
+    finally:
+        web.send_signal(signal.SIGTERM)
+        web.wait(30)
+    errors.seek(0)
+    lines = [line for line in errors.read().decode().splitlines() if line.strip()]
+    not_json = []
+    parsed = []
+    for line in lines:
+        try:
+            parsed.append(json.loads(line))
+        except ValueError:
+            not_json.append(line)
+    assert not_json == [], not_json
+    assert any(line.get("logger") == "gunicorn.error" and "Booting worker" in line["event"] for line in parsed)
+    [host] = [line for line in parsed if line.get("logger") == "django.security.DisallowedHost"]
+    assert host["level"] == "warning" and "exception" not in host
