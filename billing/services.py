@@ -194,6 +194,8 @@ class InvoiceService:
     def send_reminder(self, invoice_id: int, *, reference: str) -> bool:
         """The job's body: email the reminder if the invoice is still open and has an address;
         ``reference`` (the job's message id) makes the Message-ID, the same on every retry."""
+        # Every line this job logs from here on (a retry, its dead letter) names the invoice.
+        structlog.contextvars.bind_contextvars(invoice_id=invoice_id)
         invoice = Invoice.objects.filter(pk=invoice_id).first()
         if invoice is None or invoice.status != Invoice.Status.OPEN or not invoice.email:
             self.metrics.reminder("skipped")

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import pytest
+import structlog
 from django.conf import settings
 from django.core import mail
 from django.test import Client, override_settings
@@ -92,6 +93,17 @@ def test_an_invoice_without_an_address_gets_its_receipt_and_no_email() -> None:
     payment = Payment.objects.create(payment_id="pay-s3", invoice=invoice, amount_cents=500)
     assert _alternate().send_receipt(payment.pk).number == "R-INV-S3"
     assert mail.outbox == []
+
+
+@pytest.mark.django_db
+def test_every_line_a_reminder_job_logs_names_its_invoice() -> None:
+    invoice = _invoice(number="INV-S4")
+    structlog.contextvars.clear_contextvars()
+    try:
+        assert _alternate().send_reminder(invoice.pk, reference="job-1") is True
+        assert structlog.contextvars.get_contextvars()["invoice_id"] == invoice.pk
+    finally:
+        structlog.contextvars.clear_contextvars()
 
 
 # -- reminders under load ------------------------------------------------------------------------

@@ -5,6 +5,7 @@ out of dead letters (the outbox relay)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -86,6 +87,9 @@ def test_dead_letter_written_exactly_once_through_a_database_blip(worker_process
     assert [run.attempt for run in runs] == [1]
     assert [m.message_id for m in in_broker_dead_letter_queue(jobs.RETRY_QUEUE)] == [sent.message_id]
     assert "requeued" in worker.output()
+    [dead_lettered] = [json.loads(line) for line in worker.output().splitlines()
+                       if line.startswith("{") and '"job dead-lettered"' in line]
+    assert dead_lettered["payload"] == {"key": "blip"}  # which one it was, in the line itself
 
     # The worker carries on: the next failure is recorded at the first try.
     jobs.refuses.send(key="after-blip")

@@ -158,7 +158,9 @@ def write_dead_letter(broker: Broker, message: MessageProxy, exception: BaseExce
     error = f"{failure.error_class.rpartition('.')[2]}: {failure.error_message}"
     dead_letter_id, record_error, database_lost = _record_with_retries(message, failure, attempts, error)
     if dead_letter_id is not None:
-        log.error("job dead-lettered", error=error, attempts=attempts, dead_letter_id=dead_letter_id)
+        # With its arguments: the ids that say which invoice, order or account it was about.
+        log.error("job dead-lettered", error=error, attempts=attempts, dead_letter_id=dead_letter_id,
+                  payload=message.kwargs, args=message.args)
         return
     if requeue is None or not database_lost:
         DEAD_LETTER_RECORD_FAILURES_TOTAL.labels(message.actor_name, "broker_dlq").inc()
