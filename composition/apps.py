@@ -24,9 +24,10 @@ class CompositionConfig(AppConfig):
 
         from composition import checks  # noqa: F401  (registers the system checks)
         from composition.broker import configured_broker
-        from composition.logging import configure_structlog
+        from composition.logging import configure_structlog, log_thread_deaths
 
         configure_structlog()
+        log_thread_deaths()
         connection_created.connect(apply_session_timeouts, dispatch_uid="composition-timeouts")
         connection_created.connect(count_slow_queries, dispatch_uid="composition-slow-queries")
         # Migrations (index builds, data migrations) run without the short session timeouts.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -23,6 +24,7 @@ __all__ = [
     "RequestIdMiddleware",
     "already_logged",
     "configure_structlog",
+    "log_thread_deaths",
     "logging_config",
 ]
 
@@ -122,6 +124,23 @@ def logging_config(fmt: str = "json", level: str = "INFO") -> dict[str, Any]:
             "dramatiq.worker.WorkerThread": {"filters": ["attempt_failures"]},
         },
     }
+
+
+def log_thread_deaths() -> None:
+    """A thread that dies of an exception is logged (critical, with its traceback, as one line)
+    instead of Python's default, which writes the traceback as plain text lines among the JSON
+    ones. Only when no other hook is installed."""
+    if threading.excepthook is not threading.__excepthook__:
+        return
+
+    def excepthook(args: threading.ExceptHookArgs) -> None:
+        if args.exc_type is SystemExit:
+            return
+        structlog.get_logger("composition.threads").critical(
+            "thread died of an exception", thread=args.thread.name if args.thread else None,
+            exc_info=(args.exc_type, args.exc_value or args.exc_type(), args.exc_traceback))
+
+    threading.excepthook = excepthook
 
 
 def configure_structlog() -> None:

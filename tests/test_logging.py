@@ -7,6 +7,7 @@ import logging
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -17,7 +18,13 @@ import structlog
 from django.http import HttpRequest, HttpResponse
 from django.test import Client, RequestFactory
 
-from composition.logging import REQUEST_ID_HEADER, RequestIdMiddleware, clean_request_id, logging_config
+from composition.logging import (
+    REQUEST_ID_HEADER,
+    RequestIdMiddleware,
+    clean_request_id,
+    log_thread_deaths,
+    logging_config,
+)
 from composition.testing import free_port, subprocess_env
 
 
@@ -168,3 +175,16 @@ def test_gunicorn_with_the_projects_config_writes_only_json_lines(tmp_path: Path
     assert any(line.get("logger") == "gunicorn.error" and "Booting worker" in line["event"] for line in parsed)
     [host] = [line for line in parsed if line.get("logger") == "django.security.DisallowedHost"]
     assert host["level"] == "warning" and "exception" not in host
+
+
+def test_a_thread_that_dies_of_an_exception_is_one_critical_line(caplog: pytest.LogCaptureFixture,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # Python's default hook wrote the traceback as plain text lines among the JSON ones.
+    monkeypatch.setattr(threading, "excepthook", threading.__excepthook__)
+    log_thread_deaths()
+    doomed = threading.Thread(target=lambda: 1 / 0, name="doomed")
+    doomed.start()
+    doomed.join()
+    [record] = [r for r in caplog.records if r.name == "composition.threads"]
+    assert record.levelname == "CRITICAL" and record.msg["thread"] == "doomed"
+    assert record.msg["exc_info"][0] is ZeroDivisionError  # rendered as the line's "exception"
