@@ -76,6 +76,9 @@ class BackpressureMiddleware:
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
+        # At 0 from the start (once per process): a series first seen at 1 has no increase().
+        for queue in (conf.BACKPRESSURE_QUEUES or {}):
+            BACKPRESSURE_REJECTIONS_TOTAL.labels(queue)
 
     def _queue_for(self, request: HttpRequest) -> str | None:
         if request.method in SAFE_METHODS:

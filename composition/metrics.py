@@ -99,6 +99,9 @@ LOCK_FENCE_REJECTIONS = Counter("composition_lock_fence_rejections_total",
 __all__ += ["DEAD_LETTERS_TOTAL", "JOBS_IN_PROGRESS", "JOBS_TOTAL", "JOB_DURATION_SECONDS"]
 JOBS_TOTAL = Counter("composition_jobs_total", "Job runs by outcome: success, retry or dead.",
                      ["actor", "outcome"])
+__all__ += ["DEAD_LETTER_RECORD_OUTCOMES", "JOB_OUTCOMES"]
+JOB_OUTCOMES = ("success", "retry", "dead")
+DEAD_LETTER_RECORD_OUTCOMES = ("requeued", "broker_dlq")
 JOB_DURATION_SECONDS = Histogram(
     "composition_job_duration_seconds", "Duration of one job run, whatever its outcome.", ["actor"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0),
@@ -113,7 +116,7 @@ __all__ += ["DEAD_LETTER_RECORD_FAILURES_TOTAL"]
 DEAD_LETTER_RECORD_FAILURES_TOTAL = Counter(
     "composition_dead_letter_record_failures_total",
     "Dead letters that could not be written after every retry, by actor and what became of the "
-    "message: requeued (to fail again later) or broker_dlq (only in the broker's expiring DLQ).",
+    "message: requeued (recorded at its next delivery) or broker_dlq (only in the broker's expiring DLQ).",
     ["actor", "outcome"])
 
 # --- outbox (composition.outbox) ------------------------------------------------------------

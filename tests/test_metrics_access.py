@@ -117,3 +117,23 @@ def test_the_worker_server_frees_its_port_on_stop() -> None:
     second = MetricsServerComponent(port, address="127.0.0.1")
     second.start()  # would fail with EADDRINUSE if the first still held it
     second.stop(5.0)
+
+
+@pytest.mark.django_db
+def test_the_counters_alerts_take_increase_of_exist_at_zero_from_the_start(client: Client) -> None:
+    # A series first seen at 1 has one sample, so increase() over it is empty: the first dead
+    # letter of an actor after a worker started fired no DeadLettersAppearing alert.
+    from composition.broker import configured_broker
+    from composition.jobs.observability import JobMetrics
+    from composition.jobs.stack import find_middleware
+
+    broker = configured_broker()
+    metrics = find_middleware(broker, JobMetrics)
+    assert metrics is not None
+    metrics.after_process_boot(broker)  # what runworkers' process boot runs
+    scrape = client.get("/metrics").content.decode()
+    for actor in ("refuses", "send_payment_receipt"):
+        assert f'composition_dead_letters_total{{actor="{actor}"}}' in scrape
+        assert f'composition_job_timeouts_total{{actor="{actor}"}}' in scrape
+    queue = next(iter(settings.COMPOSITION["BACKPRESSURE_QUEUES"]))
+    assert f'composition_backpressure_rejections_total{{queue="{queue}"}}' in scrape

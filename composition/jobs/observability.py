@@ -31,7 +31,15 @@ from composition.jobs.connection_hygiene import check_connections
 from composition.jobs.current import attempt_of
 from composition.jobs.in_flight import InFlight, InFlightRegistry
 from composition.jobs.retries import BACKOFF_OPTION
-from composition.metrics import JOB_DURATION_SECONDS, JOB_TIMEOUTS_TOTAL, JOBS_TOTAL
+from composition.metrics import (
+    DEAD_LETTER_RECORD_FAILURES_TOTAL,
+    DEAD_LETTER_RECORD_OUTCOMES,
+    DEAD_LETTERS_TOTAL,
+    JOB_DURATION_SECONDS,
+    JOB_OUTCOMES,
+    JOB_TIMEOUTS_TOTAL,
+    JOBS_TOTAL,
+)
 from composition.time_limits import TimeLimitExceeded
 
 __all__ = ["JobMetrics", "MessageContext", "error_text", "explained"]
@@ -91,6 +99,18 @@ class JobMetrics(Middleware):
 
     def __init__(self, in_flight: InFlightRegistry) -> None:
         self.in_flight = in_flight
+
+    def after_process_boot(self, broker: Broker) -> None:
+        """Every counter a worker moves, at 0 for each declared actor: a series first seen at 1
+        has no ``increase()`` in Prometheus (one sample), so the first dead letter of an actor
+        after a start would not fire an alert on ``increase(composition_dead_letters_total)``."""
+        for actor in broker.get_declared_actors():
+            for outcome in JOB_OUTCOMES:
+                JOBS_TOTAL.labels(actor, outcome)
+            JOB_TIMEOUTS_TOTAL.labels(actor)
+            DEAD_LETTERS_TOTAL.labels(actor)
+            for outcome in DEAD_LETTER_RECORD_OUTCOMES:
+                DEAD_LETTER_RECORD_FAILURES_TOTAL.labels(actor, outcome)
 
     def after_process_message(self, broker: Broker, message: MessageProxy, *, result: Any = None,
                               exception: BaseException | None = None) -> None:
