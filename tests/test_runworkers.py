@@ -8,12 +8,16 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from django.conf import settings
 
 from composition import heartbeats
 from composition.testing import subprocess_env, wait_until
+from composition.testing.workers import WorkerProcess
+
+ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -140,3 +144,22 @@ def test_system_command_prints_order_and_connection_budget() -> None:
     result = subprocess.run([sys.executable, "manage.py", "system", "--worker-processes", "100",
                              "--worker-threads", "8"], env=env, capture_output=True, text=True, timeout=30)
     assert "WARNING" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_child_ending_on_its_own_fails_the_group_even_started_from_another_directory(
+        worker_processes, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # Started by its path from elsewhere, the children were started without the project on their
+    # import path (ModuleNotFoundError); and one child that exited 0 stopped the group with exit
+    # 0, so a supervisor's Restart=on-failure never started it again.
+    process = WorkerProcess(["--processes", "2", "--threads", "1"], manage_py=str(ROOT / "manage.py"),
+                            cwd=str(tmp_path)).start()
+    try:
+        wait_until(lambda: len(_children(process.pid)) == 2 and len(_heartbeats()) >= 2, 40,
+                   message=f"two worker processes did not start; log:\n{process.output()[-3000:]}")
+        os.kill(_children(process.pid)[0], signal.SIGTERM)  # drains and exits 0, on its own
+        assert process.process is not None
+        assert process.process.wait(30) == 1, process.output()[-3000:]
+        assert "=died" in process.output()
+    finally:
+        process.close()

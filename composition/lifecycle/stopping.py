@@ -14,7 +14,8 @@ __all__ = ["StopResult", "call_with_timeout", "stop_with_timeout"]
 
 @dataclass(frozen=True)
 class StopResult:
-    """How one component stopped: ``status`` is "stopped", "failed" or "timeout"."""
+    """How one component stopped: ``status`` is "stopped", "failed", "timeout", or "died" (it
+    ended on its own while the system ran)."""
 
     name: str
     status: str

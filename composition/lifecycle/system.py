@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import FrameType
 
 import structlog
@@ -172,12 +172,18 @@ class System:
             self.start()
             if on_started is not None:
                 on_started()
+            failed = None
             while not self._stop_event.wait(0.2):
                 failed = self._first_failed()
                 if failed is not None:
                     log.error("component died, stopping the system", component=failed)
                     break
-            return self.stop()
+            report = self.stop()
+            # A component that ended on its own did not stop cleanly, whatever its exit code: the
+            # system's exit says so, so that a supervisor (systemd's Restart=on-failure, a
+            # container's restart policy) starts it again.
+            return [replace(result, status="died", error=result.error or "ended on its own while the system ran")
+                    if result.name == failed else result for result in report]
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)

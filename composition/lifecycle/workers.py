@@ -13,6 +13,7 @@ the cache, retention and draining, so nothing below it imports it.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -121,8 +122,11 @@ def build_supervisor(options: WorkerOptions) -> System:
     """A system of ``options.processes`` child worker processes. The supervisor keeps the
     multiprocess metrics directory (archiving each child's files once it has reaped it) and
     serves /metrics for all of them when a port is set."""
+    # The supervisor's import path too: a child started from another directory (manage.py run
+    # by its path) finds the project's modules as the supervisor did.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(entry or os.getcwd() for entry in sys.path)}
     children: list[Component] = [
-        ProcessComponent(f"worker-process-{index}", child_argv(options), on_exit=archive_reaped_child)
+        ProcessComponent(f"worker-process-{index}", child_argv(options), env=env, on_exit=archive_reaped_child)
         for index in range(options.processes)
     ]
     # Children drain concurrently on the first signal (each gets SIGTERM and the same deadline);
