@@ -209,16 +209,16 @@ def workers(*, local: bool = False) -> HealthReport:
     """Healthy when at least one worker process beat recently and none is stuck on old work.
 
     ``local`` looks only at this host's processes (a container's healthcheck: one stuck worker
-    elsewhere must not mark this container unhealthy), and skips a beat whose process no longer
+    elsewhere must not mark this container unhealthy), skips a beat whose process no longer
     runs, so a container whose workers died is unhealthy at once rather than when their last
-    beats expire.
+    beats expire, and counts one that runs without beating (frozen) as stuck.
     """
     stale_after_s = float(conf.WORKER_STALE_AFTER_S)
     try:
         client = heartbeat_client()
         try:
             beats = read_heartbeats(client)
-            stale = [] if local else read_stale_workers(client)
+            stale = read_stale_workers(client)
         finally:
             client.close()
     except Exception as exc:
@@ -235,17 +235,22 @@ def workers(*, local: bool = False) -> HealthReport:
     # Stale: stopped beating without withdrawing (killed or frozen); reported, and their
     # messages come back to the queue by the broker's own recovery.
     detail: dict[str, Any] = {"stale": stale} if stale else {}
+    frozen: list[str] = []
     if local:
         hostname = socket.gethostname()
         mine = [b for b in beats if _host_and_pid(b)[0] == hostname]
         gone = [b["worker"] for b in mine if (pid := _host_and_pid(b)[1]) is not None and not pid_runs(pid)]
         beats = [b for b in mine if b["worker"] not in gone]
+        # A process of this host that still runs but stopped beating is frozen (stopped, or
+        # blocked whole): as unhealthy as a stuck one, whatever its siblings do.
+        frozen = [row["worker"] for row in stale if _host_and_pid(row)[0] == hostname
+                  and (pid := _host_and_pid(row)[1]) is not None and pid_runs(pid)]
         detail = {"host": hostname, "gone": gone}
     now = time.time()
     fresh = [b for b in beats if now - b["beat_at"] <= stale_after_s]
     # A worker that keeps beating but has held a job for longer than that job may run (its
     # time limit, or WORKER_STUCK_AFTER_S for a job without one) is stuck.
-    stuck = [b["worker"] for b in fresh if _holds_an_overdue_job(b, now, float(conf.WORKER_STUCK_AFTER_S))]
+    stuck = [b["worker"] for b in fresh if _holds_an_overdue_job(b, now, float(conf.WORKER_STUCK_AFTER_S))] + frozen
     ok = bool(fresh) and not stuck
     return HealthReport("workers", ok, detail={"workers": beats, "fresh": len(fresh), "stuck": stuck, **detail})
 

@@ -142,3 +142,26 @@ def test_a_container_check_with_the_heartbeats_unreadable_asks_whether_its_worke
         finally:
             worker.kill()
             worker.wait()
+
+
+def test_a_local_worker_that_runs_without_beating_is_unhealthy_whatever_its_siblings(client: Any) -> None:
+    # One of this container's two worker processes frozen (SIGSTOP, or blocked whole): it was
+    # neither fresh nor gone, listed nowhere, and the check passed on its sibling.
+    import os
+    import socket
+
+    frozen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    host = socket.gethostname()
+    try:
+        with override_settings(COMPOSITION={**settings.COMPOSITION, "WORKER_STALE_AFTER_S": 1.0}):
+            heartbeats.write_heartbeat(client, f"{host}:{frozen.pid}", {"jobs_in_flight": 0})
+            time.sleep(1.2)
+            heartbeats.write_heartbeat(client, f"{host}:{os.getpid()}", {"jobs_in_flight": 0})
+            report = health.workers(local=True)
+            assert not report.ok
+            assert report.detail["stuck"] == [f"{host}:{frozen.pid}"] and report.detail["fresh"] == 1
+            heartbeats.clear_heartbeat(client, f"{host}:{frozen.pid}")
+            assert health.workers(local=True).ok
+    finally:
+        frozen.kill()
+        frozen.wait()
