@@ -54,32 +54,31 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from uuid import uuid4
 
 import redis
 import structlog
 from dramatiq.brokers.redis import RedisBroker
-from dramatiq.common import q_name
 from dramatiq.message import Message
 
-if TYPE_CHECKING:
-    from composition.redis_consumer import WakingRedisConsumer
+from composition.redis_consumer import WAKE_SUFFIX, WakingRedisConsumer, has_wake_list, wake_key
 
 __all__ = [
     "WAKE_LUA",
+    "WAKE_SUFFIX",
     "WAKE_TOKENS_MAX",
     "WAKE_TTL_MS",
     "WakingRedisBroker",
+    "WakingRedisConsumer",
     "has_wake_list",
     "requeue_as_new",
     "wake_args",
+    "wake_key",
 ]
 
 log = structlog.get_logger("composition.broker")
 
-# A queue's wake list is "<namespace>:<queue><WAKE_SUFFIX>", beside Dramatiq's "<queue>.msgs".
-WAKE_SUFFIX = ".wake"
 # Tokens kept per wake list: one wakes one waiting consumer (one per worker process and queue),
 # so more than the consumers of a queue only cost empty fetches.
 WAKE_TOKENS_MAX = 16
@@ -125,11 +124,6 @@ return 1
 """
 
 
-def has_wake_list(queue_name: str) -> bool:
-    # Delay (".DQ") and dead-letter (".XQ") queues poll; see the module doc.
-    return q_name(queue_name) == queue_name
-
-
 def wake_args(broker: RedisBroker, queue_names: Iterable[str]) -> list[Any]:
     """``WAKE_LUA``'s arguments for messages just put on ``queue_names`` (one name per message):
     a token per message, at most ``WAKE_TOKENS_MAX`` per queue; none for delay queues, and none
@@ -157,11 +151,6 @@ def requeue_as_new(broker: RedisBroker, redis_message_id: str, message: Message[
             f"{broker.namespace}:{queue}"]
     script = broker.client.register_script(_REQUEUE_AS_NEW_SCRIPT)  # no round trip: EVALSHA on call
     return bool(script(keys=keys, args=[redis_message_id, new_id, body, *wake_args(broker, [queue])]))
-
-
-def wake_key(broker: RedisBroker, queue_name: str) -> str:
-    """The wake list of ``queue_name``."""
-    return f"{broker.namespace}:{queue_name}{WAKE_SUFFIX}"
 
 
 class WakingRedisBroker(RedisBroker):
@@ -203,8 +192,6 @@ class WakingRedisBroker(RedisBroker):
 
     @property
     def consumer_class(self) -> type[WakingRedisConsumer]:
-        from composition.redis_consumer import WakingRedisConsumer  # it imports this module
-
         return WakingRedisConsumer
 
     def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:

@@ -7,15 +7,31 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import redis
 from dramatiq.broker import MessageProxy
-from dramatiq.brokers.redis import _RedisConsumer
+from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
+from dramatiq.common import q_name
 from dramatiq.errors import ConnectionClosed
 
-from composition.redis_broker import WakingRedisBroker, has_wake_list, wake_key
+if TYPE_CHECKING:
+    from composition.redis_broker import WakingRedisBroker
 
-__all__ = ["WakingRedisConsumer"]
+__all__ = ["WAKE_SUFFIX", "WakingRedisConsumer", "has_wake_list", "wake_key"]
+
+# A queue's wake list is "<namespace>:<queue><WAKE_SUFFIX>", beside Dramatiq's "<queue>.msgs".
+WAKE_SUFFIX = ".wake"
+
+
+def wake_key(broker: RedisBroker, queue_name: str) -> str:
+    """The wake list of ``queue_name``."""
+    return f"{broker.namespace}:{queue_name}{WAKE_SUFFIX}"
+
+
+def has_wake_list(queue_name: str) -> bool:
+    # Delay (".DQ") and dead-letter (".XQ") queues poll (composition.redis_broker says why).
+    return q_name(queue_name) == queue_name
 
 # What a lost connection looks like from redis-py: refused, reset, or no answer in time.
 _LOST: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError)

@@ -6,10 +6,11 @@ failing component, so nothing stays half-alive. ``stop()`` runs in reverse order
 component by a timeout, carries on past a component that fails or hangs, and returns a report.
 ``run()`` adds signal handling: the first SIGTERM/SIGINT drains (readiness flips, intake stops,
 in-flight work finishes up to the deadline) and then stops everything; a second signal exits
-at once. One that comes within ``SAME_STOP_REQUEST_S`` of the first is the same request seen
-twice, not an operator insisting: systemd's default ``KillMode=control-group`` sends SIGTERM to
-every process of the service at once, so a ``runworkers`` child gets it from systemd and again
-from its supervisor; taken as "exit at once", it dropped the jobs it was finishing.
+at once. A SIGTERM that comes within ``SAME_STOP_REQUEST_S`` of a first SIGTERM is the same
+request seen twice, not an operator insisting: systemd's default ``KillMode=control-group``
+sends SIGTERM to every process of the service at once, so a ``runworkers`` child gets it from
+systemd and again from its supervisor; taken as "exit at once", it dropped the jobs it was
+finishing. (A second Ctrl-C, SIGINT, is always the operator's, and exits at once.)
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ log = structlog.get_logger("composition.system")
 
 # Exit code of a second, forcing signal: the conventional 128 + SIGINT.
 FORCED_EXIT_CODE = 130
-# A signal this soon after the first is the same stop request (see the module doc).
+# A SIGTERM this soon after the first is the same stop request (see the module doc).
 SAME_STOP_REQUEST_S = 1.0
 # A component stop always gets at least this long, even when draining used up the deadline,
 # so that the database and logs are still closed properly.
@@ -61,7 +62,7 @@ class System:
     started: list[Component] = field(default_factory=list, init=False)
     _stop_event: threading.Event = field(default_factory=threading.Event, init=False)
     _signals_seen: int = field(default=0, init=False)
-    _first_signal_at: float = field(default=0.0, init=False)
+    _first_signal: tuple[int, float] | None = field(default=None, init=False)
     _stopping: bool = field(default=False, init=False)
     _starting: Component | None = field(default=None, init=False)
 
@@ -207,15 +208,16 @@ class System:
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         now = time.monotonic()
-        if self._signals_seen and now - self._first_signal_at < SAME_STOP_REQUEST_S:
-            os.write(2, b"signal again within a second: the same stop request, still draining\n")
+        first = self._first_signal
+        if first is not None and signum == first[0] == signal.SIGTERM and now - first[1] < SAME_STOP_REQUEST_S:
+            os.write(2, b"SIGTERM again within a second: the same stop request, still draining\n")
             return
         self._signals_seen += 1
         if self._signals_seen > 1:
             # The operator asked twice: do not wait for anything any more.
             os.write(2, b"second signal: exiting at once\n")
             os._exit(FORCED_EXIT_CODE)
-        self._first_signal_at = now
+        self._first_signal = (signum, now)
         log.info("signal received, draining", signal=signal.Signals(signum).name)
         self._stop_event.set()
         starting = self._starting
