@@ -95,6 +95,32 @@ def test_time_limits_are_enforced_under_a_rabbitmq_broker(worker_processes) -> N
     assert worker.terminate(20) == 0, worker.output()[-3000:]
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("nudge_only")
+@pytest.mark.django_db(transaction=True)
+def test_jobs_finished_during_a_drain_longer_than_the_heartbeat_are_acknowledged_once(  # type: ignore[no-untyped-def]
+        worker_processes) -> None:
+    # The drain stopped the consumer threads, so their connections did no I/O: no heartbeats, and
+    # the acknowledgements of jobs finished meanwhile waited in them. RabbitMQ closed them for
+    # missed heartbeats and delivered those jobs again, to run a second time.
+    from tests.jobsapp.jobs import SLOW_QUEUE
+    from tests.jobsapp.models import Attempt
+
+    run = uuid.uuid4().hex[:8]
+    keys = [f"{run}-{index}" for index in range(2)]
+    worker = worker_processes.spawn(
+        ["--threads", "2", "--queues", f"{SLOW_QUEUE},composition.outbox", "--shutdown-timeout", "30"],
+        BROKER_URL=f"{RABBITMQ_URL}?heartbeat=2")
+    with transaction.atomic():
+        for key in keys:
+            publish("slow", {"key": key, "hold_s": 9})
+    wait_until(lambda: Attempt.objects.filter(key__in=keys).count() == 2, 60, message=worker.output()[-3000:])
+    assert worker.terminate(40) == 0, worker.output()[-3000:]  # drains ~9 s: several heartbeat periods
+    assert Effect.objects.filter(key__in=keys).count() == 2
+    with use_broker(RABBITMQ_URL) as broker:
+        assert broker_counts(SLOW_QUEUE, broker).ready == 0, "a job finished in the drain went back to its queue"
+
+
 # -- the relay over RabbitMQ: confirmed, batched -------------------------------------------------
 # Queues get a unique name per run and are deleted (with their delay and dead-letter queues) at
 # the end; the outbox rows live in the test's transaction.

@@ -52,7 +52,15 @@ _intake_stopped: weakref.WeakSet[Worker] = weakref.WeakSet()
 
 
 def stop_intake(worker: Worker) -> None:
-    """Consumers stop fetching and worker threads take no new message; running jobs go on.
+    """Worker threads take no new message, and on Redis the consumers stop fetching; running
+    jobs go on.
+
+    A RabbitMQ consumer thread keeps running until ``drain_worker`` stops the worker, as
+    Dramatiq's own ``Worker.stop`` keeps it: its connection is serviced only by it, so stopped,
+    it sent no heartbeats and the acknowledgements of jobs finishing meanwhile waited in it;
+    a drain longer than the heartbeat timeout then had RabbitMQ close the connection and deliver
+    those jobs again, to run twice. What it fetches meanwhile stays unacknowledged and goes back
+    when the worker closes.
 
     Idempotent; the broker's ``before_worker_shutdown`` hooks run once.
     """
@@ -62,8 +70,9 @@ def stop_intake(worker: Worker) -> None:
     worker.broker.emit_before("worker_shutdown", worker)
     for thread in worker.workers:
         thread.stop()
-    for consumer in worker.consumers.values():
-        consumer.stop()
+    if isinstance(worker.broker, RedisBroker):
+        for consumer in worker.consumers.values():
+            consumer.stop()
     # Said once intake has stopped (the signal's "draining" line comes before it): from here no
     # new job starts in this worker.
     log.info("worker intake stopped; running jobs go on", threads=len(worker.workers))
