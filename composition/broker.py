@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from urllib.parse import urlsplit
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import dramatiq
 from django.utils.module_loading import import_string
@@ -29,6 +30,9 @@ __all__ = ["JOB_MIDDLEWARE", "broker_kind", "build_broker", "configured_broker",
 
 # Builds a broker's default middleware list, the job middleware; its module doc explains the order.
 JOB_MIDDLEWARE = "composition.jobs.stack.job_middleware"
+# RabbitMQ may block a publishing connection (a memory or disk alarm) this many socket timeouts
+# before pika drops it and the publish fails (a relay batch is released, a retry tried again).
+BLOCKED_PUBLISH_PERIODS = 5
 
 _lock = threading.Lock()
 _installed: Broker | None = None
@@ -88,7 +92,24 @@ def build_broker(url: str, *, heartbeat_timeout_s: float, maintenance_chance: in
     # actor.send() a second on localhost); the outbox relay publishes its batches on a confirm
     # channel of its own, one round trip per batch (composition.outbox.rabbitmq; measured
     # against actor.send() by bench/bench_rabbitmq_relay.py).
-    return RabbitmqBroker(url=url, middleware=stack, confirm_delivery=True)
+    broker = RabbitmqBroker(url=url, middleware=stack, confirm_delivery=True)
+    _bound_rabbitmq_waits(broker, url, socket_timeout_s=socket_timeout_s, connect_timeout_s=connect_timeout_s)
+    return broker
+
+
+def _bound_rabbitmq_waits(broker: Any, url: str, *, socket_timeout_s: float, connect_timeout_s: float) -> None:
+    """The broker's timeouts on pika's connections, where pika's defaults would wait 10 s for a
+    TCP connect, 15 s for a server that accepts and never answers, and forever while RabbitMQ
+    blocks publishers (a memory or disk alarm): a queue-depth read, a relay batch or a job's
+    retry then hung that long. Options given in the URL's query win."""
+    given = set(parse_qs(urlsplit(url).query))
+    for parameters in broker.parameters if isinstance(broker.parameters, list) else [broker.parameters]:
+        for name, value in (("socket_timeout", connect_timeout_s),
+                            ("stack_timeout", connect_timeout_s + socket_timeout_s),
+                            ("blocked_connection_timeout", BLOCKED_PUBLISH_PERIODS * socket_timeout_s),
+                            ("connection_attempts", 1)):
+            if name not in given:
+                setattr(parameters, name, value)
 
 
 def configured_broker() -> Broker:

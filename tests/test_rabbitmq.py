@@ -19,6 +19,7 @@ from django.conf import settings
 from django.db import transaction
 from django.test import override_settings
 from dramatiq.actor import Actor
+from dramatiq.broker import MessageProxy
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.common import dq_name, xq_name
 from dramatiq.errors import ConnectionClosed
@@ -382,3 +383,34 @@ def test_the_queue_depth_reads_on_after_a_queue_that_did_not_exist_yet(rabbit_br
     amqp.basic_publish("", dq_name(queue), b"{}")
     wait_until(lambda: queue_depth(queue) == 6, 5, message="the depth stayed at what a closed channel reads")
     assert broker_counts(queue).ready == 5
+
+
+@pytest.mark.slow
+def test_a_rabbitmq_that_accepts_and_never_answers_costs_the_configured_timeouts_and_loses_no_retry() -> None:
+    # pika's own defaults waited 15 s on such a server (a load balancer before a dead node), and
+    # its handshake timeout was not among the broker failures: the job's retry was lost.
+    from composition.broker import build_broker
+    from composition.jobs.retries import JobRetries
+    from composition.redis_errors import BROKER_FAILURES
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # connections complete in the backlog; nothing ever answers
+    url = f"amqp://guest:guest@127.0.0.1:{silent.getsockname()[1]}/%2F"
+    retries = JobRetries()
+    broker = build_broker(url, heartbeat_timeout_s=5.0, maintenance_chance=0, socket_timeout_s=0.3,
+                          connect_timeout_s=0.3, middleware=[retries])
+    try:
+        dramatiq.actor(lambda: None, broker=broker, actor_name="silent_probe", queue_name="silent_probe",
+                       max_retries=3)
+        began = time.monotonic()
+        with pytest.raises(BROKER_FAILURES):
+            broker_counts("silent_probe", broker)
+        assert time.monotonic() - began < 3, "pika's 15 s, not the configured timeouts"
+        message = MessageProxy(Message(queue_name="silent_probe", actor_name="silent_probe", args=(), kwargs={},
+                                       options={}))
+        retries.after_process_message(broker, message, exception=RuntimeError("the job's own error"))
+        assert message.failed, "the retry the broker would not take must fail the message, for its dead letter"
+    finally:
+        broker.close()
+        silent.close()
