@@ -56,11 +56,15 @@ def broker_counts(queue: str, broker: Broker | None = None) -> BrokerCounts:
                         in_flight=None)
 
 
-def _rabbitmq_count(broker: Broker, queue: str) -> int:
+def _rabbitmq_count(broker: Broker, queue: str, *, again: bool = True) -> int:
     """The message count of a passive declare on the thread's channel; 0 for a queue no one has
     declared yet. A failed declare closes the channel (RabbitMQ's way with a 404) or came from a
     broken connection: either is dropped, as Dramatiq does, so the thread's next read opens a
-    fresh one instead of failing on a closed channel from then on (and counting as empty)."""
+    fresh one instead of failing on a closed channel from then on (and counting as empty).
+
+    A connection found closed is read through a fresh one at once (``again``): an idle thread's
+    connection sends no heartbeats, so RabbitMQ closes it as a matter of course, and failing the
+    read would open the depth breaker, blinding backpressure for its reset period."""
     import pika.exceptions
 
     try:
@@ -72,6 +76,11 @@ def _rabbitmq_count(broker: Broker, queue: str) -> int:
         raise
     except pika.exceptions.ChannelError:
         del broker.channel  # type: ignore[attr-defined]
+        raise
+    except (pika.exceptions.AMQPConnectionError, pika.exceptions.ConnectionWrongStateError, OSError):
+        del broker.connection  # type: ignore[attr-defined]  # and its channel
+        if again:
+            return _rabbitmq_count(broker, queue, again=False)
         raise
     except Exception:
         del broker.connection  # type: ignore[attr-defined]  # and its channel

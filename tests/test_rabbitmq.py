@@ -4,7 +4,9 @@ relay's confirmed, batched publishing (a row is marked sent only once RabbitMQ c
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
 import threading
 import time
 import uuid
@@ -414,3 +416,28 @@ def test_a_rabbitmq_that_accepts_and_never_answers_costs_the_configured_timeouts
     finally:
         broker.close()
         silent.close()
+
+
+def _connection_pids() -> set[str]:
+    listed = subprocess.run(["rabbitmqctl", "-q", "list_connections", "pid"], capture_output=True, text=True,
+                            timeout=60, check=True).stdout
+    return {line.strip() for line in listed.splitlines() if line.strip().startswith("<")}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("rabbitmqctl") is None, reason="needs rabbitmqctl to close a connection")
+def test_a_depth_read_on_a_connection_rabbitmq_closed_reads_through_a_fresh_one(  # type: ignore[no-untyped-def]
+        rabbit_broker, amqp, new_queue) -> None:
+    # An idle thread's connection sends no heartbeats and RabbitMQ closes it as a matter of
+    # course; the read failed, opened the depth breaker, and backpressure read nothing for 5 s.
+    queue = new_queue("depth_reconnect")
+    amqp.queue_declare(queue, durable=True)
+    for seq in range(3):
+        amqp.basic_publish("", queue, str(seq).encode())
+    before = _connection_pids()
+    assert broker_counts(queue, rabbit_broker).ready == 3  # opens this thread's connection
+    [ours] = _connection_pids() - before
+    subprocess.run(["rabbitmqctl", "-q", "close_connection", ours, "test: as after missed heartbeats"],
+                   capture_output=True, timeout=60, check=True)
+    time.sleep(0.5)  # the close is on its way; the idle client reads it with its next call
+    assert broker_counts(queue, rabbit_broker).ready == 3
