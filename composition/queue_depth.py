@@ -32,7 +32,12 @@ log = structlog.get_logger("composition.backpressure")
 class BrokerCounts:
     """What the broker holds for one queue: ready to run, delayed (retries waiting for their
     backoff, and messages with an eta), and taken by a worker but not yet acked (Redis only:
-    RabbitMQ's passive declare does not count them; None there)."""
+    RabbitMQ's passive declare does not count them; None there).
+
+    On RabbitMQ, ready and delayed count only what no consumer holds: a running worker fetches
+    ahead (its prefetch), and holds a delayed message until it is due, so while workers run a
+    backlog of retries can read as 0 there. Backpressure on RabbitMQ sees what waits beyond the
+    workers' prefetch, and the outbox's pending rows."""
 
     ready: int
     delayed: int
