@@ -347,6 +347,22 @@ def test_task_finished_listeners_run_after_the_tasks_transaction_and_cannot_chan
     assert worker.terminate() == 0
 
 
+def test_a_replayed_task_runs_under_its_result_id_with_its_attempts_counted_on(worker_processes) -> None:
+    # The replay ran with the replay's own outbox id as its result id and counted attempts from 1.
+    result = tasks.needs_account_in_context.enqueue("acct-ctx")
+    worker = worker_processes.spawn(["--threads", THREADS, "--queues", QUEUES])
+    wait_until(lambda: DeadLetter.objects.exists(), timeout_s=60, message=worker.output()[-3000:])
+    failed = tasks.needs_account_in_context.get_result(result.id)
+    assert failed.status == TaskResultStatus.FAILED and failed.attempts == 3
+    Account.objects.create(name="acct-ctx")
+    replay(DeadLetter.objects.get().pk)
+    wait_until(lambda: Effect.objects.filter(key__startswith="acct-ctx:").exists(), timeout_s=30,
+               message=worker.output()[-3000:])
+    assert list(Effect.objects.values_list("key", flat=True)) == [f"acct-ctx:attempt=4:id={result.id}"]
+    assert tasks.needs_account_in_context.get_result(result.id).status == TaskResultStatus.SUCCESSFUL
+    assert worker.terminate() == 0
+
+
 def test_a_task_over_its_time_limit_is_interrupted_and_ends_failed_as_a_dead_letter(worker_processes) -> None:
     # The worker's settings give the queue a 1 s TIMEOUT_S and 2 attempts; the body would take 60 s.
     run_s = 60

@@ -61,7 +61,7 @@ from composition.tasks.options import QueuePolicy, actor_name
 from composition.tasks.payload import arguments_schema, resolve_task
 from composition.time_limits import INTERRUPTS, disarm_time_limit
 
-__all__ = ["WORKER_IDS_HEADER", "declare_task_actor", "worker_id"]
+__all__ = ["MAX_REPLAYS_FOLLOWED", "WORKER_IDS_HEADER", "declare_task_actor", "replayed_chain", "worker_id"]
 
 log = structlog.get_logger("composition.tasks")
 
@@ -69,6 +69,8 @@ log = structlog.get_logger("composition.tasks")
 # travel with a retried message and are kept in its dead letter, so a failed task's result
 # still says how many attempts it had and where they ran.
 WORKER_IDS_HEADER = "task_worker_ids"
+# A dead letter replayed, failing again, replayed again...: followed this far at most.
+MAX_REPLAYS_FOLLOWED = 20
 
 _declare_lock = threading.Lock()
 
@@ -170,6 +172,7 @@ def _running_result(task: Task[Any, Any], alias: str, message: MessageProxy | No
     """The result a task that takes a context sees: this run, with one worker id per attempt."""
     headers: dict[str, Any] = {}
     result_id = ""
+    earlier: list[str] = []
     if message is not None:
         found = message.options.setdefault("composition", {})
         headers = found if isinstance(found, dict) else {}
@@ -178,6 +181,12 @@ def _running_result(task: Task[Any, Any], alias: str, message: MessageProxy | No
         workers = headers.setdefault(WORKER_IDS_HEADER, [])
         if isinstance(workers, list):
             workers.append(worker_id())
+        # A replayed dead letter is the same task: the result id the caller holds, and the
+        # attempts before the replay (get_result reads the same).
+        replay_of = headers.get("replay_of")
+        if isinstance(replay_of, int):
+            first_id, earlier = replayed_chain(replay_of)
+            result_id = first_id or result_id
     published = headers.get("published_at")
     now = timezone.now()
     worker_ids = headers.get(WORKER_IDS_HEADER)
@@ -185,8 +194,32 @@ def _running_result(task: Task[Any, Any], alias: str, message: MessageProxy | No
         task=task, id=result_id, status=TaskResultStatus.RUNNING,
         enqueued_at=datetime.fromtimestamp(published, tz=UTC) if isinstance(published, int | float) else None,
         started_at=now, last_attempted_at=now, finished_at=None, args=args, kwargs=kwargs, backend=alias,
-        errors=[], worker_ids=[str(worker) for worker in worker_ids] if isinstance(worker_ids, list) else [],
+        errors=[], worker_ids=[*earlier, *(str(worker) for worker in worker_ids)] if isinstance(worker_ids, list)
+        else earlier,
     )
+
+
+def replayed_chain(dead_letter_id: int) -> tuple[str | None, list[str]]:
+    """For a message replaying dead letter ``dead_letter_id``: the result id of the task's first
+    message (its outbox row's id) and the workers of every attempt before, oldest first, through
+    replays of replays (up to ``MAX_REPLAYS_FOLLOWED``)."""
+    from composition.jobs.models import DeadLetter
+
+    result_id: str | None = None
+    workers: list[str] = []
+    next_id: Any = dead_letter_id
+    for _ in range(MAX_REPLAYS_FOLLOWED):
+        if not isinstance(next_id, int):
+            break
+        letter = DeadLetter.objects.filter(pk=next_id).only("headers").first()
+        headers = letter.headers if letter is not None and isinstance(letter.headers, dict) else {}
+        if not headers:
+            break
+        attempts = headers.get(WORKER_IDS_HEADER)
+        workers = [*(str(worker) for worker in attempts), *workers] if isinstance(attempts, list) else workers
+        result_id = str(headers["outbox_id"]) if headers.get("outbox_id") is not None else result_id
+        next_id = headers.get("replay_of")
+    return result_id, workers
 
 
 def _is_final(exc: BaseException, message: MessageProxy, policy: QueuePolicy) -> bool:

@@ -34,16 +34,14 @@ from composition.tasks._compat import (
     TaskResultDoesNotExist,
     TaskResultStatus,
 )
-from composition.tasks.actors import WORKER_IDS_HEADER
+from composition.tasks.actors import MAX_REPLAYS_FOLLOWED, WORKER_IDS_HEADER
 from composition.tasks.options import parse_actor_name
 from composition.tasks.payload import resolve_task
 
-__all__ = ["MAX_REPLAYS_FOLLOWED", "read_result"]
+__all__ = ["MAX_REPLAYS_FOLLOWED", "read_result"]  # the first kept here for old imports
 
 log = structlog.get_logger("composition.tasks")
 
-# A dead letter replayed, failing again, replayed again...: followed this far at most.
-MAX_REPLAYS_FOLLOWED = 20
 
 
 def read_result(alias: str, result_id: str) -> TaskResult[Any, Any]:
@@ -105,9 +103,9 @@ def read_result(alias: str, result_id: str) -> TaskResult[Any, Any]:
     elif chain and chain[-1].status in (DeadLetter.Status.DEAD, DeadLetter.Status.DISCARDED):
         status = TaskResultStatus.FAILED
         last = chain[-1]
-        workers = last.headers.get(WORKER_IDS_HEADER) if isinstance(last.headers, dict) else None
-        fields.update(finished_at=last.last_failed_at, last_attempted_at=last.last_failed_at,
-                      worker_ids=[str(worker) for worker in workers] if isinstance(workers, list) else [])
+        # Every attempt of the task, replays included: its dead letters' workers, oldest first.
+        workers = [str(worker) for dead in chain for worker in _workers_of(dead)]
+        fields.update(finished_at=last.last_failed_at, last_attempted_at=last.last_failed_at, worker_ids=workers)
     else:
         running = None if row is not None and row.status == OutboxMessage.Status.PENDING and not chain \
             else _running(current)
@@ -163,6 +161,11 @@ def _outcome_pruned(outbox_id: int | None) -> bool:
         return False
     due = max(row.sent_at, row.created_at + timedelta(seconds=row.delay_s or 0))
     return timezone.now() - due > timedelta(seconds=float(retention))
+
+
+def _workers_of(dead: Any) -> list[Any]:
+    workers = dead.headers.get(WORKER_IDS_HEADER) if isinstance(dead.headers, dict) else None
+    return workers if isinstance(workers, list) else []
 
 
 def _task_error(dead: Any) -> TaskError:

@@ -105,3 +105,11 @@ def _record_finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
 
 LISTENED = {"duplicates_account", "refuses", "add_effect"}
 task_finished.connect(_record_finished)
+
+
+@task(queue_name=QUEUE, takes_context=True)
+def needs_account_in_context(context: TaskContext, key: str) -> None:
+    """Fails until the account ``key`` exists; then records the attempt and result id it saw."""
+    if not Account.objects.filter(name=key).exists():
+        raise LookupError(f"no account {key}")
+    Effect.objects.create(key=f"{key}:attempt={context.attempt}:id={context.task_result.id}")
