@@ -189,6 +189,11 @@ def test_admin_replay_confirms_the_count_then_acts() -> None:
     assert done.status_code == 302
     assert DeadLetter.objects.filter(status="replayed").count() == 2
     assert OutboxMessage.objects.filter(actor_name="charge").count() == 2
+    from django.contrib.admin.models import LogEntry
+
+    history = client.get(f"{url}{letters[0].pk}/history/").content.decode()
+    assert "Replayed from the admin." in history  # who did what, in the letter's own history
+    assert LogEntry.objects.filter(user__username="operator").count() == 2
 
     # The same confirmation again (a double click, Back and submit): said, and nothing done twice.
     again = client.post(url, {**selection, "confirm": "yes", "upto": upto.group(1).decode()}, follow=True)

@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.models import CHANGE, LogEntry
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -202,7 +203,12 @@ class DeadLetterAdmin(ReadOnlyRows, admin.ModelAdmin):
         result = act(DeadLetter.objects.filter(pk__in=batch).order_by("id"), user=request.user)
         if result.done:
             self.message_user(request, f"{verb.capitalize()}ed {len(result.done)} dead letter(s).", messages.SUCCESS)
-        elif not batch:
+        if result.done and request.user.pk is not None:
+            # In the admin's history too (each letter's, and Recent actions), as an edit would be.
+            LogEntry.objects.log_actions(user_id=request.user.pk,
+                                         queryset=DeadLetter.objects.filter(pk__in=result.done),
+                                         action_flag=CHANGE, change_message=f"{verb.capitalize()}ed from the admin.")
+        if not result.done and not batch:
             # A second submit of the same confirmation (a double click, Back and submit again).
             self.message_user(request, f"Nothing to {verb}: the selected dead letters were replayed or discarded "
                               "already.", messages.INFO)
