@@ -145,6 +145,20 @@ def test_system_command_prints_order_and_connection_budget() -> None:
                              "--worker-threads", "8"], env=env, capture_output=True, text=True, timeout=30)
     assert "WARNING" in result.stderr
 
+    # With a metrics port configured, its server is in the graph, as runworkers starts it.
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.test import override_settings
+
+    served = StringIO()
+    with override_settings(COMPOSITION={**settings.COMPOSITION, "WORKER_METRICS_PORT": 9123}):
+        call_command("system", "--json", stdout=served)
+    assert "metrics-server" in json.loads(served.getvalue())["start_order"]
+    refused = subprocess.run([sys.executable, "manage.py", "system", "--worker-processes", "-5"], env=env,
+                             capture_output=True, text=True, timeout=30)
+    assert refused.returncode == 2 and "at least 1" in refused.stderr  # not a negative connection budget
+
 
 @pytest.mark.slow
 def test_a_child_ending_on_its_own_fails_the_group_even_started_from_another_directory(

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import argparse
 import json
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
@@ -15,20 +18,34 @@ from composition.lifecycle.workers import (
 )
 
 
+def _count(minimum: int) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            number = minimum - 1
+        if number < minimum:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of at least {minimum}")
+        return number
+
+    return parse
+
+
 class Command(BaseCommand):
     help = "Print the worker component graph, its start order and the database connection budget."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true")
-        parser.add_argument("--worker-processes", type=int, default=None)
-        parser.add_argument("--worker-threads", type=int, default=None)
-        parser.add_argument("--web-processes", type=int, default=0, help="web server processes")
-        parser.add_argument("--web-threads", type=int, default=1, help="threads per web process")
+        parser.add_argument("--worker-processes", type=_count(1), default=None)
+        parser.add_argument("--worker-threads", type=_count(1), default=None)
+        parser.add_argument("--web-processes", type=_count(0), default=0, help="web server processes")
+        parser.add_argument("--web-threads", type=_count(1), default=1, help="threads per web process")
 
     def handle(self, *args: Any, **options: Any) -> None:
         processes = options["worker_processes"] or int(conf.WORKER_PROCESSES)
         threads = options["worker_threads"] or int(conf.WORKER_THREADS)
-        system = build_worker_system(WorkerOptions(processes=1, threads=threads))
+        # As runworkers builds it (its metrics server included when WORKER_METRICS_PORT is set).
+        system = build_worker_system(replace(WorkerOptions.from_settings(), processes=1, threads=threads))
         lines = [BudgetLine("workers", processes, connections_per_process(threads, BACKGROUND_DB_THREADS))]
         if options["web_processes"]:
             lines.append(BudgetLine("web", options["web_processes"],
