@@ -9,9 +9,10 @@ than there are living workers.
 
 Neither stops the server when it fails: the files are then merged at the next start.
 
-``gunicorn_logging(fmt, level)`` is a ``logconfig_dict`` for the same file: gunicorn's own lines (its
-arbiter, a worker timing out, a request it refuses) rendered as the application's, one JSON
-object per line, instead of gunicorn's plain text among them.
+``gunicorn_logger(fmt)`` is a ``logger_class`` for the same file: gunicorn's own lines (its
+arbiter, a worker timing out, a request it refuses) rendered as the application's (one JSON
+object per line, or the console format) instead of gunicorn's plain text among them. Access
+logging stays as gunicorn's settings have it (off unless ``accesslog`` is set).
 """
 
 from __future__ import annotations
@@ -19,18 +20,27 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["child_exit", "gunicorn_logging", "on_starting"]
+__all__ = ["child_exit", "gunicorn_logger", "on_starting"]
 
 
-def gunicorn_logging(fmt: str = "json", level: str = "INFO") -> dict[str, Any]:
-    """``composition.logging.logging_config`` with gunicorn's loggers sent through it (their own
-    handlers, which gunicorn sets up first, are removed by configuring them)."""
+def gunicorn_logger(fmt: str = "json") -> type:
+    """A gunicorn ``logger_class`` whose handlers render as ``composition.logging`` does."""
+    from gunicorn.glogging import Logger
+
     from composition.logging import logging_config
 
-    config = logging_config(fmt, level)
-    config["loggers"] |= {name: {"handlers": [], "propagate": True, "level": level}
-                          for name in ("gunicorn.error", "gunicorn.access")}
-    return config
+    formatter = logging_config(fmt)["formatters"]["structlog"]
+
+    class StructuredLogger(Logger):
+        def setup(self, cfg: Any) -> None:
+            super().setup(cfg)
+            rendered = formatter["()"](processors=formatter["processors"],
+                                       foreign_pre_chain=formatter["foreign_pre_chain"])
+            for log in (self.error_log, self.access_log):
+                for handler in log.handlers:
+                    handler.setFormatter(rendered)
+
+    return StructuredLogger
 
 
 def on_starting(server: Any) -> None:

@@ -3,10 +3,10 @@
 import os
 
 # The multiprocess metrics directory's hooks (composition.gunicorn): a config of your own imports them too.
-from composition.gunicorn import child_exit, gunicorn_logging, on_starting  # noqa: F401
+from composition.gunicorn import child_exit, gunicorn_logger, on_starting  # noqa: F401
 
 # gunicorn's own lines as JSON too (or console), like every other line of the project.
-logconfig_dict = gunicorn_logging(os.environ.get("LOG_FORMAT", "json"), os.environ.get("LOG_LEVEL", "INFO"))
+logger_class = gunicorn_logger(os.environ.get("LOG_FORMAT", "json"))
 
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 threads = int(os.environ.get("WEB_THREADS", "4"))

@@ -173,6 +173,7 @@ def test_gunicorn_with_the_projects_config_writes_only_json_lines(tmp_path: Path
             not_json.append(line)
     assert not_json == [], not_json
     assert any(line.get("logger") == "gunicorn.error" and "Booting worker" in line["event"] for line in parsed)
+    assert not [line for line in parsed if line.get("logger") == "gunicorn.access"]  # accesslog = None: off
     [host] = [line for line in parsed if line.get("logger") == "django.security.DisallowedHost"]
     assert host["level"] == "warning" and "exception" not in host
 
