@@ -114,6 +114,14 @@ class DeadLetterAdmin(ReadOnlyRows, admin.ModelAdmin):
             return self.list_display
         return tuple(column for column in self.list_display if column != "status")
 
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        # Replay and discard on the letter's own page, for who may (the confirmation page follows).
+        actions = [(action, label) for action, label, allowed in (
+            ("replay_selected", "Replay…", self.has_replay_permission(request)),
+            ("discard_selected", "Discard…", self.has_discard_permission(request))) if allowed]
+        return super().change_view(request, object_id, form_url, {**(extra_context or {}), "letter_actions": actions})
+
     def has_replay_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(service.REPLAY_PERMISSION)
 
