@@ -33,6 +33,7 @@ def has_wake_list(queue_name: str) -> bool:
     # Delay (".DQ") and dead-letter (".XQ") queues poll (composition.redis_broker says why).
     return q_name(queue_name) == queue_name
 
+
 # What a lost connection looks like from redis-py: refused, reset, or no answer in time.
 _LOST: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError)
 
