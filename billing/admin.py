@@ -4,7 +4,6 @@ receipts, written only by the service and its jobs, are read-only. An edit that 
 service would skip its row lock and its cache invalidation, and could leave an invoice that the
 API then answers wrongly (open again, yet with a payment)."""
 
-import re
 from typing import Any
 
 from django import forms
@@ -12,8 +11,11 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from billing.api import ApiError
 from billing.errors import BillingError
-from billing.models import MAX_AMOUNT_CENTS, ApiToken, Invoice, Payment, Receipt
+from billing.models import ApiToken, Invoice, Payment, Receipt
+from billing.validation import AMOUNT
+from billing.views import INVOICE_FIELDS
 from billing.wiring import default_service
 from composition.jobs.admin import ReadOnlyRows
 
@@ -31,15 +33,15 @@ class InvoiceForm(forms.ModelForm):
 
     def clean_amount_cents(self) -> int:
         amount = self.cleaned_data["amount_cents"]
-        if not 1 <= amount <= MAX_AMOUNT_CENTS:
-            raise forms.ValidationError(f"must be from 1 to {MAX_AMOUNT_CENTS} cents")
+        if not AMOUNT.minimum <= amount <= AMOUNT.maximum:
+            raise forms.ValidationError(f"must be from {AMOUNT.minimum} to {AMOUNT.maximum} cents")
         return int(amount)
 
     def clean_currency(self) -> str:
-        currency = self.cleaned_data["currency"]
-        if not re.fullmatch("[A-Z]{3}", currency):
-            raise forms.ValidationError("must be a three-letter code such as 'EUR'")
-        return str(currency)
+        try:  # the API's own rule for the field
+            return str(INVOICE_FIELDS["currency"].parse("currency", self.cleaned_data["currency"]))
+        except ApiError as exc:
+            raise forms.ValidationError(exc.message) from None
 
 
 @admin.register(Invoice)

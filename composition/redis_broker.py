@@ -178,6 +178,8 @@ class WakingRedisBroker(RedisBroker):
     def hand_back_stranded(self, queue_name: str) -> None:
         """Requeue the stranded messages of ``queue_name`` (safe to repeat: ``dispatch.lua``'s
         requeue moves only ids still unacknowledged here); raises, keeping them, on failure."""
+        if not self._stranded:  # the usual case, on every fetch: no lock taken
+            return
         with self._stranded_lock:
             ids = self._stranded.pop(queue_name, set())
         if not ids:

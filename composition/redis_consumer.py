@@ -103,14 +103,12 @@ class WakingRedisConsumer(_RedisConsumer):
         # cache, a full prefetch (it sleeps, but a token could not be used), or a delay queue.
         if not self._wakes or self.message_cache or self.outstanding_message_count >= self.prefetch:
             return super().__next__()
-        try:
-            # As Dramatiq fetches: dispatch.lua's fetch moves the ids into the unacked set.
-            self.message_cache = self.broker.do_fetch(self.queue_name, self.prefetch - self.outstanding_message_count)
-            if not self.message_cache:
-                self._wait_for_wake()
-                return None
-        except _LOST as exc:
-            raise ConnectionClosed(exc) from None
+        # As Dramatiq fetches: dispatch.lua's fetch moves the ids into the unacked set. (A lost
+        # connection here is raised as ConnectionClosed by __next__.)
+        self.message_cache = self.broker.do_fetch(self.queue_name, self.prefetch - self.outstanding_message_count)
+        if not self.message_cache:
+            self._wait_for_wake()
+            return None
         return super().__next__()
 
     def _wait_for_wake(self) -> None:

@@ -155,7 +155,7 @@ def write_dead_letter(broker: Broker, message: MessageProxy, exception: BaseExce
     dead letter is written on its next delivery (``DEAD_LETTER_PENDING_OPTION``).
     Never raises for a failed write: it is logged critical and counted."""
     failure = exception if isinstance(exception, Failure) else Failure.of(exception)
-    error = f"{failure.error_class.rpartition('.')[2]}: {failure.error_message}"
+    error = failure.summary
     dead_letter_id, record_error, database_lost = _record_with_retries(message, failure, attempts, error)
     if dead_letter_id is not None:
         # With its arguments: the ids that say which invoice, order or account it was about.

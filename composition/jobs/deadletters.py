@@ -75,6 +75,11 @@ class Failure:
         return cls(error_class_name(exception), _storable(str(exception)[:MAX_MESSAGE_CHARS]),
                    _storable("".join(traceback.format_exception(exception, limit=MAX_TRACEBACK_FRAMES))))
 
+    @property
+    def summary(self) -> str:
+        """``Class: message``, as ``composition.jobs.observability.error_text`` says an exception."""
+        return f"{self.error_class.rpartition('.')[2]}: {self.error_message}"
+
     def as_option(self) -> dict[str, str]:
         return {"error_class": self.error_class, "error_message": self.error_message, "traceback": self.traceback}
 
