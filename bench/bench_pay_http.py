@@ -10,10 +10,10 @@ the shared machine wandered during the run), and p99 latency.
 Goals (issue 15): throughput >= 0.8x the plain view, p99 <= 1.5x.
 
 What the library's pay sends from the request thread: BEGIN with the row lock (one string),
-the payment, the invoice, then the outbox row and the invalidation record with COMMIT (one
-string: ``composition.deferred_writes``, on the example's ``composition.db.postgresql``
-backend), then one Redis DEL; the plain view sends BEGIN, its lock, the payment, the invoice,
-COMMIT. The outbox row's send
+the payment, then the invoice's update, the outbox row and the invalidation record with COMMIT
+(one string: ``composition.deferred_saves`` and ``composition.deferred_writes``, on the
+example's ``composition.db.postgresql`` backend), then one Redis DEL; the plain view sends
+BEGIN, its lock, the payment, the invoice, COMMIT. The outbox row's send
 and mark-sent and the invalidation record's DELETE run on each process's after-commit thread
 (``composition.background``), batched across requests; that work is on the same two cores,
 so it counts against the library's throughput here as it would not on a server with spare cores.

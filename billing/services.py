@@ -29,6 +29,7 @@ from billing.errors import (
 )
 from billing.mail import EmailSender
 from billing.models import Invoice, Payment, Receipt
+from composition.deferred_saves import save_with_commit
 from composition.jobs import PermanentError
 
 __all__ = ["InvoicePage", "InvoiceService", "PaymentOutcome", "invoice_cache_key"]
@@ -109,7 +110,7 @@ class InvoiceService:
             if invoice.status == Invoice.Status.PAID:
                 raise AlreadyPaid(f"invoice {invoice.number} is paid: it cannot be voided")
             invoice.status = Invoice.Status.VOID
-            invoice.save(update_fields=["status", "updated_at"])
+            save_with_commit(invoice, update_fields=["status", "updated_at"])
             self.cache.invalidate(invoice.pk)
         self.log.info("invoice voided", invoice_id=invoice.pk)
         return invoice, True
@@ -138,7 +139,9 @@ class InvoiceService:
                                          f"not {amount_cents}")
                 payment = Payment.objects.create(payment_id=payment_id, invoice=invoice, amount_cents=amount_cents)
                 invoice.status = Invoice.Status.PAID
-                invoice.save(update_fields=["status", "updated_at"])
+                # With the outbox row and the invalidation record, in one string with COMMIT:
+                # the row is locked, so the update's answer would tell nothing.
+                save_with_commit(invoice, update_fields=["status", "updated_at"])
                 self.jobs.receipt(payment.pk)
                 self.cache.invalidate(invoice.pk)
         except IntegrityError:

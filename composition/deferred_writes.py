@@ -30,6 +30,11 @@ raises after the rows went with COMMIT is logged, not raised: the transaction ha
 an exception from ``atomic`` would tell its caller it had not (what the callback was for, the
 after-commit send of an outbox row or the deletion of an invalidation record, is left to the
 relay's sweep and the invalidation replay).
+
+An UPDATE held with ``hold_update`` must change exactly one row: it checks that itself, in SQL,
+and the statement it goes with fails otherwise, with the ``DatabaseError`` Django's
+``Model.save(update_fields=...)`` raises for a row that is not there (``composition.deferred_saves``
+holds the caller's saves so).
 """
 
 from __future__ import annotations
@@ -38,13 +43,18 @@ from collections.abc import Callable
 from typing import Any
 
 import structlog
+from django.db import DatabaseError, DataError
 
-__all__ = ["HeldWrites", "RowCallback", "can_hold", "hold", "send_held_first"]
+__all__ = ["HeldWrites", "RowCallback", "can_hold", "hold", "hold_update", "send_held_first"]
 
 log = structlog.get_logger("composition.database")
 
 # Called with the row a held statement returned (RETURNING), once it is sent.
 RowCallback = Callable[[tuple[Any, ...]], None]
+
+# Starts the text a held update's check casts to an integer when it did not change one row;
+# the error PostgreSQL then raises is turned back into Django's own (``_update_missed``).
+_MISSED_UPDATE = "composition: a held update changed no row"
 
 
 class HeldWrites:
@@ -69,15 +79,21 @@ class HeldWrites:
         if not statements:
             return
         string = "; ".join([*(sql for sql, _ in statements), *([then] if then else [])])
-        if past_wrappers:
-            connection = cursor.db  # per thread, as its wrappers list: nothing else runs on it meanwhile
-            wrappers, connection.execute_wrappers = connection.execute_wrappers, []
-            try:
+        try:
+            if past_wrappers:
+                connection = cursor.db  # per thread, as its wrappers list: nothing else runs on it meanwhile
+                wrappers, connection.execute_wrappers = connection.execute_wrappers, []
+                try:
+                    cursor.execute(string)
+                finally:
+                    connection.execute_wrappers = wrappers
+            else:
                 cursor.execute(string)
-            finally:
-                connection.execute_wrappers = wrappers
-        else:
-            cursor.execute(string)
+        except DataError as exc:
+            missed = _update_missed(exc)
+            if missed is None:
+                raise
+            raise missed from exc
         raw = cursor.cursor  # psycopg's: one result per statement, the first one current
         for index, (sql, on_row) in enumerate(statements):
             if index:
@@ -129,6 +145,29 @@ def hold(connection: Any, sql: str, params: Any, on_row: RowCallback | None = No
     assert writes is not None
     # Bound here, with the connection's adapters, as client-side binding would at execute time.
     writes.add(ClientCursor(connection.connection).mogrify(sql, params), on_row)
+
+
+def hold_update(connection: Any, sql: str, params: Any, *, row: str) -> None:
+    """Hold ``sql``, an UPDATE (no RETURNING) that must change exactly one row, named ``row`` in
+    the error otherwise (say ``"billing_invoice id 7"``); only after ``can_hold(connection)``."""
+    # The cast of a text that is no number raises; the text depends on count(*), so PostgreSQL
+    # cannot fold it (and fail) while planning, whatever the count.
+    checked = (f"WITH composition_updated AS ({sql} RETURNING 1) "
+               "SELECT CASE count(*) WHEN 1 THEN 1 ELSE "
+               f"('{_MISSED_UPDATE}: ' || %s || ' (' || count(*) || ' rows)')::integer END "
+               "FROM composition_updated")
+    hold(connection, checked, [*params, row])
+
+
+def _update_missed(exc: DataError) -> DatabaseError | None:
+    """What ``Model.save(update_fields=...)`` raises, for the error of a held update's check."""
+    text = str(exc)
+    start = text.find(_MISSED_UPDATE)
+    if start < 0:
+        return None
+    detail = text[start + len(_MISSED_UPDATE) + 2:].split('"', 1)[0]
+    return DatabaseError(f"Save with update_fields did not affect any rows: {detail}, held for COMMIT; "
+                         "the transaction is rolled back")
 
 
 def send_held_first(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:

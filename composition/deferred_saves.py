@@ -1,0 +1,81 @@
+"""``save_with_commit``: an update of a row the caller holds, sent in one string with its
+transaction's COMMIT rather than in a round trip of its own.
+
+A write request commonly ends by changing the row it locked (an invoice marked paid under its
+row lock) and committing. The UPDATE's answer tells the caller nothing it needs (the row is
+there: it is locked), yet psycopg waits for it before the COMMIT goes out. On the composition
+backend (``composition.db.postgresql``) ``save_with_commit`` holds that UPDATE as the library
+holds its own rows (``composition.deferred_writes``): it goes with COMMIT, or with the next
+statement when another comes first, so a read in the transaction still sees it. The example's
+pay takes three round trips where it took four, which the pay benchmark shows
+(bench/bench_pay_http.py).
+
+What it keeps of ``Model.save(update_fields=...)``:
+
+- The fields' ``pre_save`` run at the call, so an ``auto_now`` field is set on the instance.
+- An update that finds no row fails: Django's save raises at the call; a held one fails the
+  statement it went with, so at COMMIT ``atomic`` rolls the whole transaction back and raises
+  ``DatabaseError`` naming the table and the id. Nothing is half-written, but the error comes
+  later than the call, as for every held write: hold only the update of a row that cannot go
+  away meanwhile, one locked in this transaction (``composition.locks.row_lock``).
+
+When it cannot hold the update, it saves at once, exactly as ``Model.save(update_fields=...)``:
+outside a transaction the server has begun, on another backend, for a model with
+``pre_save``/``post_save`` receivers (they would run at the wrong time, or see no row),
+a model with a ``save()`` of its own, multi-table inheritance, generated fields (Django reads
+them back after a save), or an unsaved instance. It returns whether it held the update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from django.db import connections, router
+from django.db.models import Field, Model, Q, signals
+from django.db.models.sql import UpdateQuery
+
+from composition.deferred_writes import can_hold, hold_update
+
+__all__ = ["save_with_commit"]
+
+
+def save_with_commit(instance: Model, *, update_fields: Iterable[str], using: str | None = None) -> bool:
+    """Save ``update_fields`` of ``instance`` (an existing row this transaction holds) with the
+    transaction's COMMIT; True if the update was held, False if it was saved at once instead
+    (see the module doc). Raises ValueError for a name that is not a field the model can save."""
+    names = list(dict.fromkeys(update_fields))
+    meta = instance._meta
+    by_name = {name: field for field in meta.concrete_fields if not field.primary_key
+               for name in (field.name, field.attname)}
+    if not names:
+        raise ValueError("save_with_commit needs the fields to save (update_fields)")
+    unknown = [name for name in names if name not in by_name]
+    if unknown:
+        raise ValueError(f"save_with_commit: {', '.join(map(repr, unknown))} are not fields {meta.label} can save")
+    alias = using or router.db_for_write(type(instance), instance=instance)
+    connection = connections[alias]
+    if not _holdable(instance) or not can_hold(connection):
+        instance.save(update_fields=names, using=alias)
+        return False
+    fields: list[Field] = [by_name[name] for name in names]
+    query = UpdateQuery(type(instance))
+    query.add_update_fields([(field, None, field.pre_save(instance, False)) for field in fields])
+    query.add_q(Q(pk=instance.pk))
+    sql, params = query.get_compiler(alias).as_sql()
+    hold_update(connection, sql, params, row=f"{meta.db_table} id {instance.pk}")
+    instance._state.db = alias
+    return True
+
+
+def _holdable(instance: Model) -> bool:
+    """Whether an UPDATE of the model's own table is all Model.save would do (see the module doc)."""
+    meta = instance._meta
+    concrete = meta.concrete_model or type(instance)
+    if instance._state.adding or instance.pk is None or concrete._meta.parents:
+        return False
+    if type(instance).save is not Model.save:  # the model's own save() may do more than the UPDATE
+        return False
+    if any(getattr(field, "generated", False) for field in meta.concrete_fields):
+        return False
+    return not any(signal.has_listeners(sender) for signal in (signals.pre_save, signals.post_save)
+                   for sender in {type(instance), concrete})
