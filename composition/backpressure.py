@@ -96,12 +96,13 @@ class BackpressureMiddleware:
             except Backpressure as exc:
                 log.warning("request shed: queue full", queue=queue, depth=exc.depth, limit=exc.limit)
                 retry_after = max(1, math.ceil(exc.retry_after_s))
-                # The shape of any JSON API error (a stable code, a sentence for people), plus the numbers.
+                # The shape of any JSON API error (a stable code, a sentence for people). Not the
+                # queue, its depth or its limit: this runs before authentication, so anyone could
+                # read them; they are in the warning above and in the metrics.
                 response = JsonResponse({"code": "overloaded",
-                                         "error": f"the {queue} queue is full ({exc.depth} waiting, limit "
-                                                  f"{exc.limit}); retry after {retry_after} s",
-                                         "queue": queue, "depth": exc.depth, "limit": exc.limit,
-                                         "retry_after_s": exc.retry_after_s}, status=503)
+                                         "error": f"too much work is waiting: this request is not taken now; "
+                                                  f"retry after {retry_after} s",
+                                         "retry_after_s": retry_after}, status=503)
                 response["Retry-After"] = str(retry_after)
                 return already_logged(response)
         return self.get_response(request)
