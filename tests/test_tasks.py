@@ -259,8 +259,13 @@ def test_rolled_back_never_runs_and_committed_runs_once(worker_processes) -> Non
     committed.refresh()
     assert committed.status == TaskResultStatus.SUCCESSFUL and committed.is_finished
     assert committed.finished_at is not None and committed.finished_at >= committed.enqueued_at
+    # The run it reports: one attempt, by this worker, started before it finished.
+    assert committed.worker_ids == [f"{socket.gethostname()}:{running_pid(worker)}"], committed.worker_ids
+    assert committed.enqueued_at <= committed.started_at == committed.last_attempted_at <= committed.finished_at
     assert committed.return_value is None  # return values are not kept
-    assert tasks.add_effect_plain.get_result(plain.id).status == TaskResultStatus.SUCCESSFUL
+    plain_result = tasks.add_effect_plain.get_result(plain.id)  # ATOMIC False: recorded after the run
+    assert plain_result.status == TaskResultStatus.SUCCESSFUL and plain_result.attempts == 1
+    assert plain_result.started_at is not None and plain_result.started_at <= plain_result.finished_at
     assert tasks.add_effect.get_result(deferred.id).task.run_after is not None
     assert worker.terminate() == 0
 
@@ -359,7 +364,9 @@ def test_a_replayed_task_runs_under_its_result_id_with_its_attempts_counted_on(w
     wait_until(lambda: Effect.objects.filter(key__startswith="acct-ctx:").exists(), timeout_s=30,
                message=worker.output()[-3000:])
     assert list(Effect.objects.values_list("key", flat=True)) == [f"acct-ctx:attempt=4:id={result.id}"]
-    assert tasks.needs_account_in_context.get_result(result.id).status == TaskResultStatus.SUCCESSFUL
+    succeeded = tasks.needs_account_in_context.get_result(result.id)
+    # Every attempt, the three before the replay and the one that succeeded.
+    assert succeeded.status == TaskResultStatus.SUCCESSFUL and succeeded.attempts == 4, succeeded.worker_ids
     assert worker.terminate() == 0
 
 

@@ -80,6 +80,10 @@ class ProcessedMessage(models.Model):
     message_id = models.CharField(max_length=255)
     actor = models.CharField(max_length=255)
     processed_at = models.DateTimeField(default=timezone.now, db_index=True)
+    # A django.tasks run's (composition.tasks): when its successful attempt started and the
+    # worker of every attempt, replays included, for get_result. NULL for other jobs.
+    started_at = models.DateTimeField(null=True, blank=True)
+    worker_ids = models.JSONField(null=True, blank=True)
 
     class Meta:
         app_label = "composition"

@@ -141,17 +141,21 @@ def _run(alias: str, queue: str, policy: QueuePolicy, path: str, args: list[Any]
             failed.append(result)
         raise
     if message is not None:
+        # What get_result reports of a success: the run's end (processed_at), its start and the
+        # worker of every attempt.
+        run = {"started_at": result.started_at, "worker_ids": list(result.worker_ids)}
         if policy.atomic:
-            # The ledger row went in when the run began; its time becomes the run's end, what
-            # get_result reports as finished_at. Same transaction: it commits with the effects.
-            _ledger(message).update(processed_at=Now())
+            # The ledger row went in when the run began; its time becomes the run's end. Same
+            # transaction: it commits with the effects.
+            _ledger(message).update(processed_at=Now(), **run)
         else:
             try:
                 disarm_time_limit()  # the run is over: an interrupt now would only repeat it
             except INTERRUPTS:
                 pass  # landed as the disarm began
             with transaction.atomic():
-                record_processed(ledger_key(message), message.actor_name)
+                if record_processed(ledger_key(message), message.actor_name):
+                    _ledger(message).update(**run)
     # After COMMIT of an atomic run (at once otherwise): only then has the task succeeded.
     transaction.on_commit(partial(_finished, result, TaskResultStatus.SUCCESSFUL), robust=True)
 

@@ -3,7 +3,7 @@
 The result id is the outbox row's id. Nothing is written for a status; it is read, in this order:
 
 1. the inbox ledger row of the message (its idempotency key, for a replayed dead letter):
-   ``SUCCESSFUL``, ``finished_at`` its time;
+   ``SUCCESSFUL``, ``finished_at`` its time, with the start and the workers it keeps;
 2. the message's dead letter, followed through its replays (each replay is a new outbox row whose
    message may fail again): the last one ``dead`` or ``discarded`` is ``FAILED``, with every
    dead letter of the chain as an error and the workers of its attempts;
@@ -95,11 +95,14 @@ def read_result(alias: str, result_id: str) -> TaskResult[Any, Any]:
     fields: dict[str, Any] = {"started_at": None, "finished_at": None, "last_attempted_at": None,
                               "worker_ids": [], "errors": [_task_error(dead) for dead in chain]}
     key = headers.get(IDEMPOTENCY_KEY_HEADER)
-    processed_at = ProcessedMessage.objects.filter(
-        message_id=key if isinstance(key, str) and key else message_id).values_list("processed_at", flat=True).first()
-    if processed_at is not None:
+    processed = ProcessedMessage.objects.filter(message_id=key if isinstance(key, str) and key else message_id) \
+        .values_list("processed_at", "started_at", "worker_ids").first()
+    if processed is not None:
         status = TaskResultStatus.SUCCESSFUL
-        fields.update(finished_at=processed_at, last_attempted_at=processed_at)
+        processed_at, started_at, workers = processed
+        # A row written before the ledger kept the run (migration 0007) knows only its end.
+        fields.update(started_at=started_at, finished_at=processed_at, last_attempted_at=started_at or processed_at,
+                      worker_ids=[str(worker) for worker in workers] if isinstance(workers, list) else [])
     elif chain and chain[-1].status in (DeadLetter.Status.DEAD, DeadLetter.Status.DISCARDED):
         status = TaskResultStatus.FAILED
         last = chain[-1]
