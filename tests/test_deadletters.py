@@ -178,6 +178,10 @@ def test_admin_replay_confirms_the_count_then_acts() -> None:
     assert b"replay_selected" in client.get(url).content
     detail = client.get(f"{url}{letters[0].pk}/change/")
     assert detail.status_code == 200 and b"Traceback" in detail.content
+    # Its moments to the second, as the list shows them, for an incident's timeline.
+    from composition.admin_format import moment
+
+    assert moment(letters[0].first_failed_at).encode() in detail.content
     # Its replay at hand on its own page (this operator may replay, not discard).
     assert b'value="replay_selected"' in detail.content and b'value="discard_selected"' not in detail.content
     from_detail = client.post(url, {"action": "replay_selected", "_selected_action": [letters[0].pk], "index": "0"})

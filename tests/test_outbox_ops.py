@@ -127,7 +127,8 @@ def test_admin_list_shows_pending_count_and_oldest_age_and_filters(staff_client:
     response = staff_client.get("/admin/composition/outboxmessage/")
     assert response.status_code == 200
     body = response.content.decode()
-    assert "Pending: 2" in body and "oldest pending 30" in body
+    assert "<h2>Outbox: 2 pending · oldest pending 30" in body
+    assert "<title>Outbox: 2 pending · oldest pending 30" in body  # the tab says what it counts
     filtered = staff_client.get("/admin/composition/outboxmessage/", {"status__exact": "sent"})
     assert filtered.context["cl"].result_count == 1
     by_actor = staff_client.get("/admin/composition/outboxmessage/", {"actor_name": PROBE})

@@ -103,8 +103,8 @@ class DeadLetterAdmin(ReadOnlyRows, admin.ModelAdmin):
     actions = ("replay_selected", "discard_selected")
     readonly_fields = ("id", "actor", "queue", "message_id", "status", "attempts", "error_class",
                        "error_message", "fingerprint", "pretty_payload", "pretty_args", "pretty_headers",
-                       "first_failed_at", "last_failed_at", "replayed_at", "replayed_by", "replay_outbox_id",
-                       "discarded_at", "discarded_by", "pretty_traceback")
+                       "first_failed", "last_failed", "replayed", "replayed_by", "replay_outbox_id",
+                       "discarded", "discarded_by", "pretty_traceback")
     fields = readonly_fields
 
     def get_list_display(self, request: HttpRequest) -> Any:
@@ -141,6 +141,20 @@ class DeadLetterAdmin(ReadOnlyRows, admin.ModelAdmin):
     @admin.display(description="last failed", ordering="last_failed_at")
     def last_failed(self, obj: DeadLetter) -> str:
         return moment(obj.last_failed_at)
+
+    # The detail's moments to the second too (Django's own display stops at the minute): what
+    # happened first is what an incident's timeline needs.
+    @admin.display(description="first failed at")
+    def first_failed(self, obj: DeadLetter) -> str:
+        return moment(obj.first_failed_at)
+
+    @admin.display(description="replayed at")
+    def replayed(self, obj: DeadLetter) -> str:
+        return moment(obj.replayed_at)
+
+    @admin.display(description="discarded at")
+    def discarded(self, obj: DeadLetter) -> str:
+        return moment(obj.discarded_at)
 
     @admin.display(description="fingerprint", ordering="fingerprint")
     def short_fingerprint(self, obj: DeadLetter) -> str:

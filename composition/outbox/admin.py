@@ -66,7 +66,9 @@ class OutboxMessageAdmin(admin.ModelAdmin):
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         pending, age_s = pending_summary()
-        subtitle = f"Pending: {pending}"
+        # Shown under the heading and at the head of the browser tab's title (Django's admin
+        # puts a subtitle there), so it names what it counts.
+        subtitle = f"Outbox: {pending} pending"
         if pending:
             subtitle += f" · oldest pending {age_s:.1f} s ago"
         context = {"subtitle": subtitle, "outbox_pending": pending, "outbox_oldest_pending_age_s": age_s}
