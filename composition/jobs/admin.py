@@ -63,8 +63,12 @@ class StatusFilter(admin.SimpleListFilter):
 
     def choices(self, changelist: Any) -> Any:
         current = self.value() or DeadLetter.Status.DEAD
-        for lookup, title in self.lookup_choices:
-            yield {"selected": current == lookup, "display": title,
+        # With the admin's "Show counts" (Django 5+ facets), each status with its count, as
+        # Django's own filters show them (its default choices(), replaced here, would).
+        counts = self.get_facet_queryset(changelist) if getattr(changelist, "add_facets", False) else {}
+        for index, (lookup, title) in enumerate(self.lookup_choices):
+            count = counts.get(f"{index}__c")
+            yield {"selected": current == lookup, "display": title if count is None else f"{title} ({count})",
                    "query_string": changelist.get_query_string({self.parameter_name: lookup})}
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> QuerySet[DeadLetter]:
