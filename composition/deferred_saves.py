@@ -22,16 +22,18 @@ What it keeps of ``Model.save(update_fields=...)``:
 When it cannot hold the update, it saves at once, exactly as ``Model.save(update_fields=...)``:
 outside a transaction the server has begun, on another backend, for a model with
 ``pre_save``/``post_save`` receivers (they would run at the wrong time, or see no row),
-a model with a ``save()`` of its own, multi-table inheritance, generated fields (Django reads
-them back after a save), or an unsaved instance. It returns whether it held the update.
+a model with a ``save()`` of its own, multi-table inheritance, generated fields or a value
+given as an expression (Django reads them back after a save), or an unsaved instance. It
+returns whether it held the update.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any, cast
 
 from django.db import connections, router
-from django.db.models import Field, Model, Q, signals
+from django.db.models import Field, Model, signals
 from django.db.models.sql import UpdateQuery
 
 from composition.deferred_writes import can_hold, hold_update
@@ -54,17 +56,29 @@ def save_with_commit(instance: Model, *, update_fields: Iterable[str], using: st
         raise ValueError(f"save_with_commit: {', '.join(map(repr, unknown))} are not fields {meta.label} can save")
     alias = using or router.db_for_write(type(instance), instance=instance)
     connection = connections[alias]
-    if not _holdable(instance) or not can_hold(connection):
+    # A field named twice (by name and by column name) is one assignment, as save() makes it.
+    fields: list[Field] = list(dict.fromkeys(by_name[name] for name in names))
+    if not _holdable(instance) or not can_hold(connection) or _has_expression(instance, fields):
         instance.save(update_fields=names, using=alias)
         return False
-    fields: list[Field] = [by_name[name] for name in names]
-    query = UpdateQuery(type(instance))
-    query.add_update_fields([(field, None, field.pre_save(instance, False)) for field in fields])
-    query.add_q(Q(pk=instance.pk))
+    # What save() does first: a related object saved since it was assigned lends its id, and
+    # one still unsaved is refused (ValueError) here, at the call.
+    instance._prepare_related_fields_for_save(operation_name="save", fields=fields)  # type: ignore[attr-defined]
+    values: list[Any] = [(field, None, field.pre_save(instance, False)) for field in fields]
+    # As save() updates: through the base manager, the row by its primary key.
+    query = cast(UpdateQuery, type(instance)._base_manager.using(alias).filter(pk=instance.pk).query.chain(UpdateQuery))
+    query.add_update_fields(values)
+    query.annotations = {}
     sql, params = query.get_compiler(alias).as_sql()
-    hold_update(connection, sql, params, row=f"{meta.db_table} id {instance.pk}")
+    hold_update(connection, sql, params, model_label=meta.label, pk=instance.pk)
     instance._state.db = alias
     return True
+
+
+def _has_expression(instance: Model, fields: list[Field]) -> bool:
+    # An F() or other expression: save() reads the value it made back (Django 6), which a held
+    # update cannot, so it saves at once.
+    return any(hasattr(getattr(instance, field.attname, None), "resolve_expression") for field in fields)
 
 
 def _holdable(instance: Model) -> bool:

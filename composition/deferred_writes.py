@@ -12,12 +12,15 @@ the example's pay costs two round trips fewer.
 What this keeps as it was:
 
 - The rows commit or roll back with the caller's data: what is held is sent before any other
-  statement on its connection (SAVEPOINT, ROLLBACK TO SAVEPOINT and the caller's own reads
-  included), so it lands where it would have, and a read sees it. ROLLBACK or closing the
-  connection drops what is still held.
+  statement on its connection (SAVEPOINT, RELEASE and the caller's own reads included), so it
+  lands where it would have, and a read sees it. ROLLBACK, ROLLBACK TO SAVEPOINT (what is
+  still held was written inside that savepoint) or closing the connection drops it.
 - A held INSERT that fails fails the statement it went with; at COMMIT, Django's ``atomic``
   rolls the whole transaction back and raises, as for any failed COMMIT. Nothing is
-  half-written, but the error surfaces later than the call that held it.
+  half-written, but the error surfaces later than the call that held it. When that statement
+  was another (an inner ``atomic``'s SAVEPOINT, say) and its error was caught, the COMMIT
+  raises too, rather than end in the silent ROLLBACK PostgreSQL makes of an aborted
+  transaction (``HeldWrites.failed``).
 - Only inside a transaction the server has begun: its first statement carries psycopg's BEGIN
   (``composition.begin`` folds it into the caller's first statement), so nothing may go before
   it. Elsewhere, on another backend, with psycopg 2 or server-side binding, callers insert at once.
@@ -39,10 +42,12 @@ holds the caller's saves so).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import structlog
+from django.apps import apps
 from django.db import DatabaseError, DataError
 
 __all__ = ["HeldWrites", "RowCallback", "can_hold", "hold", "hold_update", "send_held_first"]
@@ -63,6 +68,11 @@ class HeldWrites:
 
     def __init__(self) -> None:
         self._statements: list[tuple[str, RowCallback | None]] = []
+        # Set when held statements failed going out with another one, so that the transaction
+        # is aborted by them: its COMMIT must then fail loudly (see the backend's _commit), not
+        # end as the silent ROLLBACK PostgreSQL makes of it, even when the caller caught the
+        # error, which came from a statement of its own (say, an inner atomic's SAVEPOINT).
+        self.failed = False
 
     def __bool__(self) -> bool:
         return bool(self._statements)
@@ -90,10 +100,14 @@ class HeldWrites:
             else:
                 cursor.execute(string)
         except DataError as exc:
+            self.failed = True
             missed = _update_missed(exc)
             if missed is None:
                 raise
             raise missed from exc
+        except Exception:
+            self.failed = True
+            raise
         raw = cursor.cursor  # psycopg's: one result per statement, the first one current
         for index, (sql, on_row) in enumerate(statements):
             if index:
@@ -112,7 +126,10 @@ class HeldWrites:
                           error=f"{type(exc).__name__}: {exc}")
 
     def drop(self) -> None:
+        """Forget what is held (the transaction, or the savepoint they were written in, is rolled
+        back) and any failure of what was sent (see ``failed``)."""
         self._statements = []
+        self.failed = False
 
 
 def held_writes(connection: Any) -> HeldWrites | None:
@@ -147,27 +164,32 @@ def hold(connection: Any, sql: str, params: Any, on_row: RowCallback | None = No
     writes.add(ClientCursor(connection.connection).mogrify(sql, params), on_row)
 
 
-def hold_update(connection: Any, sql: str, params: Any, *, row: str) -> None:
-    """Hold ``sql``, an UPDATE (no RETURNING) that must change exactly one row, named ``row`` in
-    the error otherwise (say ``"billing_invoice id 7"``); only after ``can_hold(connection)``."""
+def hold_update(connection: Any, sql: str, params: Any, *, model_label: str, pk: Any) -> None:
+    """Hold ``sql``, an UPDATE (no RETURNING) of the row ``pk`` of the model ``model_label`` (say
+    ``"billing.Invoice"``) that must change exactly that row; only after ``can_hold(connection)``."""
     # The cast of a text that is no number raises; the text depends on count(*), so PostgreSQL
     # cannot fold it (and fail) while planning, whatever the count.
     checked = (f"WITH composition_updated AS ({sql} RETURNING 1) "
                "SELECT CASE count(*) WHEN 1 THEN 1 ELSE "
-               f"('{_MISSED_UPDATE}: ' || %s || ' (' || count(*) || ' rows)')::integer END "
+               f"('{_MISSED_UPDATE}: ' || %s || ' id ' || %s || ' (' || count(*) || ' rows)')::integer END "
                "FROM composition_updated")
-    hold(connection, checked, [*params, row])
+    hold(connection, checked, [*params, model_label, str(pk)])
 
 
 def _update_missed(exc: DataError) -> DatabaseError | None:
-    """What ``Model.save(update_fields=...)`` raises, for the error of a held update's check."""
-    text = str(exc)
-    start = text.find(_MISSED_UPDATE)
-    if start < 0:
+    """What ``Model.save(update_fields=...)`` raises (the model's ``NotUpdated`` where Django has
+    one), for the error of a held update's check; None for any other error."""
+    found = re.search(re.escape(_MISSED_UPDATE) + r": (\S+) id (.*) \((\d+) rows\)", str(exc), re.DOTALL)
+    if found is None:
         return None
-    detail = text[start + len(_MISSED_UPDATE) + 2:].split('"', 1)[0]
-    return DatabaseError(f"Save with update_fields did not affect any rows: {detail}, held for COMMIT; "
-                         "the transaction is rolled back")
+    label, pk, _ = found.groups()
+    try:
+        error_class = getattr(apps.get_model(label), "NotUpdated", DatabaseError)  # Django 6
+    except (LookupError, ValueError):
+        error_class = DatabaseError
+    return cast(DatabaseError, error_class(
+        f"Save with update_fields did not affect any rows: {label} id {pk}, held for COMMIT; "
+        "the transaction is rolled back"))
 
 
 def send_held_first(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:

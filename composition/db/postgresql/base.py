@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import DatabaseError
 from django_prometheus.db.backends.postgresql import base
 
 from composition.deferred_writes import HeldWrites, send_held_first
@@ -29,6 +30,11 @@ class DatabaseWrapper(base.DatabaseWrapper):
         self.execute_wrappers.insert(0, send_held_first)
 
     def _commit(self) -> None:
+        if self.held_writes.failed and self._transaction_failed():
+            # Held rows failed with a statement of the caller's, whose error was caught inside
+            # the atomic block: the transaction is aborted, and COMMIT would roll it back silently.
+            raise DatabaseError("this transaction was aborted by rows held for its COMMIT, whose error was raised "
+                                "earlier and caught; nothing of it is committed")
         if self.held_writes and self.connection is not None:
             # One string: PostgreSQL runs the INSERTs, then COMMIT, and stops at the first error
             # (the transaction is then aborted and Django's atomic rolls it back and raises).
@@ -52,8 +58,21 @@ class DatabaseWrapper(base.DatabaseWrapper):
         self.open_savepoint_ids.append(sid)
 
     def _savepoint_rollback(self, sid: str) -> None:
+        # What is held now was written after the last statement sent, so inside this savepoint:
+        # rolled back with it, it need not go out (nor fail there, where atomic would swallow it).
+        failed = self.held_writes.failed
+        self.held_writes.drop()
         super()._savepoint_rollback(sid)
         self._end_savepoints(sid, keep_it=True)  # ROLLBACK TO keeps sid, ends the ones inside it
+        # Held rows that failed inside the savepoint are undone with it; ones that failed before it
+        # (with its SAVEPOINT statement) leave the transaction aborted, and COMMIT must say so.
+        self.held_writes.failed = failed and self._transaction_failed()
+
+    def _transaction_failed(self) -> bool:
+        from psycopg import pq
+
+        pgconn = getattr(self.connection, "pgconn", None)
+        return pgconn is not None and pgconn.transaction_status == pq.TransactionStatus.INERROR
 
     def _savepoint_commit(self, sid: str) -> None:
         super()._savepoint_commit(sid)
