@@ -164,6 +164,12 @@ def _fresh_report(role: str) -> HealthReport | None:
     return None
 
 
+def _last_report(role: str) -> HealthReport | None:
+    with _cache_lock:
+        cached = _cached.get(role)
+    return cached[1] if cached is not None else None
+
+
 def reset_readiness_cache() -> None:
     """Forget every cached answer: the next readiness call probes."""
     with _cache_lock:
@@ -173,9 +179,11 @@ def reset_readiness_cache() -> None:
 def readiness(*, use_cache: bool = True, role: str = "web") -> HealthReport:
     """Probe every dependency of ``role`` under one deadline; cached for ``HEALTH_CACHE_S``.
 
-    One round of probes runs at a time: a caller arriving while one runs waits for it and
-    shares its answer, so two load balancers asking together never see each other's probes as
-    hung ones.
+    One round of probes runs at a time: a caller arriving while one runs gets the last report
+    at once, or, before there is any, waits for the round and shares its answer, so two load
+    balancers asking together never see each other's probes as hung ones. Not waiting when it
+    can answer keeps a hanging dependency from holding a request thread per caller for the
+    whole deadline, which could leave none for liveness.
     """
     levels = dependency_levels(role)
     if is_draining():
@@ -183,9 +191,12 @@ def readiness(*, use_cache: bool = True, role: str = "web") -> HealthReport:
     if use_cache and (fresh := _fresh_report(role)) is not None:
         return fresh
     deadline_s = float(conf.HEALTH_DEADLINE_S)
-    if not _round_lock.acquire(timeout=deadline_s + 1.0):
-        return HealthReport("readiness", False, detail={"error": "readiness probes did not finish in time",
-                                                        "role": role})
+    if not _round_lock.acquire(blocking=False):
+        if use_cache and (last := _last_report(role)) is not None:
+            return last  # the round under way answers the callers after it
+        if not _round_lock.acquire(timeout=deadline_s + 1.0):
+            return HealthReport("readiness", False, detail={"error": "readiness probes did not finish in time",
+                                                            "role": role})
     try:
         if use_cache and (fresh := _fresh_report(role)) is not None:
             return fresh  # the round we waited for

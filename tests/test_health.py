@@ -194,6 +194,22 @@ def test_health_command_usage_error_exits_2() -> None:
     assert "--role applies to `health readiness` only" in out
 
 
+def test_a_caller_arriving_during_a_round_gets_the_last_report_at_once_rather_than_wait() -> None:
+    # A round under way (a hanging dependency's, say): waiting for it would hold this caller's
+    # request thread for the whole deadline, and enough such callers starve /healthz.
+    health.reset_readiness_cache()
+    last = health.readiness()
+    assert last.ok
+    with override_settings(COMPOSITION={**settings.COMPOSITION, "HEALTH_CACHE_S": 0}):
+        assert health._round_lock.acquire(timeout=5)
+        try:
+            began = time.monotonic()
+            assert health.readiness() is last
+            assert time.monotonic() - began < 0.5
+        finally:
+            health._round_lock.release()
+
+
 def test_concurrent_readiness_checks_share_one_round_and_agree() -> None:
     import threading
 
