@@ -13,6 +13,13 @@ Neither stops the server when it fails: the files are then merged at the next st
 arbiter, a worker timing out, a request it refuses) rendered as the application's (one JSON
 object per line, or the console format) instead of gunicorn's plain text among them. Access
 logging stays as gunicorn's settings have it (off unless ``accesslog`` is set).
+
+``ThreadWorker`` (``worker_class = "composition.gunicorn.ThreadWorker"``) is gunicorn's gthread
+worker, which closes its copy of the listening socket as soon as it stops taking connections.
+gunicorn 27's keeps it open until its last in-flight request is done: during a graceful stop
+the kernel then still completes new connections into a backlog nobody accepts, and they hang
+until the worker exits and resets them, up to ``graceful_timeout``, where a refusal would
+have sent the client (or a load balancer not yet caught up) elsewhere at once.
 """
 
 from __future__ import annotations
@@ -20,7 +27,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["child_exit", "gunicorn_logger", "on_starting"]
+from gunicorn.workers import gthread
+
+__all__ = ["ThreadWorker", "child_exit", "gunicorn_logger", "on_starting"]
 
 
 def gunicorn_logger(fmt: str = "json") -> type:
@@ -62,3 +71,15 @@ def child_exit(server: Any, worker: Any) -> None:
         archive_reaped_child(worker.pid)
     except Exception as exc:  # the arbiter goes on; the files are archived at the next start
         server.log.error("could not archive the metrics of worker %s: %s", worker.pid, exc)
+
+
+class ThreadWorker(gthread.ThreadWorker):
+    """gunicorn's gthread worker, its listening sockets closed when it stops accepting for good
+    (see the module doc). A worker replaced while the server runs closes only its own copies:
+    the arbiter and the other workers keep theirs."""
+
+    def set_accept_enabled(self, enabled: bool) -> None:
+        super().set_accept_enabled(enabled)
+        if not enabled and not self.alive:
+            for sock in self.sockets:
+                sock.close()  # gunicorn's close() is idempotent: its own at exit does nothing more

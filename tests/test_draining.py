@@ -147,3 +147,42 @@ def test_the_container_entrypoint_drains_on_sigterm_before_gunicorn_stops(tmp_pa
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+@pytest.mark.slow
+def test_once_gunicorn_stops_a_new_connection_is_refused_at_once_while_requests_in_flight_finish() -> None:
+    """After SIGTERM, a client that still comes (a load balancer not caught up yet) is refused
+    and can go elsewhere, rather than hang in the listen backlog until the last in-flight
+    request ends and be reset then (composition.gunicorn.ThreadWorker)."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    web = ProcessComponent(
+        "web", [sys.executable, "-m", "gunicorn", "project.wsgi:application", "--config",
+                "python:project.gunicorn_conf", "--bind", f"127.0.0.1:{port}", "--workers", "2"],
+        env=subprocess_env(), cwd=str(ROOT), ready_url=f"{base}/readyz")
+    web.start()
+    try:
+        slow: dict[str, Any] = {}
+
+        def slow_request() -> None:
+            with urllib.request.urlopen(f"{base}/test/slow?seconds=5", timeout=30) as response:
+                slow.update(status=response.status, body=json.loads(response.read()))
+
+        requester = threading.Thread(target=slow_request)
+        requester.start()
+        time.sleep(0.5)  # the slow request is in flight
+        assert web.process is not None
+        web.process.send_signal(signal.SIGTERM)
+        time.sleep(1.0)  # the workers have begun their graceful stop
+        assert web.alive()  # still finishing the slow request
+        began = time.monotonic()
+        with pytest.raises(urllib.error.URLError) as refused:
+            urllib.request.urlopen(f"{base}/healthz", timeout=3).close()
+        assert isinstance(refused.value.reason, ConnectionRefusedError), refused.value
+        assert time.monotonic() - began < 1.0
+        requester.join(30)
+        assert slow == {"status": 200, "body": {"slept_s": 5.0}}
+        web.drain(time.monotonic() + 20)
+        assert web.process.returncode == 0
+    finally:
+        web.stop(10)
