@@ -78,19 +78,26 @@ def _readyz(base: str) -> tuple[int, dict[str, Any]]:
         return exc.code, json.loads(exc.read())
 
 
-def _stop_while_a_slow_request_runs(base: str, begin_stop: Callable[[], None], serving: Callable[[], bool],
-                                    drain_file: Path) -> dict[str, Any]:
-    """Start a 6 s request, begin the stop, and check the draining window: /readyz answers 503
-    "draining" while the server still serves. Returns the slow request's answer once done."""
+def _slow_request_in_flight(base: str, seconds: int) -> tuple[dict[str, Any], threading.Thread]:
+    """A request taking ``seconds``, under way when this returns; its answer lands in the dict
+    once the thread is done."""
     slow: dict[str, Any] = {}
 
     def slow_request() -> None:
-        with urllib.request.urlopen(f"{base}/test/slow?seconds=6", timeout=30) as response:
+        with urllib.request.urlopen(f"{base}/test/slow?seconds={seconds}", timeout=30) as response:
             slow.update(status=response.status, body=json.loads(response.read()))
 
     requester = threading.Thread(target=slow_request)
     requester.start()
     time.sleep(0.5)  # the slow request is in flight
+    return slow, requester
+
+
+def _stop_while_a_slow_request_runs(base: str, begin_stop: Callable[[], None], serving: Callable[[], bool],
+                                    drain_file: Path) -> dict[str, Any]:
+    """Start a 6 s request, begin the stop, and check the draining window: /readyz answers 503
+    "draining" while the server still serves. Returns the slow request's answer once done."""
+    slow, requester = _slow_request_in_flight(base, 6)
     stopper = threading.Thread(target=begin_stop)
     stopper.start()
     wait_until(lambda: _readyz(base)[0] == 503, 10, interval_s=0.1, message="/readyz never answered draining")
@@ -162,15 +169,7 @@ def test_once_gunicorn_stops_a_new_connection_is_refused_at_once_while_requests_
         env=subprocess_env(), cwd=str(ROOT), ready_url=f"{base}/readyz")
     web.start()
     try:
-        slow: dict[str, Any] = {}
-
-        def slow_request() -> None:
-            with urllib.request.urlopen(f"{base}/test/slow?seconds=5", timeout=30) as response:
-                slow.update(status=response.status, body=json.loads(response.read()))
-
-        requester = threading.Thread(target=slow_request)
-        requester.start()
-        time.sleep(0.5)  # the slow request is in flight
+        slow, requester = _slow_request_in_flight(base, 5)
         assert web.process is not None
         web.process.send_signal(signal.SIGTERM)
         time.sleep(1.0)  # the workers have begun their graceful stop
