@@ -92,6 +92,68 @@ def test_the_count_names_a_max_id_that_keeps_the_replay_to_what_was_counted() ->
     assert DeadLetter.objects.get(pk=arrived.pk).status == "dead"
 
 
+@pytest.mark.django_db
+def test_what_the_count_and_the_dry_run_say_is_what_the_run_does() -> None:
+    low, high = dead_letter(key="low"), dead_letter(key="high")
+    # One --id with --max-id is a selection like any: the dry run and the run agree on it.
+    with pytest.raises(CommandError, match=rf"nothing would be discarded \({high.pk}: does not match"):
+        run("discard", "--id", str(high.pk), "--max-id", str(low.pk), "--dry-run")
+    err = StringIO()
+    with pytest.raises(CommandError, match=r"1 dead letter\(s\) not discarded"):
+        call_command("deadletters", "discard", "--id", str(high.pk), "--max-id", str(low.pk), "--yes",
+                     stdout=StringIO(), stderr=err)
+    assert f"does not match --actor/--error/--fingerprint/--max-id: ids {high.pk}" in err.getvalue()
+    assert DeadLetter.objects.get(pk=high.pk).status == "dead"
+    # An open letter left out by the other options is not "already dead".
+    err = StringIO()
+    with pytest.raises(CommandError, match="1 dead letter\\(s\\) not replayed"):
+        call_command("deadletters", "replay", "--id", str(low.pk), str(high.pk), "--max-id", str(low.pk), "--yes",
+                     stdout=StringIO(), stderr=err)
+    assert f"1 refused: does not match --actor/--error/--fingerprint/--max-id: ids {high.pk}" in err.getvalue()
+    # A count or a dry run that finds nothing fails, as the run would.
+    with pytest.raises(CommandError, match="no open dead letter matches"):
+        run("replay", "--fingerprint", "3f2a9c")
+    with pytest.raises(CommandError, match="999999: no such dead letter"):
+        run("replay", "--id", "999999", "--dry-run")
+    # A blank filter would select everything: refused.
+    with pytest.raises(CommandError, match="--fingerprint is empty"):
+        run("replay", "--fingerprint", " ", "--yes")
+    assert DeadLetter.objects.get(pk=high.pk).status == "dead"
+
+
+@pytest.mark.django_db
+def test_the_summary_counts_every_id_asked_for() -> None:
+    letter, handled = dead_letter(key="one"), dead_letter(key="two")
+    run("discard", "--id", str(handled.pk))
+    out = StringIO()
+    with pytest.raises(CommandError):
+        call_command("deadletters", "replay", "--id", str(letter.pk), str(handled.pk), "--yes",
+                     stdout=out, stderr=StringIO())
+    assert "replayed 1 of 2 dead letter(s)" in out.getvalue()
+
+
+@pytest.mark.django_db
+def test_an_interrupted_bulk_replay_says_how_far_it_got(monkeypatch: pytest.MonkeyPatch) -> None:
+    from composition.jobs import replay as service
+
+    letters = [dead_letter(key=f"i{index}") for index in range(3)]
+    real, done = service.replay, []
+
+    def replay_then_interrupt(pk: int, **kwargs: object) -> DeadLetter:
+        if len(done) == 2:
+            raise KeyboardInterrupt  # the operator's Ctrl-C, during the third
+        done.append(pk)
+        return real(pk, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(service, "replay", replay_then_interrupt)
+    with pytest.raises(CommandError, match=r"interrupted: 2 of 3 dead letter\(s\) replayed, 1 left") as raised:
+        run("replay", "--actor", "charge", "--yes")
+    assert raised.value.returncode == 130
+    assert sorted(DeadLetter.objects.values_list("status", flat=True)) == ["dead", "replayed", "replayed"]
+    assert OutboxMessage.objects.count() == 2
+    assert {letter.pk for letter in letters} >= set(done)
+
+
 def _operator() -> Client:
     client = Client()
     client.force_login(User.objects.create_superuser("ops", "ops@example.invalid", "pw"))

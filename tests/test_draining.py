@@ -57,6 +57,15 @@ def test_the_drain_mark_fails_readiness_in_this_process_and_clear_withdraws_it(
         assert client.get("/readyz").status_code == 200
 
 
+@pytest.mark.parametrize("wait", ["nan", "inf", "1e300", "-1"])
+def test_a_drain_wait_it_cannot_keep_is_refused_before_the_mark_is_written(tmp_path: Path, wait: str) -> None:
+    # Written first and then failing, the mark would leave the host draining for good.
+    drain_file = tmp_path / "web.draining"
+    result = _manage("drain", "--wait", wait, env=_drain_env(drain_file, 0))
+    assert result.returncode == 1 and "--wait must be between 0 and" in result.stderr, result.stderr
+    assert not drain_file.exists()
+
+
 def test_drain_without_a_drain_file_setting_says_what_to_set() -> None:
     result = _manage("drain", "--wait", "0")
     assert result.returncode == 1

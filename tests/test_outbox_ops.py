@@ -13,10 +13,12 @@ from django.contrib.auth.models import Permission, User
 from django.core.management import CommandError, call_command
 from django.test import Client
 from django.utils import timezone
+from dramatiq.brokers.redis import RedisBroker
 from prometheus_client import REGISTRY
 
 from composition.outbox import OutboxMessage, publish
 from composition.outbox.maintenance import prune_sent
+from composition.testing import ThrowawayRedis
 from tests.outboxapp.helpers import enqueued, flush_broker
 
 PROBE = "outboxapp_relay_probe"
@@ -71,6 +73,23 @@ def test_relay_command_relays_everything_pending() -> None:
     assert _outbox("status")["pending"] == 0
     with pytest.raises(CommandError):
         call_command("outbox", "relay", "--batch-size", "0")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("nudge_only")
+def test_relay_command_with_the_broker_away_says_nothing_is_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What the runbook sends an operator to run after an outage: a broker still away is an
+    # answer, not a traceback, and the rows stay pending.
+    publish(PROBE, {"seq": 1})
+    server = ThrowawayRedis().start()
+    away = RedisBroker(url=server.url, socket_timeout=0.5, socket_connect_timeout=0.5)
+    server.stop()
+    monkeypatch.setattr("composition.management.commands.outbox.configured_broker", lambda: away)
+    with pytest.raises(CommandError, match=r"the broker did not take the messages .*; 1 still pending, none lost"):
+        call_command("outbox", "relay", stdout=StringIO())
+    assert list(OutboxMessage.objects.values_list("status", "claimed_until")) == [("pending", None)]
+    with pytest.raises(CommandError, match="--batch-size must be between 1 and"):
+        call_command("outbox", "relay", "--batch-size", str(2**63))
 
 
 @pytest.mark.django_db

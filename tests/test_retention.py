@@ -256,6 +256,12 @@ def test_deadletters_prune_by_hand() -> None:
     assert json.loads(_deadletters("--older-than", "1", "--json")) == {"deleted": 1, "older_than_days": 1.0}
     with pytest.raises(CommandError, match="no --id"):
         _deadletters("--actor", "charge")
+    # A number no date is that far back: refused, not a traceback.
+    for days in ("inf", "nan", "1e6"):
+        with pytest.raises(CommandError, match="--older-than must be between 0 and"):
+            _deadletters("--older-than", days)
+        with pytest.raises(CommandError, match="--older-than must be between 0 and"):
+            call_command("outbox", "prune", "--older-than", days, stdout=StringIO())
 
 
 @pytest.mark.django_db

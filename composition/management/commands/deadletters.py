@@ -46,7 +46,11 @@ def _missing(ids: list[int] | None, found: Any) -> list[int]:
 
 def _why_not_open(pk: int) -> str:
     status = DeadLetter.objects.filter(pk=pk).values_list("status", flat=True).first()
-    return "no such dead letter" if status is None else f"already {status}"
+    if status is None:
+        return "no such dead letter"
+    if status == DeadLetter.Status.DEAD:  # open, but left out by the other options given
+        return "does not match --actor/--error/--fingerprint/--max-id"
+    return f"already {status}"
 
 
 class Command(BaseCommand):
@@ -74,6 +78,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
+        for name in ("actor", "error", "fingerprint"):
+            # A blank filter would match every dead letter (it filters on nothing): refused.
+            if options[name] is not None and not options[name].strip():
+                raise CommandError(f"--{name} is empty")
         filtered = bool(options["ids"] or options["actor"] or options["error"] or options["fingerprint"])
         if action == "list":
             status = None if options["all"] else DeadLetter.Status.DEAD
@@ -149,13 +157,21 @@ class Command(BaseCommand):
     def _act(self, action: str, rows: QuerySet[DeadLetter], options: dict[str, Any]) -> None:
         count = rows.count()
         ids = options["ids"] or []
+        # One --id alone is acted on at once; with any other option it is a selection like any.
         bulk = len(ids) != 1 or bool(options["actor"] or options["error"] or options["fingerprint"]
-                                     or options["all"])
+                                     or options["all"] or options["max_id"] is not None)
         if options["dry_run"] or (bulk and not options["yes"]):
             upto = rows.aggregate(upto=Max("id"))["upto"]
             if options["json"]:
                 self._emit({"action": action, "count": count, "max_id": upto, "done": False})
-            elif options["dry_run"]:
+            if count == 0:
+                # As the run itself would: a mistyped id or filter must not look like success.
+                refused = "; ".join(f"{pk}: {_why_not_open(pk)}" for pk in dict.fromkeys(ids))
+                raise CommandError(f"no open dead letter matches; nothing would be {action}ed"
+                                   + (f" ({refused})" if refused else ""))
+            if options["json"]:
+                return
+            if options["dry_run"]:
                 self.stdout.write(f"{count} dead letter(s) would be {action}ed (dry run).")
             else:
                 keep = f" --max-id {upto}" if upto is not None and options["max_id"] is None else ""
@@ -167,13 +183,21 @@ class Command(BaseCommand):
             return
         # Ids asked for by number that are not open dead letters are refused by name, not dropped.
         not_open = _missing(ids, rows.filter(pk__in=ids))
-        result = (service.replay_many if action == "replay" else service.discard_many)(rows)
+        try:
+            result = (service.replay_many if action == "replay" else service.discard_many)(rows)
+        except KeyboardInterrupt:
+            # Each letter is done in its own transaction: what was done stays done, once, and
+            # the same command does the rest (the done ones are no longer dead).
+            left = rows.count()
+            raise CommandError(f"interrupted: {count - left} of {count} dead letter(s) {action}ed, {left} left; "
+                               "run the same command again for the rest", returncode=130) from None
         for pk in not_open:
             result.refused[pk] = _why_not_open(pk)
+        asked = count + len(not_open)
         if options["json"]:
-            self._emit({"action": action, "count": count, **result.as_dict()})
+            self._emit({"action": action, "count": asked, **result.as_dict()})
         else:
-            self.stdout.write(f"{action}ed {len(result.done)} of {count} dead letter(s).")
+            self.stdout.write(f"{action}ed {len(result.done)} of {asked} dead letter(s).")
             for reason, pks in result.refused_by_reason():
                 self.stderr.write(f"{len(pks)} refused: {reason}: ids {' '.join(map(str, pks))}")
         # A run that did not do everything it was asked exits non-zero, so a runbook's script

@@ -11,6 +11,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from composition.conf import conf
 from composition.draining import clear_drain_file, drain_file, mark_drain_file
 
+# A pre-stop step longer than an hour is a typo (a load balancer notices within seconds).
+MAX_WAIT_S = 3600.0
+
 
 class Command(BaseCommand):
     help = ("Mark this host's web processes draining (/readyz answers 503 \"draining\"), wait "
@@ -32,8 +35,10 @@ class Command(BaseCommand):
             self.stdout.write(f"drain mark cleared: {path}")
             return
         wait_s = float(conf.HEALTH_DRAIN_WAIT_S) if options["wait"] is None else options["wait"]
-        if wait_s < 0:
-            raise CommandError(f"--wait must be >= 0 seconds, got {wait_s}")
+        # Refused before the mark is written: a wait that then failed would leave the host
+        # draining, every web process answering /readyz 503, with nothing to stop it.
+        if not 0 <= wait_s <= MAX_WAIT_S:
+            raise CommandError(f"--wait must be between 0 and {MAX_WAIT_S:g} seconds, got {wait_s:g}")
         mark_drain_file(path)
         self.stdout.write(f"draining: {path} written; waiting {wait_s:g}s for load balancers")
         self.stdout.flush()

@@ -10,6 +10,10 @@ from composition.jobs.in_flight import RUNS_WINDOW_S
 from composition.management.retention_option import SECONDS_PER_DAY, older_than_days
 from composition.outbox.maintenance import outbox_status, prune_sent
 from composition.outbox.relay import Relay
+from composition.redis_errors import BROKER_FAILURES
+
+# Rows claimed and sent in one batch; more is a typo (and past 2**63 not even a number to SQL).
+MAX_BATCH_SIZE = 100_000
 
 
 class Command(BaseCommand):
@@ -32,10 +36,17 @@ class Command(BaseCommand):
             # The operations page's window: its per-queue figures are these.
             result: dict[str, Any] = outbox_status(window_s=RUNS_WINDOW_S).as_dict()
         elif action == "relay":
-            if options["batch_size"] is not None and options["batch_size"] < 1:
-                raise CommandError("--batch-size must be at least 1")
+            if options["batch_size"] is not None and not 1 <= options["batch_size"] <= MAX_BATCH_SIZE:
+                raise CommandError(f"--batch-size must be between 1 and {MAX_BATCH_SIZE}")
             relay = Relay(configured_broker(), batch_size=options["batch_size"])
-            result = {"relayed": relay.run_until_idle(), "relay_id": relay.relay_id}
+            try:
+                result = {"relayed": relay.run_until_idle(), "relay_id": relay.relay_id}
+            except BROKER_FAILURES as exc:
+                # What this command is run for (the broker was away); the batch under way went
+                # back to pending, as the relay leaves every batch it could not send.
+                raise CommandError(f"the broker did not take the messages ({type(exc).__name__}: {exc}); "
+                                   f"{outbox_status().pending} still pending, none lost: run this again once "
+                                   "the broker answers") from exc
         else:
             days = older_than_days(options["older_than"], "OUTBOX_RETENTION_S")
             deleted = prune_sent(days * SECONDS_PER_DAY, dry_run=options["dry_run"])
