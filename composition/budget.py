@@ -7,7 +7,7 @@ from typing import Any
 
 from django.db import connections
 
-__all__ = ["BudgetLine", "connection_budget", "connections_per_process", "server_max_connections"]
+__all__ = ["BudgetLine", "ServerLimits", "connection_budget", "connections_per_process", "server_limits"]
 
 
 @dataclass(frozen=True)
@@ -33,21 +33,42 @@ def connections_per_process(threads: int, background_threads: int, alias: str = 
     return threads + background_threads
 
 
-def server_max_connections(alias: str = "default") -> int | None:
+# reserved_connections exists from PostgreSQL 16 on; current_setting(..., true) is NULL before.
+_LIMITS_SQL = """
+SELECT current_setting('max_connections')::int,
+       current_setting('max_connections')::int
+       - current_setting('superuser_reserved_connections')::int
+       - coalesce(current_setting('reserved_connections', true), '0')::int
+"""
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """``max_connections``, and ``usable``: what non-superusers may open (less the reserved
+    ones), the ceiling a deployment must fit under; ``error`` when the server did not say."""
+
+    max_connections: int | None
+    usable: int | None
+    error: str | None = None
+
+
+def server_limits(alias: str = "default") -> ServerLimits:
     try:
         with connections[alias].cursor() as cursor:
-            cursor.execute("SHOW max_connections")
-            return int(cursor.fetchone()[0])
-    except Exception:
-        return None
+            cursor.execute(_LIMITS_SQL)
+            max_connections, usable = cursor.fetchone()
+            return ServerLimits(int(max_connections), int(usable))
+    except Exception as exc:  # the budget still prints; the caller says it could not check it
+        return ServerLimits(None, None, f"{type(exc).__name__}: {exc}".strip())
 
 
-def connection_budget(lines: list[BudgetLine], max_connections: int | None) -> dict[str, Any]:
+def connection_budget(lines: list[BudgetLine], limits: ServerLimits) -> dict[str, Any]:
     total = sum(line.total for line in lines)
     return {
         "lines": [line.as_dict() for line in lines],
         "total": total,
-        "max_connections": max_connections,
-        # PostgreSQL keeps superuser_reserved_connections (3 by default) for itself.
-        "over_budget": max_connections is not None and total > max_connections - 3,
+        "max_connections": limits.max_connections,
+        "usable_connections": limits.usable,
+        "over_budget": limits.usable is not None and total > limits.usable,
+        "unchecked": limits.error,
     }

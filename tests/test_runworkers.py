@@ -14,7 +14,7 @@ import pytest
 from django.conf import settings
 
 from composition import heartbeats
-from composition.testing import subprocess_env, wait_until
+from composition.testing import free_port, subprocess_env, wait_until
 from composition.testing.workers import WorkerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,12 +138,20 @@ def test_system_command_prints_order_and_connection_budget() -> None:
     assert budget["lines"][0] == {"role": "workers", "processes": 3, "per_process": 10, "total": 30}
     assert budget["lines"][1]["total"] == 10
     assert budget["total"] == 40
-    assert budget["max_connections"] >= 40
-    assert budget["over_budget"] is False
+    # Checked against what non-superusers may open, as the composition_db_connections_max gauge.
+    assert 40 <= budget["usable_connections"] < budget["max_connections"]
+    assert budget["over_budget"] is False and budget["unchecked"] is None
 
     result = subprocess.run([sys.executable, "manage.py", "system", "--worker-processes", "100",
                              "--worker-threads", "8"], env=env, capture_output=True, text=True, timeout=30)
     assert "WARNING" in result.stderr
+    assert f"of {budget['usable_connections']} usable (max_connections {budget['max_connections']}" in result.stdout
+    # A server that does not answer (out of connections, say) leaves the budget unchecked: not a pass.
+    unreachable = subprocess_env(DATABASE_URL=f"postgresql://postgres@127.0.0.1:{free_port()}/none")
+    result = subprocess.run([sys.executable, "manage.py", "system"], env=unreachable, capture_output=True,
+                            text=True, timeout=30)
+    assert result.returncode == 1 and "the budget could not be checked" in result.stderr, result.stderr
+    assert "the server's limit is unknown" in result.stdout
 
     # With a metrics port configured, its server is in the graph, as runworkers starts it.
     from io import StringIO

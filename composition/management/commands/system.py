@@ -6,9 +6,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from composition.budget import BudgetLine, connection_budget, connections_per_process, server_max_connections
+from composition.budget import BudgetLine, connection_budget, connections_per_process, server_limits
 from composition.conf import conf
 from composition.lifecycle.workers import (
     BACKGROUND_DB_THREADS,
@@ -50,12 +50,19 @@ class Command(BaseCommand):
         if options["web_processes"]:
             lines.append(BudgetLine("web", options["web_processes"],
                                     connections_per_process(options["web_threads"], WEB_BACKGROUND_DB_THREADS)))
-        budget = connection_budget(lines, server_max_connections())
+        budget = connection_budget(lines, server_limits())
         report: dict[str, Any] = {"graph": system.graph(), "start_order": system.start_order,
                   "stop_order": list(reversed(system.start_order)), "connection_budget": budget}
         if options["json"]:
             self.stdout.write(json.dumps(report, indent=2))
-            return
+        else:
+            self._print(report, budget)
+        if budget["unchecked"]:
+            # Most likely when it matters most (the server out of connections): not a pass.
+            raise CommandError(f"the budget could not be checked: the database did not say its limits "
+                               f"({budget['unchecked']})")
+
+    def _print(self, report: dict[str, Any], budget: dict[str, Any]) -> None:
         self.stdout.write("components (name <- depends on):")
         for name, deps in report["graph"].items():
             self.stdout.write(f"  {name} <- {', '.join(deps) or '-'}")
@@ -65,7 +72,11 @@ class Command(BaseCommand):
         for line in budget["lines"]:
             self.stdout.write(f"  {line['role']}: {line['processes']} processes x {line['per_process']} "
                               f"connections = {line['total']}")
-        self.stdout.write(f"  total {budget['total']} of max_connections {budget['max_connections']}")
+        if budget["usable_connections"] is not None:
+            self.stdout.write(f"  total {budget['total']} of {budget['usable_connections']} usable "
+                              f"(max_connections {budget['max_connections']} less the reserved ones)")
+        else:
+            self.stdout.write(f"  total {budget['total']}; the server's limit is unknown")
         if budget["over_budget"]:
             self.stderr.write(self.style.WARNING(
                 "WARNING: the deployment can open more connections than the server allows; lower "
