@@ -15,16 +15,22 @@ What it keeps of ``Model.save(update_fields=...)``:
 - The fields' ``pre_save`` run at the call, so an ``auto_now`` field is set on the instance.
 - An update that finds no row fails: Django's save raises at the call; a held one fails the
   statement it went with, so at COMMIT ``atomic`` rolls the whole transaction back and raises
-  ``DatabaseError`` naming the table and the id. Nothing is half-written, but the error comes
-  later than the call, as for every held write: hold only the update of a row that cannot go
-  away meanwhile, one locked in this transaction (``composition.locks.row_lock``).
+  the ``DatabaseError`` save raises (the model's ``NotUpdated`` on Django 6), naming the model
+  and the id. Nothing is half-written, but the error comes later than the call, as for every
+  held write: hold only the update of a row that cannot go away meanwhile, one locked in this
+  transaction (``composition.locks.row_lock``).
+- So does any other error of the UPDATE (a check constraint, a value too long for its column):
+  it is raised where the statement went, most often at the end of the ``atomic`` block, with
+  everything rolled back. Catch it around the block, not around the call. A field that is
+  unique (or in a unique constraint) is saved at once: a concurrent transaction may take its
+  value, and that conflict is the caller's to catch at the call.
 
 When it cannot hold the update, it saves at once, exactly as ``Model.save(update_fields=...)``:
 outside a transaction the server has begun, on another backend, for a model with
 ``pre_save``/``post_save`` receivers (they would run at the wrong time, or see no row),
 a model with a ``save()`` of its own, multi-table inheritance, generated fields or a value
-given as an expression (Django reads them back after a save), or an unsaved instance. It
-returns whether it held the update.
+given as an expression (Django reads them back after a save), a unique field, or an unsaved
+instance. It returns whether it held the update; ``update_fields=[]`` does nothing, as save.
 """
 
 from __future__ import annotations
@@ -49,8 +55,11 @@ def save_with_commit(instance: Model, *, update_fields: Iterable[str], using: st
     meta = instance._meta
     by_name = {name: field for field in meta.concrete_fields if not field.primary_key
                for name in (field.name, field.attname)}
+    # What save() does first, for every relation, not only those saved: a related object saved
+    # since it was assigned lends its id, and one still unsaved is refused (ValueError), here.
+    instance._prepare_related_fields_for_save(operation_name="save")  # type: ignore[attr-defined]
     if not names:
-        raise ValueError("save_with_commit needs the fields to save (update_fields)")
+        return False  # as save(update_fields=[]): nothing to do, nothing sent
     unknown = [name for name in names if name not in by_name]
     if unknown:
         raise ValueError(f"save_with_commit: {', '.join(map(repr, unknown))} are not fields {meta.label} can save")
@@ -58,12 +67,10 @@ def save_with_commit(instance: Model, *, update_fields: Iterable[str], using: st
     connection = connections[alias]
     # A field named twice (by name and by column name) is one assignment, as save() makes it.
     fields: list[Field] = list(dict.fromkeys(by_name[name] for name in names))
-    if not _holdable(instance) or not can_hold(connection) or _has_expression(instance, fields):
+    if (not _holdable(instance) or not can_hold(connection) or _has_expression(instance, fields)
+            or _unique(instance, fields)):
         instance.save(update_fields=names, using=alias)
         return False
-    # What save() does first: a related object saved since it was assigned lends its id, and
-    # one still unsaved is refused (ValueError) here, at the call.
-    instance._prepare_related_fields_for_save(operation_name="save", fields=fields)  # type: ignore[attr-defined]
     values: list[Any] = [(field, None, field.pre_save(instance, False)) for field in fields]
     # As save() updates: through the base manager, the row by its primary key.
     query = cast(UpdateQuery, type(instance)._base_manager.using(alias).filter(pk=instance.pk).query.chain(UpdateQuery))
@@ -73,6 +80,15 @@ def save_with_commit(instance: Model, *, update_fields: Iterable[str], using: st
     hold_update(connection, sql, params, model_label=meta.label, pk=instance.pk)
     instance._state.db = alias
     return True
+
+
+def _unique(instance: Model, fields: list[Field]) -> bool:
+    # A unique column is where another transaction may take the value first: that conflict is
+    # raised at the call, by save(), where the caller can catch it.
+    meta = instance._meta
+    together = {name for group in meta.unique_together for name in group}
+    constrained = {name for constraint in meta.total_unique_constraints for name in constraint.fields}
+    return any(field.unique or field.name in together | constrained for field in fields)
 
 
 def _has_expression(instance: Model, fields: list[Field]) -> bool:

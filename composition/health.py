@@ -256,7 +256,11 @@ def workers(*, local: bool = False) -> HealthReport:
         # blocked whole): as unhealthy as a stuck one, whatever its siblings do.
         frozen = [row["worker"] for row in stale if _host_and_pid(row)[0] == hostname
                   and (pid := _host_and_pid(row)[1]) is not None and pid_runs(pid)]
-        detail = {"host": hostname, "gone": gone}
+        # This host's stale workers too: once a dead one's beat has aged out of the fresh ones,
+        # they are what says why the check fails.
+        detail = {"host": hostname, "gone": gone,
+                  **({"stale": mine_stale} if (mine_stale := [row for row in stale
+                                                             if _host_and_pid(row)[0] == hostname]) else {})}
     now = time.time()
     fresh = [b for b in beats if now - b["beat_at"] <= stale_after_s]
     # A worker that keeps beating but has held a job for longer than that job may run (its

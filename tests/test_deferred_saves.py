@@ -9,7 +9,7 @@ import uuid
 from typing import Any
 
 import pytest
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import F, signals
 
 from billing.models import Invoice, Payment
@@ -140,13 +140,62 @@ def test_a_model_with_its_own_save_is_saved_through_it(monkeypatch: pytest.Monke
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("fields", [[], ["id"], ["no_such_field"]])
+@pytest.mark.parametrize("fields", [["id"], ["no_such_field"]])
 def test_fields_it_cannot_save_are_refused_before_anything_is_sent(fields: list[str]) -> None:
     invoice = _invoice()
     with transaction.atomic(), row_lock(Invoice.objects.filter(pk=invoice.pk)) as [locked]:
         with pytest.raises(ValueError, match="save_with_commit"):
             save_with_commit(locked, update_fields=fields)
         assert not connection.held_writes  # type: ignore[attr-defined]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_no_fields_does_nothing_as_save() -> None:
+    invoice = _invoice()
+    with transaction.atomic(), row_lock(Invoice.objects.filter(pk=invoice.pk)) as [locked]:
+        with sent_queries() as queries:
+            assert save_with_commit(locked, update_fields=[]) is False
+        assert queries == [] and not connection.held_writes  # type: ignore[attr-defined]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_unique_field_is_saved_at_once_so_its_conflict_is_raised_at_the_call() -> None:
+    taken, invoice = _invoice(), _invoice()
+    with transaction.atomic(), row_lock(Invoice.objects.filter(pk=invoice.pk)) as [locked]:
+        locked.number = taken.number
+        with pytest.raises(IntegrityError):
+            save_with_commit(locked, update_fields=["number"])  # at the call, as save()
+    assert Invoice.objects.get(pk=invoice.pk).number != taken.number
+
+
+@pytest.mark.django_db(transaction=True)
+def test_any_other_error_of_the_update_is_raised_at_the_end_of_the_block_with_everything_rolled_back() -> None:
+    invoice = _invoice()
+    reference = uuid.uuid4().hex
+    with pytest.raises(IntegrityError, match="billing_invoice_status_valid"), transaction.atomic(), \
+            row_lock(Invoice.objects.filter(pk=invoice.pk)) as [locked]:
+        Order.objects.create(reference=reference)
+        locked.status = "bogus"
+        assert save_with_commit(locked, update_fields=["status"])  # held: it fails at COMMIT
+    assert Invoice.objects.get(pk=invoice.pk).status == "open"
+    assert not Order.objects.filter(reference=reference).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_every_relation_is_prepared_as_save_does_not_only_the_fields_saved() -> None:
+    first = _invoice()
+    payment = Payment.objects.create(payment_id=uuid.uuid4().hex, invoice=first, amount_cents=500)
+    with transaction.atomic(), row_lock(Payment.objects.filter(pk=payment.pk)) as [locked]:
+        locked.invoice = Invoice(number="never-saved", customer="Ada", amount_cents=500)
+        with pytest.raises(ValueError, match="unsaved related object"):
+            save_with_commit(locked, update_fields=["amount_cents"])
+    with transaction.atomic(), row_lock(Payment.objects.filter(pk=payment.pk)) as [locked]:
+        moved_to = Invoice(number=f"DS-{uuid.uuid4().hex[:10]}", customer="Ada", amount_cents=500)
+        locked.invoice = moved_to
+        moved_to.save()
+        assert save_with_commit(locked, update_fields=["amount_cents"])
+        assert locked.invoice_id == moved_to.pk  # as save() leaves the instance
+    assert Payment.objects.get(pk=payment.pk).invoice_id == first.pk  # not saved: not in update_fields
 
 
 @pytest.mark.django_db(transaction=True)
@@ -189,8 +238,9 @@ def test_a_foreign_key_set_to_an_object_saved_since_takes_its_id_and_an_unsaved_
         moved_to = Invoice(number=f"DS-{uuid.uuid4().hex[:10]}", customer="Ada", amount_cents=500)
         locked.invoice = moved_to
         moved_to.save()  # after the assignment: save() takes its id now, and so must this
-        # By field name and column name both: one assignment.
-        assert save_with_commit(locked, update_fields=["invoice", "invoice_id", "amount_cents"])
+        # By field name and column name both: one assignment. (Saved at once, in fact: one
+        # payment per invoice makes the column unique.)
+        save_with_commit(locked, update_fields=["invoice", "invoice_id", "amount_cents"])
     assert Payment.objects.get(pk=payment.pk).invoice_id == moved_to.pk
     with transaction.atomic(), row_lock(Payment.objects.filter(pk=payment.pk)) as [locked]:
         locked.invoice = Invoice(number="never-saved", customer="Ada", amount_cents=500)

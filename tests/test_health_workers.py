@@ -165,3 +165,22 @@ def test_a_local_worker_that_runs_without_beating_is_unhealthy_whatever_its_sibl
     finally:
         frozen.kill()
         frozen.wait()
+
+
+def test_a_local_check_names_this_host_s_stale_workers(client: Any) -> None:
+    # A killed worker whose beat has aged out: neither fresh nor gone any more, and the check
+    # failed with nothing listed to say why.
+    import socket
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    worker = f"{socket.gethostname()}:{dead.pid}"
+    try:
+        with override_settings(COMPOSITION={**settings.COMPOSITION, "WORKER_STALE_AFTER_S": 1.0}):
+            heartbeats.write_heartbeat(client, worker, {"jobs_in_flight": 0})
+            time.sleep(1.2)
+            report = health.workers(local=True)
+            assert not report.ok
+            assert worker in [row["worker"] for row in report.detail["stale"]], report.detail
+    finally:
+        heartbeats.clear_heartbeat(client, worker)
