@@ -116,7 +116,8 @@ def test_command_bulk_action_without_yes_only_prints_the_count() -> None:
     letters = [dead_letter(key=f"bulk-{index}", error=f"no account {index}") for index in range(3)]
     dead_letter("other_actor", key="other")
     assert "3 dead letter(s) would be replayed" in run("replay", "--actor", "charge")
-    assert "3 dead letter(s) would be discarded (dry run)" in run("discard", "--actor", "charge", "--yes", "--dry-run")
+    assert "3 of 3 dead letter(s) would be discarded (dry run)" in run("discard", "--actor", "charge", "--yes",
+                                                                       "--dry-run")
     assert DeadLetter.objects.filter(status="dead").count() == 4
     assert not OutboxMessage.objects.exists()
 

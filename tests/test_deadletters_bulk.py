@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from io import StringIO
+from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
@@ -20,10 +23,12 @@ from composition.jobs import admin as dead_letter_admin
 from composition.jobs.deadletters import record_dead_letter
 from composition.jobs.models import DeadLetter
 from composition.outbox import OutboxMessage
+from composition.testing import free_port, subprocess_env
 from tests.jobsapp import jobs
 from tests.test_deadletters import dead_letter
 
 URL = "/admin/composition/deadletter/"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(*args: str) -> tuple[str, str]:
@@ -54,6 +59,25 @@ def test_a_bulk_replay_refuses_a_row_of_a_removed_actor_and_replays_the_others()
     statuses = dict(DeadLetter.objects.values_list("pk", "status"))
     assert statuses == {first.pk: "replayed", removed.pk: "dead", last.pk: "replayed"}
     assert OutboxMessage.objects.count() == 2
+
+
+@pytest.mark.django_db
+def test_a_dry_run_refuses_what_the_run_would_and_publishes_nothing() -> None:
+    good = dead_letter(key="good", error="no account")
+    removed = _of_a_removed_actor()
+    out, err = StringIO(), StringIO()
+    with pytest.raises(CommandError, match=r"1 dead letter\(s\) would not be replayed"):
+        call_command("deadletters", "replay", "--id", str(good.pk), str(removed.pk), "--dry-run",
+                     stdout=out, stderr=err)
+    assert "1 of 2 dead letter(s) would be replayed (dry run)" in out.getvalue()
+    assert "1 would be refused: unknown actor 'charge_v1_removed'" in err.getvalue()
+    assert f"ids {removed.pk}" in err.getvalue()
+    # Nothing happened: both still dead, nothing in the outbox.
+    assert set(DeadLetter.objects.values_list("status", flat=True)) == {"dead"}
+    assert not OutboxMessage.objects.exists()
+    out, _ = run("replay", "--id", str(good.pk), "--dry-run")
+    assert "1 of 1 dead letter(s) would be replayed (dry run)" in out
+    assert not OutboxMessage.objects.exists()
 
 
 @pytest.mark.django_db
@@ -202,3 +226,14 @@ def test_one_admin_action_takes_a_bounded_batch_and_groups_its_refusals(monkeypa
     assert DeadLetter.objects.get(pk=fine[0].pk).status == "replayed"
     assert DeadLetter.objects.get(pk=fine[1].pk).status == "dead", "beyond the batch: the next click's"
     assert "1 more open dead letter(s) match" in text
+
+
+@pytest.mark.parametrize("command", [["deadletters", "list"], ["deadletters", "replay", "--id", "1"],
+                                     ["outbox", "status"]])
+def test_with_the_database_away_the_commands_say_so_in_one_line(command: list[str]) -> None:
+    away = subprocess_env(DATABASE_URL=f"postgresql://postgres@127.0.0.1:{free_port()}/none")
+    result = subprocess.run([sys.executable, "manage.py", *command], cwd=ROOT, env=away, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert "the database did not answer (connection failed" in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr

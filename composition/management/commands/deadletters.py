@@ -4,12 +4,14 @@ import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import transaction
 from django.db.models import Max, QuerySet
 
 from composition.errors import CompositionError
 from composition.jobs import replay as service
 from composition.jobs.failure_groups import failure_groups
 from composition.jobs.models import DeadLetter
+from composition.management.database_errors import database_must_answer
 from composition.management.retention_option import SECONDS_PER_DAY, older_than_days
 from composition.retention import prune_dead_letters
 
@@ -77,6 +79,10 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="machine-readable output")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        with database_must_answer():
+            self._handle(options)
+
+    def _handle(self, options: dict[str, Any]) -> None:
         action = options["action"]
         for name in ("actor", "error", "fingerprint"):
             # A blank filter would match every dead letter (it filters on nothing): refused.
@@ -172,7 +178,7 @@ class Command(BaseCommand):
             if options["json"]:
                 return
             if options["dry_run"]:
-                self.stdout.write(f"{count} dead letter(s) would be {action}ed (dry run).")
+                self._trial(action, rows, count)
             else:
                 keep = f" --max-id {upto}" if upto is not None and options["max_id"] is None else ""
                 self.stdout.write(f"{count} dead letter(s) would be {action}ed: add --yes{keep} to carry it out"
@@ -206,6 +212,26 @@ class Command(BaseCommand):
             raise CommandError(f"{len(result.refused)} dead letter(s) not {action}ed (see above)")
         if not result.done:
             raise CommandError(f"no open dead letter matches; nothing was {action}ed")
+
+    def _trial(self, action: str, rows: QuerySet[DeadLetter], count: int) -> None:
+        """The dry run: the action itself, every check included (an actor a deploy removed,
+        arguments that no longer fit), in a transaction rolled back at the end, so it says what
+        the run would refuse. Nothing is published: sending waits for a COMMIT that never comes."""
+
+        class RolledBack(Exception):
+            pass
+
+        try:
+            with transaction.atomic():
+                result = (service.replay_many if action == "replay" else service.discard_many)(rows)
+                raise RolledBack
+        except RolledBack:
+            pass
+        self.stdout.write(f"{len(result.done)} of {count} dead letter(s) would be {action}ed (dry run).")
+        for reason, pks in result.refused_by_reason():
+            self.stderr.write(f"{len(pks)} would be refused: {reason}: ids {' '.join(map(str, pks))}")
+        if result.refused:
+            raise CommandError(f"{len(result.refused)} dead letter(s) would not be {action}ed (see above)")
 
     def _prune(self, options: dict[str, Any]) -> None:
         days = older_than_days(options["older_than"], "DEAD_LETTER_RETENTION_S")

@@ -7,6 +7,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from composition.broker import configured_broker
 from composition.jobs.in_flight import RUNS_WINDOW_S
+from composition.management.database_errors import database_must_answer
 from composition.management.retention_option import SECONDS_PER_DAY, older_than_days
 from composition.outbox.maintenance import outbox_status, prune_sent
 from composition.outbox.relay import Relay
@@ -31,6 +32,10 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        with database_must_answer():
+            self._handle(options)
+
+    def _handle(self, options: dict[str, Any]) -> None:
         action = options["action"]
         if action == "status":
             # The operations page's window: its per-queue figures are these.
