@@ -7,7 +7,8 @@ from typing import Any
 
 from django.db import connections
 
-__all__ = ["BudgetLine", "ServerLimits", "connection_budget", "connections_per_process", "server_limits"]
+__all__ = ["USABLE_CONNECTIONS_SQL", "BudgetLine", "ServerLimits", "connection_budget", "connections_per_process",
+           "server_limits"]
 
 
 @dataclass(frozen=True)
@@ -33,13 +34,13 @@ def connections_per_process(threads: int, background_threads: int, alias: str = 
     return threads + background_threads
 
 
-# reserved_connections exists from PostgreSQL 16 on; current_setting(..., true) is NULL before.
-_LIMITS_SQL = """
-SELECT current_setting('max_connections')::int,
-       current_setting('max_connections')::int
+# What non-superusers may open: max_connections less the reserved ones (reserved_connections
+# exists from PostgreSQL 16 on; current_setting(..., true) is NULL before). The sampler's gauge
+# reads the same (composition.sampling.database).
+USABLE_CONNECTIONS_SQL = """current_setting('max_connections')::int
        - current_setting('superuser_reserved_connections')::int
-       - coalesce(current_setting('reserved_connections', true), '0')::int
-"""
+       - coalesce(current_setting('reserved_connections', true), '0')::int"""
+_LIMITS_SQL = f"SELECT current_setting('max_connections')::int, {USABLE_CONNECTIONS_SQL}"
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
+from composition.budget import USABLE_CONNECTIONS_SQL
+
 __all__ = ["CONNECTION_STATES", "DatabaseSample", "sample_database"]
 
 # Every state is always reported (0 when none), so a state that empties does not keep its
@@ -27,11 +29,8 @@ _STATE_OF = {
 _CONNECTIONS_SQL = """
 SELECT state, count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' GROUP BY state
 """
-# reserved_connections exists from PostgreSQL 16 on; current_setting(..., true) is NULL before.
-_LIMITS_SQL = """
-SELECT current_setting('max_connections')::int
-       - current_setting('superuser_reserved_connections')::int
-       - coalesce(current_setting('reserved_connections', true), '0')::int,
+_LIMITS_SQL = f"""
+SELECT {USABLE_CONNECTIONS_SQL},
        coalesce((SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()), 0)
 """
 
