@@ -99,15 +99,12 @@ class HeldWrites:
                     connection.execute_wrappers = wrappers
             else:
                 cursor.execute(string)
-        except DataError as exc:
+        except Exception as exc:
             self.failed = True
-            missed = _update_missed(exc)
+            missed = _update_missed(exc) if isinstance(exc, DataError) else None
             if missed is None:
                 raise
             raise missed from exc
-        except Exception:
-            self.failed = True
-            raise
         raw = cursor.cursor  # psycopg's: one result per statement, the first one current
         for index, (sql, on_row) in enumerate(statements):
             if index:
