@@ -258,9 +258,8 @@ def workers(*, local: bool = False) -> HealthReport:
                   and (pid := _host_and_pid(row)[1]) is not None and pid_runs(pid)]
         # This host's stale workers too: once a dead one's beat has aged out of the fresh ones,
         # they are what says why the check fails.
-        detail = {"host": hostname, "gone": gone,
-                  **({"stale": mine_stale} if (mine_stale := [row for row in stale
-                                                             if _host_and_pid(row)[0] == hostname]) else {})}
+        mine_stale = [row for row in stale if _host_and_pid(row)[0] == hostname]
+        detail = {"host": hostname, "gone": gone, **({"stale": mine_stale} if mine_stale else {})}
     now = time.time()
     fresh = [b for b in beats if now - b["beat_at"] <= stale_after_s]
     # A worker that keeps beating but has held a job for longer than that job may run (its
