@@ -184,7 +184,7 @@ def test_admin_replay_confirms_the_count_then_acts() -> None:
     if django.VERSION >= (5, 0):
         counted = client.get(f"{url}?_facets=True").content.decode()
         assert re.search(r">\s*dead \(2\)\s*<", counted) and re.search(r">\s*All \(2\)\s*<", counted), counted
-        assert not re.search(r"\(\d+\) \(\d+\)", counted), "a failure group counted twice"
+        assert not re.search(r"\(\d+\) \((\d+|-)\)", counted), "a failure group counted twice"
     # Its moments to the second, as the list shows them, for an incident's timeline.
     from composition.admin_format import moment
 
