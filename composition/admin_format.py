@@ -5,16 +5,30 @@ text cut at a limit with an ellipsis (the detail page shows it whole)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
+from django.contrib import admin
 from django.utils import timezone
 from django.utils.formats import date_format
 
-__all__ = ["moment", "shortened"]
+__all__ = ["moment", "moment_column", "shortened"]
 
 
 def moment(value: datetime | None) -> str:
     return "-" if value is None else date_format(timezone.localtime(value), "Y-m-d H:i:s")
+
+
+def moment_column(field: str, description: str, *, sortable: bool = False) -> Callable[[Any, Any], str]:
+    """A ModelAdmin column or detail field showing the datetime ``field`` as ``moment`` does
+    (``sortable``: ordered by that field in the list)."""
+
+    @admin.display(description=description, ordering=field if sortable else None)
+    def show(model_admin: Any, obj: Any) -> str:
+        return moment(getattr(obj, field))
+
+    return show
 
 
 def shortened(text: str, limit: int) -> str:

@@ -18,7 +18,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.html import format_html
 
-from composition.admin_format import moment, shortened
+from composition.admin_format import moment_column, shortened
 from composition.jobs import replay as service
 from composition.jobs.failure_groups import failure_groups
 from composition.jobs.models import DeadLetter
@@ -151,23 +151,12 @@ class DeadLetterAdmin(ReadOnlyRows, admin.ModelAdmin):
     def runs(self, obj: DeadLetter) -> int:
         return obj.attempts  # how many times it ran, as max_attempts counts
 
-    @admin.display(description="last failed", ordering="last_failed_at")
-    def last_failed(self, obj: DeadLetter) -> str:
-        return moment(obj.last_failed_at)
-
+    last_failed = moment_column("last_failed_at", "last failed", sortable=True)
     # The detail's moments to the second too (Django's own display stops at the minute): what
     # happened first is what an incident's timeline needs.
-    @admin.display(description="first failed at")
-    def first_failed(self, obj: DeadLetter) -> str:
-        return moment(obj.first_failed_at)
-
-    @admin.display(description="replayed at")
-    def replayed(self, obj: DeadLetter) -> str:
-        return moment(obj.replayed_at)
-
-    @admin.display(description="discarded at")
-    def discarded(self, obj: DeadLetter) -> str:
-        return moment(obj.discarded_at)
+    first_failed = moment_column("first_failed_at", "first failed at")
+    replayed = moment_column("replayed_at", "replayed at")
+    discarded = moment_column("discarded_at", "discarded at")
 
     @admin.display(description="fingerprint", ordering="fingerprint")
     def short_fingerprint(self, obj: DeadLetter) -> str:

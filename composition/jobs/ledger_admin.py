@@ -15,7 +15,7 @@ from django.contrib import admin
 from django.core.paginator import Paginator
 from django.db import connections
 
-from composition.admin_format import moment
+from composition.admin_format import moment_column
 from composition.jobs.admin import ReadOnlyRows
 from composition.jobs.models import ProcessedMessage
 
@@ -51,13 +51,8 @@ class ProcessedMessageAdmin(ReadOnlyRows, admin.ModelAdmin):
     fields = ("message_id", "actor", "processed", "started", "workers")
     readonly_fields = fields
 
-    @admin.display(description="processed at", ordering="processed_at")
-    def processed(self, obj: ProcessedMessage) -> str:
-        return moment(obj.processed_at)
-
-    @admin.display(description="started at (django.tasks runs)")
-    def started(self, obj: ProcessedMessage) -> str:
-        return moment(obj.started_at)
+    processed = moment_column("processed_at", "processed at", sortable=True)
+    started = moment_column("started_at", "started at (django.tasks runs)")
 
     @admin.display(description="attempts")
     def attempts(self, obj: ProcessedMessage) -> Any:

@@ -10,7 +10,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from composition.admin_format import moment, shortened
+from composition.admin_format import moment, moment_column, shortened
 from composition.outbox.maintenance import pending_summary
 from composition.outbox.models import OutboxMessage
 
@@ -35,9 +35,7 @@ class OutboxMessageAdmin(admin.ModelAdmin):
                        "sent_at", "last_error")
     fields = readonly_fields
 
-    @admin.display(description="created at", ordering="created_at")
-    def created(self, obj: OutboxMessage) -> str:
-        return moment(obj.created_at)
+    created = moment_column("created_at", "created at", sortable=True)
 
     @admin.display(description="sent / lease", ordering="sent_at")
     def delivery(self, obj: OutboxMessage) -> str:
