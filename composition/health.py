@@ -27,7 +27,7 @@ from composition.conf import conf
 from composition.draining import is_draining, set_draining
 from composition.heartbeats import read_heartbeats, read_stale_workers
 from composition.metrics import HEALTH_CHECK_SECONDS, HEALTH_CHECK_UP
-from composition.pids import pid_runs, processes_running
+from composition.pids import registered_workers
 from composition.probes import PROBES, heartbeat_client, probe_broker, probe_cache, probe_database
 
 __all__ = [
@@ -239,9 +239,9 @@ def workers(*, local: bool = False) -> HealthReport:
             # (degraded): a container healthcheck must not call them dead for it, and have an
             # orchestrator restart working containers. What this host can still tell: whether
             # its worker processes run.
-            running = processes_running("runworkers")
-            return HealthReport("workers", bool(running), detail={
-                "error": error, "heartbeats": "unreadable", "runworkers_pids": running})
+            alive = sorted(pid for pid, runs in registered_workers().items() if runs)
+            return HealthReport("workers", bool(alive), detail={
+                "error": error, "heartbeats": "unreadable", "worker_pids": alive})
         return HealthReport("workers", False, detail={"error": error})
     # Stale: stopped beating without withdrawing (killed or frozen); reported, and their
     # messages come back to the queue by the broker's own recovery.
@@ -249,16 +249,24 @@ def workers(*, local: bool = False) -> HealthReport:
     frozen: list[str] = []
     if local:
         hostname = socket.gethostname()
-        mine = [b for b in beats if _host_and_pid(b)[0] == hostname]
-        gone = [b["worker"] for b in mine if (pid := _host_and_pid(b)[1]) is not None and not pid_runs(pid)]
+        # This project's processes of this host (composition.pids), not everything on the host
+        # that shares its Redis: another checkout's workers, or the test suite's.
+        registered = registered_workers()
+        running = {pid for pid, runs in registered.items() if runs}
+
+        def ours(row: dict[str, Any]) -> bool:
+            host, pid = _host_and_pid(row)
+            return host == hostname and pid in registered
+
+        mine = [b for b in beats if ours(b)]
+        gone = [b["worker"] for b in mine if _host_and_pid(b)[1] not in running]
         beats = [b for b in mine if b["worker"] not in gone]
         # A process of this host that still runs but stopped beating is frozen (stopped, or
         # blocked whole): as unhealthy as a stuck one, whatever its siblings do.
-        frozen = [row["worker"] for row in stale if _host_and_pid(row)[0] == hostname
-                  and (pid := _host_and_pid(row)[1]) is not None and pid_runs(pid)]
+        mine_stale = [row for row in stale if ours(row)]
+        frozen = [row["worker"] for row in mine_stale if _host_and_pid(row)[1] in running]
         # This host's stale workers too: once a dead one's beat has aged out of the fresh ones,
         # they are what says why the check fails.
-        mine_stale = [row for row in stale if _host_and_pid(row)[0] == hostname]
         detail = {"host": hostname, "gone": gone, **({"stale": mine_stale} if mine_stale else {})}
     now = time.time()
     fresh = [b for b in beats if now - b["beat_at"] <= stale_after_s]

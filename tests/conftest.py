@@ -52,6 +52,35 @@ def _no_cached_answers_from_an_earlier_run() -> None:
             client.delete(*stale)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _the_configured_redis_is_left_alone() -> Iterator[None]:
+    """The gate tests only what it started: a message queued on the configured broker (where a
+    ``./run`` beside the tests keeps its own) is still there when the session ends, whatever
+    the tests flushed or consumed on theirs (``tests.settings.the_gate_s_own``)."""
+    import uuid
+
+    import redis
+    from dramatiq.brokers.redis import RedisBroker
+    from dramatiq.message import Message
+
+    from project import settings as configured
+
+    url = configured.COMPOSITION["BROKER_URL"]
+    if not url.startswith(("redis://", "rediss://")):
+        yield
+        return
+    broker = RedisBroker(client=redis.Redis.from_url(url))
+    queue = f"gate_isolation_{uuid.uuid4().hex[:8]}"
+    broker.enqueue(Message(queue_name=queue, actor_name="gate_isolation", args=(), kwargs={}, options={}))
+    try:
+        yield
+        assert broker.client.llen(f"{broker.namespace}:{queue}") == 1, (
+            f"a test emptied the configured broker {url} (a ./run beside the gate would have lost its messages)")
+    finally:
+        broker.flush(queue)
+        broker.client.close()
+
+
 @pytest.fixture(autouse=True)
 def _after_commit_bookkeeping_done() -> Iterator[None]:
     """What a test's commits handed to the after-commit thread (outbox sends, invalidation

@@ -8,9 +8,25 @@ A child also takes COMPOSITION overrides as a JSON object in ``COMPOSITION_TEST_
 import importlib.util
 import json
 import os
+from urllib.parse import urlsplit
 
 from project.settings import *  # noqa: F403
 from project.settings import CACHES, COMPOSITION, INSTALLED_APPS
+
+
+def the_gate_s_own(url: str) -> str:
+    """A Redis URL's next database: the tests flush theirs, empty its broker keys and read its
+    heartbeats, so a ``./run`` beside them (on the configured database) loses nothing to them
+    and never takes their messages. PostgreSQL is apart already: pytest-django's test_<name>."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss"):
+        return url
+    db = int(parts.path.strip("/") or 0)
+    return parts._replace(path=f"/{(db + 1) % 16}").geturl()
+
+
+CACHES = {**CACHES, "default": {**CACHES["default"], "LOCATION": the_gate_s_own(CACHES["default"]["LOCATION"])}}
+COMPOSITION = {**COMPOSITION, "BROKER_URL": the_gate_s_own(COMPOSITION["BROKER_URL"])}
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.outboxapp", "tests.jobsapp"]
 

@@ -14,7 +14,7 @@ import redis
 from django.conf import settings
 from django.test import override_settings
 
-from composition import health, heartbeats
+from composition import health, heartbeats, pids
 from composition.testing import free_port, subprocess_env, wait_until
 from tests.outboxapp.helpers import flush_broker
 
@@ -128,20 +128,26 @@ def test_local_checks_only_this_host_s_processes(client: Any, worker_processes) 
 def test_a_container_check_with_the_heartbeats_unreadable_asks_whether_its_workers_run() -> None:
     # The heartbeats live in the cache's Redis; its outage degrades the workers, it does not
     # kill them, and the container's healthcheck must not have working containers restarted.
+    # Only this project's registered workers count: another project's `runworkers` on the host
+    # (a ./run beside the tests) is not this one's.
     down = {"default": {**settings.CACHES["default"], "LOCATION": f"redis://127.0.0.1:{free_port()}/0"}}
-    with override_settings(CACHES=down):
-        report = health.workers(local=True)
-        assert not report.ok and report.detail["heartbeats"] == "unreadable", "no worker runs here"
-        worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "runworkers"])
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    with override_settings(CACHES=down), \
+            subprocess.Popen([*sleep, "manage.py", "runworkers"]) as elsewhere, subprocess.Popen(sleep) as worker:
         try:
-            seen: list[Any] = []
-            wait_until(lambda: seen.append(health.workers(local=True)) or seen[-1].ok, 10, interval_s=0.2,
-                       message="its runworkers process was never counted")
-            assert worker.pid in seen[-1].detail["runworkers_pids"], seen[-1].detail
+            report = health.workers(local=True)
+            assert not report.ok and report.detail["heartbeats"] == "unreadable", "no worker of ours runs here"
+            pids.register_worker(worker.pid)
+            report = health.workers(local=True)
+            assert report.ok and report.detail["worker_pids"] == [worker.pid], report.detail
             assert not health.workers().ok, "the cluster view cannot tell, and says so"
-        finally:
             worker.kill()
             worker.wait()
+            assert not health.workers(local=True).ok, "its worker died"
+        finally:
+            pids.unregister_worker(worker.pid)
+            worker.kill()
+            elsewhere.kill()
 
 
 def test_a_local_worker_that_runs_without_beating_is_unhealthy_whatever_its_siblings(client: Any) -> None:
@@ -152,6 +158,8 @@ def test_a_local_worker_that_runs_without_beating_is_unhealthy_whatever_its_sibl
 
     frozen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     host = socket.gethostname()
+    pids.register_worker(frozen.pid)
+    pids.register_worker(os.getpid())
     try:
         with override_settings(COMPOSITION={**settings.COMPOSITION, "WORKER_STALE_AFTER_S": 1.0}):
             heartbeats.write_heartbeat(client, f"{host}:{frozen.pid}", {"jobs_in_flight": 0})
@@ -159,10 +167,12 @@ def test_a_local_worker_that_runs_without_beating_is_unhealthy_whatever_its_sibl
             heartbeats.write_heartbeat(client, f"{host}:{os.getpid()}", {"jobs_in_flight": 0})
             report = health.workers(local=True)
             assert not report.ok
-            assert report.detail["stuck"] == [f"{host}:{frozen.pid}"] and report.detail["fresh"] == 1
+            assert report.detail["stuck"] == [f"{host}:{frozen.pid}"] and report.detail["fresh"] == 1, report.detail
             heartbeats.clear_heartbeat(client, f"{host}:{frozen.pid}")
             assert health.workers(local=True).ok
     finally:
+        pids.unregister_worker(frozen.pid)
+        pids.unregister_worker(os.getpid())
         frozen.kill()
         frozen.wait()
 
@@ -173,6 +183,7 @@ def test_a_local_check_names_this_host_s_stale_workers(client: Any) -> None:
     import socket
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    pids.register_worker(dead.pid)
     dead.wait()
     worker = f"{socket.gethostname()}:{dead.pid}"
     try:
@@ -183,4 +194,29 @@ def test_a_local_check_names_this_host_s_stale_workers(client: Any) -> None:
             assert not report.ok
             assert worker in [row["worker"] for row in report.detail["stale"]], report.detail
     finally:
+        pids.unregister_worker(dead.pid)
         heartbeats.clear_heartbeat(client, worker)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_local_check_counts_only_its_own_project_s_workers(client: Any, worker_processes) -> None:  # type: ignore[no-untyped-def]
+    # Two checkouts on one host sharing a Redis (here: the same settings under another
+    # module, as another checkout's are): each one's `health workers --local` sees its own.
+    flush_broker()
+    another = "tests.settings_another_checkout"
+    ours = worker_processes.spawn(["--threads", "1", "--shutdown-timeout", "10"])
+    theirs = worker_processes.spawn(["--threads", "1", "--shutdown-timeout", "10"], DJANGO_SETTINGS_MODULE=another)
+    for settings_module, worker in (("tests.settings", ours), (another, theirs)):
+        env = subprocess_env(DJANGO_SETTINGS_MODULE=settings_module)
+
+        def local_workers(env: dict[str, str] = env) -> list[str]:
+            result = subprocess.run([sys.executable, "manage.py", "health", "workers", "--local", "--json"],
+                                    env=env, capture_output=True, text=True, timeout=30)
+            return [beat["worker"] for beat in json.loads(result.stdout[result.stdout.index("{"):])["workers"]]
+
+        wait_until(lambda worker=worker, local_workers=local_workers: any(  # type: ignore[misc]
+            w.endswith(f":{worker.pid}") for w in local_workers()), 30, interval_s=0.5, message=worker.output())
+        assert [w.rpartition(":")[2] for w in local_workers()] == [str(worker.pid)]
+    assert {beat["worker"].rpartition(":")[2] for beat in _health_workers()[1]["workers"]} == {
+        str(ours.pid), str(theirs.pid)}, "the cluster view has both"

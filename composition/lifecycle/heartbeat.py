@@ -11,7 +11,7 @@ from typing import Any
 import structlog
 from dramatiq.broker import Broker
 
-from composition import heartbeats, probes
+from composition import heartbeats, pids, probes
 from composition.breaker import breaker_states
 from composition.broker import configured_broker
 from composition.jobs.stack import find_in_flight
@@ -25,7 +25,8 @@ log = structlog.get_logger("composition.components")
 
 class HeartbeatComponent(PeriodicComponent):
     """Writes this worker process's heartbeat every ``interval_s`` for ``health workers``: once
-    before ``start`` returns, then on a background thread; ``stop`` withdraws it.
+    before ``start`` returns, then on a background thread; ``stop`` withdraws it. The process is
+    also registered on this host as one of this project's workers (``composition.pids``).
 
     ``state`` adds fields to each beat; by default the jobs in flight and since when, from the
     job middleware of ``broker`` (the configured broker when not given), the runs per queue over
@@ -51,6 +52,9 @@ class HeartbeatComponent(PeriodicComponent):
         return {**jobs, "breakers": breaker_states()}
 
     def start(self) -> None:
+        # Registered on this host apart from Redis: `health workers --local` tells this
+        # project's processes by it, and still finds them while Redis is down.
+        pids.register_worker()
         self._client = probes.heartbeat_client()
         self.tick()
         super().start()
@@ -71,3 +75,4 @@ class HeartbeatComponent(PeriodicComponent):
             log.warning("could not withdraw heartbeat", error=str(exc))
         finally:
             self._client.close()
+            pids.unregister_worker()
