@@ -1,12 +1,29 @@
-#!/usr/bin/env python
+#!/usr/bin/env python3
+"""Django's command-line utility for the example project.
+
+Started by an interpreter without Django (``./manage.py`` runs the system's python3), it runs
+itself again in the project's ``.venv``, which ``./run`` and ``make test`` install: the
+README's ``./manage.py ...`` lines work as pasted, with no environment to activate first.
+"""
+
 import os
 import sys
+from pathlib import Path
 
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
-    from django.core.management import execute_from_command_line
-
+    try:
+        from django.core.management import execute_from_command_line
+    except ModuleNotFoundError as exc:
+        if exc.name != "django":
+            raise
+        venv = Path(__file__).resolve().parent / ".venv"
+        python = venv / "bin" / "python"
+        if python.exists() and Path(sys.prefix).resolve() != venv.resolve():
+            os.execv(python, [str(python), *sys.argv])
+        raise SystemExit("manage.py: Django is not installed for this Python, and there is no .venv "
+                         "beside manage.py: run ./run or `make venv` first") from None
     execute_from_command_line(sys.argv)
 
 

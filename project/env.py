@@ -1,7 +1,10 @@
-"""Reading the environment: database URLs into Django's DATABASES entry."""
+"""Reading the environment: database URLs into Django's DATABASES entry, and what one ``./run``
+instance keeps apart from another's (one per port)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -29,3 +32,14 @@ def env_bool(value: str | None, default: bool = False) -> bool:
     if value is None or value == "":
         return default
     return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def serving_port() -> int:
+    """The port ``./run`` serves on (``PORT``, 8000): its instance, beside others on other ports."""
+    return int(os.environ.get("PORT") or "8000")
+
+
+def drain_file(data_dir: Path) -> Path:
+    """The draining mark of the web server on ``serving_port()`` (``DRAIN_FILE`` overrides):
+    ``PORT=8001 ./manage.py drain`` drains that ``./run``'s web server, and only that one."""
+    return Path(os.environ.get("DRAIN_FILE") or data_dir / f"web-{serving_port()}.draining")

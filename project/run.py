@@ -16,10 +16,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from project.env import drain_file, serving_port
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("COMPOSITION_DATA_DIR", BASE_DIR / ".data"))
 HOST = os.environ.get("HOST", "127.0.0.1")
-PORT = int(os.environ.get("PORT", "8000"))
+PORT = serving_port()
+# A Unix socket's path holds at most 107 bytes.
+MAX_SOCKET_PATH = 100
 
 
 def _fresh_metrics_dir() -> str:
@@ -46,6 +50,13 @@ def _port_in_use() -> bool:
     return False
 
 
+def _control_socket() -> list[str]:
+    """gunicorn's control socket (``gunicornc``) of this instance: by default every gunicorn of
+    the user shares one path, and stopping one ``./run`` deleted another's."""
+    path = DATA_DIR / f"gunicorn-{PORT}.ctl"
+    return ["--control-socket", str(path)] if len(str(path)) <= MAX_SOCKET_PATH else ["--no-control-socket"]
+
+
 def main() -> int:
     try:
         taken = _port_in_use()
@@ -59,8 +70,9 @@ def main() -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = _fresh_metrics_dir()
     os.environ.setdefault("LOG_FORMAT", "console")
-    # Per port too: stopping one ./run must not mark another one's web server draining.
-    drain_mark = Path(os.environ.setdefault("DRAIN_FILE", str(DATA_DIR / f"web-{PORT}.draining")))
+    # Per port, as the settings have it: `PORT=N ./manage.py drain` drains this one and no other.
+    os.environ["PORT"] = str(PORT)
+    drain_mark = drain_file(DATA_DIR)
 
     from composition.errors import SystemStartError
     from composition.logging import configure_structlog, logging_config
@@ -83,28 +95,23 @@ def main() -> int:
     infra = [c.name for c in components]
     log = logging.getLogger("project.run")
 
-    class Migrations:
-        """Applies migrations, collects static files and makes a dev superuser before anything
-        serves traffic."""
+    class Setup:
+        """Migrations, static files, the dev superuser and its API token before anything serves
+        traffic: one ``manage.py dev_setup`` process (Django starts once, not once a step)."""
 
-        name = "migrations"
+        name = "setup"
         depends_on = tuple(infra)
         api_token: str | None = None
 
         def start(self) -> None:
-            manage = [python, str(BASE_DIR / "manage.py")]
-            subprocess.run([*manage, "migrate", "--noinput"], check=True, cwd=BASE_DIR)
-            subprocess.run([*manage, "collectstatic", "--noinput", "-v", "0"], check=True, cwd=BASE_DIR)
-            # A mark left by a run that was killed would keep the new web server draining.
-            subprocess.run([*manage, "drain", "--clear"], check=True, cwd=BASE_DIR, stdout=subprocess.DEVNULL)
-            subprocess.run([*manage, "ensure_dev_superuser"], check=True, cwd=BASE_DIR)
-            # A fresh API token each run (the previous run's on this port is replaced; one on
-            # another port, sharing these servers, keeps its own): shown once, below.
-            made = subprocess.run([*manage, "create_api_token", "admin", "--name", f"./run :{PORT}", "--replace"],
-                                  cwd=BASE_DIR, capture_output=True, text=True)
-            self.api_token = made.stdout.strip() if made.returncode == 0 else None
+            done = subprocess.run([python, str(BASE_DIR / "manage.py"), "dev_setup", "--token-name", f"./run :{PORT}"],
+                                  cwd=BASE_DIR, stdout=subprocess.PIPE, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"manage.py dev_setup exited {done.returncode}")
+            lines = done.stdout.strip().splitlines()
+            self.api_token = lines[-1] if lines and lines[-1].startswith("bil_") else None
             if self.api_token is None:
-                log.warning("no API token made for the dev superuser: %s", made.stderr.strip()[-300:])
+                log.warning("no API token made for the dev superuser (no user named admin)")
 
         def stop(self, timeout_s: float) -> None:
             pass
@@ -116,22 +123,24 @@ def main() -> int:
     workers = ProcessComponent(
         "workers", [python, str(BASE_DIR / "manage.py"), "runworkers", "--processes", "1", "--threads", "4",
                     "--shutdown-timeout", "20"],
-        depends_on=("migrations",), cwd=str(BASE_DIR))
+        depends_on=("setup",), cwd=str(BASE_DIR))
     web = ProcessComponent(
         "web", [python, "-m", "gunicorn", "project.wsgi:application",
-                "--config", "python:project.gunicorn_conf", "--bind", f"{HOST}:{PORT}"],
-        depends_on=("migrations",), ready_url=f"http://{HOST}:{PORT}/readyz", cwd=str(BASE_DIR),
+                "--config", "python:project.gunicorn_conf", "--bind", f"{HOST}:{PORT}", *_control_socket()],
+        depends_on=("setup",), ready_url=f"http://{HOST}:{PORT}/readyz", cwd=str(BASE_DIR),
         pre_stop=announce_draining, on_exit=lambda _pid: drain_mark.unlink(missing_ok=True))
-    migrations = Migrations()
-    system = System([*components, migrations, workers, web], shutdown_timeout_s=30.0,
+    setup = Setup()
+    system = System([*components, setup, workers, web], shutdown_timeout_s=30.0,
                     stop_timeout_s=35.0)
 
     def announce() -> None:
         log.warning("billing system up: http://%s:%s/ (admin at /admin/, admin / admin; /healthz, "
                     "/readyz, /metrics). Ctrl-C drains and stops.", HOST, PORT)
-        if migrations.api_token:
+        log.warning("for development only: gunicorn serves without a buffering proxy in front, so slow "
+                    "clients can hold its threads; deploy behind one, as docker/compose.yaml does")
+        if setup.api_token:
             log.warning("API token of admin (made for this run): %s\n  try: curl -H 'Authorization: Bearer %s' "
-                        "http://%s:%s/api/invoices", migrations.api_token, migrations.api_token, HOST, PORT)
+                        "http://%s:%s/api/invoices", setup.api_token, setup.api_token, HOST, PORT)
 
     try:
         report = system.run(on_started=announce)

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from composition.logging import logging_config
-from project.env import database_from_url, env_bool
+from project.env import database_from_url, drain_file, env_bool
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("COMPOSITION_DATA_DIR", BASE_DIR / ".data"))
@@ -105,8 +105,8 @@ COMPOSITION = {
     "BACKPRESSURE_QUEUES": {"billing": int(os.environ.get("BILLING_QUEUE_LIMIT", "10000")),
                             "reminders": int(os.environ.get("REMINDERS_QUEUE_LIMIT", "1000"))},
     "BACKPRESSURE_PATHS": {"/api/invoices": "billing"},
-    # `manage.py drain` (the pre-stop step) marks every web process of the host draining here.
-    "HEALTH_DRAIN_FILE": os.environ.get("DRAIN_FILE") or str(DATA_DIR / "web.draining"),
+    # `manage.py drain` (the pre-stop step) marks the web server of this PORT draining here.
+    "HEALTH_DRAIN_FILE": str(drain_file(DATA_DIR)),
     "HEALTH_DRAIN_WAIT_S": float(os.environ.get("DRAIN_WAIT_S", "5")),
 }
 

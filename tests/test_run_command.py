@@ -76,23 +76,93 @@ def _admin_is_styled_in_a_browser(base_url: str) -> None:
 
 
 
+# Records the subprocesses a Python process starts (its audit events), for counting what ./run
+# starts before its web server: put on the PYTHONPATH of the run under test.
+SUBPROCESS_AUDIT = """
+import json, os, sys
+
+def _record(event, args):
+    if event == "subprocess.Popen":
+        with open(os.environ["SUBPROCESS_AUDIT_LOG"], "a") as log:
+            argv = args[1] if isinstance(args[1], (list, tuple)) else [args[1]]
+            log.write(json.dumps({"pid": os.getpid(), "argv": [str(a) for a in argv]}) + "\\n")
+
+sys.addaudithook(_record)
+"""
+
+
+def _start_run(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    with log_path.open("wb") as log:
+        # Its own process group, like a shell's foreground job: Ctrl-C reaches the whole group.
+        return subprocess.Popen(["./run"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def _wait_ready(process: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
+    deadline = time.monotonic() + 60
+    while http_status(f"http://127.0.0.1:{port}/readyz") != 200:
+        assert process.poll() is None, log_path.read_text()
+        assert time.monotonic() < deadline, "not ready within 60 s:\n" + log_path.read_text()
+        time.sleep(0.25)
+
+
+def _a_second_run_beside_keeps_to_itself(env: dict[str, str], port: int, data: Path) -> None:
+    """Another ./run on another port, sharing the data directory: each one's draining mark and
+    gunicorn control socket are its own. Draining one (``PORT=N ./manage.py drain``, pasted as
+    the README has it) flips only its /readyz; stopping the other leaves its control socket."""
+    other = free_port()
+    log_path = data / "run-other.log"
+    process = _start_run({**env, "PORT": str(other)}, log_path)
+    try:
+        _wait_ready(process, other, log_path)
+        assert (data / f"gunicorn-{port}.ctl").exists() and (data / f"gunicorn-{other}.ctl").exists()
+        shell = {key: value for key, value in env.items() if key not in ("VIRTUAL_ENV", "SUBPROCESS_AUDIT_LOG")}
+        drain = subprocess.run(["bash", "-c", f"PORT={port} ./manage.py drain --wait 0"], cwd=ROOT, env=shell,
+                               capture_output=True, text=True, timeout=60)
+        assert drain.returncode == 0, drain.stderr[-2000:]
+        assert (http_status(f"http://127.0.0.1:{port}/readyz"), http_status(f"http://127.0.0.1:{other}/readyz")) \
+            == (503, 200)
+        subprocess.run(["bash", "-c", f"PORT={port} ./manage.py drain --clear"], cwd=ROOT, env=shell, check=True,
+                       capture_output=True, timeout=60)
+        assert http_status(f"http://127.0.0.1:{port}/readyz") == 200
+        os.killpg(process.pid, signal.SIGINT)
+        assert process.wait(60) == 0, log_path.read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert (data / f"gunicorn-{port}.ctl").exists(), "stopping one ./run removed another's control socket"
+    assert http_status(f"http://127.0.0.1:{port}/readyz") == 200
+
+
+def _at_most_one_manage_py_before_web(audit_log: Path, supervisor: int) -> None:
+    started = [json.loads(line)["argv"] for line in audit_log.read_text().splitlines()
+               if json.loads(line)["pid"] == supervisor]
+    web = next(i for i, argv in enumerate(started) if "gunicorn" in argv)
+    # Start-up steps, that is: the workers are a component of their own, running beside web.
+    steps = [argv for argv in started[:web] if any(arg.endswith("manage.py") for arg in argv)
+             and "runworkers" not in argv]
+    assert len(steps) <= 1, steps
+
+
 def test_run_command_serves_readyz_on_embedded_servers_and_ctrl_c_stops_in_reverse(tmp_path: Path) -> None:
     port = free_port()
+    audit = tmp_path / "audit"
+    audit.mkdir()
+    (audit / "sitecustomize.py").write_text(SUBPROCESS_AUDIT)
     env = {key: value for key, value in os.environ.items()
            if key not in ("DATABASE_URL", "REDIS_URL", "BROKER_URL", "DJANGO_SETTINGS_MODULE")}
     env.update(COMPOSITION_DATA_DIR=str(tmp_path), PORT=str(port), LOG_FORMAT="json", DRAIN_WAIT_S="3")
     log_path = tmp_path / "run.log"
-    with log_path.open("wb") as log:
-        # Its own process group, like a shell's foreground job: Ctrl-C reaches the whole group.
-        process = subprocess.Popen(["./run"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+    process = _start_run({**env, "PYTHONPATH": str(audit), "SUBPROCESS_AUDIT_LOG": str(tmp_path / "audit.log")},
+                         log_path)
     try:
-        deadline = time.monotonic() + 60
-        while http_status(f"http://127.0.0.1:{port}/readyz") != 200:
-            assert process.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, "not ready within 60 s:\n" + log_path.read_text()
-            time.sleep(0.25)
+        _wait_ready(process, port, log_path)
+        _at_most_one_manage_py_before_web(tmp_path / "audit.log", process.pid)
         assert http_status(f"http://127.0.0.1:{port}/healthz") == 200
+        # The first URL it prints, and the admin's "View site" link, lead somewhere.
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as response:
+            assert b'href="/admin/"' in response.read()
         # The admin is styled: its static files are collected and served (DEBUG is off).
         assert http_status(f"http://127.0.0.1:{port}/static/admin/css/base.css") == 200
         # Multiprocess metrics: the web's /metrics also shows what the worker process wrote.
@@ -107,7 +177,7 @@ def test_run_command_serves_readyz_on_embedded_servers_and_ctrl_c_stops_in_rever
         assert b"django_http_requests_total" in metrics()
         _admin_is_styled_in_a_browser(f"http://127.0.0.1:{port}")
         _the_printed_token_works(f"http://127.0.0.1:{port}", log_path)
-
+        _a_second_run_beside_keeps_to_itself(env, port, tmp_path)
         os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
         # The pre-stop step: draining is announced while gunicorn still answers.
         deadline = time.monotonic() + 10
@@ -140,10 +210,10 @@ def test_run_command_serves_readyz_on_embedded_servers_and_ctrl_c_stops_in_rever
             stopped.append((record["component"], record["status"]))
     # The launcher's own components, then the worker process's (interleaved lines are filtered
     # by the launcher's names).
-    launcher = ["embedded-postgres", "embedded-valkey", "migrations", "workers", "web"]
+    launcher = ["embedded-postgres", "embedded-valkey", "setup", "workers", "web"]
     assert [name for name in started if name in launcher][:3] == launcher[:3]
-    own_stops = [entry for entry in stopped if entry[0] in ("web", "migrations") or entry[0].startswith("embedded")]
-    assert own_stops == [("web", "stopped"), ("migrations", "stopped"), ("embedded-valkey", "stopped"),
+    own_stops = [entry for entry in stopped if entry[0] in ("web", "setup") or entry[0].startswith("embedded")]
+    assert own_stops == [("web", "stopped"), ("setup", "stopped"), ("embedded-valkey", "stopped"),
                          ("embedded-postgres", "stopped")], output
     assert stopped[-2:] == [("embedded-valkey", "stopped"), ("embedded-postgres", "stopped")]
 
