@@ -37,11 +37,26 @@ class InvoiceForm(forms.ModelForm):
             raise forms.ValidationError(f"must be from {AMOUNT.minimum} to {AMOUNT.maximum} cents")
         return int(amount)
 
-    def clean_currency(self) -> str:
+    def _api_rule(self, name: str) -> str:
+        value = self.cleaned_data[name]
+        if not value:  # an optional field left blank (a required one was refused by its form field)
+            return str(value)
         try:  # the API's own rule for the field
-            return str(INVOICE_FIELDS["currency"].parse("currency", self.cleaned_data["currency"]))
+            return str(INVOICE_FIELDS[name].parse(name, value))
         except ApiError as exc:
             raise forms.ValidationError(exc.message) from None
+
+    def clean_number(self) -> str:
+        return self._api_rule("number")
+
+    def clean_customer(self) -> str:
+        return self._api_rule("customer")
+
+    def clean_email(self) -> str:
+        return self._api_rule("email")
+
+    def clean_currency(self) -> str:
+        return self._api_rule("currency")
 
 
 @admin.register(Invoice)

@@ -1,5 +1,6 @@
 """Request input checked against what the columns hold, so bad input is a 400 naming the field,
-never a database error (a 500)."""
+never a database error (a 500). Text is also refused when a person could not read it back as
+sent: blank, or holding characters that reorder what is shown around them."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from django.conf import settings
-from django.core.exceptions import RequestDataTooBig, ValidationError
+from django.core.exceptions import ValidationError
 from django.core.mail.message import sanitize_address
 from django.core.validators import validate_email
 from django.http import HttpRequest
@@ -22,6 +22,9 @@ __all__ = ["AMOUNT", "Email", "Integer", "Text", "parse_json_body", "parse_query
 # NUL cannot be stored in a PostgreSQL text column; other control characters are refused too,
 # as no field here has a use for them.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Unicode's bidirectional controls (embeddings, overrides, isolates and the implicit marks): one
+# in a customer's name reverses or reorders the text around it wherever it is shown (the admin).
+_BIDI_CONTROL = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 # JSON may spell half a UTF-16 pair ("\ud800"): Python then holds a string no UTF-8 encoder (the
 # database's) takes, and the save would fail with a 500.
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -40,8 +43,12 @@ class Text:
             raise _invalid(name, "must be a string")
         if not self.min_length <= len(value) <= self.max_length:
             raise _invalid(name, f"must have {self.min_length} to {self.max_length} characters")
+        if not value.strip():
+            raise _invalid(name, "must not be blank (whitespace only)")
         if _CONTROL.search(value):
             raise _invalid(name, "must not contain control characters")
+        if _BIDI_CONTROL.search(value):
+            raise _invalid(name, "must not contain Unicode bidirectional control characters (such as U+202E)")
         if _LONE_SURROGATE.search(value):
             raise _invalid(name, "must be valid Unicode (a lone surrogate such as \\ud800 is not)")
         if self.pattern is not None and not re.fullmatch(self.pattern, value):
@@ -86,17 +93,14 @@ def _invalid(name: str, what: str) -> ApiError:
 
 
 def parse_json_body(request: HttpRequest, fields: dict[str, Text | Integer]) -> dict[str, Any]:
-    """The body as a JSON object holding exactly ``fields`` (the optional ones may be absent)."""
+    """The body as a JSON object holding exactly ``fields`` (the optional ones may be absent).
+    Raises ``ApiError``; a body Django cannot read (too large, cut short) raises Django's own
+    exception, which ``billing.api.endpoint`` answers."""
     content_type = request.content_type or ""
     if content_type != "application/json":
         raise ApiError(415, "unsupported_media_type", "send the body as Content-Type: application/json")
     try:
-        body = request.body
-    except RequestDataTooBig:
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        raise ApiError(413, "body_too_large", f"the body is over {limit} bytes") from None
-    try:
-        data = json.loads(body or b"")
+        data = json.loads(request.body or b"")
     except (ValueError, RecursionError) as exc:
         raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}"[:200]) from exc
     if not isinstance(data, dict):
