@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 MATRIX_VENV := .venv-matrix
 MATRIX_STAMP := $(MATRIX_VENV)/.installed
 
-.PHONY: venv browser promtool run test lint typecheck check pytest matrix bench wheel clean
+.PHONY: venv browser promtool nginx run test gate lint typecheck check pytest matrix bench wheel clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,29 +17,28 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# Debian's Chromium and its driver for the browser tests (the admin pages, in a real browser):
-# the driver the package puts on the PATH, so no driver manager ever tries a download. Needs
-# root (CI runs as root); elsewhere it says what to install and the browser tests skip.
-browser:
-	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
-	elif [ "$$(id -u)" = 0 ]; then \
-	  echo "installing Debian's chromium and chromium-driver for the browser tests"; \
-	  (apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 || \
-	   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null)) \
-	  || echo "browser: could not install chromium; the browser tests will skip"; \
-	else echo "browser: run 'apt-get install chromium chromium-driver' as root for the browser tests"; fi
+# The tools some tests run, from Debian, by tools/install-debian-tool: it says what it installs and
+# why before it does, keeps the packages' services from starting (nginx on :80, prometheus on
+# :9090: nothing asked for them) and disables them at boot. Installing needs root (CI runs as
+# root); elsewhere it says what to install and those tests skip (they fail where CI is set).
+INSTALL_TOOL := tools/install-debian-tool
 
-# Debian's Prometheus for its promtool: the alert rules test runs `promtool check rules` on
-# docker/alerts.yml. Installed as the browser target installs chromium: needs root (CI runs as
-# root); elsewhere it says what to install and that test skips.
+# Chromium and the driver the package puts on the PATH (so no driver manager ever tries a
+# download), for the browser tests of the admin pages.
+browser:
+	@$(INSTALL_TOOL) --why "the browser tests (the admin pages in a real browser)" \
+	  --command chromium --command chromedriver --with-recommends chromium chromium-driver
+
+# Prometheus for its promtool: the alert rules test runs `promtool check rules` on docker/alerts.yml.
 promtool:
-	@if command -v promtool >/dev/null; then :; \
-	elif [ "$$(id -u)" = 0 ]; then \
-	  echo "installing Debian's prometheus for promtool (the alert rules test)"; \
-	  (apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 || \
-	   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null)) \
-	  || echo "promtool: could not install prometheus; the alert rules test will skip"; \
-	else echo "promtool: run 'apt-get install prometheus' as root for the alert rules test"; fi
+	@$(INSTALL_TOOL) --why "the alert rules test (promtool check rules docker/alerts.yml)" \
+	  --command promtool --service prometheus prometheus
+
+# nginx: the front door test (tests/test_front_door.py) runs the shipped docker/nginx.conf in
+# front of gunicorn, on 127.0.0.1, as a process of its own.
+nginx:
+	@$(INSTALL_TOOL) --why "the front door test (docker/nginx.conf in front of gunicorn)" \
+	  --command nginx --service nginx nginx
 
 # A convenience: ./run is the README's command. Under make, Ctrl-C still drains the system in
 # order, but make itself then reports exit 130 (it re-raises SIGINT).
@@ -56,7 +55,7 @@ check: venv
 	$(PY) manage.py check --fail-level WARNING
 	$(PY) manage.py makemigrations --check --dry-run
 
-pytest: venv browser promtool
+pytest: venv browser promtool nginx
 	$(VENV)/bin/pytest --durations=15 $(PYTEST_ARGS)
 
 # The suite again on the newest Python with the newest Django (6.x needs Python >= 3.12), less
@@ -65,7 +64,7 @@ pytest: venv browser promtool
 # servers: they test our code's timing more than the versions, and halve the cell's time)
 # except a few marked version_smoke, which run real workers, gunicorn and signals on the new
 # versions; skipped, saying so, where no Python 3.13 is installed.
-matrix: pyproject.toml browser promtool
+matrix: pyproject.toml browser promtool nginx
 	@py=""; for candidate in "$$(pyenv prefix 3.13 2>/dev/null)/bin/python" python3.13; do \
 	  if "$$candidate" -c "import sys; assert sys.version_info[:2] == (3, 13)" 2>/dev/null; then py=$$candidate; break; fi; \
 	done; \
@@ -78,8 +77,16 @@ matrix: pyproject.toml browser promtool
 	$(MATRIX_VENV)/bin/python -c "import django, sys; print('matrix: Python', sys.version.split()[0], 'Django', django.get_version())"; \
 	$(MATRIX_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not soak and not main_cell and (not slow or version_smoke)" --durations=15 $(PYTEST_ARGS)
 
-# The whole gate, the same locally and in CI.
-test: lint typecheck check pytest matrix
+# The whole gate, the same locally and in CI, then a check that it left no new listening TCP
+# port behind (a daemon an install started, a server a test did not stop): the LISTEN sockets
+# before and after (tools/listening_ports.py), the new ones named with their processes.
+test:
+	@before=$$(mktemp); $(PYTHON) tools/listening_ports.py save "$$before"; \
+	$(MAKE) --no-print-directory gate; status=$$?; \
+	$(PYTHON) tools/listening_ports.py check "$$before" || status=1; \
+	rm -f "$$before"; exit $$status
+
+gate: lint typecheck check pytest matrix
 
 bench: venv
 	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -19,12 +19,15 @@ worker, which closes its copy of the listening socket as soon as it stops taking
 gunicorn 27's keeps it open until its last in-flight request is done: during a graceful stop
 the kernel then still completes new connections into a backlog nobody accepts, and they hang
 until the worker exits and resets them, up to ``graceful_timeout``, where a refusal would
-have sent the client (or a load balancer not yet caught up) elsewhere at once.
+have sent the client (or a load balancer not yet caught up) elsewhere at once. It also keeps a
+slow client from holding a thread for long: it must not be the only guard, though (see the class).
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import struct
 from typing import Any
 
 from gunicorn.workers import gthread
@@ -76,10 +79,51 @@ def child_exit(server: Any, worker: Any) -> None:
 class ThreadWorker(gthread.ThreadWorker):
     """gunicorn's gthread worker, its listening sockets closed when it stops accepting for good
     (see the module doc). A worker replaced while the server runs closes only its own copies:
-    the arbiter and the other workers keep theirs."""
+    the arbiter and the other workers keep theirs.
+
+    A connection holds a thread only while it makes progress. gunicorn 27 has no header or read
+    timeout for HTTP/1 (its ``timeout`` is the worker's heartbeat): a new connection waits up to
+    5 s in a thread for its first byte, then headers and body are read with blocking calls and no
+    limit, so a few clients that stall hold every thread. Here a thread waits
+    ``first_byte_wait_s`` for the first byte (then the connection goes back to gunicorn's
+    poller, which closes it after ``keepalive`` seconds without one), and a read or a write that
+    makes no progress for ``stall_timeout_s`` fails, which closes the connection and frees the
+    thread. That bound is per call, so a client trickling a byte every few seconds still holds
+    a thread: deploy behind a buffering proxy (docker/nginx.conf), which hands gunicorn whole
+    requests only.
+
+    The limits are kernel socket options (``SO_RCVTIMEO``/``SO_SNDTIMEO``), not
+    ``socket.settimeout``: gunicorn switches the socket between blocking and non-blocking as it
+    moves between thread and poller, which resets a Python-level timeout but not these. gunicorn
+    logs a request stalled in its headers as a socket error; a body read by Django fails with
+    ``UnreadablePostError``.
+    """
+
+    first_byte_wait_s: float = 0.1
+    stall_timeout_s: float = 5.0
 
     def set_accept_enabled(self, enabled: bool) -> None:
         super().set_accept_enabled(enabled)
         if not enabled and not self.alive:
             for sock in self.sockets:
                 sock.close()  # gunicorn's close() is idempotent: its own at exit does nothing more
+
+    def init_process(self) -> None:
+        # gunicorn's own first-byte wait (5 s) is this module constant, read at each call, with
+        # no setting for it; this process runs only this worker class. tests/test_front_door.py
+        # fails when a release renames it.
+        gthread.DEFAULT_WORKER_DATA_TIMEOUT = self.first_byte_wait_s
+        super().init_process()
+
+    def handle(self, conn: Any) -> Any:
+        if not conn.initialized:  # a new connection: bound its stalls before gunicorn reads it
+            _limit_stalls(conn.sock, self.stall_timeout_s)
+        return super().handle(conn)
+
+
+def _limit_stalls(sock: socket.socket, timeout_s: float) -> None:
+    """Make a blocking read or write on ``sock`` fail (EAGAIN) after ``timeout_s`` without progress."""
+    seconds = int(timeout_s)
+    timeval = struct.pack("@ll", seconds, int((timeout_s - seconds) * 1_000_000))
+    for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+        sock.setsockopt(socket.SOL_SOCKET, option, timeval)

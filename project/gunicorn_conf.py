@@ -13,5 +13,12 @@ worker_class = "composition.gunicorn.ThreadWorker"
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 threads = int(os.environ.get("WEB_THREADS", "4"))
 graceful_timeout = int(os.environ.get("WEB_GRACEFUL_TIMEOUT_S", "20"))
+# The deployment serves behind nginx (docker/nginx.conf), which sends gunicorn whole requests only;
+# these bound what a client reaching gunicorn directly (./run) can hold. An idle kept-alive
+# connection waits in the worker's poller, not in a thread, and is closed after `keepalive`
+# seconds; a new connection gets a thread for its first byte only briefly, and a read or write
+# that stalls gives the thread back after a few seconds (composition.gunicorn.ThreadWorker).
+keepalive = 2
+# A worker whose main loop stops beating (not a slow request: gthread's loop beats meanwhile) is replaced.
 timeout = 60
 accesslog = None

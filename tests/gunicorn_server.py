@@ -77,7 +77,8 @@ def gunicorn(env: dict[str, str], *, workers: int = 2, threads: int = 8) -> Iter
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     web = ProcessComponent("web", [sys.executable, "-m", "gunicorn", "project.wsgi:application", "--config",
-                                   "python:project.gunicorn_conf", "--bind", f"127.0.0.1:{port}"],
+                                   "python:project.gunicorn_conf", "--bind", f"127.0.0.1:{port}",
+                                   "--no-control-socket"],
                            env={**env, "WEB_CONCURRENCY": str(workers), "WEB_THREADS": str(threads)},
                            cwd=str(ROOT), ready_url=f"{base}/readyz")
     try:

@@ -127,7 +127,7 @@ def test_during_the_pre_stop_step_readyz_is_503_draining_while_a_slow_request_co
     base = f"http://127.0.0.1:{port}"
     web = ProcessComponent(
         "web", [sys.executable, "-m", "gunicorn", "project.wsgi:application", "--config",
-                "python:project.gunicorn_conf", "--bind", f"127.0.0.1:{port}", "--workers", "2"],
+                "python:project.gunicorn_conf", "--bind", f"127.0.0.1:{port}", "--workers", "2", "--no-control-socket"],
         env=env, cwd=str(ROOT), ready_url=f"{base}/readyz",
         pre_stop=lambda: subprocess.run([sys.executable, "manage.py", "drain"], cwd=ROOT, env=env, check=True))
     web.start()
@@ -174,7 +174,7 @@ def test_once_gunicorn_stops_a_new_connection_is_refused_at_once_while_requests_
     base = f"http://127.0.0.1:{port}"
     web = ProcessComponent(
         "web", [sys.executable, "-m", "gunicorn", "project.wsgi:application", "--config",
-                "python:project.gunicorn_conf", "--bind", f"127.0.0.1:{port}", "--workers", "2"],
+                "python:project.gunicorn_conf", "--bind", f"127.0.0.1:{port}", "--workers", "2", "--no-control-socket"],
         env=subprocess_env(), cwd=str(ROOT), ready_url=f"{base}/readyz")
     web.start()
     try:
