@@ -25,7 +25,6 @@ from composition.locks import (
 )
 from composition.locks.models import LockFence
 from composition.testing import subprocess_env
-from tests.pgtrace import sent_queries
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -134,16 +133,6 @@ def test_a_timed_row_lock_is_one_round_trip_first_in_a_transaction_or_not(row: s
             assert [r.fence for r in rows] == [2]
         assert len(queries.captured_queries) == 1 and "SAVEPOINT" in queries.captured_queries[0]["sql"]
         assert lock_timeout() == "0"
-
-
-def test_a_first_timed_row_lock_carries_the_transactions_begin(row: str) -> None:
-    with sent_queries() as queries, transaction.atomic(), \
-            row_lock(LockFence.objects.filter(resource=row), timeout_s=1) as rows:
-        assert [r.resource for r in rows] == [row]
-    # Two round trips in all: psycopg sent no BEGIN of its own before the lock.
-    assert len(queries) == 2, queries
-    assert queries[0].startswith("BEGIN; ") and "FOR UPDATE" in queries[0]
-    assert queries[1] == "COMMIT"
 
 
 def test_a_timed_out_first_lock_leaves_the_transaction_usable(row: str) -> None:

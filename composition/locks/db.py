@@ -11,8 +11,7 @@ and its previous value, the SELECT ... FOR UPDATE, the restore, the release), wh
 otherwise be five: it sits on the request path of every locked write. When the lock is the
 first statement of the transaction (nothing has reached the server yet) it needs no savepoint
 at all: a failure rolls back a transaction that held nothing, and the caller's next statement
-begins it again, as if the savepoint had been rolled back. The transaction's BEGIN then goes in
-the same string too (``composition.begin``), where psycopg would send it alone first.
+begins it again, as if the savepoint had been rolled back.
 """
 
 from __future__ import annotations
@@ -20,13 +19,12 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext, suppress
+from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, OperationalError, connections, transaction
 from django.db.models import Model, QuerySet
 
-from composition.begin import begin_sql, sending_own_begin
 from composition.locks.errors import LockNotAcquired, TransactionRequired
 from composition.metrics import LOCK_ACQUIRE, LOCK_HOLD_SECONDS, LOCK_TIMEOUTS_TOTAL, LOCK_WAIT_SECONDS
 
@@ -147,13 +145,9 @@ def _row_lock_at_once(connection: Any, name: str, timeout_s: float | None, take:
         after.append(f"SELECT set_config('lock_timeout', current_setting('{_PREVIOUS_LOCK_TIMEOUT}'), true)")
     if not whole:
         after.append(f'RELEASE SAVEPOINT "{_ROW_LOCK_SAVEPOINT}"')
-    # The transaction's own BEGIN too, when this is its first statement (composition.begin).
-    begin = begin_sql(connection) if whole else None
-    if begin is not None:
-        before.insert(0, begin)
     statement = _OneRoundTrip(before, after)
     try:
-        with connection.execute_wrapper(statement), sending_own_begin(connection) if begin else nullcontext():
+        with connection.execute_wrapper(statement):
             return take()
     except DatabaseError as exc:
         if not statement.failed:
