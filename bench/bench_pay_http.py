@@ -7,13 +7,14 @@ One gunicorn (2 workers x 16 threads, the example's settings plus the baseline's
 request each, in alternating rounds (library, plain, plain, library, ...), so drift hits both
 alike. Per side: throughput (payments per second over its rounds), each round's rate (how much
 the shared machine wandered during the run), and p99 latency.
-Goals (issue 15): throughput >= 0.8x the plain view, p99 <= 1.5x.
+Goals (issue 30): throughput >= 0.6x the plain view, p99 <= 1.5x: the pay does more than the
+plain view (a row lock with a timeout, an outbox row, an invalidation record, a send), in plain
+statements.
 
-What the library's pay sends from the request thread: BEGIN with the row lock (one string),
-the payment, then the invoice's update, the outbox row and the invalidation record with COMMIT
-(one string: ``composition.deferred_saves`` and ``composition.deferred_writes``, on the
-example's ``composition.db.postgresql`` backend), then one Redis DEL; the plain view sends
-BEGIN, its lock, the payment, the invoice, COMMIT. The outbox row's send
+What the library's pay sends from the request thread: BEGIN, the row lock (one string with its
+timeout), the payment, the invoice's update, the outbox row, the invalidation record, COMMIT,
+then one Redis DEL; the plain view sends BEGIN, its lock, the payment, the invoice, COMMIT. The
+outbox row's send
 and mark-sent and the invalidation record's DELETE run on each process's after-commit thread
 (``composition.background``), batched across requests; that work is on the same two cores,
 so it counts against the library's throughput here as it would not on a server with spare cores.
@@ -64,7 +65,7 @@ from composition.testing import free_port, subprocess_env  # noqa: E402
 CLIENTS = int(os.environ.get("BENCH_CLIENTS", "32"))
 ROUND_S = float(os.environ.get("BENCH_ROUND_S", "2.5"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "10"))  # per side
-THROUGHPUT_GOAL, P99_GOAL = 0.8, 1.5
+THROUGHPUT_GOAL, P99_GOAL = 0.6, 1.5
 AMOUNT = 700
 
 

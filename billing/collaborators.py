@@ -77,9 +77,8 @@ class BillingJobs:
 
     def receipt(self, payment_id: int) -> None:
         # No ordering key: an invoice has one payment and so one receipt job, nothing to order
-        # it against (a key costs a confirming statement after COMMIT). No row back: its INSERT
-        # then goes with the pay's COMMIT (composition.deferred_writes).
-        publish(self.receipt_actor, {"payment_id": payment_id}, row=False)
+        # it against (a key costs a confirming statement after COMMIT).
+        publish(self.receipt_actor, {"payment_id": payment_id})
 
     def admit_reminder(self) -> None:
         """Raise ``Backpressure`` when the reminders' queue is full: reminders are the work to

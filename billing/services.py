@@ -29,7 +29,6 @@ from billing.errors import (
 )
 from billing.mail import EmailSender
 from billing.models import Invoice, Payment, Receipt
-from composition.deferred_saves import save_with_commit
 from composition.jobs import PermanentError
 
 __all__ = ["InvoicePage", "InvoiceService", "PaymentOutcome", "invoice_cache_key"]
@@ -110,7 +109,7 @@ class InvoiceService:
             if invoice.status == Invoice.Status.PAID:
                 raise AlreadyPaid(f"invoice {invoice.number} is paid: it cannot be voided")
             invoice.status = Invoice.Status.VOID
-            save_with_commit(invoice, update_fields=["status", "updated_at"])
+            invoice.save(update_fields=["status", "updated_at"])
             self.cache.invalidate(invoice.pk)
         self.log.info("invoice voided", invoice_id=invoice.pk)
         return invoice, True
@@ -139,9 +138,7 @@ class InvoiceService:
                                          f"not {amount_cents}")
                 payment = Payment.objects.create(payment_id=payment_id, invoice=invoice, amount_cents=amount_cents)
                 invoice.status = Invoice.Status.PAID
-                # With the outbox row and the invalidation record, in one string with COMMIT:
-                # the row is locked, so the update's answer would tell nothing.
-                save_with_commit(invoice, update_fields=["status", "updated_at"])
+                invoice.save(update_fields=["status", "updated_at"])
                 self.jobs.receipt(payment.pk)
                 self.cache.invalidate(invoice.pk)
         except IntegrityError:

@@ -94,11 +94,6 @@ def open_savepoints(using: str | None = None) -> frozenset[str | None]:
 
 def savepoint_outside_atomic(using: str | None = None) -> bool:
     """Whether a savepoint that ``atomic`` does not know of may be open on database ``using``
-    (``transaction.savepoint()``): what is written now may still be rolled back with it. Exact
-    on the composition backend, which tracks every savepoint; on another backend, true once any
-    savepoint was taken on the connection (Django keeps no list of the others)."""
-    connection = transaction.get_connection(using)
-    tracked = getattr(connection, "open_savepoint_ids", None)
-    if tracked is None:
-        return bool(connection.savepoint_state)
-    return any(sid not in connection.savepoint_ids for sid in tracked)
+    (``transaction.savepoint()``): what is written now may still be rolled back with it. True
+    once any savepoint was taken on the connection (Django keeps no list of the others)."""
+    return bool(transaction.get_connection(using).savepoint_state)

@@ -82,7 +82,7 @@ TEMPLATES = [
 ]
 
 # django-prometheus's PostgreSQL backend: query latency, errors and connections as metrics.
-DATABASE_ENGINE = os.environ.get("DATABASE_ENGINE") or "composition.db.postgresql"
+DATABASE_ENGINE = os.environ.get("DATABASE_ENGINE") or "django_prometheus.db.backends.postgresql"
 DATABASES = {"default": {**database_from_url(DATABASE_URL, DATABASE_ENGINE), "CONN_MAX_AGE": 60,
                          "CONN_HEALTH_CHECKS": True}}
 DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", 5)

@@ -121,7 +121,7 @@ def test_committed_invalidations_are_batched_deduplicated_and_leave_no_row() -> 
         invalidate_namespace(other.split(":")[0])
         assert pending(first, second, other.split(":")[0]) == 3, "rows commit with the write"
         assert engine.peek(first) == "old", "deleted before the write committed"
-    # One INSERT per distinct target (two of them sent in one string: composition.deferred_writes).
+    # One INSERT per distinct target.
     assert sum(sql.count("INSERT INTO") for sql in statements(queries, "INSERT")) == 3
     # Applied before the writer goes on; the rows are deleted by the after-commit thread, with
     # one DELETE for the whole transaction, not on the writer's connection.

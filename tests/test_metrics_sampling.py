@@ -119,7 +119,6 @@ def test_a_connection_opened_inside_an_execute_wrapper_block_keeps_the_slow_quer
 
     from django.db import connections
 
-    from composition.deferred_writes import send_held_first
     from composition.slow_queries import time_query
 
     seen: list[list[Any]] = []
@@ -137,8 +136,7 @@ def test_a_connection_opened_inside_an_execute_wrapper_block_keeps_the_slow_quer
     thread = threading.Thread(target=other_thread)
     thread.start()
     thread.join()
-    # The composition backend's own wrapper (composition.deferred_writes) is there from the start.
-    assert seen == [[time_query, send_held_first]]
+    assert seen == [[time_query]]
 
 
 # -- alert rules ------------------------------------------------------------------------------

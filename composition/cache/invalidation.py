@@ -31,7 +31,6 @@ from composition import background
 from composition.breaker import CircuitBreaker
 from composition.cache.pending_replay import ReplaysPending
 from composition.cache.store import KeySpace
-from composition.deferred_writes import can_hold, hold
 from composition.metrics import CACHE_INVALIDATIONS
 from composition.redis_errors import REDIS_ERRORS
 from composition.transactions import on_commit_once, open_savepoints
@@ -114,9 +113,7 @@ class Invalidations(ReplaysPending):
         batch.targets[item] = savepoints
 
     def _insert_pending_row(self, kind: str, target: str, db_alias: str, on_id: Callable[[int], None]) -> None:
-        """Record the invalidation as a PendingInvalidation row; ``on_id`` gets its id once it is
-        written: at once, or with the transaction's next statement or COMMIT on the composition
-        backend (``composition.deferred_writes``)."""
+        """Record the invalidation as a PendingInvalidation row; ``on_id`` gets its id."""
         # Late: models need the app registry, and composition.cache is importable before it.
         from composition.cache.models import PendingInvalidation
 
@@ -126,9 +123,6 @@ class Invalidations(ReplaysPending):
         table = connection.ops.quote_name(PendingInvalidation._meta.db_table)
         sql = f"INSERT INTO {table} (alias, kind, target, created_at) VALUES (%s, %s, %s, %s) RETURNING id"
         values: list[Any] = [self.alias, kind, target, timezone.now()]
-        if can_hold(connection):
-            hold(connection, sql, values, on_row=lambda row: on_id(int(row[0])))
-            return
         with connection.cursor() as cursor:
             cursor.execute(sql, values)
             on_id(int(cursor.fetchone()[0]))

@@ -28,7 +28,7 @@ relay's throughput on a real disk.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -36,7 +36,6 @@ from typing import Any
 from django.db import connection
 from dramatiq.message import Message
 
-from composition.deferred_writes import can_hold, hold
 from composition.outbox.claim_sql import (
     CLAIM_SQL,
     CONFIRM_SQL,
@@ -55,7 +54,7 @@ from composition.outbox.models import OutboxMessage, message_id_for
 
 __all__ = ["CLAIM_SQL", "CONFIRM_SQL", "INSERT_SQL", "INSERT_UNLESS_KEY_PENDING_SQL", "MARK_SENT_SQL",
            "MARK_SENT_UNKEYED_SQL", "RELEASE_SQL", "RENEW_SQL", "ClaimedMessage", "Inserted", "claim", "confirm",
-           "insert", "insert_with_commit", "mark_sent", "release", "renew"]
+           "insert", "mark_sent", "release", "renew"]
 
 @dataclass(frozen=True)
 class ClaimedMessage:
@@ -145,22 +144,6 @@ def insert(*, actor_name: str, queue_name: str, payload_json: str, key: str | No
     else:
         rows = _execute(INSERT_SQL, params)
     return Inserted(id=rows[0][0], claimed_until=rows[0][1])
-
-
-def insert_with_commit(*, actor_name: str, queue_name: str, payload_json: str, headers_json: str,
-                       delay_s: float | None, created_at: datetime, claim_for: str, lease_s: float,
-                       on_inserted: Callable[[Inserted], None]) -> bool:
-    """``insert`` of a row without a key, held to go with the transaction's next statement or its
-    COMMIT (``composition.deferred_writes``); ``on_inserted`` gets what was written once it is.
-    False, and nothing held, where the connection cannot hold it (the caller inserts at once).
-    The id is still the sequence's at the INSERT, so ids follow publish order as ever."""
-    if not can_hold(connection):
-        return False
-    params = _insert_params(actor_name, queue_name, payload_json, None, headers_json, delay_s, created_at,
-                            claim_for, lease_s)
-    hold(connection, INSERT_SQL.format(table=_table()), params,
-         on_row=lambda row: on_inserted(Inserted(id=row[0], claimed_until=row[1])))
-    return True
 
 
 def claim(*, limit: int, lease_s: float, relay_id: str,

@@ -28,7 +28,7 @@ import re
 import time
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, Literal, overload
+from typing import Any
 
 import structlog
 from django.db import DEFAULT_DB_ALIAS, transaction
@@ -40,7 +40,7 @@ from composition.broker import configured_broker
 from composition.conf import conf
 from composition.errors import PayloadValidationError
 from composition.outbox.after_commit import SendAfterCommit, nudge
-from composition.outbox.claims import ClaimedMessage, Inserted, insert, insert_with_commit
+from composition.outbox.claims import ClaimedMessage, Inserted, insert
 from composition.outbox.errors import (
     InvalidDelayError,
     InvalidKeyError,
@@ -73,18 +73,8 @@ _OWN_HEADERS = frozenset({"request_id", "published_at"})
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
-@overload
-def publish(actor: Any, payload: Mapping[str, Any], *, key: str | None = None, delay_s: float | None = None,
-            row: Literal[True] = True) -> OutboxMessage: ...
-
-
-@overload
-def publish(actor: Any, payload: Mapping[str, Any], *, key: str | None = None, delay_s: float | None = None,
-            row: Literal[False]) -> None: ...
-
-
-def publish(actor: Any, payload: Mapping[str, Any], *, key: str | None = None, delay_s: float | None = None,
-            row: bool = True) -> OutboxMessage | None:
+def publish(actor: Any, payload: Mapping[str, Any], *, key: str | None = None,
+            delay_s: float | None = None) -> OutboxMessage:
     """Write one outbox message for ``actor`` with ``payload`` as its keyword arguments.
 
     ``actor`` is an actor (anything with an ``actor_name``, such as a Dramatiq actor or a job) or
@@ -99,29 +89,13 @@ def publish(actor: Any, payload: Mapping[str, Any], *, key: str | None = None, d
     ``PayloadTooLargeError`` (above ``OUTBOX_MAX_PAYLOAD_BYTES`` encoded),
     ``InvalidKeyError`` or ``InvalidDelayError``; all are ``PublishError``/``ValueError``.
 
-    Returns the row, as read back. With ``row=False`` it returns None, and a message without a
-    key published inside a transaction then costs no round trip of its own on the composition
-    database backend (``composition.db.postgresql``): its INSERT goes in one string with the
-    transaction's next statement or its COMMIT (``composition.deferred_writes``), and a
-    database error writing it surfaces there, rolling the transaction back as any would.
+    Returns the row, as read back.
     """
-    return publish_with_headers(actor, payload, headers={}, key=key, delay_s=delay_s, row=row)
-
-
-@overload
-def publish_with_headers(actor: Any, payload: Mapping[str, Any], *, headers: Mapping[str, Any],
-                         key: str | None = None, delay_s: float | None = None,
-                         row: Literal[True] = True) -> OutboxMessage: ...
-
-
-@overload
-def publish_with_headers(actor: Any, payload: Mapping[str, Any], *, headers: Mapping[str, Any],
-                         key: str | None = None, delay_s: float | None = None, row: bool) -> OutboxMessage | None: ...
+    return publish_with_headers(actor, payload, headers={}, key=key, delay_s=delay_s)
 
 
 def publish_with_headers(actor: Any, payload: Mapping[str, Any], *, headers: Mapping[str, Any],
-                         key: str | None = None, delay_s: float | None = None,
-                         row: bool = True) -> OutboxMessage | None:
+                         key: str | None = None, delay_s: float | None = None) -> OutboxMessage:
     """``publish()`` with extra message headers (JSON values under string keys) that travel in
     the Dramatiq message's ``options["composition"]``, such as the idempotency key of a replayed
     dead letter. The request id and publish time are always publish's own. Raises like
@@ -158,8 +132,7 @@ def publish_with_headers(actor: Any, payload: Mapping[str, Any], *, headers: Map
                           headers_json=headers_json, delay_s=delay_s, created_at=created_at)
         # A transaction publishing thousands of rows needs one nudge, not thousands.
         on_commit_once(_NUDGE_KEY, nudge, using=DEFAULT_DB_ALIAS)
-        return _row(inserted, name, declared.queue_name, payload, key, all_headers, delay_s, created_at, "") \
-            if row else None
+        return _row(inserted, name, declared.queue_name, payload, key, all_headers, delay_s, created_at, "")
     connection = transaction.get_connection(DEFAULT_DB_ALIAS)
     in_transaction = connection.in_atomic_block
     if not in_transaction and not connection.get_autocommit():
@@ -192,16 +165,11 @@ def publish_with_headers(actor: Any, payload: Mapping[str, Any], *, headers: Map
     row_fields: dict[str, Any] = {
         "actor_name": name, "queue_name": declared.queue_name, "payload_json": encoded.decode(),
         "headers_json": headers_json, "delay_s": delay_s, "created_at": created_at, "lease_s": relay.lease_s}
-    if not row and key is None and claim_for is not None and in_transaction and insert_with_commit(
-            **row_fields, claim_for=claim_for, on_inserted=inserted_as):
-        return None
     inserted = insert(**row_fields, key=key, claim_for=claim_for,
                       own_ids=send.claimed_by_key.get(key, ()) if key is not None else ())
     inserted_as(inserted)
     if not in_transaction:
         send()  # autocommit: the row is committed already
-    if not row:
-        return None
     return _row(inserted, name, declared.queue_name, payload, key, all_headers, delay_s, created_at,
                 claim_for if inserted.claimed_until is not None else "")
 

@@ -1,1 +1,0 @@
-"""Database backends of the composition app (``ENGINE = "composition.db.postgresql"``)."""
