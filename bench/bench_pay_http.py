@@ -13,11 +13,8 @@ statements.
 
 What the library's pay sends from the request thread: BEGIN, the row lock (one string with its
 timeout), the payment, the invoice's update, the outbox row, the invalidation record, COMMIT,
-then one Redis DEL; the plain view sends BEGIN, its lock, the payment, the invoice, COMMIT. The
-outbox row's send
-and mark-sent and the invalidation record's DELETE run on each process's after-commit thread
-(``composition.background``), batched across requests; that work is on the same two cores,
-so it counts against the library's throughput here as it would not on a server with spare cores.
+then one Redis DEL, the outbox row's send and mark-sent and the invalidation record's DELETE;
+the plain view sends BEGIN, its lock, the payment, the invoice, COMMIT.
 
 No worker runs: the library's receipt jobs pile up on the ``billing`` queue, which is emptied
 before every round (and the settings lift its backpressure limit, see ``_pay_settings``), so

@@ -79,11 +79,6 @@ DEFAULTS: dict[str, Any] = {
     # itself (one hop; the relay only sweeps what that missed). False: it only nudges the relay,
     # so publishing processes never talk to the broker beyond one small message.
     "OUTBOX_SEND_ON_COMMIT": True,
-    # True: that send runs on the process's after-commit thread (composition.background), with
-    # the rows other requests committed meanwhile, and the committing request does not wait for
-    # it. False: the committing thread sends its own rows before it goes on (a round trip to the
-    # broker and one to the database more per publishing request).
-    "OUTBOX_SEND_IN_BACKGROUND": True,
     # runworkers sweeps the outbox this often for messages whose after-commit nudge was lost.
     "OUTBOX_SWEEP_INTERVAL_S": 1.0,
     # One relay nudge relays for at most this long (plus the batch under way), then gives its

@@ -141,26 +141,6 @@ OUTBOX_RELAY_LAG_SECONDS = Histogram(
 )
 
 
-# --- the after-commit thread (composition.background) --------------------------------------------
-# What each process hands its after-commit thread (outbox sends, applied invalidation records to
-# delete): a backlog that grows says the thread cannot keep up (a slow broker or database), and a
-# process killed then loses that much work to the repairs (the sweep, the replay).
-__all__ += ["AFTER_COMMIT_BACKLOG", "AFTER_COMMIT_FAILURES_TOTAL", "AFTER_COMMIT_ROUND_SECONDS"]
-AFTER_COMMIT_BACKLOG = Gauge(
-    "composition_after_commit_backlog_items",
-    "Items handed to the after-commit thread and not done yet, summed over the living processes.",
-    multiprocess_mode="livesum",
-)
-AFTER_COMMIT_ROUND_SECONDS = Histogram(
-    "composition_after_commit_round_seconds", "Duration of one round of the after-commit thread (one batch).",
-    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
-)
-AFTER_COMMIT_FAILURES_TOTAL = Counter(
-    "composition_after_commit_failures_total",
-    "Batches of the after-commit thread whose handler raised (their items are left to their repair), "
-    "by handler.", ["handler"],
-)
-
 # --- backpressure -------------------------------------------------------------------------------
 QUEUE_DEPTH = Gauge(
     "composition_queue_depth_messages", "Backlog of a queue: pending outbox rows plus broker messages.", ["queue"],

@@ -26,16 +26,6 @@ _roomy_live_server()
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _after_commit_thread_stopped(django_db_setup: None) -> Iterator[None]:
-    """The after-commit thread ends, closing its connection, before the test database is
-    dropped (this is torn down first: it was set up after ``django_db_setup``)."""
-    yield
-    from composition import background
-
-    background.stop(10)
-
-
-@pytest.fixture(scope="session", autouse=True)
 def _no_cached_answers_from_an_earlier_run() -> None:
     """A new test database numbers its rows from 1 again, while the shared Redis still holds
     what an earlier run cached under those ids (an invoice's answer lives 5 minutes): a run must
@@ -79,17 +69,6 @@ def _the_configured_redis_is_left_alone() -> Iterator[None]:
     finally:
         broker.flush(queue)
         broker.client.close()
-
-
-@pytest.fixture(autouse=True)
-def _after_commit_bookkeeping_done() -> Iterator[None]:
-    """What a test's commits handed to the after-commit thread (outbox sends, invalidation
-    records' deletes; ``composition.background``) is done before the next test starts, whose
-    queues and tables those are then."""
-    yield
-    from composition.testing import after_commit_done
-
-    after_commit_done()
 
 
 @pytest.fixture
@@ -166,17 +145,6 @@ def empty_broker_db() -> Iterator[None]:
     flush_broker()
     yield
     flush_broker()
-
-
-@pytest.fixture
-def send_on_the_committing_thread() -> Iterator[None]:
-    """Published rows are sent by the committing thread before it goes on
-    (``OUTBOX_SEND_IN_BACKGROUND`` off), for tests that interleave sends of several threads."""
-    from django.conf import settings
-    from django.test import override_settings
-
-    with override_settings(COMPOSITION={**settings.COMPOSITION, "OUTBOX_SEND_IN_BACKGROUND": False}):
-        yield
 
 
 def _rabbitmq_listens(host: str = "127.0.0.1", port: int = 5672) -> bool:

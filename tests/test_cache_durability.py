@@ -27,7 +27,7 @@ from composition.cache import (
 )
 from composition.cache.models import PendingInvalidation
 from composition.locks.models import LockFence
-from composition.testing import after_commit_done, free_port, subprocess_env, wait_until
+from composition.testing import free_port, subprocess_env, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = PendingInvalidation._meta.db_table
@@ -38,9 +38,7 @@ def unique() -> str:
 
 
 def pending(*targets: str) -> int:
-    """The recorded rows of ``targets``, once the after-commit thread has deleted those of the
-    transactions committed so far."""
-    after_commit_done()
+    """The recorded rows of ``targets``."""
     return PendingInvalidation.objects.filter(target__in=targets).count()
 
 
@@ -123,10 +121,10 @@ def test_committed_invalidations_are_batched_deduplicated_and_leave_no_row() -> 
         assert engine.peek(first) == "old", "deleted before the write committed"
     # One INSERT per distinct target.
     assert sum(sql.count("INSERT INTO") for sql in statements(queries, "INSERT")) == 3
-    # Applied before the writer goes on; the rows are deleted by the after-commit thread, with
-    # one DELETE for the whole transaction, not on the writer's connection.
+    # Applied before the writer goes on, and the rows deleted with one DELETE for the whole
+    # transaction.
     assert [engine.peek(key) for key in (first, second, other)] == [None, None, None]
-    assert statements(queries, "DELETE") == []
+    assert len(statements(queries, "DELETE")) == 1
     assert pending(first, second, other.split(":")[0]) == 0, "an applied invalidation leaves no row"
 
 

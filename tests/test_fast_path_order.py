@@ -74,15 +74,13 @@ def _publish_one_per_transaction_and_run(worker_processes: Any, count: int) -> t
 
 def test_messages_that_share_a_key_start_in_publish_order_through_the_fast_path(worker_processes: Any) -> None:
     worker, rows = _publish_one_per_transaction_and_run(worker_processes, 40)
-    # Every row went the one hop from its COMMIT: sent by this (the publishing) process's
-    # after-commit thread, not the worker's relay, and claimed once (rows that committed while
-    # the thread was busy went in its next batch, still in key order).
+    # Every row went the one hop from its COMMIT: sent by this (the publishing) process, not
+    # the worker's relay, and claimed once.
     publisher = relay_for(configured_broker()).relay_id
     assert {(row.status, row.claimed_by, row.attempts) for row in rows} == {("sent", publisher, 1)}
     assert worker.terminate() == 0
 
 
-@pytest.mark.usefixtures("send_on_the_committing_thread")
 def test_sent_on_the_committing_thread_each_row_is_on_the_broker_before_the_next_is_published(
         worker_processes: Any) -> None:
     worker, rows = _publish_one_per_transaction_and_run(worker_processes, 10)
@@ -118,7 +116,6 @@ def _in_thread(seqs: list[int], ids: list[int], errors: list[BaseException]) -> 
         connection.close()
 
 
-@pytest.mark.usefixtures("send_on_the_committing_thread")  # the interleaving needs each send in its own thread
 def test_a_later_row_of_a_key_sent_before_the_earlier_one_still_starts_after_it(worker_processes: Any) -> None:
     worker = _ready_worker(worker_processes)
     count = 6
@@ -140,7 +137,6 @@ def test_a_later_row_of_a_key_sent_before_the_earlier_one_still_starts_after_it(
     assert worker.terminate() == 0
 
 
-@pytest.mark.usefixtures("send_on_the_committing_thread")  # the interleaving needs each send in its own thread
 def test_a_row_that_waited_behind_another_transaction_s_head_is_nudged_for_once_the_head_is_sent() -> None:
     # No worker: what each after-commit send put on the broker stays there to be read.
     ids: list[int] = []

@@ -20,7 +20,6 @@ from dramatiq.broker import MessageProxy
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from composition import background
 from composition.backpressure import Backpressure, admit
 from composition.broker import configured_broker
 from composition.cache import cache_aside_result, invalidate_namespace
@@ -179,11 +178,6 @@ def test_a_scrape_after_real_work_holds_every_family_and_counters_moved_exactly(
     responses = "django_http_responses_total_by_status_view_method"
     assert moved(responses, f"{responses}_total", status="201", method="POST") == 2
     assert moved(responses, f"{responses}_total", view="billing-invoice", status="200") == 2
-    # The pay's outbox send ran on the after-commit thread, which has nothing left to do.
-    rounds = "composition_after_commit_round_seconds"
-    assert moved(rounds, f"{rounds}_count") >= 1
-    backlog = "composition_after_commit_backlog_items"
-    assert _value(middle, backlog, backlog) == 0
     # The sampled gauges hold this round's readings.
     assert _value(middle, "composition_dead_letters_open", "composition_dead_letters_open", actor=actor) == 1
     assert _value(middle, "composition_queue_depth_messages", "composition_queue_depth_messages", queue="billing") >= 1
@@ -204,8 +198,6 @@ def test_a_scrape_after_real_work_holds_every_family_and_counters_moved_exactly(
     assert moved_later("django_db_errors", "django_db_errors_total", alias="default", type="DivisionByZero") == 1
     assert moved_later("composition_dead_letter_record_failures", "composition_dead_letter_record_failures_total",
                        outcome="broker_dlq") == 1
-    assert moved_later("composition_after_commit_failures", "composition_after_commit_failures_total",
-                       handler=_failing_bookkeeping.__qualname__) == 1
     assert rarer["lease"].outcome == "uncached"
     assert moved_later("composition_cache_lease_rejections", "composition_cache_lease_rejections_total",
                        pattern=rarer["name"], stage="acquire") == 1
@@ -216,8 +208,7 @@ def test_a_scrape_after_real_work_holds_every_family_and_counters_moved_exactly(
 def _rarer_events(client: Client, name: str) -> dict[str, Any]:
     """One of each event a web process counts that the acceptance's work does not cause: a
     readiness probe, a backpressure refusal, a stale fence, a retention prune, a database error,
-    a dead letter the database refuses, an after-commit handler that raises, and a rebuild lease
-    held by another process."""
+    a dead letter the database refuses, and a rebuild lease held by another process."""
     reset_readiness_cache()  # probe now, not answer from an earlier test's round
     assert client.get("/readyz").status_code == 200
     with override_settings(COMPOSITION={**settings.COMPOSITION, "BACKPRESSURE_QUEUES": {"billing": 0}}), \
@@ -237,14 +228,7 @@ def _rarer_events(client: Client, name: str) -> dict[str, Any]:
     except PermanentError as exc:
         write_dead_letter(configured_broker(), MessageProxy(Message(
             queue_name="default", actor_name=f"{name}{'x' * 255}", args=(), kwargs={}, options={})), exc, 1)
-    # Bookkeeping whose handler raises on the after-commit thread (its items left to their repair).
-    background.submit(_failing_bookkeeping, name)
-    assert background.flush(5)
     return {"name": name, "pruned": pruned, "lease": _lose_a_rebuild_lease(name)}
-
-
-def _failing_bookkeeping(items: list[str]) -> None:
-    raise RuntimeError("the catalogue's failing after-commit handler")
 
 
 def _lose_a_rebuild_lease(namespace: str) -> CacheResult:

@@ -134,12 +134,12 @@ def test_system_command_prints_order_and_connection_budget() -> None:
     assert report["start_order"][0] == "logging"
     assert report["stop_order"] == list(reversed(report["start_order"]))
     budget = report["connection_budget"]
-    # 4 worker threads + 6 background ones; 4 web threads + the after-commit thread.
-    assert budget["lines"][0] == {"role": "workers", "processes": 3, "per_process": 10, "total": 30}
-    assert budget["lines"][1]["total"] == 10
-    assert budget["total"] == 40
+    # 4 worker threads + 5 background ones; 4 web threads, nothing more.
+    assert budget["lines"][0] == {"role": "workers", "processes": 3, "per_process": 9, "total": 27}
+    assert budget["lines"][1]["total"] == 8
+    assert budget["total"] == 35
     # Checked against what non-superusers may open, as the composition_db_connections_max gauge.
-    assert 40 <= budget["usable_connections"] < budget["max_connections"]
+    assert 35 <= budget["usable_connections"] < budget["max_connections"]
     assert budget["over_budget"] is False and budget["unchecked"] is None
 
     result = subprocess.run([sys.executable, "manage.py", "system", "--worker-processes", "100",

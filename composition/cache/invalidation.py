@@ -4,8 +4,7 @@
   (one INSERT per distinct key or namespace; a repeat in the same transaction is free), so the
   invalidation commits, or rolls back, with the data it is about. One robust after-commit hook
   per transaction (``composition.transactions.on_commit_once``) then applies them all in one
-  Redis pipeline (``apply_committed``); their rows are deleted by a background batch
-  (``composition.background``), one DELETE for the rows of many transactions. If the process
+  Redis pipeline (``apply_committed``), then deletes their rows in one DELETE. If the process
   dies after COMMIT, Redis cannot be reached, the breaker is open, or an earlier ``on_commit``
   callback raised (Django then skips the rest), the rows stay and the replay applies them;
 - outside a transaction (autocommit) ``apply_now`` deletes at once and writes the row only if
@@ -27,7 +26,6 @@ import structlog
 from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 
-from composition import background
 from composition.breaker import CircuitBreaker
 from composition.cache.pending_replay import ReplaysPending
 from composition.cache.store import KeySpace
@@ -153,22 +151,11 @@ class Invalidations(ReplaysPending):
         self.breaker.record_success()
         CACHE_INVALIDATIONS.labels("applied").inc(count)
         self._applied(batch.targets)
-        # The rows' DELETE is bookkeeping: the after-commit thread does it for many requests at
-        # once (composition.background; a row it misses is replayed, harmlessly).
-        background.submit(self._forget_batch, (batch.db_alias, batch.row_ids), using=batch.db_alias)
-
-    def _forget_batch(self, batches: list[tuple[str, list[int]]]) -> None:
-        """The background half of ``apply_committed``: the rows of many transactions, one DELETE
-        per database."""
-        by_alias: dict[str, list[int]] = {}
-        for db_alias, row_ids in batches:
-            by_alias.setdefault(db_alias, []).extend(row_ids)
-        for db_alias, row_ids in by_alias.items():
-            try:
-                self._forget(row_ids, db_alias)
-            except DatabaseError as exc:
-                log.warning("applied cache invalidations stay recorded; the replay repeats them",
-                            alias=self.alias, count=len(row_ids), error=str(exc))
+        try:
+            self._forget(batch.row_ids, batch.db_alias)
+        except DatabaseError as exc:  # a row left behind is replayed, harmlessly
+            log.warning("applied cache invalidations stay recorded; the replay repeats them",
+                        alias=self.alias, count=len(batch.row_ids), error=str(exc))
 
     def _applied(self, items: Iterable[tuple[str, str]]) -> None:
         if self.on_applied is not None:

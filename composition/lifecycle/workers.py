@@ -43,16 +43,15 @@ from composition.prometheus.server import MetricsServerComponent
 from composition.retention import RetentionComponent
 from composition.sampling import MetricsSamplerComponent
 
-__all__ = ["BACKGROUND_DB_THREADS", "WEB_BACKGROUND_DB_THREADS", "WorkerOptions", "build_supervisor",
+__all__ = ["BACKGROUND_DB_THREADS", "WorkerOptions", "build_supervisor",
            "build_worker_system", "child_argv", "worker_components"]
 
 # Threads besides the worker threads that may hold a database connection in a worker process,
 # counted in the connection budget: the outbox relay sweeper, the deferred cache invalidation
 # replay, the cache breaker's recovery probe (it replays deferred invalidations too), the
-# retention pruner, the metrics sampler and the after-commit thread (composition.background).
-BACKGROUND_DB_THREADS = 6
-# A web process's: the after-commit thread.
-WEB_BACKGROUND_DB_THREADS = 1
+# retention pruner and the metrics sampler. A web process has none: its request threads send
+# what they publish after COMMIT themselves.
+BACKGROUND_DB_THREADS = 5
 
 
 @dataclass(frozen=True)

@@ -1,32 +1,32 @@
-"""What runs right after a publishing transaction commits: ``SendAfterCommit`` hands the rows
-it published to the process's after-commit thread (``composition.background``), which sends
-those of every transaction handed in meanwhile to the broker in one round trip (the rows
+"""What runs right after a publishing transaction commits, on the committing thread:
+``SendAfterCommit`` sends the rows it published to the broker in one round trip (the rows
 inserted leased to this process's relay straight away, the others through the relay's own
 claim) and marks them sent in one UPDATE; ``nudge()`` wakes the relay for what it could not
 send. Both go through the broker's nudge breaker and never raise: the caller's commit has
 succeeded whatever happens here, and the sweep relays whatever was missed (a process killed
-before its thread sent them: once their lease runs out)."""
+between COMMIT and the send: once their lease runs out).
+
+On the committing thread rather than a thread of the process's own: measured with
+``bench/bench_throughput.py`` and ``bench/bench_job_latency.py``, a per-process thread batching
+the sends of many transactions was no faster end to end and cost the publisher more CPU per
+job, and it lost what a killed process had not sent yet until the lease ran out."""
 
 from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Sequence
 
 import structlog
-from django.db import DEFAULT_DB_ALIAS
 from dramatiq.broker import Broker
 
-from composition import background
 from composition.breaker import CircuitBreaker, CircuitOpen
 from composition.broker import configured_broker
-from composition.conf import conf
 from composition.outbox.claims import ClaimedMessage
 from composition.outbox.relay import Relay, SentAfterCommit, relay_actor, relay_for
 from composition.redis_errors import BROKER_FAILURES
 
 __all__ = ["BROKER_FAILURES", "NUDGE_BREAKER_FAILURES", "NUDGE_BREAKER_RESET_S", "SendAfterCommit", "nudge",
-           "nudge_breaker", "send_in_background"]
+           "nudge_breaker"]
 
 log = structlog.get_logger("composition.outbox")
 
@@ -78,35 +78,8 @@ class SendAfterCommit:
         self.confirm = self.confirm or under_savepoint
 
     def __call__(self) -> None:
-        """After COMMIT: hand the rows to this process's after-commit thread, which sends them
-        with those other transactions handed in meanwhile (``send_in_background``); with
-        ``OUTBOX_SEND_IN_BACKGROUND`` off, send them now. Never raises."""
-        if not self.ids:
-            return
-        if not conf.OUTBOX_SEND_IN_BACKGROUND:
-            self.send_now()
-            return
-        try:
-            background.submit(send_in_background, self, using=DEFAULT_DB_ALIAS)
-        except Exception as exc:  # the rows are safe: the sweep relays them once their lease runs out
-            log.warning("outbox send after commit not handed over; the sweep will relay it",
-                        error=f"{type(exc).__name__}: {exc}")
-
-    @classmethod
-    def merged(cls, sends: Sequence[SendAfterCommit]) -> SendAfterCommit:
-        """One send for the rows of several transactions (those of one relay)."""
-        merged = cls()
-        for send in sends:
-            merged.relay = merged.relay or send.relay
-            merged.ids += send.ids
-            if send.claimed:
-                merged.since = min(merged.since, send.since) if merged.claimed else send.since
-                merged.claimed += send.claimed
-                merged.claimed_ids += send.claimed_ids
-                for key, ids in send.claimed_by_key.items():
-                    merged.claimed_by_key.setdefault(key, []).extend(ids)
-            merged.confirm = merged.confirm or send.confirm
-        return merged
+        """After COMMIT: send the rows now. Never raises."""
+        self.send_now()
 
     def send_now(self) -> None:
         """Send the rows from this thread. Never raises: the caller's commit has succeeded
@@ -158,16 +131,6 @@ class SendAfterCommit:
         except Exception as exc:
             log.warning("could not release outbox rows not sent after commit; the sweep relays them once "
                         "their lease runs out", error=f"{type(exc).__name__}: {exc}")
-
-
-def send_in_background(sends: list[SendAfterCommit]) -> None:
-    """The rows of many transactions, on the after-commit thread (``composition.background``):
-    one send per relay, so one broker round trip and one UPDATE for them all."""
-    by_relay: dict[Relay | None, list[SendAfterCommit]] = {}
-    for send in sends:
-        by_relay.setdefault(send.relay, []).append(send)
-    for group in by_relay.values():
-        SendAfterCommit.merged(group).send_now()
 
 
 def nudge() -> None:

@@ -5,14 +5,13 @@ clean them up.
 """
 
 from composition.testing.servers import ThrowawayPostgres, ThrowawayRedis, throwaway_postgres, throwaway_redis
-from composition.testing.waiting import after_commit_done, free_port, http_status, wait_until
+from composition.testing.waiting import free_port, http_status, wait_until
 from composition.testing.workers import WorkerProcess, current_database_url, subprocess_env, use_broker
 
 __all__ = [
     "ThrowawayPostgres",
     "ThrowawayRedis",
     "WorkerProcess",
-    "after_commit_done",
     "current_database_url",
     "free_port",
     "http_status",

@@ -6,17 +6,7 @@ import socket
 import time
 from typing import Any
 
-__all__ = ["after_commit_done", "free_port", "http_status", "wait_until"]
-
-
-def after_commit_done(timeout_s: float = 10.0) -> None:
-    """Wait until this process has done the after-commit work of the transactions committed so
-    far (``composition.background``: outbox rows sent and marked sent, invalidation records
-    deleted), so a test can look at the broker and the tables. Raises AssertionError on timeout."""
-    from composition import background
-
-    if not background.flush(timeout_s):
-        raise AssertionError(f"after-commit work still not done after {timeout_s}s")
+__all__ = ["free_port", "http_status", "wait_until"]
 
 
 def free_port() -> int:

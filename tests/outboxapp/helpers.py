@@ -9,7 +9,6 @@ import redis
 from dramatiq.message import Message
 
 from composition.broker import configured_broker
-from composition.testing import after_commit_done
 
 
 def broker_redis() -> redis.Redis:
@@ -25,9 +24,7 @@ def flush_broker() -> None:
 
 
 def enqueued(queue_name: str) -> list[Message[Any]]:
-    """Every message on ``queue_name`` in enqueue order (Dramatiq's list + hash layout), once
-    what was committed so far has been sent."""
-    after_commit_done()
+    """Every message on ``queue_name`` in enqueue order (Dramatiq's list + hash layout)."""
     client = broker_redis()
     ids = client.lrange(f"dramatiq:{queue_name}", 0, -1)
     if not ids:

@@ -12,7 +12,6 @@ from composition.budget import BudgetLine, connection_budget, connections_per_pr
 from composition.conf import conf
 from composition.lifecycle.workers import (
     BACKGROUND_DB_THREADS,
-    WEB_BACKGROUND_DB_THREADS,
     WorkerOptions,
     build_worker_system,
 )
@@ -49,7 +48,7 @@ class Command(BaseCommand):
         lines = [BudgetLine("workers", processes, connections_per_process(threads, BACKGROUND_DB_THREADS))]
         if options["web_processes"]:
             lines.append(BudgetLine("web", options["web_processes"],
-                                    connections_per_process(options["web_threads"], WEB_BACKGROUND_DB_THREADS)))
+                                    connections_per_process(options["web_threads"], 0)))
         budget = connection_budget(lines, server_limits())
         report: dict[str, Any] = {"graph": system.graph(), "start_order": system.start_order,
                   "stop_order": list(reversed(system.start_order)), "connection_budget": budget}
