@@ -8,7 +8,7 @@ While the jobs flow:
 
 - the ``runworkers`` process group is SIGKILLed K times and a new one started each time; every
   second kill (``--relay-kill-every``) lands with the relay mid-batch: a burst is published in
-  one transaction that only nudges the relay (``OUTBOX_SEND_ON_COMMIT`` off), and the group dies
+  one transaction that only nudges the relay (``composition.testing.left_to_the_relay``), and the group dies
   as soon as its relay holds a lease on outbox rows (claimed, maybe enqueued, not marked sent);
 - the broker restarts: a private Valkey with ``appendonly yes`` and ``appendfsync always`` (an
   acknowledged enqueue is on disk), stopped gracefully (SIGTERM) and started again on the same
@@ -556,11 +556,10 @@ class Soak:
     def relay_kill(self, fault: Fault) -> None:
         """Publish a burst in one transaction that only nudges the relay, and SIGKILL the group as
         soon as its relay holds leased rows: claimed, maybe enqueued, not yet marked sent."""
-        from django.conf import settings
         from django.db.models.functions import Now
-        from django.test import override_settings
 
         from composition.outbox import OutboxMessage
+        from composition.testing import left_to_the_relay
 
         def leased() -> int:
             return db_call(lambda: OutboxMessage.objects.filter(status="pending", claimed_until__gt=Now()).count())
@@ -570,7 +569,7 @@ class Soak:
             burst = self.bursts[sum(fault.kind == "relay kill" for fault in self.faults)]
             ids: list[int] = []
             if burst:
-                with override_settings(COMPOSITION={**settings.COMPOSITION, "OUTBOX_SEND_ON_COMMIT": False}):
+                with left_to_the_relay():
                     ids = self.publisher.commit(burst)
             children = self.worker.descendants()  # listed now: the kill must follow the sighting at once
 
@@ -811,7 +810,7 @@ def _settings_line() -> str:
     from composition.conf import conf
 
     return (f"lease {conf.OUTBOX_LEASE_S} s, broker heartbeat timeout {conf.BROKER_HEARTBEAT_TIMEOUT_S} s, "
-            f"sweep {conf.OUTBOX_SWEEP_INTERVAL_S} s, send on commit {getattr(conf, 'OUTBOX_SEND_ON_COMMIT', '-')}")
+            f"sweep {conf.OUTBOX_SWEEP_INTERVAL_S} s")
 
 
 # -- set-up and tear-down ----------------------------------------------------------------------------------------

@@ -161,8 +161,6 @@ def check_outbox_settings(app_configs: Any = None, **_: Any) -> list[CheckMessag
     if not messages and merged["OUTBOX_LEASE_S"] <= merged["OUTBOX_SWEEP_INTERVAL_S"]:
         messages.append(Warning("OUTBOX_LEASE_S should be several OUTBOX_SWEEP_INTERVAL_S, or relays take "
                                 "each other's rows and send them twice.", id="composition.W020"))
-    if not isinstance(merged["OUTBOX_SEND_ON_COMMIT"], bool):
-        messages.append(Error("COMPOSITION['OUTBOX_SEND_ON_COMMIT'] must be True or False.", id="composition.E022"))
     if not messages and merged["OUTBOX_RELAY_BUDGET_S"] * 2 > merged["OUTBOX_RELAY_TIME_LIMIT_S"]:
         messages.append(Warning(
             "OUTBOX_RELAY_BUDGET_S should be well below OUTBOX_RELAY_TIME_LIMIT_S (at most half): a relay "

@@ -75,10 +75,6 @@ DEFAULTS: dict[str, Any] = {
     # (within this plus one sweep interval). Keep it well above the time one batch takes (a batch
     # is bounded by the broker's socket timeout), or a slow relay's rows are sent twice.
     "OUTBOX_LEASE_S": 4.0,
-    # True: right after COMMIT the publishing process sends the rows it published to the broker
-    # itself (one hop; the relay only sweeps what that missed). False: it only nudges the relay,
-    # so publishing processes never talk to the broker beyond one small message.
-    "OUTBOX_SEND_ON_COMMIT": True,
     # runworkers sweeps the outbox this often for messages whose after-commit nudge was lost.
     "OUTBOX_SWEEP_INTERVAL_S": 1.0,
     # One relay nudge relays for at most this long (plus the batch under way), then gives its

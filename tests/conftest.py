@@ -128,12 +128,11 @@ def empty_check_queues() -> Iterator[None]:
 
 @pytest.fixture
 def nudge_only() -> Iterator[None]:
-    """Publishing only nudges the relay (``OUTBOX_SEND_ON_COMMIT`` off): committed rows stay
-    pending for a test to relay, or to watch the relay take, itself."""
-    from django.conf import settings
-    from django.test import override_settings
+    """Publishing only nudges the relay: committed rows stay pending for a test to relay, or to
+    watch the relay take, itself (``composition.testing.left_to_the_relay``)."""
+    from composition.testing import left_to_the_relay
 
-    with override_settings(COMPOSITION={**settings.COMPOSITION, "OUTBOX_SEND_ON_COMMIT": False}):
+    with left_to_the_relay():
         yield
 
 

@@ -59,7 +59,7 @@ def test_readiness_probes_rabbitmq_up_and_down() -> None:
 
 
 # The worker relays over RabbitMQ; this process's broker is Redis, so it must not send the rows
-# itself after commit (OUTBOX_SEND_ON_COMMIT): it only nudges, and the worker's sweep relays.
+# itself after commit: it only nudges, and the worker's sweep relays.
 @pytest.mark.usefixtures("nudge_only")
 @pytest.mark.django_db(transaction=True)
 def test_outbox_messages_run_once_through_a_rabbitmq_broker(worker_processes) -> None:  # type: ignore[no-untyped-def]

@@ -14,7 +14,7 @@ from composition.conf import conf
 from composition.outbox import OutboxMessage, publish
 from composition.outbox.claims import mark_sent
 from composition.outbox.relay import Relay
-from composition.testing import wait_until
+from composition.testing import left_to_the_relay, wait_until
 from tests.jobsapp import jobs
 from tests.jobsapp.models import Attempt, Effect
 from tests.outboxapp import jobs as outbox_jobs
@@ -41,11 +41,11 @@ def test_a_transaction_s_rows_are_sent_right_after_its_commit_by_its_own_process
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_row_behind_an_older_pending_row_of_its_key_waits_for_the_relay(nudge_only: None) -> None:
-    older = publish(outbox_jobs.relay_probe, {"seq": 0}, key="k")  # pending: only nudged
-    with override_send_on_commit():
-        newer = publish(outbox_jobs.relay_probe, {"seq": 1}, key="k")
-        other = publish(outbox_jobs.relay_probe, {"seq": 2}, key="other")
+def test_a_row_behind_an_older_pending_row_of_its_key_waits_for_the_relay() -> None:
+    with left_to_the_relay():
+        older = publish(outbox_jobs.relay_probe, {"seq": 0}, key="k")  # pending: only nudged
+    newer = publish(outbox_jobs.relay_probe, {"seq": 1}, key="k")
+    other = publish(outbox_jobs.relay_probe, {"seq": 2}, key="other")
     # The newer row of "k" must not overtake the older one; the row of another key goes at once.
     assert [message.kwargs["seq"] for message in enqueued("outboxapp_probe")] == [2]
     for row, status in ((older, "pending"), (newer, "pending"), (other, "sent")):
@@ -53,13 +53,6 @@ def test_a_row_behind_an_older_pending_row_of_its_key_waits_for_the_relay(nudge_
         assert row.status == status
     assert Relay(configured_broker()).run_until_idle() == 2
     assert [message.kwargs["seq"] for message in enqueued("outboxapp_probe")] == [2, 0, 1]
-
-
-def override_send_on_commit():  # type: ignore[no-untyped-def]
-    from django.conf import settings
-    from django.test import override_settings
-
-    return override_settings(COMPOSITION={**settings.COMPOSITION, "OUTBOX_SEND_ON_COMMIT": True})
 
 
 @pytest.mark.django_db(transaction=True)

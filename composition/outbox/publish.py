@@ -25,6 +25,7 @@ import functools
 import json
 import math
 import re
+import threading
 import time
 from collections.abc import Mapping
 from datetime import datetime
@@ -67,6 +68,9 @@ _MAX_DEPTH = 32
 # The key of the one after-commit send per transaction (see on_commit_once).
 _SEND_KEY = "composition.outbox.send_after_commit"
 _NUDGE_KEY = "composition.outbox.nudge"
+# Set only by composition.testing.left_to_the_relay(): rows are then written unleased and the
+# relay is nudged after COMMIT, for tests that relay them, or watch the relay take them, themselves.
+LEFT_TO_THE_RELAY = threading.Event()
 # Headers publish() sets itself; extra headers cannot replace them.
 _OWN_HEADERS = frozenset({"request_id", "published_at"})
 # JSON's escape of NUL, not preceded by an escaped backslash (the text "\\u0000" is harmless).
@@ -80,7 +84,7 @@ def publish(actor: Any, payload: Mapping[str, Any], *, key: str | None = None,
     ``actor`` is an actor (anything with an ``actor_name``, such as a Dramatiq actor or a job) or
     an actor name; it must be declared on the configured broker. Inside ``transaction.atomic()``
     the row commits or rolls back with the caller's data; once committed, it is sent to the
-    broker at once (``OUTBOX_SEND_ON_COMMIT``; else the relay is nudged), and a periodic sweep
+    broker at once, and a periodic sweep
     catches anything that missed. Messages with the same ``key``
     are relayed in publish order. ``delay_s`` (seconds after publish) delays the job.
 
@@ -127,7 +131,7 @@ def publish_with_headers(actor: Any, payload: Mapping[str, Any], *, headers: Map
     all_headers = {**extra, "request_id": context.get("request_id"), "published_at": time.time()}
     headers_json = storable_json(all_headers, "headers").decode()
     created_at = timezone.now()
-    if not conf.OUTBOX_SEND_ON_COMMIT:
+    if LEFT_TO_THE_RELAY.is_set():
         inserted = insert(actor_name=name, queue_name=declared.queue_name, payload_json=encoded.decode(), key=key,
                           headers_json=headers_json, delay_s=delay_s, created_at=created_at)
         # A transaction publishing thousands of rows needs one nudge, not thousands.
