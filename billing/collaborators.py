@@ -17,7 +17,6 @@ from billing.models import Invoice
 from composition.backpressure import admit
 from composition.broker import configured_broker
 from composition.cache import CacheAside
-from composition.cache.invalidation import KIND_KEY
 from composition.locks import LockNotAcquired, row_lock
 from composition.outbox import OutboxMessage, publish
 
@@ -42,7 +41,7 @@ class InvoiceCache:
 
     def invalidate(self, invoice_id: int) -> None:
         """After the caller's transaction commits (durably recorded in it; see composition.cache)."""
-        self.engine.invalidations.schedule(KIND_KEY, self.key(invoice_id))
+        self.engine.invalidate(self.key(invoice_id))
 
 
 @dataclass(frozen=True)

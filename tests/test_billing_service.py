@@ -28,7 +28,7 @@ LOCMEM = "django.core.mail.backends.locmem.EmailBackend"
 @pytest.fixture(autouse=True)
 def _fresh() -> None:
     invalidate_namespace("invoice")
-    get_cache_aside("alternate").invalidations.schedule("namespace", "invoice")
+    get_cache_aside("alternate").invalidate_namespace("invoice")
 
 
 def _invoice(number: str = "INV-S1", email: str = "ada@example.com") -> Invoice:

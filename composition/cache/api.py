@@ -8,7 +8,6 @@ from typing import Any, TypeVar
 
 from composition.cache.engine import CacheResult
 from composition.cache.handler import get_cache_aside
-from composition.cache.invalidation import KIND_KEY, KIND_NAMESPACE
 
 __all__ = [
     "cache_aside",
@@ -74,12 +73,12 @@ def invalidate(key: str, *, using: str | None = None) -> None:
     died after COMMIT) is applied by ``replay_pending_invalidations``. Outside a transaction it is
     recorded only when Redis cannot be reached. Raises the database error of that INSERT.
     """
-    get_cache_aside().invalidations.schedule(KIND_KEY, key, using=using)
+    get_cache_aside().invalidate(key, using=using)
 
 
 def invalidate_namespace(namespace: str, *, using: str | None = None) -> None:
     """Invalidate every key of ``namespace`` (one Redis INCR), with ``invalidate``'s guarantees."""
-    get_cache_aside().invalidations.schedule(KIND_NAMESPACE, namespace, using=using)
+    get_cache_aside().invalidate_namespace(namespace, using=using)
 
 
 def replay_pending_invalidations(alias: str | None = None) -> int:

@@ -34,7 +34,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from composition.breaker import CircuitBreaker
 from composition.cache.flights import Flights
-from composition.cache.invalidation import Invalidations
+from composition.cache.invalidation import KIND_KEY, KIND_NAMESPACE, Invalidations
 from composition.cache.results import (
     COALESCED,
     DEGRADED,
@@ -102,6 +102,17 @@ class CacheAside:
         ns_raw, raw = self.client.mget(self.keys.namespace(namespace_of(key)), self.keys.entry(key))
         entry = decode_entry(raw, ns_raw)
         return None if entry is None else self.serializer.loads(entry.payload)
+
+    # -- invalidation ---------------------------------------------------------------------------
+
+    def invalidate(self, key: str, *, using: str | None = None) -> None:
+        """Delete ``key``'s cached value once the transaction on database ``using`` commits, with
+        ``composition.cache.invalidate``'s guarantees (durable at COMMIT, replayed if not applied)."""
+        self.invalidations.schedule(KIND_KEY, key, using=using)
+
+    def invalidate_namespace(self, namespace: str, *, using: str | None = None) -> None:
+        """Invalidate every key of ``namespace`` (one Redis INCR), as ``invalidate``."""
+        self.invalidations.schedule(KIND_NAMESPACE, namespace, using=using)
 
     # -- reads ----------------------------------------------------------------------------------
 

@@ -1,0 +1,40 @@
+"""The internals of other libraries listed in docs/architecture.md ("Internals of other
+libraries we rely on") are still there in the installed releases: a release that removes or
+renames one fails here, by name, rather than somewhere deep in a scenario."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+pytestmark = pytest.mark.django_db
+
+
+def test_django_s_connection_internals_are_there() -> None:
+    connection.ensure_connection()
+    for name in ("run_on_commit", "savepoint_ids", "savepoint_state", "execute_wrappers", "inc_thread_sharing"):
+        assert hasattr(connection, name), name
+    with connection.cursor() as cursor:
+        assert hasattr(cursor.cursor, "nextset"), "CursorWrapper.cursor is psycopg's cursor"
+
+
+def test_django_s_query_and_logging_internals_are_there() -> None:
+    import inspect
+
+    from django.utils import log
+
+    from composition.outbox.models import OutboxMessage
+
+    assert hasattr(OutboxMessage.objects.all().query, "get_compiler")
+    assert "_has_been_logged" in inspect.getsource(log.log_response)
+
+
+def test_the_broker_and_server_internals_are_there() -> None:
+    import pika.adapters.blocking_connection as blocking
+    from dramatiq.brokers.redis import RedisBroker
+    from gunicorn.workers import gthread
+
+    assert callable(RedisBroker._max_unpack_size)
+    assert hasattr(blocking.BlockingChannel, "_flush_output")
+    assert "_impl" in blocking.BlockingChannel.__init__.__code__.co_names
+    assert isinstance(gthread.DEFAULT_WORKER_DATA_TIMEOUT, float)
