@@ -1,21 +1,12 @@
-"""The cache-aside engine for one django-redis cache alias: the policy of who loads, who waits and
-what is served (the Redis key layout, entry format and scripts are ``composition.cache.store``).
+"""The cache-aside engine for one django-redis cache alias: who loads, who waits, what is served
+(the Redis key layout, entry format and scripts are ``composition.cache.store``).
 
-Protocol (memcache-style leases, versioned namespaces):
-
-- hit: one ``MGET namespace-version entry``; the entry is fresh when its recorded namespace
-  version equals the current one and its fresh-until time is ahead;
-- miss: one caller per process (in-process coalescing) runs the ACQUIRE script, which either
-  finds a fresh entry, grants a short rebuild lease, or reports that another process holds it;
-  the lease holder loads and stores the value with the FILL script, which refuses when the lease
-  was revoked or the namespace bumped since; lease losers serve the stale value when allowed,
-  otherwise poll for the winner's value until ``CACHE_LEASE_WAIT_S``, then load uncached;
-- invalidation (``composition.cache.invalidation``) deletes the entry and its lease after commit;
-  inside a transaction it is first recorded in PostgreSQL with the write, so one that did not
-  reach Redis (outage, dead process) is replayed, also by the breaker's probe before it closes,
-  so nothing invalidated during an outage is served after it;
-- Redis failures (bounded by the client's socket timeouts) and an open breaker degrade to the
-  loader; nothing raises because Redis is down.
+A hit is one ``MGET`` of the namespace version and the entry. On a miss one caller per process
+runs the ACQUIRE script: a fresh entry, a short rebuild lease, or another process's lease (then
+serve stale when allowed, else poll until ``CACHE_LEASE_WAIT_S``, then load uncached). FILL
+refuses a revoked lease or a bumped namespace. Invalidation (``composition.cache.invalidation``)
+is recorded with the write and replayed if it never reached Redis. What a changer must keep:
+nothing raises because Redis is down; failures and an open breaker degrade to the loader.
 """
 
 from __future__ import annotations
@@ -103,15 +94,11 @@ class CacheAside:
         entry = decode_entry(raw, ns_raw)
         return None if entry is None else self.serializer.loads(entry.payload)
 
-    # -- invalidation ---------------------------------------------------------------------------
-
     def invalidate(self, key: str, *, using: str | None = None) -> None:
-        """Delete ``key``'s cached value once the transaction on database ``using`` commits, with
-        ``composition.cache.invalidate``'s guarantees (durable at COMMIT, replayed if not applied)."""
+        """``composition.cache.invalidate`` on this alias: durable at COMMIT, replayed if not applied."""
         self.invalidations.schedule(KIND_KEY, key, using=using)
 
     def invalidate_namespace(self, namespace: str, *, using: str | None = None) -> None:
-        """Invalidate every key of ``namespace`` (one Redis INCR), as ``invalidate``."""
         self.invalidations.schedule(KIND_NAMESPACE, namespace, using=using)
 
     # -- reads ----------------------------------------------------------------------------------
