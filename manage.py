@@ -18,12 +18,12 @@ def main() -> None:
     except ModuleNotFoundError as exc:
         if exc.name != "django":
             raise
-        venv = Path(__file__).resolve().parent / ".venv"
-        python = venv / "bin" / "python"
-        if python.exists() and Path(sys.prefix).resolve() != venv.resolve():
+        python = Path(__file__).resolve().parent / ".venv" / "bin" / "python"
+        if python.exists() and not os.environ.get("MANAGE_PY_IN_VENV"):
+            os.environ["MANAGE_PY_IN_VENV"] = "1"  # once: a .venv without Django must not loop
             os.execv(python, [str(python), *sys.argv])
-        raise SystemExit("manage.py: Django is not installed for this Python, and there is no .venv "
-                         "beside manage.py: run ./run or `make venv` first") from None
+        raise SystemExit(f"manage.py: no Django for {sys.executable}, nor in a complete .venv beside "
+                         "manage.py: run ./run or `make venv` first") from None
     execute_from_command_line(sys.argv)
 
 

@@ -139,8 +139,10 @@ class InvoiceService:
                 payment = Payment.objects.create(payment_id=payment_id, invoice=invoice, amount_cents=amount_cents)
                 invoice.status = Invoice.Status.PAID
                 invoice.save(update_fields=["status", "updated_at"])
-                self.jobs.receipt(payment.pk)
+                # Invalidated first: after COMMIT the hooks run in this order, and readers must
+                # not wait for the receipt's send to see the invoice paid.
                 self.cache.invalidate(invoice.pk)
+                self.jobs.receipt(payment.pk)
         except IntegrityError:
             # A concurrent request with the same payment id won the race: the constraint decided.
             repeat = _earlier_payment(invoice_id, payment_id, amount_cents)

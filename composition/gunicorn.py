@@ -94,9 +94,10 @@ class ThreadWorker(gthread.ThreadWorker):
 
     The limits are kernel socket options (``SO_RCVTIMEO``/``SO_SNDTIMEO``), not
     ``socket.settimeout``: gunicorn switches the socket between blocking and non-blocking as it
-    moves between thread and poller, which resets a Python-level timeout but not these. gunicorn
-    logs a request stalled in its headers as a socket error; a body read by Django fails with
-    ``UnreadablePostError``.
+    moves between thread and poller, which resets a Python-level timeout but not these. They do
+    not bound ``sendfile()`` (Python then waits in a selector with no timeout): the example sets
+    gunicorn's ``sendfile = False``. gunicorn logs a request stalled in its headers as a socket
+    error; a body read by Django fails with ``UnreadablePostError``.
     """
 
     first_byte_wait_s: float = 0.1

@@ -63,11 +63,18 @@ FORGET_DEAD_AFTER_S = 3600.0
 
 
 def register_worker(pid: int | None = None) -> None:
-    """Count ``pid`` (this process by default) among this host's workers of this project."""
+    """Count ``pid`` (this process by default) among this host's workers of this project. Safe
+    to repeat (a heartbeat does, should a temporary-file cleaner have removed it). Raises
+    ``OSError`` when the directory cannot be written."""
     pid = pid or os.getpid()
     directory = workers_directory()
+    entry = directory / str(pid)
+    started = _started_at(pid) or ""
+    with contextlib.suppress(OSError):
+        if entry.read_text() == started:  # registered already (not an earlier process's pid)
+            return
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / str(pid)).write_text(_started_at(pid) or "")
+    entry.write_text(started)
     for dead, runs in registered_workers().items():
         with contextlib.suppress(OSError):
             entry = directory / str(dead)
@@ -95,5 +102,5 @@ def registered_workers() -> dict[int, bool]:
             registered = entry.read_text()
         except OSError:  # withdrawn meanwhile
             continue
-        found[pid] = pid_runs(pid) and (not registered or _started_at(pid) in (registered, None))
+        found[pid] = pid_runs(pid) and (not registered or _started_at(pid) == registered)
     return found

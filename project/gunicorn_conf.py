@@ -19,6 +19,9 @@ graceful_timeout = int(os.environ.get("WEB_GRACEFUL_TIMEOUT_S", "20"))
 # seconds; a new connection gets a thread for its first byte only briefly, and a read or write
 # that stalls gives the thread back after a few seconds (composition.gunicorn.ThreadWorker).
 keepalive = 2
+# A file response sent with sendfile() waits for a client that stopped reading without the
+# worker's stall limit: WhiteNoise's static files are written as ordinary responses instead.
+sendfile = False
 # A worker whose main loop stops beating (not a slow request: gthread's loop beats meanwhile) is replaced.
 timeout = 60
 accesslog = None

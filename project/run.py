@@ -108,10 +108,9 @@ def main() -> int:
                                   cwd=BASE_DIR, stdout=subprocess.PIPE, text=True)
             if done.returncode != 0:
                 raise RuntimeError(f"manage.py dev_setup exited {done.returncode}")
-            lines = done.stdout.strip().splitlines()
-            self.api_token = lines[-1] if lines and lines[-1].startswith("bil_") else None
+            self.api_token = done.stdout.strip() or None  # the token alone, or nothing
             if self.api_token is None:
-                log.warning("no API token made for the dev superuser (no user named admin)")
+                log.warning("no API token made for the dev superuser (see above)")
 
         def stop(self, timeout_s: float) -> None:
             pass

@@ -44,9 +44,10 @@ def _no_cached_answers_from_an_earlier_run() -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def _the_configured_redis_is_left_alone() -> Iterator[None]:
-    """The gate tests only what it started: a message queued on the configured broker (where a
-    ``./run`` beside the tests keeps its own) is still there when the session ends, whatever
-    the tests flushed or consumed on theirs (``tests.settings.the_gate_s_own``)."""
+    """The gate tests only what it started: a message queued on the configured broker and a key
+    in the configured cache (where a ``./run`` beside the tests keeps its own) are still there
+    when the session ends, whatever the tests flushed or consumed on theirs
+    (``tests.settings.the_gate_s_own``)."""
     import uuid
 
     import redis
@@ -55,20 +56,24 @@ def _the_configured_redis_is_left_alone() -> Iterator[None]:
 
     from project import settings as configured
 
-    url = configured.COMPOSITION["BROKER_URL"]
-    if not url.startswith(("redis://", "rediss://")):
-        yield
-        return
-    broker = RedisBroker(client=redis.Redis.from_url(url))
-    queue = f"gate_isolation_{uuid.uuid4().hex[:8]}"
-    broker.enqueue(Message(queue_name=queue, actor_name="gate_isolation", args=(), kwargs={}, options={}))
+    mark = f"gate_isolation_{uuid.uuid4().hex[:8]}"
+    broker_url, cache_url = configured.COMPOSITION["BROKER_URL"], configured.CACHES["default"]["LOCATION"]
+    broker = RedisBroker(client=redis.Redis.from_url(broker_url)) if broker_url.startswith("redis") else None
+    cache = redis.Redis.from_url(cache_url)
+    if broker is not None:
+        broker.enqueue(Message(queue_name=mark, actor_name="gate_isolation", args=(), kwargs={}, options={}))
+    cache.set(mark, "1", ex=24 * 3600)
     try:
         yield
-        assert broker.client.llen(f"{broker.namespace}:{queue}") == 1, (
-            f"a test emptied the configured broker {url} (a ./run beside the gate would have lost its messages)")
+        assert broker is None or broker.client.llen(f"{broker.namespace}:{mark}") == 1, (
+            f"a test emptied the configured broker {broker_url} (a ./run beside the gate would lose its messages)")
+        assert cache.get(mark) == b"1", f"a test emptied the configured cache {cache_url} (./run's)"
     finally:
-        broker.flush(queue)
-        broker.client.close()
+        if broker is not None:
+            broker.flush(mark)
+            broker.client.close()
+        cache.delete(mark)
+        cache.close()
 
 
 @pytest.fixture

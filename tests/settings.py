@@ -8,21 +8,42 @@ A child also takes COMPOSITION overrides as a JSON object in ``COMPOSITION_TEST_
 import importlib.util
 import json
 import os
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 from project.settings import *  # noqa: F403
 from project.settings import CACHES, COMPOSITION, INSTALLED_APPS
 
 
-def the_gate_s_own(url: str) -> str:
-    """A Redis URL's next database: the tests flush theirs, empty its broker keys and read its
-    heartbeats, so a ``./run`` beside them (on the configured database) loses nothing to them
-    and never takes their messages. PostgreSQL is apart already: pytest-django's test_<name>."""
+def _redis_db(url: str) -> int | None:
+    """The database number of a redis:// URL (``?db=`` wins over the path, as in redis-py)."""
     parts = urlsplit(url)
     if parts.scheme not in ("redis", "rediss"):
-        return url
-    db = int(parts.path.strip("/") or 0)
-    return parts._replace(path=f"/{(db + 1) % 16}").geturl()
+        return None
+    query = parse_qs(parts.query)
+    return int(query["db"][-1] if "db" in query else parts.path.strip("/") or 0)
+
+
+def _with_db(url: str, db: int) -> str:
+    parts = urlsplit(url)
+    query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+    if "db" in query:
+        query["db"] = str(db)
+    return parts._replace(path=f"/{db}", query=urlencode(query)).geturl()
+
+
+# The gate's own Redis databases: the configured ones moved by the smallest offset that lands on
+# none of them. The tests flush theirs, empty its broker keys and read its heartbeats, so a
+# ./run beside them (on the configured databases) loses nothing to them and never takes their
+# messages. PostgreSQL is apart already: pytest-django's test_<name>.
+CONFIGURED_REDIS_DBS = {db for url in (CACHES["default"]["LOCATION"], COMPOSITION["BROKER_URL"])
+                        if (db := _redis_db(url)) is not None}
+_OFFSET = next(k for k in range(1, 16)
+               if CONFIGURED_REDIS_DBS.isdisjoint({(db + k) % 16 for db in CONFIGURED_REDIS_DBS}))
+
+
+def the_gate_s_own(url: str) -> str:
+    db = _redis_db(url)
+    return url if db is None else _with_db(url, (db + _OFFSET) % 16)
 
 
 CACHES = {**CACHES, "default": {**CACHES["default"], "LOCATION": the_gate_s_own(CACHES["default"]["LOCATION"])}}

@@ -22,12 +22,12 @@ def test_a_pay_is_plain_statements_then_its_row_is_sent_before_it_returns() -> N
     service = default_service()
     with sent_queries() as queries:
         outcome = service.pay_invoice(invoice.pk, payment_id=f"ac-{invoice.pk}", amount_cents=500)
-    # BEGIN, the lock, the payment, the invoice's update, the outbox row, the invalidation
-    # record, COMMIT; then the mark-sent and the record's DELETE.
+    # BEGIN, the lock, the payment, the invoice's update, the invalidation record, the outbox
+    # row, COMMIT; then the record's DELETE and the mark-sent.
     assert [query.split()[0] for query in queries[:7]] == ["BEGIN", "SELECT", "INSERT", "UPDATE", "INSERT", "INSERT",
                                                             "COMMIT"], queries
     assert "FOR UPDATE" in queries[1] and 'INSERT INTO "billing_payment"' in queries[2], queries
-    assert 'INSERT INTO "composition_outboxmessage"' in queries[4], queries
+    assert 'INSERT INTO "composition_outboxmessage"' in queries[5], queries
     message = OutboxMessage.objects.get(payload__payment_id=outcome.payment.pk)
     assert (message.status, message.attempts) == (OutboxMessage.Status.SENT, 1), "sent once, by this process"
     assert not PendingInvalidation.objects.filter(target=f"invoice:{invoice.pk}").exists()

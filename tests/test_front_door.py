@@ -254,14 +254,6 @@ def test_idle_connections_at_gunicorn_alone_wait_in_its_poller_not_in_its_thread
     assert max(latencies) < HEALTHZ_WITHIN_S, latencies
 
 
-def test_gunicorn_still_has_the_first_byte_wait_the_worker_lowers() -> None:
-    # composition.gunicorn.ThreadWorker sets this module constant (no setting exists for it): a
-    # release that renames it would silently give a new connection a thread for 5 s again.
-    from gunicorn.workers import gthread
-
-    assert isinstance(gthread.DEFAULT_WORKER_DATA_TIMEOUT, float)
-
-
 @pytest.mark.django_db(transaction=True)
 def test_the_proxy_passes_a_request_id_on_and_leaves_metrics_to_prometheus() -> None:
     with gunicorn(subprocess_env(), workers=1, threads=2) as web, nginx(_port(web)) as front:

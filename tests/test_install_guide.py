@@ -15,7 +15,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -39,21 +38,20 @@ def readme_block(marker: str) -> str:
 
 @pytest.fixture
 def guide_services() -> Iterator[dict[str, str]]:
-    """A database of its own on the test's PostgreSQL and two Redis databases of their own."""
+    """A database of its own on the test's PostgreSQL, and the gate's own Redis database."""
     db = settings.DATABASES["default"]
     name = f"guide_{uuid.uuid4().hex[:8]}"
     admin = dict(host=db.get("HOST") or "127.0.0.1", port=db.get("PORT") or 5432, user=db.get("USER") or "postgres",
                  password=db.get("PASSWORD") or None, dbname="postgres", autocommit=True)
     with psycopg.connect(**admin) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    redis_url = urlsplit(settings.CACHES["default"]["LOCATION"])
-    cache_url, broker_url = (f"redis://{redis_url.netloc}/{n}" for n in (9, 10))
-    for url in (cache_url, broker_url):
-        redis.Redis.from_url(url).flushdb()
+    # The gate's own Redis database (tests.settings), never a fixed one another user of the
+    # server may have: the guide's project keeps its cache and its broker keys there.
+    cache_url = broker_url = settings.CACHES["default"]["LOCATION"]
+    redis.Redis.from_url(cache_url).flushdb()
     yield {"PGDATABASE": name, "PGHOST": admin["host"], "PGPORT": str(admin["port"]), "PGUSER": admin["user"],
            "PGPASSWORD": admin["password"] or "", "REDIS_URL": cache_url, "BROKER_URL": broker_url}
-    for url in (cache_url, broker_url):
-        redis.Redis.from_url(url).flushdb()
+    redis.Redis.from_url(cache_url).flushdb()
     with psycopg.connect(**admin) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 

@@ -38,3 +38,4 @@ def test_the_broker_and_server_internals_are_there() -> None:
     assert hasattr(blocking.BlockingChannel, "_flush_output")
     assert "_impl" in blocking.BlockingChannel.__init__.__code__.co_names
     assert isinstance(gthread.DEFAULT_WORKER_DATA_TIMEOUT, float)
+    assert "initialized" in gthread.TConn.__init__.__code__.co_names

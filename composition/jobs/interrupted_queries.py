@@ -119,7 +119,7 @@ class InterruptedQueries(Middleware):
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         for wrapper in connections.all():
-            # First in the list is outermost: it also covers what the others send (held writes).
+            # First in the list is outermost: it also covers what the other wrappers send.
             if wrapper.vendor == "postgresql" and cancel_on_interrupt not in wrapper.execute_wrappers:
                 wrapper.execute_wrappers.insert(0, cancel_on_interrupt)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -52,15 +53,24 @@ class HeartbeatComponent(PeriodicComponent):
         return {**jobs, "breakers": breaker_states()}
 
     def start(self) -> None:
-        # Registered on this host apart from Redis: `health workers --local` tells this
-        # project's processes by it, and still finds them while Redis is down.
-        pids.register_worker()
+        self._register()
         self._client = probes.heartbeat_client()
         self.tick()
         super().start()
 
+    def _register(self) -> None:
+        # On this host, apart from Redis: `health workers --local` tells this project's
+        # processes by it, and still finds them while Redis is down. Each beat registers again
+        # should a temporary-file cleaner have removed it; a directory it cannot write (a
+        # read-only /tmp) costs only that local check, not the worker.
+        try:
+            pids.register_worker()
+        except OSError as exc:
+            log.warning("worker not registered for health workers --local", error=str(exc))
+
     def tick(self) -> None:
         """One beat; a failure is logged (the next beat may well succeed)."""
+        self._register()
         try:
             heartbeats.write_heartbeat(self._client, self.worker_id, self.state())
             WORKER_HEARTBEAT_TIMESTAMP.set(time.time())
@@ -75,4 +85,5 @@ class HeartbeatComponent(PeriodicComponent):
             log.warning("could not withdraw heartbeat", error=str(exc))
         finally:
             self._client.close()
-            pids.unregister_worker()
+            with contextlib.suppress(OSError):
+                pids.unregister_worker()

@@ -17,6 +17,7 @@ import threading
 import weakref
 
 import structlog
+from django.db import DEFAULT_DB_ALIAS, transaction
 from dramatiq.broker import Broker
 
 from composition.breaker import CircuitBreaker, CircuitOpen
@@ -79,6 +80,11 @@ class SendAfterCommit:
 
     def __call__(self) -> None:
         """After COMMIT: send the rows now. Never raises."""
+        if not transaction.get_connection(DEFAULT_DB_ALIAS).in_atomic_block:
+            # Django only ever counts savepoints up; none is open now, and a count left above
+            # zero would have every later publish of this thread confirm its rows
+            # (composition.transactions.savepoint_outside_atomic).
+            transaction.clean_savepoints(DEFAULT_DB_ALIAS)
         self.send_now()
 
     def send_now(self) -> None:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 __all__ = ["left_to_the_relay"]
+
+_lock = threading.Lock()
+_depth = 0
 
 
 @contextmanager
@@ -16,8 +20,14 @@ def left_to_the_relay() -> Iterator[None]:
     # Late: composition.testing is imported by settings modules, before the app registry exists.
     from composition.outbox.publish import LEFT_TO_THE_RELAY
 
-    LEFT_TO_THE_RELAY.set()
+    global _depth
+    with _lock:
+        _depth += 1
+        LEFT_TO_THE_RELAY.set()
     try:
         yield
     finally:
-        LEFT_TO_THE_RELAY.clear()
+        with _lock:
+            _depth -= 1
+            if _depth == 0:  # an inner block's end leaves an outer one's in force
+                LEFT_TO_THE_RELAY.clear()

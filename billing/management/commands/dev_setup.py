@@ -12,7 +12,7 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 
 class Command(BaseCommand):
@@ -23,7 +23,8 @@ class Command(BaseCommand):
         parser.add_argument("--token-name", default="./run", help="the token's name; an earlier one of it is replaced")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        call_command("migrate", interactive=False, verbosity=options["verbosity"], stdout=self.stdout)
+        # Its progress on standard error: standard output carries the token alone.
+        call_command("migrate", interactive=False, verbosity=options["verbosity"], stdout=self.stderr)
         call_command("collectstatic", interactive=False, verbosity=0)
         # A mark left by a run that was killed would keep the new web server draining.
         call_command("drain", clear=True, stdout=StringIO())
@@ -35,5 +36,8 @@ class Command(BaseCommand):
         # The superuser may have been made by hand under another name: the token is admin's only
         # when there is an admin.
         if user_model.objects.filter(username="admin").exists():
-            call_command("create_api_token", "admin", name=options["token_name"], replace=True, stdout=token)
+            try:
+                call_command("create_api_token", "admin", name=options["token_name"], replace=True, stdout=token)
+            except CommandError as exc:  # no token this run; everything else still works
+                self.stderr.write(f"no API token made for admin: {exc}")
         self.stdout.write(token.getvalue().strip())
