@@ -79,17 +79,13 @@ class SendAfterCommit:
         self.confirm = self.confirm or under_savepoint
 
     def __call__(self) -> None:
-        """After COMMIT: send the rows now. Never raises."""
+        """After COMMIT: send the rows from this thread. Never raises: the caller's commit has
+        succeeded whatever happens here."""
         if not transaction.get_connection(DEFAULT_DB_ALIAS).in_atomic_block:
             # Django only ever counts savepoints up; none is open now, and a count left above
             # zero would have every later publish of this thread confirm its rows
             # (composition.transactions.savepoint_outside_atomic).
             transaction.clean_savepoints(DEFAULT_DB_ALIAS)
-        self.send_now()
-
-    def send_now(self) -> None:
-        """Send the rows from this thread. Never raises: the caller's commit has succeeded
-        whatever happens here."""
         if not self.ids:
             return
         sent: set[int] = set()

@@ -157,21 +157,16 @@ def publish_with_headers(actor: Any, payload: Mapping[str, Any], *, headers: Map
     under_savepoint = any(sid is not None for sid in open_savepoints(DEFAULT_DB_ALIAS)) \
         or savepoint_outside_atomic(DEFAULT_DB_ALIAS)
 
-    def inserted_as(inserted: Inserted) -> None:
-        send.ids.append(inserted.id)
-        if inserted.claimed_until is not None:
-            # Decoded again: the caller may change its payload before COMMIT, the row cannot.
-            send.add_claimed(ClaimedMessage(
-                id=inserted.id, actor_name=name, queue_name=declared.queue_name, payload=json.loads(encoded),
-                key=key, headers=json.loads(headers_json), delay_s=delay_s, created_at=created_at,
-            ), since=since, under_savepoint=under_savepoint)
-
-    row_fields: dict[str, Any] = {
-        "actor_name": name, "queue_name": declared.queue_name, "payload_json": encoded.decode(),
-        "headers_json": headers_json, "delay_s": delay_s, "created_at": created_at, "lease_s": relay.lease_s}
-    inserted = insert(**row_fields, key=key, claim_for=claim_for,
-                      own_ids=send.claimed_by_key.get(key, ()) if key is not None else ())
-    inserted_as(inserted)
+    inserted = insert(actor_name=name, queue_name=declared.queue_name, payload_json=encoded.decode(), key=key,
+                      headers_json=headers_json, delay_s=delay_s, created_at=created_at, lease_s=relay.lease_s,
+                      claim_for=claim_for, own_ids=send.claimed_by_key.get(key, ()) if key is not None else ())
+    send.ids.append(inserted.id)
+    if inserted.claimed_until is not None:
+        # Decoded again: the caller may change its payload before COMMIT, the row cannot.
+        send.add_claimed(ClaimedMessage(
+            id=inserted.id, actor_name=name, queue_name=declared.queue_name, payload=json.loads(encoded),
+            key=key, headers=json.loads(headers_json), delay_s=delay_s, created_at=created_at,
+        ), since=since, under_savepoint=under_savepoint)
     if not in_transaction:
         send()  # autocommit: the row is committed already
     return _row(inserted, name, declared.queue_name, payload, key, all_headers, delay_s, created_at,
