@@ -14,6 +14,7 @@ from django.http import HttpRequest
 from billing.api import ApiError
 from billing.errors import BillingError
 from billing.models import ApiToken, Invoice, Payment, Receipt
+from billing.services import invoice_cache_key
 from billing.validation import AMOUNT
 from billing.views import INVOICE_FIELDS
 from billing.wiring import default_service
@@ -80,7 +81,7 @@ class InvoiceAdmin(admin.ModelAdmin):
         if change:
             # Customer or email changed: the cached answer goes after COMMIT (the admin's
             # view runs in a transaction).
-            default_service().cache.invalidate(obj.pk)
+            default_service().cache.invalidate(invoice_cache_key(obj.pk))
 
     @admin.action(description="Void selected open invoices", permissions=["change"])
     def void_selected(self, request: HttpRequest, queryset: QuerySet[Invoice]) -> None:

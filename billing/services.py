@@ -1,6 +1,8 @@
 """Billing's business rules, as ``InvoiceService``: the source document's
-``createInvoiceService({ db, cache, lock, logger, metrics })``, its collaborators passed in
-(``billing.wiring`` builds the default one, in one place).
+``createInvoiceService({ db, cache, lock, logger, metrics })``. What it is given are the
+library's own objects, not wrappers of ours: a cache-aside object (``composition.cache``), the
+row lock (``composition.locks.row_lock``), ``composition.outbox.publish``, Prometheus counters,
+a structlog logger and the email sender. ``billing.wiring`` builds the default one.
 
 The database is the source of truth: the lock keeps two payers of one invoice from
 interleaving, the unique constraints make a duplicate impossible, the outbox row commits with
@@ -11,25 +13,31 @@ a check constraint.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from django.db import IntegrityError, transaction
 
-from billing.collaborators import BillingJobs, BillingMetrics, InvoiceCache, InvoiceLocks
 from billing.errors import (
     AlreadyPaid,
     AmountMismatch,
     DuplicateInvoice,
+    InvoiceBusy,
     InvoiceNotFound,
     InvoiceNotOpen,
     InvoiceVoid,
     PaymentIdReused,
 )
 from billing.mail import EmailSender
+from billing.metrics import BillingMetrics
 from billing.models import Invoice, Payment, Receipt
+from composition.backpressure import admit
+from composition.broker import configured_broker
+from composition.cache import CacheAside
 from composition.jobs import PermanentError
+from composition.locks import LockNotAcquired
 
 __all__ = ["InvoicePage", "InvoiceService", "PaymentOutcome", "invoice_cache_key"]
 
@@ -47,17 +55,24 @@ class InvoicePage:
 
 
 def invoice_cache_key(invoice_id: int) -> str:
-    return InvoiceCache.key(invoice_id)
+    return f"invoice:{invoice_id}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class InvoiceService:
-    cache: InvoiceCache
-    locks: InvoiceLocks
-    jobs: BillingJobs
+    cache: CacheAside  # composition.cache.get_cache_aside(alias)
+    lock: Callable[..., Any]  # composition.locks.row_lock
+    publish: Callable[..., Any]  # composition.outbox.publish
     metrics: BillingMetrics
     log: Any  # a structlog logger
     mail: EmailSender
+    invoice_ttl_s: float = 300.0
+    # A payer who cannot have the invoice's lock in this long gets InvoiceBusy (a 409 with
+    # retry_after_s) rather than a request stuck behind a slow payment.
+    lock_timeout_s: float = 2.0
+    # The jobs it publishes, by name (building a service never imports the module that runs them).
+    receipt_job: str = "send_payment_receipt"
+    reminder_job: str = "send_invoice_reminder"
 
     # -- invoices ----------------------------------------------------------------------------
     def create_invoice(self, *, number: str, customer: str, amount_cents: int, currency: str = "EUR",
@@ -84,7 +99,8 @@ class InvoiceService:
             return {**invoice.as_dict(), "payment": payment.as_dict() if payment else None,
                     "receipt": receipt.as_dict() if receipt else None}
 
-        return self.cache.get(invoice_id, load)
+        return self.cache.fetch(invoice_cache_key(invoice_id), load, ttl_s=self.invoice_ttl_s,
+                                pattern="invoice").value
 
     def list_invoices(self, *, status: str | None = None, before_id: int | None = None,
                       limit: int = 50) -> InvoicePage:
@@ -103,14 +119,19 @@ class InvoiceService:
     def void_invoice(self, invoice_id: int) -> tuple[Invoice, bool]:
         """Void an open invoice; returns it and whether this call voided it (False: it was void
         already, a repeat). Raises InvoiceNotFound, AlreadyPaid or InvoiceBusy."""
-        with transaction.atomic(), self.locks.hold(invoice_id) as invoice:
-            if invoice.status == Invoice.Status.VOID:
-                return invoice, False
-            if invoice.status == Invoice.Status.PAID:
-                raise AlreadyPaid(f"invoice {invoice.number} is paid: it cannot be voided")
-            invoice.status = Invoice.Status.VOID
-            invoice.save(update_fields=["status", "updated_at"])
-            self.cache.invalidate(invoice.pk)
+        try:
+            with transaction.atomic(), self.lock(Invoice.objects.filter(pk=invoice_id),
+                                                 timeout_s=self.lock_timeout_s) as found:
+                invoice = _the_invoice(found, invoice_id)
+                if invoice.status == Invoice.Status.VOID:
+                    return invoice, False
+                if invoice.status == Invoice.Status.PAID:
+                    raise AlreadyPaid(f"invoice {invoice.number} is paid: it cannot be voided")
+                invoice.status = Invoice.Status.VOID
+                invoice.save(update_fields=["status", "updated_at"])
+                self.cache.invalidate(invoice_cache_key(invoice.pk))
+        except LockNotAcquired as exc:
+            raise InvoiceBusy(f"invoice {invoice_id} is being changed by another request") from exc
         self.log.info("invoice voided", invoice_id=invoice.pk)
         return invoice, True
 
@@ -123,7 +144,9 @@ class InvoiceService:
         # No look for an earlier payment first: a repeat finds the invoice paid under the lock
         # (or its payment id taken by the constraint), and a first payment saves the query.
         try:
-            with transaction.atomic(), self.locks.hold(invoice_id) as invoice:
+            with transaction.atomic(), self.lock(Invoice.objects.filter(pk=invoice_id),
+                                                 timeout_s=self.lock_timeout_s) as found:
+                invoice = _the_invoice(found, invoice_id)
                 if invoice.status == Invoice.Status.PAID:
                     # Paid already; if by this very payment id (a retried request, or one racing
                     # its first try), answer as a repeat, not a conflict.
@@ -141,15 +164,18 @@ class InvoiceService:
                 invoice.save(update_fields=["status", "updated_at"])
                 # Invalidated first: after COMMIT the hooks run in this order, and readers must
                 # not wait for the receipt's send to see the invoice paid.
-                self.cache.invalidate(invoice.pk)
-                self.jobs.receipt(payment.pk)
+                self.cache.invalidate(invoice_cache_key(invoice.pk))
+                # No ordering key: an invoice has one payment, so one receipt, nothing to order.
+                self.publish(self.receipt_job, {"payment_id": payment.pk})
+        except LockNotAcquired as exc:
+            raise InvoiceBusy(f"invoice {invoice_id} is being changed by another request") from exc
         except IntegrityError:
             # A concurrent request with the same payment id won the race: the constraint decided.
             repeat = _earlier_payment(invoice_id, payment_id, amount_cents)
             if repeat is None:
                 raise
             return PaymentOutcome(repeat, created=False)
-        self.metrics.invoice_paid()
+        self.metrics.invoice_paid.inc()
         self.log.info("invoice paid", invoice_id=invoice.pk, payment_id=payment.payment_id)
         return PaymentOutcome(payment, created=True)
 
@@ -169,13 +195,13 @@ class InvoiceService:
             receipt, created = Receipt.objects.get_or_create(payment=payment,
                                                              defaults={"number": f"R-{invoice.number}"})
             if created:
-                self.cache.invalidate(invoice.pk)  # the invoice's answer shows its receipt
+                self.cache.invalidate(invoice_cache_key(invoice.pk))  # its answer shows the receipt
                 if invoice.email:
                     self.mail.send(to=[invoice.email], subject=f"Receipt {receipt.number}",
                                    body=f"We received {payment.amount_cents} cents ({invoice.currency}) "
                                         f"for invoice {invoice.number}. Thank you.",
                                    message_id=self.mail.message_id("receipt", receipt.number))
-                    self.metrics.receipt_emailed()
+                    self.metrics.receipt_emails.inc()
         self.log.info("payment receipt written", receipt=receipt.number, created=created,
                       emailed=bool(created and invoice.email))
         return receipt
@@ -190,8 +216,9 @@ class InvoiceService:
             raise InvoiceNotFound(f"invoice {invoice_id} does not exist")
         if invoice.status != Invoice.Status.OPEN:
             raise InvoiceNotOpen(f"invoice {invoice.number} is {invoice.status}: there is nothing to remind of")
-        self.jobs.admit_reminder()
-        self.jobs.reminder(invoice.pk)
+        # Reminders are the work to shed first, so their queue has a backlog limit of its own.
+        admit(configured_broker().get_actor(self.reminder_job).queue_name)
+        self.publish(self.reminder_job, {"invoice_id": invoice.pk})
 
     def send_reminder(self, invoice_id: int, *, reference: str) -> bool:
         """The job's body: email the reminder if the invoice is still open and has an address;
@@ -200,14 +227,20 @@ class InvoiceService:
         structlog.contextvars.bind_contextvars(invoice_id=invoice_id)
         invoice = Invoice.objects.filter(pk=invoice_id).first()
         if invoice is None or invoice.status != Invoice.Status.OPEN or not invoice.email:
-            self.metrics.reminder("skipped")
+            self.metrics.reminders.labels("skipped").inc()
             return False
         self.mail.send(to=[invoice.email], subject=f"Reminder: invoice {invoice.number}",
                        body=f"Invoice {invoice.number} for {invoice.amount_cents} cents ({invoice.currency}) "
                             "is still open.",
                        message_id=self.mail.message_id("reminder", reference))
-        self.metrics.reminder("sent")
+        self.metrics.reminders.labels("sent").inc()
         return True
+
+
+def _the_invoice(found: list[Invoice], invoice_id: int) -> Invoice:
+    if not found:
+        raise InvoiceNotFound(f"invoice {invoice_id} does not exist")
+    return found[0]
 
 
 def _earlier_payment(invoice_id: int, payment_id: str, amount_cents: int) -> Payment | None:

@@ -1,9 +1,9 @@
-"""The composition root: the one place where billing's collaborators are chosen.
+"""The composition root: the one place where billing's service is given its objects.
 
 ``default_service()`` is the service the views and jobs use, built once per process from
-``settings.BILLING`` (rebuilt when a test overrides it); ``build_service(**collaborators)``
-builds one with some collaborators replaced, as the tests do with another cache alias, other
-queues or another email backend.
+``settings.BILLING`` (rebuilt when a test overrides it); ``build_service(**fields)`` builds one
+with some of ``InvoiceService``'s fields replaced, as the tests do with another cache alias,
+a receipt job on another queue or another email backend.
 
 ``settings.BILLING`` (every key optional)::
 
@@ -22,17 +22,20 @@ queues or another email backend.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import structlog
 from django.conf import settings
 from django.core.signals import setting_changed
 
-from billing.collaborators import BillingJobs, BillingMetrics, InvoiceCache, InvoiceLocks
 from billing.mail import EmailSender
+from billing.metrics import METRICS
 from billing.services import InvoiceService
 from composition.breaker import CircuitBreaker
 from composition.cache import get_cache_aside
+from composition.locks import row_lock
+from composition.outbox import publish
 
 __all__ = ["DEFAULTS", "build_service", "default_service", "email_sender"]
 
@@ -65,23 +68,24 @@ def email_sender(*, backend: str | None = None, **backend_options: Any) -> Email
                        backend=backend or options["EMAIL_BACKEND"], backend_options=backend_options)
 
 
-def build_service(**collaborators: Any) -> InvoiceService:
-    """An ``InvoiceService`` with the defaults of ``settings.BILLING``, except ``collaborators``
-    (any of cache, locks, jobs, metrics, log, mail)."""
+def build_service(**fields: Any) -> InvoiceService:
+    """An ``InvoiceService`` with the defaults of ``settings.BILLING``, except ``fields`` (any of
+    ``InvoiceService``'s: cache, lock, publish, metrics, log, mail, invoice_ttl_s, ...)."""
+    unknown = set(fields) - set(InvoiceService.__dataclass_fields__)
+    if unknown:
+        raise TypeError(f"unknown InvoiceService field(s): {', '.join(sorted(unknown))}")
     options = _settings()
-    defaults: dict[str, Any] = {
-        "cache": lambda: InvoiceCache(get_cache_aside(options["CACHE_ALIAS"]), ttl_s=float(options["INVOICE_TTL_S"])),
-        "locks": lambda: InvoiceLocks(timeout_s=float(options["LOCK_TIMEOUT_S"])),
-        "jobs": BillingJobs,
-        "metrics": BillingMetrics,
+    defaults: dict[str, Callable[[], Any]] = {
+        "cache": lambda: get_cache_aside(options["CACHE_ALIAS"]),
+        "lock": lambda: row_lock,
+        "publish": lambda: publish,
+        "metrics": lambda: METRICS,
         "log": lambda: structlog.get_logger("billing"),
         "mail": email_sender,
+        "invoice_ttl_s": lambda: float(options["INVOICE_TTL_S"]),
+        "lock_timeout_s": lambda: float(options["LOCK_TIMEOUT_S"]),
     }
-    unknown = set(collaborators) - set(defaults)
-    if unknown:
-        raise TypeError(f"unknown collaborator(s): {', '.join(sorted(unknown))}")
-    return InvoiceService(**{name: collaborators[name] if name in collaborators else make()
-                             for name, make in defaults.items()})
+    return InvoiceService(**{name: make() for name, make in defaults.items() if name not in fields}, **fields)
 
 
 @functools.cache

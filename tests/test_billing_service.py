@@ -1,4 +1,4 @@
-"""The billing service with its collaborators passed in: real alternates (another cache alias,
+"""The billing service with the library's objects passed in: real alternates (another cache alias,
 a job on another queue, another email backend), and reminders shed under backpressure while
 payments go on."""
 
@@ -13,9 +13,8 @@ from django.conf import settings
 from django.core import mail
 from django.test import Client, override_settings
 
-from billing.collaborators import BillingJobs, InvoiceCache
 from billing.models import Invoice, Payment
-from billing.services import InvoiceService
+from billing.services import InvoiceService, invoice_cache_key
 from billing.wiring import build_service, default_service, email_sender
 from composition.broker import configured_broker
 from composition.cache import get_cache_aside, invalidate_namespace
@@ -36,8 +35,7 @@ def _invoice(number: str = "INV-S1", email: str = "ada@example.com") -> Invoice:
 
 
 def _alternate() -> InvoiceService:
-    return build_service(cache=InvoiceCache(get_cache_aside("alternate")),
-                         jobs=BillingJobs(receipt_actor="receipt_elsewhere"),
+    return build_service(cache=get_cache_aside("alternate"), receipt_job="receipt_elsewhere",
                          mail=email_sender(backend=LOCMEM))
 
 
@@ -50,7 +48,7 @@ def test_the_default_service_is_built_once_from_settings_and_again_when_they_cha
     with override_settings(BILLING={"FROM_EMAIL": "x@example.com", "FROM_EMIAL": "typo"}), \
             pytest.raises(ValueError, match=r"unknown BILLING setting.*FROM_EMIAL"):
         default_service()
-    with pytest.raises(TypeError, match=r"unknown collaborator.*db"):
+    with pytest.raises(TypeError, match=r"unknown InvoiceService field.*db"):
         build_service(db=None)
 
 
@@ -59,7 +57,7 @@ def test_another_cache_alias_holds_the_invoice_and_the_default_one_does_not() ->
     invoice = _invoice()
     service = _alternate()
     assert service.get_invoice(invoice.pk)["status"] == "open"
-    key = service.cache.key(invoice.pk)
+    key = invoice_cache_key(invoice.pk)
     assert get_cache_aside("alternate").fetch(key, lambda: "loader ran", ttl_s=60).outcome == "hit"
     assert get_cache_aside().fetch(key, lambda: "loader ran", ttl_s=60).outcome == "loaded"
 
