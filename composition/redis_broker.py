@@ -9,7 +9,8 @@ list ``<ns>:<queue>.wake``:
 
 - whatever puts messages on a queue (``enqueue()``, so a plain ``actor.send()`` and Dramatiq
   moving a due delayed message; a requeue; the outbox's batched enqueue, through ``WAKE_LUA``)
-  then pushes one wake token per message onto that queue's wake list;
+  pushes one wake token per message onto that queue's wake list; an ``enqueue()`` in the same
+  script call that stores the message, so a send stays one round trip, as with ``RedisBroker``;
 - a consumer whose fetch comes back empty waits in ``BLPOP`` on that list for at most one idle
   poll, instead of sleeping, so a message enqueued meanwhile is fetched at once. A token is a
   hint, never work: a stale one costs one empty fetch, and a missing one (messages that
@@ -45,8 +46,10 @@ it: the queue's next consumer hands them back to their delay queue first (``stra
 Dramatiq internals this relies on (``dramatiq>=2.2,<3``): the private ``_RedisConsumer`` and its
 attributes ``message_cache``, ``prefetch``, ``queue_name``, ``timeout`` and
 ``outstanding_message_count``; ``RedisBroker.consumer_class``, ``RedisBroker.scripts`` and the
-``do_<command>`` methods its ``__getattr__`` makes for ``dispatch.lua``'s commands; the key
-names of ``dispatch.lua`` (``<ns>:<queue>``, ``<ns>:<queue>.msgs``, the unacked sets).
+``do_<command>`` methods its ``__getattr__`` makes for ``dispatch.lua``'s commands, among them
+``do_enqueue``, which ``RedisBroker.enqueue`` calls; ``scripts["dispatch"]``, the script they
+all run, and its arguments (eight, then the command's); the key names of ``dispatch.lua``
+(``<ns>:<queue>``, ``<ns>:<queue>.msgs``, the unacked sets).
 """
 
 from __future__ import annotations
@@ -99,10 +102,13 @@ local function push_wake_tokens(first)
     local last = first + 1 + 2 * tonumber(ARGV[first + 2])
     for i = first + 3, last, 2 do
         local key = ARGV[i]
+        local length = 0
         for _ = 1, tonumber(ARGV[i + 1]) do
-            redis.call("rpush", key, "1")
+            length = redis.call("rpush", key, "1")
         end
-        redis.call("ltrim", key, -max_tokens, -1)
+        if length > max_tokens then
+            redis.call("ltrim", key, -max_tokens, -1)
+        end
         redis.call("pexpire", key, ttl_ms)
     end
 end
@@ -122,6 +128,26 @@ redis.call("rpush", KEYS[3], ARGV[2])
 push_wake_tokens(4)
 return 1
 """
+
+# An enqueue's wake tokens come after dispatch.lua's eight arguments and the message's two.
+_ENQUEUE_WAKE_ARGS_AT = 8 + 2 + 1
+
+
+def _dispatch_and_wake_lua(dispatch_lua: str) -> str:
+    """Dramatiq's ``dispatch.lua`` run as a function so that, whatever it returns, an "enqueue"
+    then pushes the wake tokens given after its own arguments (``wake_args``). pcall: the message
+    is stored by then and a token is only a hint, so a failed push must not fail the send; the
+    push's error is returned instead, to log."""
+    return (WAKE_LUA + "local function dramatiq_dispatch()\n" + dispatch_lua + "\nend\n" + f"""
+local result = dramatiq_dispatch()
+if ARGV[1] == "enqueue" then
+    local woke, err = pcall(push_wake_tokens, {_ENQUEUE_WAKE_ARGS_AT})
+    if not woke then
+        return type(err) == "table" and err.err or tostring(err)
+    end
+end
+return result
+""")
 
 
 def wake_args(broker: RedisBroker, queue_names: Iterable[str]) -> list[Any]:
@@ -166,6 +192,11 @@ class WakingRedisBroker(RedisBroker):
         self.max_wait_s: float | None = (
             float(socket_timeout_s) * WAIT_SHARE_OF_SOCKET_TIMEOUT if socket_timeout_s else None)
         self._wake = self.client.register_script(_WAKE_SCRIPT)
+        # Every do_<command> runs scripts["dispatch"]; this one also wakes on an enqueue.
+        source = self.scripts["dispatch"].script
+        self.scripts["dispatch"] = self.client.register_script(
+            _dispatch_and_wake_lua(source.decode() if isinstance(source, bytes) else str(source)))
+        self._enqueue_wake_args: dict[str, list[Any]] = {}
         # Per queue, Redis ids of delayed messages this worker fetched whose consumer failed
         # before it moved them on; handed back by that queue's next consumer.
         self._stranded: dict[str, set[str]] = {}
@@ -196,11 +227,19 @@ class WakingRedisBroker(RedisBroker):
     def consumer_class(self) -> type[WakingRedisConsumer]:
         return WakingRedisConsumer
 
-    def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
-        """Dramatiq's enqueue, then a wake token for the queue (none for a delayed message)."""
-        enqueued: Message[Any] = super().enqueue(message, delay=delay)
-        self.wake([enqueued.queue_name])
-        return enqueued
+    def do_enqueue(self, queue_name: str, message_id: str, data: bytes) -> None:
+        """``dispatch.lua``'s enqueue with the queue's wake token, in one script call (no token
+        for a delay queue). ``RedisBroker.enqueue`` calls it, so a send keeps all of Dramatiq's
+        enqueue: the Redis id, the delay queue and ``eta``, the before/after enqueue hooks.
+
+        The token is best effort, as ``wake`` says: a failed push is logged, never raised."""
+        args = self._enqueue_wake_args.get(queue_name)
+        if args is None:  # fixed per queue, and computing it is a fair share of a send's time
+            args = self._enqueue_wake_args[queue_name] = wake_args(self, [queue_name])
+        failure = super().__getattr__("do_enqueue")(queue_name, message_id, data, *args)
+        if failure:
+            log.warning("could not wake consumers; they find the messages at their next poll",
+                        error=failure.decode() if isinstance(failure, bytes) else str(failure))
 
     def do_requeue(self, queue_name: str, *message_ids: str) -> Any:
         """``dispatch.lua``'s requeue (what ``RedisBroker`` would answer for ``do_requeue``), then

@@ -39,3 +39,16 @@ def test_the_broker_and_server_internals_are_there() -> None:
     assert "_impl" in blocking.BlockingChannel.__init__.__code__.co_names
     assert isinstance(gthread.DEFAULT_WORKER_DATA_TIMEOUT, float)
     assert "initialized" in gthread.TConn.__init__.__code__.co_names
+
+
+def test_dramatiq_s_enqueue_and_dispatch_script_are_as_the_waking_broker_extends_them() -> None:
+    import redis
+    from dramatiq.brokers.redis import RedisBroker
+
+    source = RedisBroker(client=redis.Redis()).scripts["dispatch"].script  # connects to nothing
+    source = source if isinstance(source, bytes) else source.encode()
+    # Eight arguments, then the command's: an enqueue's two, after which the wake tokens go.
+    assert b"local command = ARGV[1]" in source
+    assert b"for i=9,#ARGV do" in source
+    assert b"local message_data = ARGS[2]" in source
+    assert "do_enqueue" in RedisBroker.enqueue.__code__.co_names

@@ -1,7 +1,8 @@
 """Redis-broker consumers wake when a message arrives (``composition.redis_broker``): a message
 sent to an idle queue, directly or through the outbox, starts long before the next idle poll;
 an idle consumer still returns within one poll (so a stop is prompt); delay queues keep
-Dramatiq's polling; and the wake lists stay bounded when nobody listens."""
+Dramatiq's polling; and the wake lists stay bounded when nobody listens. A send stores its
+message and pushes its token in one round trip, between Dramatiq's enqueue hooks."""
 
 from __future__ import annotations
 
@@ -12,13 +13,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+from uuid import uuid4
 
+import dramatiq
 import pytest
 import redis
 from django.conf import settings
 from django.db import transaction
 from dramatiq.common import dq_name
 from dramatiq.message import Message
+from structlog.testing import capture_logs
 
 from composition.broker import build_broker, configured_broker
 from composition.conf import conf
@@ -163,6 +167,129 @@ def test_wake_lists_stay_bounded_without_consumers(broker: WakingRedisBroker, cl
     assert client.llen(key) == WAKE_TOKENS_MAX
     assert 0 < client.pttl(key) <= WAKE_TTL_MS
     assert not client.exists(wake_key(broker, dq_name(UNIT_QUEUE)))
+
+
+# -- a send: one round trip, between Dramatiq's enqueue hooks ------------------------------------
+
+class _EnqueueHooks(dramatiq.Middleware):
+    """Dramatiq's enqueue hooks as they fire: (hook, queue, delay, whether the message is in Redis
+    yet, read through ``client``, not the broker's)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.calls: list[tuple[str, str, int | None, bool]] = []
+
+    def _record(self, hook: str, broker: Any, message: Message[Any], delay: int | None) -> None:
+        stored = self.client.hexists(f"{broker.namespace}:{message.queue_name}.msgs",
+                                     message.options["redis_message_id"])
+        self.calls.append((hook, message.queue_name, delay, bool(stored)))
+
+    def before_enqueue(self, broker: Any, message: Message[Any], delay: int | None) -> None:
+        self._record("before", broker, message, delay)
+
+    def after_enqueue(self, broker: Any, message: Message[Any], delay: int | None) -> None:
+        self._record("after", broker, message, delay)
+
+
+@pytest.fixture
+def hooks(client: redis.Redis) -> _EnqueueHooks:
+    return _EnqueueHooks(client)
+
+
+@pytest.fixture
+def sending_broker(hooks: _EnqueueHooks) -> Iterator[WakingRedisBroker]:
+    """A broker of its own (the configured one's Redis and queues), so its actor and hooks go
+    with the test."""
+    broker = build_broker(conf.BROKER_URL, heartbeat_timeout_s=5.0, maintenance_chance=0, middleware=[hooks])
+    assert isinstance(broker, WakingRedisBroker)
+    yield broker
+    broker.client.close()
+
+
+def _probe_actor(broker: WakingRedisBroker, runs: list[tuple[float, Any]] | None = None) -> Any:
+    def probe(value: Any = None) -> None:
+        if runs is not None:
+            runs.append((time.monotonic(), value))
+
+    return dramatiq.actor(actor_name="wake_unit_probe", queue_name=UNIT_QUEUE, broker=broker)(probe)
+
+
+def _commands_sent(broker: WakingRedisBroker, client: redis.Redis, action: Callable[[], object]) -> list[str]:
+    """The commands ``broker`` sent to Redis during ``action()``, seen by MONITOR (call it from
+    one thread, the broker used by nothing else: its pool then hands the same connection out
+    again)."""
+    address = broker.client.client_info()["addr"]
+    marker = f"end-of-action-{uuid4()}"
+    sent: list[str] = []
+    with client.monitor() as monitor:
+        action()
+        client.echo(marker)
+        while (command := monitor.next_command())["command"] != f"ECHO {marker}":
+            if f"{command['client_address']}:{command['client_port']}" == address:
+                sent.append(command["command"].split(" ", 1)[0].upper())
+    return sent
+
+
+@pytest.mark.parametrize("delay_ms", [None, 60_000], ids=["now", "delayed"])
+def test_a_send_is_one_round_trip_between_dramatiqs_enqueue_hooks(
+        sending_broker: WakingRedisBroker, hooks: _EnqueueHooks, client: redis.Redis, delay_ms: int | None) -> None:
+    probe = _probe_actor(sending_broker)
+    probe.send()  # the first send loads the script (and Dramatiq's stack size): not counted
+    sending_broker.flush(UNIT_QUEUE)
+    hooks.calls.clear()
+
+    sent: list[Message[Any]] = []
+    commands = _commands_sent(sending_broker, client,
+                              lambda: sent.append(probe.send_with_options(delay=delay_ms)))
+
+    assert commands == ["EVALSHA"]
+    message = sent[0]
+    queue = UNIT_QUEUE if delay_ms is None else dq_name(UNIT_QUEUE)
+    assert message.queue_name == queue
+    # Dramatiq's layout: the message in <ns>:<queue>.msgs under its Redis id, the id on the queue.
+    redis_id = message.options["redis_message_id"]
+    assert client.hget(f"{sending_broker.namespace}:{queue}.msgs", redis_id) == message.encode()
+    assert client.lrange(f"{sending_broker.namespace}:{queue}", 0, -1) == [redis_id.encode()]
+    # The hooks fire as Dramatiq fires them: before the message is stored, and after.
+    assert hooks.calls == [("before", queue, delay_ms, False), ("after", queue, delay_ms, True)]
+    if delay_ms is None:
+        assert client.llen(wake_key(sending_broker, UNIT_QUEUE)) == 1
+    else:  # to the delay queue, due at its eta, and waking nobody
+        assert message.options["eta"] > time.time() * 1000
+        assert not client.exists(wake_key(sending_broker, UNIT_QUEUE), wake_key(sending_broker, queue))
+
+
+def test_a_send_wakes_a_waiting_worker_which_runs_it(sending_broker: WakingRedisBroker) -> None:
+    runs: list[tuple[float, Any]] = []
+    probe = _probe_actor(sending_broker, runs)
+    worker = dramatiq.Worker(sending_broker, worker_timeout=IDLE_POLL_MS, worker_threads=1)
+    worker.start()
+    try:
+        time.sleep(0.5)  # its consumer finds the queue empty and waits
+        sent_at = time.monotonic()
+        probe.send("woken")
+        wait_until(lambda: runs, timeout_s=5, message="the message never ran")
+        ran_at, value = runs[0]
+        assert value == "woken"
+        # Well within the idle poll, which a polling consumer would be sleeping through.
+        assert ran_at - sent_at < 2.5 * START_BOUND_S, ran_at - sent_at
+    finally:
+        worker.stop(timeout=5000)
+
+
+def test_a_token_that_cannot_be_pushed_does_not_fail_the_send(
+        sending_broker: WakingRedisBroker, client: redis.Redis) -> None:
+    # The wake list's key holds a string: the push fails after the message is stored. A token is
+    # a hint, so the send succeeds (a consumer finds the message at its next poll), logged.
+    client.set(wake_key(sending_broker, UNIT_QUEUE), "not a list")
+    probe = _probe_actor(sending_broker)
+    with capture_logs() as logs:
+        message = probe.send()
+    assert client.lrange(f"{sending_broker.namespace}:{UNIT_QUEUE}", 0, -1) == [
+        message.options["redis_message_id"].encode()]
+    assert [log["event"] for log in logs] == [
+        "could not wake consumers; they find the messages at their next poll"]
+    assert "WRONGTYPE" in logs[0]["error"]
 
 
 # -- real worker processes -----------------------------------------------------------------------

@@ -3,7 +3,9 @@
 - ``publish(actor, payload, *, key=None, delay_s=None)`` (``publish``) validates (the payload
   against the job's arguments too: ``PayloadDoesNotFitError``) and writes an
   ``OutboxMessage`` (``models``); inside ``transaction.atomic()`` it commits or rolls back with
-  the business data, and after commit it nudges the relay;
+  the business data, and after commit it nudges the relay; ``publish_many(actor, payloads, *,
+  key=None, delay_s=None)`` (``publish_many``) does the same for a list of payloads, all checked
+  before one INSERT per thousand rows;
 - ``claims``: the claim (``FOR UPDATE SKIP LOCKED`` with a lease), mark-sent and release
   statements, each its own short transaction;
 - ``relay``: the loop that claims, enqueues to Dramatiq in one batched round trip
@@ -25,6 +27,7 @@ from composition.outbox.errors import (
 )
 from composition.outbox.models import OutboxMessage
 from composition.outbox.publish import publish
+from composition.outbox.publish_many import publish_many
 
 __all__ = [
     "InvalidDelayError",
@@ -37,4 +40,5 @@ __all__ = [
     "PublishError",
     "UnknownActorError",
     "publish",
+    "publish_many",
 ]

@@ -4,7 +4,8 @@ inserted leased to this process's relay straight away, the others through the re
 claim) and marks them sent in one UPDATE; ``nudge()`` wakes the relay for what it could not
 send. Both go through the broker's nudge breaker and never raise: the caller's commit has
 succeeded whatever happens here, and the sweep relays whatever was missed (a process killed
-between COMMIT and the send: once their lease runs out).
+between COMMIT and the send: once their lease runs out). A transaction has one of each, however
+many rows it publishes (``send_after_commit``, ``nudge_after_commit``).
 
 On the committing thread rather than a thread of the process's own: measured with
 ``bench/bench_throughput.py`` and ``bench/bench_job_latency.py``, a per-process thread batching
@@ -18,6 +19,7 @@ import weakref
 
 import structlog
 from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db.transaction import TransactionManagementError
 from dramatiq.broker import Broker
 
 from composition.breaker import CircuitBreaker, CircuitOpen
@@ -25,9 +27,11 @@ from composition.broker import configured_broker
 from composition.outbox.claims import ClaimedMessage
 from composition.outbox.relay import Relay, SentAfterCommit, relay_actor, relay_for
 from composition.redis_errors import BROKER_FAILURES
+from composition.transactions import on_commit_once, open_savepoints, savepoint_outside_atomic
 
-__all__ = ["BROKER_FAILURES", "NUDGE_BREAKER_FAILURES", "NUDGE_BREAKER_RESET_S", "SendAfterCommit", "nudge",
-           "nudge_breaker"]
+__all__ = ["BROKER_FAILURES", "NUDGE_BREAKER_FAILURES", "NUDGE_BREAKER_RESET_S", "SendAfterCommit",
+           "committing_transaction", "nudge", "nudge_after_commit", "nudge_breaker", "send_after_commit",
+           "under_savepoint"]
 
 log = structlog.get_logger("composition.outbox")
 
@@ -35,6 +39,10 @@ log = structlog.get_logger("composition.outbox")
 # timeout per NUDGE_BREAKER_RESET_S for the whole process, not one per commit.
 NUDGE_BREAKER_FAILURES = 1
 NUDGE_BREAKER_RESET_S = 5.0
+
+# The keys of a transaction's one send and one nudge after COMMIT (see on_commit_once).
+_SEND_KEY = "composition.outbox.send_after_commit"
+_NUDGE_KEY = "composition.outbox.nudge"
 
 _breakers_lock = threading.Lock()
 _breakers: weakref.WeakKeyDictionary[Broker, CircuitBreaker] = weakref.WeakKeyDictionary()
@@ -148,3 +156,41 @@ def nudge() -> None:
     except Exception as exc:
         log.warning("outbox relay nudge failed; the sweep will relay the message",
                     error=f"{type(exc).__name__}: {exc}")
+
+
+# -- what a publish registers ------------------------------------------------------------------
+def committing_transaction(caller: str) -> bool:
+    """Whether a transaction is open (``atomic``) on the default database: False in autocommit.
+    Raises ``TransactionManagementError`` under manual transaction management, where nothing says
+    when it commits, so nothing can be sent after it, and sending now could send a row that is
+    then rolled back."""
+    connection = transaction.get_connection(DEFAULT_DB_ALIAS)
+    if not connection.in_atomic_block and not connection.get_autocommit():
+        raise TransactionManagementError(f"{caller} cannot be used in manual transaction management "
+                                         "(autocommit off outside atomic): use transaction.atomic()")
+    return bool(connection.in_atomic_block)
+
+
+def send_after_commit(in_transaction: bool) -> tuple[SendAfterCommit, Relay]:
+    """The transaction's one send after COMMIT, however many rows it publishes (a new one, to be
+    called by the caller, in autocommit), and this process's relay for the configured broker: rows
+    inserted leased to it when it is the send's relay need no claim after COMMIT."""
+    send = on_commit_once(_SEND_KEY, SendAfterCommit(), using=DEFAULT_DB_ALIAS) if in_transaction \
+        else SendAfterCommit()
+    relay = relay_for(configured_broker())
+    if send.relay is None:
+        send.relay = relay
+    return send, relay
+
+
+def nudge_after_commit() -> None:
+    """Nudge the relay once after COMMIT: a transaction publishing thousands of rows needs one
+    nudge, not thousands."""
+    on_commit_once(_NUDGE_KEY, nudge, using=DEFAULT_DB_ALIAS)
+
+
+def under_savepoint() -> bool:
+    """Whether what is written now may still be rolled back by a savepoint (then the send after
+    COMMIT confirms the rows exist first)."""
+    return any(sid is not None for sid in open_savepoints(DEFAULT_DB_ALIAS)) \
+        or savepoint_outside_atomic(DEFAULT_DB_ALIAS)

@@ -32,15 +32,20 @@ from datetime import datetime
 from typing import Any
 
 import structlog
-from django.db import DEFAULT_DB_ALIAS, transaction
-from django.db.transaction import TransactionManagementError
+from django.db import DEFAULT_DB_ALIAS
 from django.utils import timezone
+from dramatiq.actor import Actor
 from dramatiq.errors import ActorNotFound
 
 from composition.broker import configured_broker
 from composition.conf import conf
 from composition.errors import PayloadValidationError
-from composition.outbox.after_commit import SendAfterCommit, nudge
+from composition.outbox.after_commit import (
+    committing_transaction,
+    nudge_after_commit,
+    send_after_commit,
+    under_savepoint,
+)
 from composition.outbox.claims import ClaimedMessage, Inserted, insert
 from composition.outbox.errors import (
     InvalidDelayError,
@@ -51,10 +56,9 @@ from composition.outbox.errors import (
     UnknownActorError,
 )
 from composition.outbox.models import KEY_MAX_LENGTH, OutboxMessage
-from composition.outbox.relay import relay_for
-from composition.transactions import on_commit_once, open_savepoints, savepoint_outside_atomic
 
-__all__ = ["PAYLOAD_SCHEMA_OPTION", "encode_payload", "publish", "publish_with_headers"]
+__all__ = ["PAYLOAD_SCHEMA_OPTION", "checked_delay", "checked_key", "declared_actor", "encode_payload",
+           "fitting_payload", "publish", "publish_headers", "publish_with_headers", "read_back"]
 
 # The actor option under which ``@job`` leaves its payload check (``jobs.schema.PayloadSchema``,
 # anything with ``validate(args, kwargs)``): publish() runs it without importing ``jobs``.
@@ -65,9 +69,6 @@ log = structlog.get_logger("composition.outbox")
 # Deepest nesting a payload may have; payloads are meant to be a few ids, and the limit keeps the
 # validation walk from recursing without bound.
 _MAX_DEPTH = 32
-# The key of the one after-commit send per transaction (see on_commit_once).
-_SEND_KEY = "composition.outbox.send_after_commit"
-_NUDGE_KEY = "composition.outbox.nudge"
 # Set only by composition.testing.left_to_the_relay(): rows are then written unleased and the
 # relay is nudged after COMMIT, for tests that relay them, or watch the relay take them, themselves.
 LEFT_TO_THE_RELAY = threading.Event()
@@ -84,9 +85,8 @@ def publish(actor: Any, payload: Mapping[str, Any], *, key: str | None = None,
     ``actor`` is an actor (anything with an ``actor_name``, such as a Dramatiq actor or a job) or
     an actor name; it must be declared on the configured broker. Inside ``transaction.atomic()``
     the row commits or rolls back with the caller's data; once committed, it is sent to the
-    broker at once, and a periodic sweep
-    catches anything that missed. Messages with the same ``key``
-    are relayed in publish order. ``delay_s`` (seconds after publish) delays the job.
+    broker at once, and a periodic sweep catches anything that missed. Messages with the same
+    ``key`` are relayed in publish order. ``delay_s`` (seconds after publish) delays the job.
 
     Raises ``UnknownActorError``, ``PayloadNotSerializableError`` (not a dict with string keys
     of JSON values, or text PostgreSQL cannot store: a NUL character, a lone surrogate),
@@ -105,57 +105,28 @@ def publish_with_headers(actor: Any, payload: Mapping[str, Any], *, headers: Map
     dead letter. The request id and publish time are always publish's own. Raises like
     ``publish()``, and ``PayloadNotSerializableError`` for headers that are not JSON.
     """
-    name = _actor_name(actor)
-    try:
-        declared = configured_broker().get_actor(name)
-    except ActorNotFound:
-        raise UnknownActorError(name) from None
-    encoded = encode_payload(payload)
-    schema = declared.options.get(PAYLOAD_SCHEMA_OPTION)
-    if schema is not None:
-        try:
-            schema.validate((), payload)
-        except PayloadValidationError as exc:
-            raise PayloadDoesNotFitError(str(exc)) from None
-    if key is not None and (not isinstance(key, str) or not key or len(key) > KEY_MAX_LENGTH):
-        raise InvalidKeyError(f"key must be a non-empty string of at most {KEY_MAX_LENGTH} characters, "
-                              f"got {key!r}")
-    if delay_s is not None:
-        if isinstance(delay_s, bool) or not isinstance(delay_s, int | float) or not math.isfinite(delay_s) \
-                or delay_s < 0:
-            raise InvalidDelayError(f"delay_s must be a finite number of seconds >= 0, got {delay_s!r}")
-        delay_s = float(delay_s)
+    declared = declared_actor(actor)
+    name = declared.actor_name
+    encoded = fitting_payload(declared, payload)
+    key = checked_key(key)
+    delay_s = checked_delay(delay_s)
     extra = {header: value for header, value in headers.items() if header not in _OWN_HEADERS}
     _check_json(extra, "headers", 0)
-    context = structlog.contextvars.get_contextvars()
-    all_headers = {**extra, "request_id": context.get("request_id"), "published_at": time.time()}
+    all_headers = publish_headers(extra)
     headers_json = storable_json(all_headers, "headers").decode()
     created_at = timezone.now()
     if LEFT_TO_THE_RELAY.is_set():
         inserted = insert(actor_name=name, queue_name=declared.queue_name, payload_json=encoded.decode(), key=key,
                           headers_json=headers_json, delay_s=delay_s, created_at=created_at)
-        # A transaction publishing thousands of rows needs one nudge, not thousands.
-        on_commit_once(_NUDGE_KEY, nudge, using=DEFAULT_DB_ALIAS)
-        return _row(inserted, name, declared.queue_name, payload, key, all_headers, delay_s, created_at, "")
-    connection = transaction.get_connection(DEFAULT_DB_ALIAS)
-    in_transaction = connection.in_atomic_block
-    if not in_transaction and not connection.get_autocommit():
-        # Managed by hand (set_autocommit(False)): nothing says when it commits, so nothing can
-        # be sent after it, and sending now could send a row that is then rolled back.
-        raise TransactionManagementError("publish() cannot be used in manual transaction management "
-                                         "(autocommit off outside atomic): use transaction.atomic()")
-    # One send after COMMIT for the whole transaction, however many rows it publishes.
-    send = on_commit_once(_SEND_KEY, SendAfterCommit(), using=DEFAULT_DB_ALIAS) if in_transaction \
-        else SendAfterCommit()
-    relay = relay_for(configured_broker())
-    if send.relay is None:
-        send.relay = relay
+        nudge_after_commit()
+        return read_back(inserted, name, declared.queue_name, payload, key, all_headers, delay_s, created_at, "")
+    in_transaction = committing_transaction("publish()")
+    send, relay = send_after_commit(in_transaction)
     # The row is inserted leased to this process's relay (unless its key must wait), so that the
     # send after COMMIT needs no claim: see composition.outbox.claims.
     claim_for = relay.relay_id if send.relay is relay else None
     since = time.monotonic()
-    under_savepoint = any(sid is not None for sid in open_savepoints(DEFAULT_DB_ALIAS)) \
-        or savepoint_outside_atomic(DEFAULT_DB_ALIAS)
+    savepoint = under_savepoint()
 
     inserted = insert(actor_name=name, queue_name=declared.queue_name, payload_json=encoded.decode(), key=key,
                       headers_json=headers_json, delay_s=delay_s, created_at=created_at, lease_s=relay.lease_s,
@@ -166,15 +137,65 @@ def publish_with_headers(actor: Any, payload: Mapping[str, Any], *, headers: Map
         send.add_claimed(ClaimedMessage(
             id=inserted.id, actor_name=name, queue_name=declared.queue_name, payload=json.loads(encoded),
             key=key, headers=json.loads(headers_json), delay_s=delay_s, created_at=created_at,
-        ), since=since, under_savepoint=under_savepoint)
+        ), since=since, under_savepoint=savepoint)
     if not in_transaction:
         send()  # autocommit: the row is committed already
-    return _row(inserted, name, declared.queue_name, payload, key, all_headers, delay_s, created_at,
-                claim_for if inserted.claimed_until is not None else "")
+    return read_back(inserted, name, declared.queue_name, payload, key, all_headers, delay_s, created_at,
+                     claim_for if inserted.claimed_until is not None else "")
 
 
-def _row(inserted: Inserted, actor_name: str, queue_name: str, payload: Mapping[str, Any], key: str | None,
-         headers: dict[str, Any], delay_s: float | None, created_at: datetime, claimed_by: str | None) -> OutboxMessage:
+# -- the steps publish() and publish_many() share ---------------------------------------------------
+def declared_actor(actor: Any) -> Actor[..., Any]:
+    """The actor declared on the configured broker under ``actor``'s name (``actor`` is an actor,
+    anything with an ``actor_name``, or a name); raises ``UnknownActorError``."""
+    name = _actor_name(actor)
+    try:
+        return configured_broker().get_actor(name)
+    except ActorNotFound:
+        raise UnknownActorError(name) from None
+
+
+def fitting_payload(declared: Actor[..., Any], payload: Any) -> bytes:
+    """``payload`` encoded (``encode_payload``), once it fits ``declared``'s arguments; raises
+    the publish errors, ``PayloadDoesNotFitError`` for a payload that does not fit."""
+    encoded = encode_payload(payload)
+    schema = declared.options.get(PAYLOAD_SCHEMA_OPTION)
+    if schema is not None:
+        try:
+            schema.validate((), payload)
+        except PayloadValidationError as exc:
+            raise PayloadDoesNotFitError(str(exc)) from None
+    return encoded
+
+
+def checked_key(key: Any) -> str | None:
+    """``key`` when it is None or a usable ordering key; raises ``InvalidKeyError``."""
+    if key is not None and (not isinstance(key, str) or not key or len(key) > KEY_MAX_LENGTH):
+        raise InvalidKeyError(f"key must be a non-empty string of at most {KEY_MAX_LENGTH} characters, "
+                              f"got {key!r}")
+    return key
+
+
+def checked_delay(delay_s: Any) -> float | None:
+    """``delay_s`` as seconds (a float), or None; raises ``InvalidDelayError``."""
+    if delay_s is None:
+        return None
+    if isinstance(delay_s, bool) or not isinstance(delay_s, int | float) or not math.isfinite(delay_s) \
+            or delay_s < 0:
+        raise InvalidDelayError(f"delay_s must be a finite number of seconds >= 0, got {delay_s!r}")
+    return float(delay_s)
+
+
+def publish_headers(extra: Mapping[str, Any]) -> dict[str, Any]:
+    """The headers of a message published now: ``extra`` (checked JSON), the request id and the
+    publish time (Unix seconds)."""
+    context = structlog.contextvars.get_contextvars()
+    return {**extra, "request_id": context.get("request_id"), "published_at": time.time()}
+
+
+def read_back(inserted: Inserted, actor_name: str, queue_name: str, payload: Mapping[str, Any], key: str | None,
+              headers: dict[str, Any], delay_s: float | None, created_at: datetime,
+              claimed_by: str | None) -> OutboxMessage:
     """The model instance of a row just inserted, as if read back."""
     values = {"id": inserted.id, "actor_name": actor_name, "queue_name": queue_name, "payload": dict(payload),
               "key": key, "headers": headers, "delay_s": delay_s, "status": OutboxMessage.Status.PENDING.value,
