@@ -89,6 +89,7 @@ test:
 gate: lint typecheck check pytest matrix
 
 bench: venv
+	$(PY) -m pip install -q -e '.[bench]'
 	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 wheel: venv

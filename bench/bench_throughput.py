@@ -1,37 +1,53 @@
-"""End-to-end job throughput through the outbox, against a naive ``on_commit(actor.send)``.
+"""End-to-end job throughput through the outbox, against naive Dramatiq.
 
-5,000 jobs, published 100 per transaction while one real ``runworkers`` (1 process x 8 threads,
-Redis broker) consumes them; the rate runs from the first commit to the last job body. On a
-small machine the publisher, the worker, PostgreSQL and Redis share the CPU, so CPU per job is
-printed beside the rate: the publisher's (this process, publishing only) and the worker's.
+5,000 jobs per run, published 100 per transaction; the rate runs from the first commit to the
+last job body. Two workers run side by side all along, each 1 process x 8 threads on the Redis
+broker: one real ``runworkers``, and Dramatiq's own CLI on ``bench/_naive_dramatiq.py`` (a plain
+``RedisBroker``, Dramatiq's default middleware plus django_dramatiq's ``DbConnectionsMiddleware``:
+the "bench" extra). On a small machine the publisher, the workers, PostgreSQL and Redis share
+the CPU, so CPU per job is printed beside the rate: the publisher's (this process, publishing
+only) and the worker's (the worker's process tree, while its contender runs). ``runworkers``
+consumes the bench's queue and the outbox relay's only, as the naive worker consumes its own (as
+``bench_workers.py`` gives ``--queues``).
 
+- naive dramatiq: ``transaction.on_commit(lambda: naive_stamp.send(...))`` 100 times, run by the
+  ``dramatiq`` CLI (the same job body as ``bench_stamp``): the baseline of the goals;
+- naive dramatiq, ledger: the same with the inbox ledger's row written by hand in the job's
+  transaction (as ``bench_stamp_idempotent`` does): what ``idempotent=True``'s durable work costs
+  on plain Dramatiq, printed beside ours;
+- on_commit: the same publishing, of ``bench_stamp``, run by ``runworkers``;
 - outbox: ``publish(bench_stamp, ...)`` 100 times in one transaction;
-- outbox, ``idempotent=True``: the same job under the inbox ledger;
-- baseline: ``transaction.on_commit(lambda: bench_stamp.send(...))`` 100 times;
-- the same pair with a database effect: ``bench_effect`` (one row in its own transaction) on the
-  naive path against ``bench_effect_idempotent`` (the row and the ledger row in one commit)
-  through the outbox.
+- outbox publish_many: ``publish_many(bench_stamp, [...])`` once per transaction;
+- outbox idempotent: the same job under the inbox ledger (a database commit per job);
+- the same with a database effect: ``bench_effect`` (one row in its own transaction) on the
+  on_commit path against ``bench_effect`` and ``bench_effect_idempotent`` (the row and the
+  ledger row in one commit) through the outbox.
 
-Goals (issue 9): plain jobs >= 1.0x the baseline, idempotent >= 0.8x. The ledger is a database
-commit per job, so a stamp job, whose only database work is then the ledger's, compares a
-commit against none (printed, as "outbox idempotent"); the jobs the ledger is for write rows,
-and for those the goal compares like with like ("outbox idempotent, db effect" against
-"on_commit, db effect").
-Exit status 1 when a goal is missed.
-Run: ``python bench/bench_throughput.py`` (env BENCH_JOBS, default 5000).
+Every contender runs once per round, in an order that rotates, for ``BENCH_ROUNDS`` rounds
+(default 5) after a short warm-up round; medians over the rounds are printed. The tables the
+runs churn are vacuumed after each run (the bench's PostgreSQL may run without autovacuum).
+
+Goals (issue 30): the outbox's rate >= 1.0x naive Dramatiq's for plain jobs and >= 0.9x for
+``idempotent=True``, the worker's CPU per plain job <= naive Dramatiq's, and ``publish_many``'s
+publish rate (jobs committed per second of publishing) >= 1.2x naive Dramatiq's; with a database
+effect, ``idempotent=True`` through the outbox >= 0.8x on_commit (issue 9). Exit status 1 when
+a goal is missed.
+Run: ``python bench/bench_throughput.py`` (env BENCH_JOBS, default 5000; BENCH_ROUNDS, default 5).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("LOG_LEVEL", "WARNING")
@@ -42,98 +58,231 @@ setup_django("tests.settings")
 import psutil  # noqa: E402
 import redis  # noqa: E402
 from django.conf import settings  # noqa: E402
-from django.db import transaction  # noqa: E402
+from django.db import connection, transaction  # noqa: E402
 
 from composition.broker import configured_broker  # noqa: E402
 from composition.jobs.models import ProcessedMessage  # noqa: E402
-from composition.outbox import OutboxMessage, publish  # noqa: E402
+from composition.outbox import OutboxMessage, publish, publish_many  # noqa: E402
 from composition.outbox.relay import RELAY_QUEUE_NAME  # noqa: E402
 from tests.jobsapp import jobs  # noqa: E402
 from tests.jobsapp.models import Effect  # noqa: E402
 
+try:
+    import _naive_dramatiq as naive  # needs the "bench" extra (django_dramatiq)
+except ImportError as exc:
+    raise SystemExit(f"bench_throughput needs the bench extra (pip install -e '.[bench]'): {exc}") from exc
+
 JOBS = int(os.environ.get("BENCH_JOBS", "5000"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
+WARM_UP_JOBS = 300
 PER_TRANSACTION = 100
-# name: (goal, the baseline's name)
-GOALS = {"outbox": (1.0, "on_commit"), "outbox idempotent, db effect": (0.8, "on_commit, db effect")}
-# Printed for the breakdown: the outbox's share of the cost (its rows) apart from the ledger's.
-BASELINES = {"outbox idempotent": "on_commit", "outbox, db effect": "on_commit, db effect"}
+THREADS = 8
+RUN_TIMEOUT_S = 300.0
+NAIVE = "naive dramatiq"
+# What runworkers consumes: the bench's queue and the outbox relay's, as the naive worker consumes
+# its one queue (tests.settings declares two dozen test queues, whose idle polling would be
+# counted against these jobs).
+RUNWORKERS_QUEUES = (jobs.BENCH_QUEUE, RELAY_QUEUE_NAME)
+# Rate goals: name -> (goal, baseline's name).
+RATE_GOALS = {"outbox": (1.0, NAIVE), "outbox idempotent": (0.9, NAIVE),
+              "outbox idempotent, db effect": (0.8, "on_commit, db effect")}
+# Publish rate goals (jobs committed per second of publishing): name -> (goal, baseline's name).
+PUBLISH_RATE_GOALS = {"outbox publish_many": (1.2, NAIVE)}
+# Worker CPU per job goals: name -> (at most this many times the baseline's, baseline's name).
+WORKER_CPU_GOALS = {"outbox": (1.0, NAIVE)}
+NAIVE_LEDGER = "naive dramatiq, ledger"
+# Printed for the breakdown, without a goal.
+BASELINES = {"on_commit": NAIVE, NAIVE_LEDGER: NAIVE, "outbox, db effect": "on_commit, db effect"}
+# A second comparison, like with like: the same durable work on plain Dramatiq.
+REFERENCES = {"outbox idempotent": NAIVE_LEDGER}
 
 
-def outbox(actor: Any) -> Callable[[int], None]:
-    return lambda seq: publish(actor, {"seq": seq})
+@dataclass(frozen=True)
+class Contender:
+    name: str
+    send: Callable[[range], None]  # publishes the jobs of these seqs, inside one transaction
+    worker: str  # "runworkers" or "naive"
 
 
-def on_commit(actor: Any) -> Callable[[int], None]:
-    return lambda seq: transaction.on_commit(lambda: actor.send(seq=seq))
+def outbox(actor: Any) -> Callable[[range], None]:
+    def send(seqs: range) -> None:
+        for seq in seqs:
+            publish(actor, {"seq": seq})
+    return send
 
 
-def run(name: str, send: Callable[[int], None], client: redis.Redis, worker: psutil.Process) -> dict[str, float]:
+def on_commit(actor: Any) -> Callable[[range], None]:
+    def send(seqs: range) -> None:
+        for seq in seqs:
+            transaction.on_commit(lambda seq=seq: actor.send(seq=seq))
+    return send
+
+
+CONTENDERS = [
+    Contender(NAIVE, on_commit(naive.naive_stamp), "naive"),
+    Contender(NAIVE_LEDGER, on_commit(naive.naive_ledger_stamp), "naive"),
+    Contender("on_commit", on_commit(jobs.bench_stamp), "runworkers"),
+    Contender("outbox", outbox(jobs.bench_stamp), "runworkers"),
+    Contender("outbox publish_many", lambda seqs: publish_many(jobs.bench_stamp, [{"seq": seq} for seq in seqs]),
+              "runworkers"),
+    Contender("outbox idempotent", outbox(jobs.bench_stamp_idempotent), "runworkers"),
+    Contender("on_commit, db effect", on_commit(jobs.bench_effect), "runworkers"),
+    Contender("outbox, db effect", outbox(jobs.bench_effect), "runworkers"),
+    Contender("outbox idempotent, db effect", outbox(jobs.bench_effect_idempotent), "runworkers"),
+]
+
+
+def tree_cpu_s(process: psutil.Process) -> float:
+    """User and system CPU seconds of ``process`` and its children so far."""
+    total = 0.0
+    for member in [process, *process.children(recursive=True)]:
+        try:
+            total += sum(member.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def vacuum() -> None:
+    """The tables the runs churn, vacuumed: deleted rows otherwise stay for the next runs' inserts
+    and index scans to wade through."""
+    with connection.cursor() as cursor:
+        for model in (OutboxMessage, ProcessedMessage, Effect):
+            cursor.execute(f"VACUUM {connection.ops.quote_name(model._meta.db_table)}")
+
+
+def clean_up() -> None:
+    OutboxMessage.objects.filter(queue_name=jobs.BENCH_QUEUE).delete()
+    ProcessedMessage.objects.filter(actor__startswith="bench_").delete()  # naive.LEDGER_ACTOR's too
+    Effect.objects.filter(key__startswith="bench-effect-").delete()
+    vacuum()
+
+
+def run(contender: Contender, jobs_count: int, client: redis.Redis, worker: psutil.Process) -> dict[str, float]:
     client.delete(jobs.BENCH_STAMPS_KEY)
-    worker_cpu = sum(worker.cpu_times()[:2])
+    worker_cpu = tree_cpu_s(worker)
     publisher_cpu = 0.0
     began = time.time()
-    for start in range(0, JOBS, PER_TRANSACTION):
+    for start in range(0, jobs_count, PER_TRANSACTION):
         cpu = time.process_time()
         with transaction.atomic():
-            for seq in range(start, min(JOBS, start + PER_TRANSACTION)):
-                send(seq)
+            contender.send(range(start, min(jobs_count, start + PER_TRANSACTION)))
         publisher_cpu += time.process_time() - cpu
-    deadline = time.monotonic() + 300
-    while client.llen(jobs.BENCH_STAMPS_KEY) < JOBS:
+    published = time.time()
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while (done := client.llen(jobs.BENCH_STAMPS_KEY)) < jobs_count:
         if time.monotonic() > deadline:
-            raise SystemExit(f"{name}: only {client.llen(jobs.BENCH_STAMPS_KEY)} of {JOBS} jobs ran")
-        time.sleep(0.05)
+            raise SystemExit(f"{contender.name}: only {done} of {jobs_count} jobs ran")
+        time.sleep(0.02)
+    worker_s = tree_cpu_s(worker) - worker_cpu
     last = max(float(raw.split()[1]) for raw in client.lrange(jobs.BENCH_STAMPS_KEY, 0, -1))
-    return {"rate": JOBS / (last - began), "publisher_ms": publisher_cpu / JOBS * 1000,
-            "worker_ms": (sum(worker.cpu_times()[:2]) - worker_cpu) / JOBS * 1000}
+    return {"rate": jobs_count / (last - began), "publish_rate": jobs_count / (published - began),
+            "publisher_ms": publisher_cpu / jobs_count * 1000,
+            "worker_ms": worker_s / jobs_count * 1000}
+
+
+def start(argv: list[str], env: dict[str, str], log: TextIO) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the worker's main process (Dramatiq's CLI passes it on to its worker process; a
+    second one there would kill it), SIGKILL to its whole session if it does not stop."""
+    process.terminate()
+    try:
+        process.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def report(results: dict[str, list[dict[str, float]]]) -> list[str]:
+    """Print the medians with their ratios and verdicts; the names of the goals missed."""
+    medians = {name: {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+               for name, runs in results.items()}
+    missed = []
+    for name, median in medians.items():
+        notes = []
+        rate_goal, rate_baseline = RATE_GOALS.get(name, (None, BASELINES.get(name)))
+        if rate_baseline is not None:
+            ratio = median["rate"] / medians[rate_baseline]["rate"]
+            note = f"rate {ratio:.2f}x {rate_baseline}"
+            if rate_goal is not None:
+                note += f" (goal >= {rate_goal}x: {'met' if ratio >= rate_goal else 'MISSED'})"
+                if ratio < rate_goal:
+                    missed.append(f"{name} rate")
+            notes.append(note)
+        if name in PUBLISH_RATE_GOALS:
+            publish_goal, publish_baseline = PUBLISH_RATE_GOALS[name]
+            ratio = median["publish_rate"] / medians[publish_baseline]["publish_rate"]
+            notes.append(f"publish rate {ratio:.2f}x {publish_baseline} "
+                         f"(goal >= {publish_goal}x: {'met' if ratio >= publish_goal else 'MISSED'})")
+            if ratio < publish_goal:
+                missed.append(f"{name} publish rate")
+        if name in REFERENCES:
+            reference = REFERENCES[name]
+            notes.append(f"rate {median['rate'] / medians[reference]['rate']:.2f}x, worker CPU "
+                         f"{median['worker_ms'] / medians[reference]['worker_ms']:.2f}x {reference}")
+        if name != NAIVE:
+            ratio = median["worker_ms"] / medians[NAIVE]["worker_ms"]
+            note = f"worker CPU {ratio:.2f}x {NAIVE}"
+            if name in WORKER_CPU_GOALS:
+                cpu_goal, cpu_baseline = WORKER_CPU_GOALS[name]
+                ratio = median["worker_ms"] / medians[cpu_baseline]["worker_ms"]
+                note += f" (goal <= {cpu_goal}x: {'met' if ratio <= cpu_goal else 'MISSED'})"
+                if ratio > cpu_goal:
+                    missed.append(f"{name} worker CPU")
+            notes.append(note)
+        print(f"{name:>28}: {median['rate']:7,.0f} jobs/s (published {median['publish_rate']:7,.0f}/s), "
+              f"publisher CPU {median['publisher_ms']:.3f} ms/job, "
+              f"worker CPU {median['worker_ms']:.3f} ms/job" + ("; " + "; ".join(notes) if notes else ""))
+    return missed
 
 
 def main() -> int:
+    assert naive.STAMPS_KEY == jobs.BENCH_STAMPS_KEY, "the naive job must stamp where bench_stamp does"
+    assert ProcessedMessage._meta.db_table == naive.LEDGER_TABLE and naive.LEDGER_ACTOR.startswith("bench_")
     broker = configured_broker()
     client = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
     for queue in (jobs.BENCH_QUEUE, RELAY_QUEUE_NAME):
         broker.flush(queue)
-    OutboxMessage.objects.filter(queue_name=jobs.BENCH_QUEUE).delete()
+    naive.broker.flush(naive.NAIVE_QUEUE)
+    clean_up()
 
-    log = tempfile.NamedTemporaryFile(prefix="bench-throughput-", suffix=".log", delete=False)  # noqa: SIM115
-    process = subprocess.Popen(
-        [sys.executable, str(ROOT / "manage.py"), "runworkers", "--processes", "1", "--threads", "8"],
-        cwd=ROOT, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    results: dict[str, dict[str, float]] = {}
+    log = tempfile.NamedTemporaryFile(prefix="bench-throughput-", suffix=".log", delete=False, mode="w")  # noqa: SIM115
+    workers: dict[str, subprocess.Popen[bytes]] = {}
+    results: dict[str, list[dict[str, float]]] = {contender.name: [] for contender in CONTENDERS}
     try:
-        worker = psutil.Process(process.pid)
+        workers["runworkers"] = start(
+            [sys.executable, str(ROOT / "manage.py"), "runworkers", "--processes", "1", "--threads", str(THREADS),
+             "--queues", ",".join(RUNWORKERS_QUEUES)],
+            dict(os.environ), log)
+        workers["naive"] = start(
+            [str(Path(sys.executable).parent / "dramatiq"), "bench._naive_dramatiq:broker", "--processes", "1",
+             "--threads", str(THREADS)],
+            {**os.environ, "DJANGO_SETTINGS_MODULE": "bench._naive_settings"}, log)
+        processes = {kind: psutil.Process(process.pid) for kind, process in workers.items()}
         time.sleep(3)  # past Django's start-up
-        contenders = [("on_commit", on_commit(jobs.bench_stamp)), ("outbox", outbox(jobs.bench_stamp)),
-                      ("outbox idempotent", outbox(jobs.bench_stamp_idempotent)),
-                      ("on_commit, db effect", on_commit(jobs.bench_effect)),
-                      ("outbox, db effect", outbox(jobs.bench_effect)),
-                      ("outbox idempotent, db effect", outbox(jobs.bench_effect_idempotent))]
-        for name, send in contenders:
-            results[name] = run(name, send, client, worker)
-            OutboxMessage.objects.filter(queue_name=jobs.BENCH_QUEUE).delete()
-            ProcessedMessage.objects.filter(actor__startswith="bench_").delete()
-            Effect.objects.filter(key__startswith="bench-effect-").delete()
+        for contender in CONTENDERS:  # warm-up: connections, caches, the first fetches
+            run(contender, WARM_UP_JOBS, client, processes[contender.worker])
+            clean_up()
+        for round_index in range(ROUNDS):
+            shift = round_index % len(CONTENDERS)
+            for contender in CONTENDERS[shift:] + CONTENDERS[:shift]:
+                results[contender.name].append(run(contender, JOBS, client, processes[contender.worker]))
+                clean_up()
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(60)
+        for process in workers.values():
+            stop(process)
         log.close()
         client.delete(jobs.BENCH_STAMPS_KEY)
 
-    print(f"{JOBS} jobs, {PER_TRANSACTION} per transaction, runworkers 1 process x 8 threads, Redis broker")
-    missed = []
-    for name, result in results.items():
-        goal, baseline = GOALS.get(name, (None, BASELINES.get(name)))
-        verdict = ""
-        if baseline is not None:
-            ratio = result["rate"] / results[baseline]["rate"]
-            verdict = f" {ratio:.2f}x {baseline}"
-            if goal is not None:
-                verdict += f" (goal >= {goal}x): {'met' if ratio >= goal else 'MISSED'}"
-                if ratio < goal:
-                    missed.append(name)
-        print(f"{name:>28}: {result['rate']:7,.0f} jobs/s, publisher CPU {result['publisher_ms']:.2f} ms/job, "
-              f"worker CPU {result['worker_ms']:.2f} ms/job{verdict}")
-    print(f"runworkers log: {log.name}")
+    print(f"{JOBS} jobs, {PER_TRANSACTION} per transaction, 1 process x {THREADS} threads per worker, Redis "
+          f"broker; medians of {ROUNDS} interleaved rounds")
+    missed = report(results)
+    print(f"workers' log: {log.name}")
+    if missed:
+        print("MISSED: " + ", ".join(missed))
     return 1 if missed else 0
 
 

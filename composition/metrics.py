@@ -22,7 +22,10 @@ def _ensure_multiprocess_directory() -> None:
 
 _ensure_multiprocess_directory()
 
+from typing import Generic, TypeVar  # noqa: E402
+
 from prometheus_client import Counter, Gauge, Histogram  # noqa: E402  (after the folder exists)
+from prometheus_client.metrics import MetricWrapperBase  # noqa: E402
 
 __all__ = [
     "COMPONENT_START_SECONDS",
@@ -30,7 +33,27 @@ __all__ = [
     "HEALTH_CHECK_SECONDS",
     "HEALTH_CHECK_UP",
     "WORKER_HEARTBEAT_TIMESTAMP",
+    "LabelledChildren",
 ]
+
+_M = TypeVar("_M", bound=MetricWrapperBase)
+
+
+class LabelledChildren(Generic[_M]):
+    """``metric.labels(*values)``, looked up once per label values and kept: ``labels()`` takes
+    the metric's lock and rebuilds its key on every call, which the worker pays several times a
+    job. A kept child stays the metric's own (nothing here removes or clears labels)."""
+
+    def __init__(self, metric: _M) -> None:
+        self.metric = metric
+        self._children: dict[tuple[str, ...], _M] = {}
+
+    def __call__(self, *values: str) -> _M:
+        child = self._children.get(values)
+        if child is None:  # two threads may both look it up: labels() gives them the same child
+            child = self._children[values] = self.metric.labels(*values)
+        return child
+
 
 COMPONENT_START_SECONDS = Histogram(
     "composition_component_start_seconds", "Time a component took to start.", ["component"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+from typing import Any
 
 import pytest
 from django.db import connection, transaction
@@ -102,6 +103,42 @@ def test_schema_accepts_payloads_that_fit() -> None:
     schema = PayloadSchema.of(_example, "example")
     schema.validate((), {"invoice_id": 1, "amount": 2})  # an int is a fine float
     schema.validate((3, 1.5), {"note": None, "tags": ["x"]})
+
+
+def _positional_only(invoice_id: int, /, note: str = "") -> None:
+    pass
+
+
+def _keyword_only(*, invoice_id: int, note: str = "") -> None:
+    pass
+
+
+def _any_keywords(invoice_id: int, **extra: object) -> None:
+    pass
+
+
+def _many(*ids: int) -> None:
+    pass
+
+
+@pytest.mark.parametrize(("fn", "kwargs", "error"), [
+    (_positional_only, {"invoice_id": 1}, "does not fit its arguments"),
+    (_keyword_only, {"invoice_id": 1}, None),
+    (_keyword_only, {"invoice_id": "1"}, "argument 'invoice_id' must be int, got str"),
+    (_keyword_only, {"note": "x"}, "missing a required argument 'invoice_id'"),
+    (_any_keywords, {"invoice_id": 1, "whatever": 2}, None),
+    (_any_keywords, {"invoice_id": "1", "whatever": 2}, "argument 'invoice_id' must be int, got str"),
+    (_many, {}, None),
+    (_many, {"ids": 1}, "does not fit its arguments"),
+])
+def test_schema_checks_a_keyword_payload_as_signature_bind_would(fn: Any, kwargs: dict, error: str | None) -> None:
+    # Keyword payloads (what publish() sends) skip Signature.bind when every key names an argument.
+    schema = PayloadSchema.of(fn, "shapes")
+    if error is None:
+        schema.validate((), kwargs)
+        return
+    with pytest.raises(PayloadValidationError, match=error):
+        schema.validate((), kwargs)
 
 
 # -- fingerprints ---------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from composition.jobs.dead_lettering import DeadLetters
 from composition.jobs.in_flight import InFlight, InFlightRegistry
 from composition.jobs.interrupted_queries import InterruptedQueries
 from composition.jobs.observability import JobMetrics, MessageContext, explained
-from composition.jobs.retries import JobRetries
+from composition.jobs.retries import JobRetries, options_as_fetched
 from composition.jobs.stack import find_in_flight, find_middleware, job_middleware
 from composition.jobs.unknown_actors import UnknownActors
 from composition.time_limits import JobShutdownNotifications, JobTimeLimit
@@ -120,6 +120,19 @@ def test_finished_names_only_the_run_that_just_ended_on_this_thread() -> None:
     assert job is not None and (job.job_id, job.attempt, job.time_limit_s) == (message.message_id, 1, None)
     other = MessageProxy(Message(queue_name=QUEUE, actor_name="nobody", args=(), kwargs={}, options={}))
     assert registry.finished(other) is None
+
+
+def test_the_options_as_fetched_keep_nothing_a_run_changed_in_place() -> None:
+    fetched = {"retries": 0, "composition": {"request_id": "r", "worker_ids": ["a"]}, "throws": None}
+    message = MessageProxy(Message(queue_name=QUEUE, actor_name="nobody", args=(), kwargs={},
+                                   options={**fetched, "composition": {**fetched["composition"], "worker_ids": ["a"]}}))
+    JobRetries().before_process_message(StubBroker(), message)
+    message.options["composition"]["worker_ids"].append("b")
+    message.options["retries"] = 1
+    as_fetched = options_as_fetched(message)
+    assert as_fetched == fetched
+    as_fetched["composition"]["worker_ids"].append("c")
+    assert options_as_fetched(message) == fetched, "each caller gets a copy of its own"
 
 
 def test_a_time_out_is_explained_with_its_limit() -> None:

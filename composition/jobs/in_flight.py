@@ -24,7 +24,7 @@ from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import Middleware
 
 from composition.jobs.current import attempt_of
-from composition.metrics import JOBS_IN_PROGRESS
+from composition.metrics import JOBS_IN_PROGRESS, LabelledChildren
 from composition.recent_counts import RecentCounts
 
 __all__ = ["RUNS_WINDOW_S", "InFlight", "InFlightRegistry"]
@@ -53,6 +53,7 @@ class InFlightRegistry(Middleware):
         # Per worker thread: the entry taken off last, for the after-hooks that run later.
         self._finished = threading.local()
         self._runs = RecentCounts(RUNS_WINDOW_S)
+        self._in_progress = LabelledChildren(JOBS_IN_PROGRESS)
 
     def in_flight(self) -> dict[int, InFlight]:
         """Thread ident → the job that thread is running, as a snapshot."""
@@ -81,16 +82,17 @@ class InFlightRegistry(Middleware):
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         self._finished.job = None
+        actor_name = message.actor_name
         time_limit_ms = None
         try:
-            time_limit_ms = broker.get_actor(message.actor_name).options.get("time_limit")
+            time_limit_ms = broker.get_actor(actor_name).options.get("time_limit")
         except Exception:  # an unknown actor fails later, in the worker, where Dramatiq reports it
             pass
-        job = InFlight(message.message_id, message.actor_name, attempt_of(message), time.time(),
+        job = InFlight(message.message_id, actor_name, attempt_of(message), time.time(),
                        time.monotonic(), time_limit_ms / 1000 if time_limit_ms else None)
         with self._lock:
             self._in_flight[threading.get_ident()] = job
-        JOBS_IN_PROGRESS.labels(message.actor_name).inc()
+        self._in_progress(actor_name).inc()
 
     def after_process_message(self, broker: Broker, message: MessageProxy, *, result: Any = None,
                               exception: BaseException | None = None) -> None:
@@ -103,6 +105,6 @@ class InFlightRegistry(Middleware):
         with self._lock:
             job = self._in_flight.pop(threading.get_ident(), None)
         if job is not None:
-            JOBS_IN_PROGRESS.labels(message.actor_name).dec()
+            self._in_progress(job.actor).dec()
             self._runs.add(message.queue_name)
         return job

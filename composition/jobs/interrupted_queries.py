@@ -30,6 +30,8 @@ from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import Middleware
 from psycopg import pq
 
+from composition.jobs.connection_hygiene import thread_connections
+
 __all__ = ["CANCEL_TIMEOUT_S", "InterruptedQueries", "cancel_on_interrupt", "close_interrupted_connections"]
 
 log = structlog.get_logger("composition.jobs")
@@ -118,7 +120,7 @@ class InterruptedQueries(Middleware):
     """Cancels a query an interrupt lands in, and closes what it could not (see module doc)."""
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
-        for wrapper in connections.all():
+        for wrapper in thread_connections():
             # First in the list is outermost: it also covers what the other wrappers send.
             if wrapper.vendor == "postgresql" and cancel_on_interrupt not in wrapper.execute_wrappers:
                 wrapper.execute_wrappers.insert(0, cancel_on_interrupt)

@@ -2,8 +2,9 @@
 
 - ``MessageContext`` opens and closes the round around each message: connection hygiene before
   and after (worker threads never see Django's ``request_finished``;
-  ``composition.jobs.connection_hygiene``), and a fresh structlog context bound with job_id, actor, attempt and
-  the request_id a message carries, cleared afterwards (worker threads are reused). It sits
+  ``composition.jobs.connection_hygiene``), and a structlog context bound with job_id, actor,
+  attempt and the request_id a message carries, cleared afterwards on every way out of the
+  message (worker threads are reused), so each message starts from an empty one. It sits
   outside the other job middleware, so everything they log about the message, the dead letter
   included, carries that context.
 - ``JobMetrics`` counts each run by outcome (success, retry, dead), observes its duration,
@@ -16,6 +17,7 @@ names the limit, for these logs and for the dead letter.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -23,11 +25,10 @@ import time
 from typing import Any
 
 import structlog
-from django.db import close_old_connections
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import Middleware, Shutdown
 
-from composition.jobs.connection_hygiene import check_connections
+from composition.jobs.connection_hygiene import close_obsolete_connections, refresh_connections
 from composition.jobs.current import attempt_of
 from composition.jobs.in_flight import InFlight, InFlightRegistry
 from composition.jobs.retries import BACKOFF_OPTION
@@ -39,6 +40,7 @@ from composition.metrics import (
     JOB_OUTCOMES,
     JOB_TIMEOUTS_TOTAL,
     JOBS_TOTAL,
+    LabelledChildren,
 )
 from composition.time_limits import TimeLimitExceeded
 
@@ -48,6 +50,9 @@ __all__ = ["JobMetrics", "MessageContext", "error_text", "explained"]
 _WORKER = f"{socket.gethostname()}:{os.getpid()}"
 
 log = structlog.get_logger("composition.jobs")
+# The standard-library logger under ``log``: its level decides whether a debug line is built at all
+# (structlog's filter_by_level asks the same logger, after building the event).
+_stdlib_log = logging.getLogger("composition.jobs")
 
 
 def error_text(exception: BaseException) -> str:
@@ -69,9 +74,9 @@ class MessageContext(Middleware):
     """Fresh database connections and structlog context per message (see module doc)."""
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
-        close_old_connections()
-        check_connections()
-        structlog.contextvars.clear_contextvars()
+        refresh_connections()
+        # Bound on an empty context: _reset cleared it when this thread's last message ended (a
+        # new thread starts with none), so no clear here.
         # Which process and thread ran it: with several worker processes on several hosts, the
         # job id says what happened, the worker says where to look.
         context: dict[str, Any] = {"job_id": message.message_id, "actor": message.actor_name,
@@ -91,7 +96,7 @@ class MessageContext(Middleware):
 
     def _reset(self) -> None:
         structlog.contextvars.clear_contextvars()
-        close_old_connections()
+        close_obsolete_connections()
 
 
 class JobMetrics(Middleware):
@@ -99,6 +104,8 @@ class JobMetrics(Middleware):
 
     def __init__(self, in_flight: InFlightRegistry) -> None:
         self.in_flight = in_flight
+        self._durations = LabelledChildren(JOB_DURATION_SECONDS)
+        self._runs = LabelledChildren(JOBS_TOTAL)
 
     def after_process_boot(self, broker: Broker) -> None:
         """Every counter a worker moves, at 0 for each declared actor: a series first seen at 1
@@ -116,25 +123,27 @@ class JobMetrics(Middleware):
                               exception: BaseException | None = None) -> None:
         if exception is None and message.failed:
             return  # failed by a middleware before it ran: no run to count
+        actor_name = message.actor_name
         job = self.in_flight.finished(message)
         took_s = time.monotonic() - job.started_monotonic if job else 0.0
-        JOB_DURATION_SECONDS.labels(message.actor_name).observe(took_s)
+        self._durations(actor_name).observe(took_s)
         if exception is None:
-            JOBS_TOTAL.labels(message.actor_name, "success").inc()
-            log.debug("job succeeded", duration_s=round(took_s, 4))
+            self._runs(actor_name, "success").inc()
+            if _stdlib_log.isEnabledFor(logging.DEBUG):
+                log.debug("job succeeded", duration_s=round(took_s, 4))
             return
         if isinstance(exception, TimeLimitExceeded):
-            JOB_TIMEOUTS_TOTAL.labels(message.actor_name).inc()
+            JOB_TIMEOUTS_TOTAL.labels(actor_name).inc()
             log.warning("job exceeded its time limit", time_limit_s=job.time_limit_s if job else None,
                         duration_s=round(took_s, 4))
         if isinstance(exception, Shutdown):
-            JOBS_TOTAL.labels(message.actor_name, "retry").inc()
+            self._runs(actor_name, "retry").inc()
             log.warning("job interrupted by shutdown, requeued without using an attempt")
             return
         if not message.failed:
-            JOBS_TOTAL.labels(message.actor_name, "retry").inc()
+            self._runs(actor_name, "retry").inc()
             log.warning("job failed, will retry", error=error_text(explained(exception, job)),
                         delay_ms=message.options.get(BACKOFF_OPTION))
             return
         # Counted before DeadLetters (whose after-hook runs next) writes the dead letter.
-        JOBS_TOTAL.labels(message.actor_name, "dead").inc()
+        self._runs(actor_name, "dead").inc()

@@ -17,7 +17,8 @@ import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import cached_property
+from typing import Any, NoReturn
 
 from composition.errors import PayloadValidationError
 
@@ -84,6 +85,13 @@ class PayloadSchema:
 
     def validate(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         """Raise PayloadValidationError naming the first argument that does not fit."""
+        if not args and self._fits_by_keyword(kwargs):
+            # What publish() and send(**kwargs) deliver, checked without Signature.bind (it runs
+            # for every message): the same arguments, in the signature's order.
+            for name, (check, label) in self._ordered_checks:
+                if name in kwargs and not check(kwargs[name]):
+                    self._raise_type(name, label, kwargs[name])
+            return
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:
@@ -91,12 +99,39 @@ class PayloadSchema:
                 f"payload for {self.actor_name} does not fit its arguments: {self._mismatch(args, kwargs) or exc}"
             ) from None
         for name, value in bound.arguments.items():
-            check = self.checks.get(name)
-            if check is not None and not check[0](value):
-                raise PayloadValidationError(
-                    f"payload for {self.actor_name}: argument {name!r} must be {check[1]}, "
-                    f"got {type(value).__name__}"
-                )
+            checked = self.checks.get(name)
+            if checked is not None and not checked[0](value):
+                self._raise_type(name, checked[1], value)
+
+    def _raise_type(self, name: str, label: str, value: Any) -> NoReturn:
+        raise PayloadValidationError(
+            f"payload for {self.actor_name}: argument {name!r} must be {label}, got {type(value).__name__}")
+
+    def _fits_by_keyword(self, kwargs: Mapping[str, Any]) -> bool:
+        """Whether ``Signature.bind(**kwargs)`` would bind every key to a named argument and miss
+        no required one (never said for a function taking ``**kwargs``: bind decides there)."""
+        if self._keyword_names is None:
+            return False
+        keywords, required = self._keyword_names
+        names = kwargs.keys()
+        return names <= keywords and required <= names
+
+    @cached_property
+    def _keyword_names(self) -> tuple[frozenset[str], frozenset[str]] | None:
+        """(the names an argument can be given by, the names that must be given, positional-only
+        ones included), or None for a function taking ``**kwargs``."""
+        kinds = inspect.Parameter
+        parameters = self.signature.parameters.values()
+        if any(p.kind is kinds.VAR_KEYWORD for p in parameters):
+            return None
+        keywords = frozenset(p.name for p in parameters if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY))
+        required = frozenset(p.name for p in parameters
+                             if p.default is kinds.empty and p.kind is not kinds.VAR_POSITIONAL)
+        return keywords, required
+
+    @cached_property
+    def _ordered_checks(self) -> tuple[tuple[str, tuple[_Checker, str]], ...]:
+        return tuple((name, self.checks[name]) for name in self.signature.parameters if name in self.checks)
 
     def _mismatch(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
         """Unexpected and missing argument names, both, so one message says the whole story."""
