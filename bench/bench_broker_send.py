@@ -28,8 +28,8 @@ import dramatiq  # noqa: E402
 import redis  # noqa: E402
 from dramatiq.brokers.redis import RedisBroker  # noqa: E402
 
+from composition.broker.redis import WakingRedisBroker, wake_args  # noqa: E402
 from composition.conf import conf  # noqa: E402
-from composition.redis_broker import WakingRedisBroker, wake_args  # noqa: E402
 
 SENDS = int(os.environ.get("BENCH_SENDS", "5000"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))

@@ -34,7 +34,7 @@ import redis  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.db import transaction  # noqa: E402
 
-from composition.broker import configured_broker  # noqa: E402
+from composition.broker.configured import configured_broker  # noqa: E402
 from composition.outbox import OutboxMessage, publish  # noqa: E402
 from composition.outbox.relay import RELAY_QUEUE_NAME  # noqa: E402
 from tests.jobsapp import jobs  # noqa: E402

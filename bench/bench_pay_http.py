@@ -55,7 +55,7 @@ from django.contrib.auth import get_user_model  # noqa: E402
 
 from billing.models import Invoice, Payment  # noqa: E402
 from billing.tokens import create_token  # noqa: E402
-from composition.broker import configured_broker  # noqa: E402
+from composition.broker.configured import configured_broker  # noqa: E402
 from composition.lifecycle.processes import ProcessComponent  # noqa: E402
 from composition.testing import free_port, subprocess_env  # noqa: E402
 

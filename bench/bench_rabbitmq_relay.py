@@ -1,7 +1,7 @@
 """Relay throughput over RabbitMQ with publisher confirms, against a bare confirmed ``actor.send()`` loop.
 
 Both sides put the same N messages (kwargs ``{"seq": i}``) on the same queue of one RabbitMQ
-broker built by ``composition.broker.build_broker`` (``confirm_delivery=True``: every message is
+broker built by ``composition.broker.configured.build_broker`` (``confirm_delivery=True``: every message is
 confirmed by RabbitMQ before it counts). The baseline calls ``actor.send()`` N times, one confirm
 round trip per message; the relay drains N pending outbox rows in batches of 500 (claim, publish
 the batch on a confirm channel and wait once for all its confirms, mark sent). Publishing the
@@ -35,7 +35,7 @@ from django.db import connection  # noqa: E402
 from dramatiq.common import dq_name, xq_name  # noqa: E402
 from dramatiq.message import Message  # noqa: E402
 
-from composition.broker import build_broker  # noqa: E402
+from composition.broker.configured import build_broker  # noqa: E402
 from composition.outbox import OutboxMessage  # noqa: E402
 from composition.outbox.rabbitmq import enqueue_confirmed  # noqa: E402
 from composition.outbox.relay import Relay  # noqa: E402

@@ -28,7 +28,7 @@ setup_django()
 import dramatiq  # noqa: E402
 from django.db import connections, transaction  # noqa: E402
 
-from composition.broker import configured_broker  # noqa: E402
+from composition.broker.configured import configured_broker  # noqa: E402
 from composition.outbox import OutboxMessage, publish  # noqa: E402
 
 RATE_PER_S = float(os.environ.get("BENCH_RATE", "500"))

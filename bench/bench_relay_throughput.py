@@ -22,7 +22,7 @@ setup_django()
 import dramatiq  # noqa: E402
 from django.db import connection  # noqa: E402
 
-from composition.broker import configured_broker  # noqa: E402
+from composition.broker.configured import configured_broker  # noqa: E402
 from composition.conf import conf  # noqa: E402
 from composition.outbox import OutboxMessage  # noqa: E402
 from composition.outbox.relay import Relay  # noqa: E402

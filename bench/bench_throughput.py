@@ -60,7 +60,7 @@ import redis  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
-from composition.broker import configured_broker  # noqa: E402
+from composition.broker.configured import configured_broker  # noqa: E402
 from composition.jobs.models import ProcessedMessage  # noqa: E402
 from composition.outbox import OutboxMessage, publish, publish_many  # noqa: E402
 from composition.outbox.relay import RELAY_QUEUE_NAME  # noqa: E402

@@ -24,7 +24,7 @@ from _util import setup_django  # noqa: E402
 
 setup_django("tests.settings")
 
-from composition.broker import configured_broker  # noqa: E402
+from composition.broker.configured import configured_broker  # noqa: E402
 from composition.conf import conf  # noqa: E402
 from tests.jobsapp import jobs  # noqa: E402
 

@@ -439,7 +439,7 @@ class Soak:
     def _wait_until_beating(self, timeout_s: float) -> None:
         """Until the current group has started (its first worker heartbeat), so that its drain is
         measured rather than a SIGTERM that lands while Django is still loading."""
-        from composition.heartbeats import REGISTRY_KEY
+        from composition.health.heartbeats import REGISTRY_KEY
 
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and self.worker.process is not None \

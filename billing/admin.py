@@ -18,7 +18,7 @@ from billing.services import invoice_cache_key
 from billing.validation import AMOUNT
 from billing.views import INVOICE_FIELDS
 from billing.wiring import default_service
-from composition.jobs.admin import ReadOnlyRows
+from composition.admin import ReadOnlyRows
 
 # Fields only the billing service changes (on an invoice that exists).
 SERVICE_OWNED_FIELDS = ("number", "amount_cents", "currency", "status")

@@ -33,8 +33,8 @@ from billing.errors import (
 from billing.mail import EmailSender
 from billing.metrics import BillingMetrics
 from billing.models import Invoice, Payment, Receipt
-from composition.backpressure import admit
-from composition.broker import configured_broker
+from composition.backpressure.admission import admit
+from composition.broker.configured import configured_broker
 from composition.cache import CacheAside
 from composition.jobs import PermanentError
 from composition.locks import LockNotAcquired
@@ -209,7 +209,7 @@ class InvoiceService:
     # -- reminders ---------------------------------------------------------------------------
     def remind(self, invoice_id: int) -> None:
         """Queue a reminder of an open invoice. Reminders are the first work to shed: raises
-        ``composition.backpressure.Backpressure`` when their queue is full, InvoiceNotFound or
+        ``composition.backpressure.admission.Backpressure`` when their queue is full, InvoiceNotFound or
         InvoiceNotOpen."""
         invoice = Invoice.objects.filter(pk=invoice_id).first()
         if invoice is None:

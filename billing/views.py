@@ -14,7 +14,7 @@ from billing.api import ApiError, endpoint
 from billing.models import MAX_AMOUNT_CENTS, Invoice
 from billing.validation import AMOUNT, Email, Integer, Text, parse_json_body, parse_query_int
 from billing.wiring import default_service
-from composition.backpressure import Backpressure
+from composition.backpressure.admission import Backpressure
 
 # Each business error with its status and stable code.
 ERRORS: dict[type[errors.BillingError], tuple[int, str]] = {

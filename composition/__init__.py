@@ -1,6 +1,6 @@
 """A composed production backend for Django monoliths.
 
-The public pieces live in submodules (``composition.system``, ``composition.outbox``,
+The public pieces live in submodules (``composition.lifecycle``, ``composition.outbox``,
 ``composition.jobs``, ``composition.cache``, ``composition.locks``, ...); importing this
 package has no side effects.
 """

@@ -5,12 +5,12 @@ from django.conf import settings
 from django.db.backends.signals import connection_created
 from django.db.models.signals import post_migrate, pre_migrate
 
-from composition.database import (
+from composition.db.slow_queries import count_slow_queries
+from composition.db.timeouts import (
     apply_session_timeouts,
     lift_timeouts_for_migrate,
     restore_timeouts_after_migrate,
 )
-from composition.slow_queries import count_slow_queries
 
 
 class CompositionConfig(AppConfig):
@@ -23,7 +23,7 @@ class CompositionConfig(AppConfig):
         from django.utils.module_loading import autodiscover_modules
 
         from composition import checks  # noqa: F401  (registers the system checks)
-        from composition.broker import configured_broker
+        from composition.broker.configured import configured_broker
         from composition.logging import configure_structlog, log_thread_deaths
 
         configure_structlog()

@@ -1,23 +1,10 @@
 """``CircuitBreaker``: stop calling a dependency that keeps failing, and let it recover.
 
 Closed: calls go through; ``failure_threshold`` consecutive failures open it. Open: calls are
-refused for ``reset_timeout_s``. Then it is half-open, and a trial decides: a success closes it,
-a failure opens it for another full period. Who runs the trial is the one choice:
-
-- by default the next ``half_open_max_calls`` callers are the trial calls;
-- with ``probe=``, the first call after ``reset_timeout_s`` starts ``probe()`` in a background
-  thread (that caller, like every other, is refused; nobody waits for the probe), and the
-  probe's outcome alone closes or reopens the circuit. The probe is the place for recovery work
-  that must come before the dependency is used again (the cache replays the invalidations it
-  deferred during the outage): a caller's own trial call could return a value that recovery was
-  about to invalidate. Outside the closed state such a breaker also ignores the outcome of calls
-  that were let through before it opened.
-
-The closed path of ``allow()``, ``before_call()`` and ``record_success()`` takes no lock: every
-cache hit passes through it. Thread-safe. The state (0 closed, 1 half-open, 2 open) and refused
-calls are exported as ``composition_circuit_state`` and ``composition_circuit_rejections_total``,
-labelled by ``name``. ``CircuitOpen`` is a ``TransientError``, so a job that hits an open circuit
-retries later.
+refused for ``reset_timeout_s``. Then half-open: the next ``half_open_max_calls`` callers, or with
+``probe=`` a background ``probe()`` alone, decide whether it closes or opens again. Thread-safe;
+the closed path takes no lock, since every cache hit passes through it. ``CircuitOpen`` is a
+``TransientError``, so a job that hits an open circuit retries later.
 """
 
 from __future__ import annotations
@@ -95,6 +82,9 @@ class CircuitBreaker:
         self.half_open_max_calls = half_open_max_calls
         self.failure_types = failure_types
         self._clock = clock
+        # A probe, not a caller's trial call, ends an outage: it can do recovery work first (the
+        # cache replays deferred invalidations), where a trial call could return a value that
+        # recovery was about to invalidate.
         self._probe = probe
         # Run on the probe's thread once its success closed the circuit (errors logged): for
         # what callers refused while the probe ran left behind (see composition.cache).

@@ -9,7 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
-from composition.broker import broker_kind
+from composition.broker.configured import broker_kind
 from composition.cache.serializers import load_serializer
 from composition.conf import DEFAULTS
 from composition.errors import BrokerConfigurationError

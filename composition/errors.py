@@ -6,11 +6,16 @@ without hiding the other.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
+import redis
 from django.core.exceptions import ImproperlyConfigured
+from dramatiq.errors import BrokerError
 
 __all__ = [
+    "BROKER_FAILURES",
+    "REDIS_ERRORS",
     "AmbiguousFingerprintError",
     "BrokerConfigurationError",
     "ComponentError",
@@ -22,6 +27,7 @@ __all__ = [
     "PermanentError",
     "SystemStartError",
     "TransientError",
+    "described",
 ]
 
 
@@ -93,3 +99,30 @@ class DeadLetterStateError(CompositionError):
                          "replayed or discarded")
         self.dead_letter_id = dead_letter_id
         self.status = status
+
+
+def described(exc: BaseException) -> str:
+    """An exception as logs, dead letters and answers show it: ``ValueError: bad input``."""
+    return f"{type(exc).__name__}: {exc}"
+
+
+# -- what a dependency raises when it is away ----------------------------------------------------
+# redis-py raises RedisError subclasses, but a socket error can escape as a bare OSError; a
+# broker call adds Dramatiq's BrokerError and pika's errors (Redis or RabbitMQ away).
+REDIS_ERRORS: tuple[type[BaseException], ...] = (redis.exceptions.RedisError, OSError)
+
+
+def _pika_failures() -> tuple[type[BaseException], ...]:
+    """pika's, when it is installed (the optional "rabbitmq" extra): Dramatiq wraps most of them
+    in ``BrokerError``, but not a connection that hangs in its handshake (a load balancer in
+    front of a dead node), whose ``AMQPConnectorException`` escaped the retry's handling and
+    had the failed job acknowledged, its retry lost."""
+    if importlib.util.find_spec("pika") is None:
+        return ()
+    from pika.adapters.utils.connection_workflow import AMQPConnectorException
+    from pika.exceptions import AMQPError
+
+    return (AMQPError, AMQPConnectorException)
+
+
+BROKER_FAILURES: tuple[type[BaseException], ...] = (BrokerError, *REDIS_ERRORS, *_pika_failures())

@@ -1,26 +1,11 @@
-"""gunicorn server hooks for ``PROMETHEUS_MULTIPROC_DIR`` (``composition.prometheus``): import
-them into your gunicorn config file (``from composition.gunicorn import child_exit, on_starting``)
-so that ``/metrics`` keeps the totals of workers gunicorn has replaced and reads no more files
-than there are living workers.
+"""gunicorn server hooks, logger and worker class, to import into your gunicorn config file.
 
-- ``on_starting``: the files left by processes of an earlier run go into the archive, once;
-- ``child_exit``: a reaped worker's counters and histograms go into the archive (totals never go
-  down) and its live gauges go, as ``prometheus_client``'s ``mark_process_dead`` does.
-
-Neither stops the server when it fails: the files are then merged at the next start.
-
-``gunicorn_logger(fmt)`` is a ``logger_class`` for the same file: gunicorn's own lines (its
-arbiter, a worker timing out, a request it refuses) rendered as the application's (one JSON
-object per line, or the console format) instead of gunicorn's plain text among them. Access
-logging stays as gunicorn's settings have it (off unless ``accesslog`` is set).
-
-``ThreadWorker`` (``worker_class = "composition.gunicorn.ThreadWorker"``) is gunicorn's gthread
-worker, which closes its copy of the listening socket as soon as it stops taking connections.
-gunicorn 27's keeps it open until its last in-flight request is done: during a graceful stop
-the kernel then still completes new connections into a backlog nobody accepts, and they hang
-until the worker exits and resets them, up to ``graceful_timeout``, where a refusal would
-have sent the client (or a load balancer not yet caught up) elsewhere at once. It also keeps a
-slow client from holding a thread for long: it must not be the only guard, though (see the class).
+``on_starting`` and ``child_exit`` archive the metric files of earlier and reaped workers
+(``composition.prometheus``), so ``/metrics`` keeps their totals and reads only living workers'
+files; neither stops the server when it fails. ``gunicorn_logger(fmt)`` renders gunicorn's own
+lines as the application's logs. ``ThreadWorker`` is gunicorn's gthread worker, but closes its
+listening socket as soon as it stops accepting, so a graceful stop refuses new connections at once
+instead of leaving them to hang in a backlog nobody accepts.
 """
 
 from __future__ import annotations

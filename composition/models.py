@@ -4,5 +4,5 @@
 from composition.cache.models import PendingInvalidation  # noqa: F401
 from composition.jobs.models import DeadLetter, ProcessedMessage  # noqa: F401
 from composition.locks.models import LockFence  # noqa: F401
-from composition.operations_models import Operations  # noqa: F401
+from composition.operations.models import Operations  # noqa: F401
 from composition.outbox.models import OutboxMessage  # noqa: F401

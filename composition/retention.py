@@ -1,19 +1,10 @@
 """Retention: what old rows go, when, and who prunes them.
 
-Three tables grow with traffic and are pruned in small batches (``composition.pruning``):
-
-- the inbox ledger (``ProcessedMessage``), after ``INBOX_RETENTION_S``, but never while a
-  message could still come back: a ledger row pruned too early lets a late redelivery run its
-  effects a second time. The window of a job is its whole retry schedule plus the broker's
-  heartbeat timeout plus the outbox lease (``redelivery_window_s``). Nor while a dead letter
-  with the same key is unresolved or was replayed within the retention: its replay would run
-  the effects again;
-- sent outbox rows, after ``OUTBOX_RETENTION_S`` (pending rows never go);
-- replayed or discarded dead letters, after ``DEAD_LETTER_RETENTION_S`` (unresolved ones never go).
-
-``RetentionComponent`` runs ``prune_expired`` in ``runworkers`` every ``RETENTION_INTERVAL_S``.
-Every worker process runs one, and a session-level advisory lock lets only one of them prune at a
-time across the cluster; the others skip that round.
+In small batches: the inbox ledger after ``INBOX_RETENTION_S``, but never while its message could
+still be redelivered (``redelivery_window_s``) or a dead letter with its key is unresolved or was
+recently replayed, or its effects could run twice; sent outbox rows after ``OUTBOX_RETENTION_S``;
+resolved dead letters after ``DEAD_LETTER_RETENTION_S``. ``RetentionComponent`` prunes every
+``RETENTION_INTERVAL_S`` in each worker process; an advisory lock lets one prune at a time.
 """
 
 from __future__ import annotations
@@ -31,15 +22,16 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Coalesce, NullIf
 from django.utils import timezone
 
-from composition.broker import configured_broker
+from composition.broker.configured import configured_broker
 from composition.conf import conf
+from composition.db.pruning import PruneResult, delete_in_batches
+from composition.errors import described
 from composition.jobs.inbox import IDEMPOTENCY_KEY_HEADER
 from composition.jobs.models import DeadLetter, ProcessedMessage
 from composition.jobs.policy import JobPolicy, backoff_s
 from composition.lifecycle.periodic import PeriodicComponent
 from composition.locks import advisory_key
 from composition.outbox.maintenance import sent_older_than
-from composition.pruning import PruneResult, delete_in_batches
 
 __all__ = [
     "RetentionComponent",
@@ -203,7 +195,7 @@ def prune_expired(*, batch_size: int | None = None,
             try:
                 results.append(delete_in_batches(rows, batch_size=size, should_stop=should_stop))
             except Exception as exc:  # one table's trouble must not starve the others
-                log.warning("retention prune failed", table=name, error=f"{type(exc).__name__}: {exc}")
+                log.warning("retention prune failed", table=name, error=described(exc))
         return results
 
 

@@ -1,4 +1,4 @@
-"""Health and metrics endpoints: thin wrappers over composition.health."""
+"""Health and metrics endpoints: thin wrappers over composition.health.checks."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
-from composition import health
+from composition.health import checks as health
 from composition.logging import already_logged
 from composition.prometheus import MetricsAccess, MetricsDirectoryBusy, render, scrape_registry
 

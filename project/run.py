@@ -75,9 +75,9 @@ def main() -> int:
     drain_mark = drain_file(DATA_DIR)
 
     from composition.errors import SystemStartError
+    from composition.lifecycle import System
+    from composition.lifecycle.processes import ProcessComponent
     from composition.logging import configure_structlog, logging_config
-    from composition.processes import ProcessComponent
-    from composition.system import System
     from project.embedded import EmbeddedPostgres, EmbeddedValkey
 
     config = logging_config(os.environ["LOG_FORMAT"], "INFO")

@@ -86,7 +86,7 @@ def throwaway_redis_server() -> Iterator[ThrowawayRedis]:
 def _empty_redis_broker() -> None:
     from dramatiq.brokers.redis import RedisBroker
 
-    from composition.broker import configured_broker
+    from composition.broker.configured import configured_broker
 
     broker = configured_broker()
     if isinstance(broker, RedisBroker):
@@ -119,7 +119,7 @@ def worker_processes(transactional_db: None) -> Iterator[list[WorkerProcess]]:
 @pytest.fixture
 def empty_check_queues() -> Iterator[None]:
     """The jobs app's check queue and the relay's queue, empty before and after the test."""
-    from composition.broker import configured_broker
+    from composition.broker.configured import configured_broker
     from composition.outbox.relay import RELAY_QUEUE_NAME
     from tests.jobsapp.jobs import CHECK_QUEUE
 

@@ -14,16 +14,15 @@ from django.db import transaction
 from django.http import HttpResponse
 from django.test import Client, RequestFactory, override_settings
 
-from composition import backpressure
-from composition.backpressure import (
+from composition.backpressure import admission as backpressure
+from composition.backpressure.admission import (
     Backpressure,
     BackpressureMiddleware,
-    CircuitBreaker,
-    CircuitOpen,
     admit,
-    queue_depth,
 )
-from composition.broker import configured_broker
+from composition.backpressure.depth import queue_depth
+from composition.breaker import CircuitBreaker, CircuitOpen
+from composition.broker.configured import configured_broker
 from composition.checks import check_backpressure_settings
 from composition.jobs import TransientError
 from composition.outbox import publish
@@ -70,7 +69,7 @@ def test_admit_counts_outbox_backlog_and_broker_messages() -> None:
 
 @pytest.fixture
 def empty_billing_queue() -> Iterator[None]:
-    from composition.broker import configured_broker
+    from composition.broker.configured import configured_broker
 
     configured_broker().flush("billing")
     yield

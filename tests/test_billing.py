@@ -15,7 +15,7 @@ from django.test import Client
 from billing.models import Invoice, Payment, Receipt
 from billing.services import invoice_cache_key
 from billing.wiring import default_service
-from composition.broker import configured_broker
+from composition.broker.configured import configured_broker
 from composition.cache import cache_aside_result, invalidate_namespace
 from composition.outbox import OutboxMessage
 from composition.testing import wait_until

@@ -14,7 +14,7 @@ from django.test import Client
 
 from billing.models import Invoice, Payment
 from billing.wiring import default_service
-from composition.broker import configured_broker
+from composition.broker.configured import configured_broker
 from composition.cache import invalidate_namespace
 
 pytestmark = pytest.mark.django_db(transaction=True)  # invalidations run after COMMIT

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from billing.jobs import send_payment_receipt
 from billing.models import ApiToken, Invoice, Payment
 from billing.tokens import DEFAULT_LIFETIME, create_token
-from composition.broker import configured_broker
+from composition.broker.configured import configured_broker
 from composition.cache import invalidate_namespace
 from composition.outbox import OutboxMessage
 

@@ -20,7 +20,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from billing.models import Invoice, Payment
-from composition.broker import configured_broker
+from composition.broker.configured import configured_broker
 from composition.cache import invalidate_namespace
 from composition.outbox import OutboxMessage
 from composition.testing import subprocess_env

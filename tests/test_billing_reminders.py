@@ -16,10 +16,10 @@ from django.test import Client
 
 from billing.models import Invoice, Payment, Receipt
 from billing.wiring import default_service
-from composition.broker import configured_broker
+from composition.backpressure.depth import broker_counts
+from composition.broker.configured import configured_broker
 from composition.cache import invalidate_namespace
 from composition.outbox import OutboxMessage
-from composition.queue_depth import broker_counts
 from composition.testing import wait_until
 from tests.gunicorn_server import Answer, emails, emails_by_message_id, gunicorn, mail_env, post
 

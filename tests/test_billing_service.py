@@ -16,7 +16,7 @@ from django.test import Client, override_settings
 from billing.models import Invoice, Payment
 from billing.services import InvoiceService, invoice_cache_key
 from billing.wiring import build_service, default_service, email_sender
-from composition.broker import configured_broker
+from composition.broker.configured import configured_broker
 from composition.cache import get_cache_aside, invalidate_namespace
 from composition.outbox import OutboxMessage
 from tests.jobsapp.jobs import ELSEWHERE_QUEUE

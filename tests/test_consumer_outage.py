@@ -1,5 +1,5 @@
 """A Redis that stops answering for a while (frozen, not refusing) costs a worker nothing it
-does not get back (``composition.redis_broker``): a real Dramatiq worker's consumer threads live
+does not get back (``composition.broker.redis``): a real Dramatiq worker's consumer threads live
 on, and a delayed message they had fetched runs once when due. Before, the freeze's timeout
 ended the delay queue's consumer thread for good, and the delayed message, fetched into that
 thread's memory and unacknowledged in Redis, waited for the worker's restart. Against a private
@@ -16,7 +16,7 @@ import dramatiq
 import pytest
 from dramatiq.common import dq_name
 
-from composition.broker import build_broker
+from composition.broker.configured import build_broker
 from composition.testing import ThrowawayRedis, wait_until
 
 QUEUE = "outage_probe"

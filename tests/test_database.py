@@ -39,7 +39,7 @@ def test_a_slow_statement_is_cancelled() -> None:
 
 
 def test_stopping_closes_every_threads_connection_not_only_the_stoppers() -> None:
-    from composition.components import DatabaseComponent
+    from composition.lifecycle.components import DatabaseComponent
 
     # Worker-like threads each open a connection and stay alive, as Dramatiq's threads do.
     backend_pids: list[int] = []

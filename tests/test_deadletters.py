@@ -16,7 +16,7 @@ from django.test import Client
 from dramatiq import Message
 from dramatiq.broker import MessageProxy
 
-from composition.broker import configured_broker
+from composition.broker.configured import configured_broker
 from composition.errors import DeadLetterStateError, PermanentError
 from composition.jobs import replay as service
 from composition.jobs.deadletters import record_dead_letter
@@ -186,7 +186,7 @@ def test_admin_replay_confirms_the_count_then_acts() -> None:
         assert re.search(r">\s*dead \(2\)\s*<", counted) and re.search(r">\s*All \(2\)\s*<", counted), counted
         assert not re.search(r"\(\d+\) \((\d+|-)\)", counted), "a failure group counted twice"
     # Its moments to the second, as the list shows them, for an incident's timeline.
-    from composition.admin_format import moment
+    from composition.admin.format import moment
 
     assert moment(letters[0].first_failed_at).encode() in detail.content
     # Its replay at hand on its own page (this operator may replay, not discard).

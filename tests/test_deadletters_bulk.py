@@ -18,8 +18,8 @@ from django.test import Client
 from dramatiq import Message
 from dramatiq.broker import MessageProxy
 
+from composition.admin import dead_letters as dead_letter_admin
 from composition.errors import PermanentError
-from composition.jobs import admin as dead_letter_admin
 from composition.jobs.deadletters import record_dead_letter
 from composition.jobs.models import DeadLetter
 from composition.outbox import OutboxMessage

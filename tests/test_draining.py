@@ -20,7 +20,7 @@ import pytest
 from django.conf import settings
 from django.test import Client, override_settings
 
-from composition import health
+from composition.health import checks as health
 from composition.lifecycle.processes import ProcessComponent
 from composition.testing import free_port, http_status, subprocess_env, wait_until
 

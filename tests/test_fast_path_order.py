@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from django.db import connection, transaction
 
-from composition.broker import configured_broker
+from composition.broker.configured import configured_broker
 from composition.outbox import OutboxMessage, publish
 from composition.outbox.relay import RELAY_QUEUE_NAME, Relay, relay_for
 from composition.testing import wait_until

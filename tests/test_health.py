@@ -15,7 +15,8 @@ from django.conf import settings
 from django.test import Client, override_settings
 from structlog.testing import capture_logs
 
-from composition import health
+from composition.health import checks as health
+from composition.health.draining import set_draining
 from composition.testing import ThrowawayRedis, free_port, subprocess_env
 
 pytestmark = pytest.mark.django_db
@@ -24,10 +25,10 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(autouse=True)
 def _fresh_readiness() -> Iterator[None]:
     health.reset_readiness_cache()
-    health.set_draining(False)
+    set_draining(False)
     yield
     health.reset_readiness_cache()
-    health.set_draining(False)
+    set_draining(False)
 
 
 def _cache_at(url: str) -> dict[str, Any]:
@@ -114,7 +115,7 @@ def test_readiness_answer_is_reused_for_the_cache_period() -> None:
 
 
 def test_draining_process_is_not_ready_but_still_alive(client: Client) -> None:
-    health.set_draining(True)
+    set_draining(True)
     response = client.get("/readyz")
     assert response.status_code == 503
     assert response.json()["draining"] is True

@@ -14,7 +14,9 @@ import redis
 from django.conf import settings
 from django.test import override_settings
 
-from composition import health, heartbeats, pids
+from composition.health import checks as health
+from composition.health import heartbeats
+from composition.lifecycle import pids
 from composition.testing import free_port, subprocess_env, wait_until
 from tests.outboxapp.helpers import flush_broker
 

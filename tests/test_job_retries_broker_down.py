@@ -1,5 +1,5 @@
 """A retry the broker refuses (Redis restarting or frozen at the moment a failed job's retry is
-enqueued) is not lost (``composition.jobs.retries``): tried again for a few seconds, then the
+enqueued) is not lost (``composition.jobs.middleware.retries``): tried again for a few seconds, then the
 message fails, which DeadLetters records as a dead letter. Against a private Valkey server that
 the tests stop and freeze, never the shared one."""
 
@@ -15,8 +15,8 @@ import pytest
 from dramatiq import Message
 from dramatiq.broker import Broker, MessageProxy
 
-from composition.broker import build_broker
-from composition.jobs.retries import RETRY_ENQUEUE_PAUSES_S, JobRetries
+from composition.broker.configured import build_broker
+from composition.jobs.middleware.retries import RETRY_ENQUEUE_PAUSES_S, JobRetries
 from composition.testing import ThrowawayRedis
 
 QUEUE = "retry_probe"

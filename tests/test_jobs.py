@@ -12,7 +12,7 @@ from dramatiq import Actor
 from hypothesis import given
 from hypothesis import strategies as st
 
-from composition.broker import configured_broker
+from composition.broker.configured import configured_broker
 from composition.errors import PayloadValidationError, PermanentError
 from composition.jobs import JobPolicy, backoff_s, job
 from composition.jobs.deadletters import fingerprint, normalise_message

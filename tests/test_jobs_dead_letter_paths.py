@@ -15,10 +15,10 @@ from django.db import OperationalError
 from dramatiq import Message
 from dramatiq.broker import MessageProxy
 
-from composition.broker import configured_broker
-from composition.jobs.dead_lettering import DEAD_LETTER_RETRY_DELAYS_S, DeadLetters
+from composition.broker.configured import configured_broker
+from composition.jobs.middleware.dead_letters import DEAD_LETTER_RETRY_DELAYS_S, DeadLetters
+from composition.jobs.middleware.stack import find_middleware
 from composition.jobs.models import DeadLetter
-from composition.jobs.stack import find_middleware
 from composition.outbox.relay import RELAY_ACTOR_NAME, RELAY_QUEUE_NAME, relay_actor
 from composition.testing import wait_until
 from tests.jobsapp import jobs
@@ -195,7 +195,7 @@ def test_a_copy_waiting_for_its_dead_letter_is_recorded_not_run_whoever_skips_it
     # not as expired unrun. A hand-made copy with a garbled option is recorded, not lost.
     from dramatiq.middleware import AgeLimit, SkipMessage
 
-    from composition.jobs.dead_lettering import DEAD_LETTER_PENDING_OPTION
+    from composition.jobs.middleware.dead_letters import DEAD_LETTER_PENDING_OPTION
 
     broker = configured_broker()
     dead_letters = find_middleware(broker, DeadLetters)

@@ -17,15 +17,16 @@ from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import CurrentMessage, Retries, ShutdownNotifications, TimeLimit, TimeLimitExceeded
 from prometheus_client import REGISTRY
 
+from composition.broker.time_limits import JobShutdownNotifications, JobTimeLimit
 from composition.jobs import current_message
-from composition.jobs.dead_lettering import DeadLetters
-from composition.jobs.in_flight import InFlight, InFlightRegistry
-from composition.jobs.interrupted_queries import InterruptedQueries
-from composition.jobs.observability import JobMetrics, MessageContext, explained
-from composition.jobs.retries import JobRetries, options_as_fetched
-from composition.jobs.stack import find_in_flight, find_middleware, job_middleware
-from composition.jobs.unknown_actors import UnknownActors
-from composition.time_limits import JobShutdownNotifications, JobTimeLimit
+from composition.jobs.middleware.dead_letters import DeadLetters
+from composition.jobs.middleware.in_flight import InFlight, InFlightRegistry
+from composition.jobs.middleware.interrupted_queries import InterruptedQueries
+from composition.jobs.middleware.job_metrics import JobMetrics, explained
+from composition.jobs.middleware.message_context import MessageContext
+from composition.jobs.middleware.retries import JobRetries, options_as_fetched
+from composition.jobs.middleware.stack import find_in_flight, find_middleware, job_middleware
+from composition.jobs.middleware.unknown_actors import UnknownActors
 
 QUEUE = "middleware_stack"
 

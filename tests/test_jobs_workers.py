@@ -9,7 +9,7 @@ import pytest
 from django.db import transaction
 from django.db.models import Count
 
-from composition.broker import configured_broker
+from composition.broker.configured import configured_broker
 from composition.errors import PayloadValidationError
 from composition.jobs.models import DeadLetter, ProcessedMessage
 from composition.outbox import OutboxMessage, publish

@@ -123,9 +123,9 @@ def test_the_worker_server_frees_its_port_on_stop() -> None:
 def test_the_counters_alerts_take_increase_of_exist_at_zero_from_the_start(client: Client) -> None:
     # A series first seen at 1 has one sample, so increase() over it is empty: the first dead
     # letter of an actor after a worker started fired no DeadLettersAppearing alert.
-    from composition.broker import configured_broker
-    from composition.jobs.observability import JobMetrics
-    from composition.jobs.stack import find_middleware
+    from composition.broker.configured import configured_broker
+    from composition.jobs.middleware.job_metrics import JobMetrics
+    from composition.jobs.middleware.stack import find_middleware
 
     broker = configured_broker()
     metrics = find_middleware(broker, JobMetrics)

@@ -20,16 +20,16 @@ from dramatiq.broker import MessageProxy
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from composition.backpressure import Backpressure, admit
-from composition.broker import configured_broker
+from composition.backpressure.admission import Backpressure, admit
+from composition.broker.configured import configured_broker
 from composition.cache import cache_aside_result, invalidate_namespace
 from composition.cache.engine import CacheAside, CacheResult
 from composition.cache.serializers import load_serializer
 from composition.conf import conf
 from composition.errors import PermanentError
-from composition.health import reset_readiness_cache
-from composition.jobs.dead_lettering import write_dead_letter
+from composition.health.checks import reset_readiness_cache
 from composition.jobs.deadletters import record_dead_letter
+from composition.jobs.middleware.dead_letters import write_dead_letter
 from composition.locks import LockNotAcquired, StaleFence, acquire_redis_lock, fenced_write, redis_lock
 from composition.outbox.maintenance import prune_sent
 from composition.sampling import MetricsSamplerComponent

@@ -14,7 +14,7 @@ from dramatiq import Message
 from dramatiq.broker import MessageProxy
 from prometheus_client import REGISTRY
 
-from composition.broker import configured_broker
+from composition.broker.configured import configured_broker
 from composition.errors import PermanentError
 from composition.jobs.deadletters import record_dead_letter
 from composition.sampling import MetricsSamplerComponent
@@ -42,7 +42,7 @@ def test_the_sampler_sets_a_vanished_label_to_zero() -> None:
 def test_a_frozen_broker_costs_one_timeout_and_keeps_the_last_readings(throwaway_redis_server: Any) -> None:
     import time
 
-    from composition.broker import build_broker
+    from composition.broker.configured import build_broker
 
     broker = build_broker(throwaway_redis_server.url, heartbeat_timeout_s=4, maintenance_chance=0,
                           socket_timeout_s=0.3, connect_timeout_s=0.3, middleware=[])
@@ -119,7 +119,7 @@ def test_a_connection_opened_inside_an_execute_wrapper_block_keeps_the_slow_quer
 
     from django.db import connections
 
-    from composition.slow_queries import time_query
+    from composition.db.slow_queries import time_query
 
     seen: list[list[Any]] = []
 

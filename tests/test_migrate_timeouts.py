@@ -15,7 +15,7 @@ import pytest
 from django.db import OperationalError, connection, transaction
 from django.test import override_settings
 
-from composition.database import without_session_timeouts
+from composition.db.timeouts import without_session_timeouts
 from composition.testing import current_database_url, subprocess_env
 
 ROOT = Path(__file__).resolve().parent.parent

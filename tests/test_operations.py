@@ -25,10 +25,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from dramatiq import Message
 
-from composition import heartbeats
-from composition.broker import configured_broker
+from composition.broker.configured import configured_broker
+from composition.health import heartbeats
 from composition.jobs.deadletters import fingerprint
-from composition.jobs.in_flight import RUNS_WINDOW_S
+from composition.jobs.middleware.in_flight import RUNS_WINDOW_S
 from composition.jobs.models import DeadLetter
 from composition.outbox import OutboxMessage, publish
 from tests.jobsapp import jobs
@@ -121,7 +121,7 @@ def test_queue_and_dead_letter_figures_are_the_database_and_the_brokers(admin_cl
 
 @pytest.mark.django_db
 def test_more_groups_than_shown_are_counted_and_only_replayers_see_replay_buttons(admin_client: Client) -> None:
-    from composition.operations import FAILURE_GROUPS_SHOWN
+    from composition.operations.snapshot import FAILURE_GROUPS_SHOWN
 
     now = timezone.now()
     DeadLetter.objects.bulk_create([
@@ -157,7 +157,7 @@ def _outbox_rows(queue: str, *, pending_age_s: float, pending: int, sent_ago_s: 
 
 @contextmanager
 def _heartbeats() -> Iterator[Callable[[str, dict[str, Any]], None]]:
-    """A writer of real heartbeats (``composition.heartbeats``, into the cache's Redis, as a
+    """A writer of real heartbeats (``composition.health.heartbeats``, into the cache's Redis, as a
     worker writes them), each withdrawn at the end."""
     client = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
     written: list[str] = []

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
-from composition import health
+from composition.backpressure.depth import broker_counts
+from composition.health import checks as health
 from composition.jobs.models import DeadLetter
 from composition.outbox import OutboxMessage
-from composition.queue_depth import broker_counts
 from composition.testing import wait_until
 from tests.browser import artifacts_dir, chrome, log_in_to_admin
 from tests.jobsapp import jobs

@@ -182,7 +182,7 @@ def test_a_database_error_of_the_after_commit_send_does_not_pause_sends() -> Non
     # breaker that skips sends to a failing broker stays closed.
     from django.db import OperationalError
 
-    from composition.broker import configured_broker
+    from composition.broker.configured import configured_broker
     from composition.outbox.after_commit import nudge_breaker
 
     def claim_on_a_restarting_database() -> None:

@@ -14,7 +14,7 @@ from django.db import connection, transaction
 from django.db.transaction import TransactionManagementError
 from django.test.utils import CaptureQueriesContext
 
-from composition.broker import configured_broker
+from composition.broker.configured import configured_broker
 from composition.outbox import (
     InvalidDelayError,
     InvalidKeyError,

@@ -27,12 +27,12 @@ from dramatiq.common import dq_name, xq_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.message import Message
 
-from composition import health
+from composition.backpressure.depth import broker_counts, queue_depth
+from composition.health import checks as health
 from composition.outbox import OutboxMessage, publish
 from composition.outbox.enqueue import enqueue_many
 from composition.outbox.rabbitmq import ConfirmTimeout, MessagesRejected
 from composition.outbox.relay import Relay
-from composition.queue_depth import broker_counts, queue_depth
 from composition.testing import free_port, use_broker, wait_until
 from tests.jobsapp.jobs import RABBIT_QUEUE
 from tests.jobsapp.models import Effect
@@ -391,9 +391,9 @@ def test_the_queue_depth_reads_on_after_a_queue_that_did_not_exist_yet(rabbit_br
 def test_a_rabbitmq_that_accepts_and_never_answers_costs_the_configured_timeouts_and_loses_no_retry() -> None:
     # pika's own defaults waited 15 s on such a server (a load balancer before a dead node), and
     # its handshake timeout was not among the broker failures: the job's retry was lost.
-    from composition.broker import build_broker
-    from composition.jobs.retries import JobRetries
-    from composition.redis_errors import BROKER_FAILURES
+    from composition.broker.configured import build_broker
+    from composition.errors import BROKER_FAILURES
+    from composition.jobs.middleware.retries import JobRetries
 
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from django.db import transaction
 
-from composition.broker import configured_broker
+from composition.broker.configured import configured_broker
 from composition.conf import conf
 from composition.outbox import OutboxMessage, publish
 from composition.outbox.claims import mark_sent
@@ -132,7 +132,7 @@ def test_a_killed_worker_s_messages_run_within_seconds_of_its_restart_and_a_live
 
 
 def _jobs_in_flight(pid: int) -> int:
-    from composition import health
+    from composition.health import checks as health
 
     for beat in health.workers().detail.get("workers", []):
         if beat["worker"].endswith(f":{pid}"):

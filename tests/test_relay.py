@@ -13,7 +13,7 @@ from django.db import transaction
 from dramatiq.brokers.redis import RedisBroker
 from prometheus_client import REGISTRY
 
-from composition.broker import configured_broker
+from composition.broker.configured import configured_broker
 from composition.outbox import OutboxMessage, publish
 from composition.outbox.models import message_id_for
 from composition.outbox.relay import Relay

@@ -13,7 +13,9 @@ import pytest
 import redis
 from django.conf import settings
 
-from composition import health, heartbeats
+from composition.health import checks as health
+from composition.health import heartbeats
+from composition.health.probes import heartbeat_client
 from composition.outbox import OutboxMessage, publish
 from composition.outbox.relay import RELAY_ACTOR_NAME
 from composition.testing import wait_until
@@ -40,7 +42,7 @@ def _clean() -> Iterator[None]:
 
 def _relay_runs(worker_pid: int) -> list[float]:
     """Ages of the relay runs the worker's latest heartbeat shows in flight."""
-    client = health.heartbeat_client()
+    client = heartbeat_client()
     try:
         beats = heartbeats.read_heartbeats(client)
     finally:

@@ -17,7 +17,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from composition.broker import build_broker, configured_broker
+from composition.broker.configured import build_broker, configured_broker
 from composition.outbox import OutboxMessage, publish
 from composition.outbox.claims import ClaimedMessage
 from composition.outbox.relay import Relay
@@ -125,7 +125,7 @@ _HOLD_FOREVER = textwrap.dedent("""
     import sys, time
     import django
     django.setup()
-    from composition.broker import configured_broker
+    from composition.broker.configured import configured_broker
     from composition.outbox.relay import Relay
     relay = Relay(configured_broker(), relay_id="doomed", lease_s={lease_s})
     claimed = relay.claim()

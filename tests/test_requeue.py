@@ -1,5 +1,5 @@
 """A message a worker puts back on its queue (a drained job, a dead letter the database would not
-take) goes back once, as it was fetched (``composition.jobs.retries.requeue_message``):
+take) goes back once, as it was fetched (``composition.jobs.middleware.retries.requeue_message``):
 
 - it survives being fetched again by a consumer of the same worker before the original is
   acknowledged. Redis's own requeue moved the same id back from the worker's unacked set: the
@@ -23,12 +23,12 @@ from dramatiq.broker import Consumer, MessageProxy
 from dramatiq.common import xq_name
 from dramatiq.message import Message
 
-from composition.broker import build_broker
+from composition.broker.configured import build_broker
+from composition.broker.redis import WakingRedisBroker
 from composition.conf import conf
-from composition.jobs.dead_lettering import requeue_as_copy
-from composition.jobs.retries import JobRetries, requeue_message
+from composition.jobs.middleware.dead_letters import requeue_as_copy
+from composition.jobs.middleware.retries import JobRetries, requeue_message
 from composition.jobs.runtime import requeue_unacked
-from composition.redis_broker import WakingRedisBroker
 
 QUEUE = "requeue_unit"
 

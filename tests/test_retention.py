@@ -21,12 +21,12 @@ from prometheus_client import REGISTRY
 
 from composition.checks import check_retention_settings
 from composition.conf import conf
+from composition.db.pruning import delete_in_batches
 from composition.jobs import job
 from composition.jobs.models import DeadLetter, ProcessedMessage
 from composition.jobs.policy import JobPolicy
 from composition.locks import advisory_key
 from composition.outbox.models import OutboxMessage
-from composition.pruning import delete_in_batches
 from composition.retention import (
     LOCK_KEY,
     LOCK_NAMESPACE,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from composition import heartbeats
+from composition.health import heartbeats
 from composition.testing import free_port, subprocess_env, wait_until
 from composition.testing.workers import WorkerProcess
 

@@ -13,9 +13,8 @@ import time
 import pytest
 
 from composition.errors import ComponentError, SystemStartError
-from composition.lifecycle import Component, PeriodicComponent, ProcessComponent
+from composition.lifecycle import PeriodicComponent, ProcessComponent, System
 from composition.lifecycle.system import SAME_STOP_REQUEST_S
-from composition.system import System
 from composition.testing import wait_until
 
 
@@ -146,7 +145,7 @@ def test_run_stops_when_request_stop_is_called_from_another_thread() -> None:
 
 SIGNAL_SCRIPT = textwrap.dedent("""
     import sys, time
-    from composition.system import System
+    from composition.lifecycle import System
 
     class Slow:
         def __init__(self, name, drain_s):
@@ -290,25 +289,6 @@ def test_periodic_component_that_keeps_running_through_the_drain() -> None:
     assert beats._thread is not None and not beats._thread.is_alive()
 
 
-def test_old_import_paths_name_the_same_objects() -> None:
-    from composition import components, processes, workers
-    from composition import system as old_system
-    from composition.lifecycle import heartbeat, worker_threads
-    from composition.lifecycle import workers as lifecycle_workers
-    from composition.lifecycle.components import DatabaseComponent
-    from composition.outbox import maintenance, ops
-    from composition.outbox.relay import Relay
-
-    assert old_system.System is System and old_system.Component is Component
-    assert components.DatabaseComponent is DatabaseComponent
-    assert components.HeartbeatComponent is heartbeat.HeartbeatComponent
-    assert components.WorkerComponent is worker_threads.WorkerComponent
-    assert processes.ProcessComponent is ProcessComponent
-    assert workers.build_worker_system is lifecycle_workers.build_worker_system
-    assert ops.prune_sent is maintenance.prune_sent
-    assert Relay.nudged is Relay.run_coalesced_round
-
-
 # -- child processes under a supervisor's deadlines ---------------------------------------------------
 STUBBORN = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
             "print('up', flush=True); time.sleep(120)"]
@@ -336,7 +316,7 @@ def test_a_child_that_ignores_sigterm_is_killed_within_the_stop_budget() -> None
 SIGNALLED_DURING_START = textwrap.dedent("""
     import os, signal, sys, threading, time
     from composition.lifecycle import ProcessComponent
-    from composition.system import System
+    from composition.lifecycle import System
     web = ProcessComponent("web", [sys.executable, "-c", "import time; time.sleep(120)"],
                            ready_url="http://127.0.0.1:" + sys.argv[1] + "/readyz", start_timeout_s=60)
     threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()

@@ -29,7 +29,7 @@ from django.utils import timezone
 from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import TimeLimitExceeded
 
-from composition.broker import configured_broker
+from composition.broker.configured import configured_broker
 from composition.jobs.models import DeadLetter, ProcessedMessage
 from composition.jobs.replay import replay
 from composition.outbox import OutboxMessage, PayloadTooLargeError, publish

@@ -15,10 +15,8 @@ from django.db import connection
 from dramatiq.middleware import Shutdown
 from prometheus_client import CollectorRegistry, multiprocess
 
-from composition.broker import configured_broker
-from composition.jobs.models import DeadLetter, ProcessedMessage
-from composition.testing import wait_until
-from composition.time_limits import (
+from composition.broker.configured import configured_broker
+from composition.broker.time_limits import (
     JobShutdownNotifications,
     JobTimeLimit,
     TimeLimitExceeded,
@@ -27,6 +25,8 @@ from composition.time_limits import (
     shielded,
     time_limits_enforced,
 )
+from composition.jobs.models import DeadLetter, ProcessedMessage
+from composition.testing import wait_until
 from tests.jobsapp import jobs
 from tests.jobsapp.models import Attempt, Effect
 

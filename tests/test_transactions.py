@@ -7,7 +7,7 @@ from contextlib import suppress
 import pytest
 from django.db import transaction
 
-from composition.transactions import on_commit_once, open_savepoints
+from composition.db.transactions import on_commit_once, open_savepoints
 
 pytestmark = pytest.mark.django_db(transaction=True)  # hooks run only on a real COMMIT
 

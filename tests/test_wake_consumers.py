@@ -1,4 +1,4 @@
-"""Redis-broker consumers wake when a message arrives (``composition.redis_broker``): a message
+"""Redis-broker consumers wake when a message arrives (``composition.broker.redis``): a message
 sent to an idle queue, directly or through the outbox, starts long before the next idle poll;
 an idle consumer still returns within one poll (so a stop is prompt); delay queues keep
 Dramatiq's polling; and the wake lists stay bounded when nobody listens. A send stores its
@@ -24,12 +24,13 @@ from dramatiq.common import dq_name
 from dramatiq.message import Message
 from structlog.testing import capture_logs
 
-from composition.broker import build_broker, configured_broker
+from composition.broker.configured import build_broker, configured_broker
+from composition.broker.redis import WAKE_TOKENS_MAX, WAKE_TTL_MS, WakingRedisBroker
+from composition.broker.redis_consumer import wake_key
 from composition.conf import conf
 from composition.outbox import OutboxMessage, publish
 from composition.outbox.enqueue import enqueue_many
 from composition.outbox.relay import RELAY_QUEUE_NAME
-from composition.redis_broker import WAKE_TOKENS_MAX, WAKE_TTL_MS, WakingRedisBroker, wake_key
 from composition.testing import wait_until
 from tests.jobsapp import jobs
 

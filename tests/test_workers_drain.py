@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from composition import health
-from composition.broker import configured_broker
+from composition.broker.configured import configured_broker
+from composition.health import checks as health
 from composition.testing import wait_until
 from tests.jobsapp import jobs
 from tests.jobsapp.models import Attempt, Effect

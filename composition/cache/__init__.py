@@ -1,15 +1,11 @@
 """Cache-aside over django-redis that holds under races, stampedes and outages.
 
-``cache_aside(key, loader, ttl_s=...)`` returns the cached value for ``key`` or runs
-``loader()`` once to rebuild it; ``invalidate(key)`` deletes it after the current transaction
-commits; ``invalidate_namespace(ns)`` drops every key of a namespace (the text before a key's
-first ``:``) with one call.
-
-The package reads like its parts: ``api`` (these functions), ``handler`` (one engine per cache
-alias, built lazily and rebuilt when ``CACHES`` or ``COMPOSITION`` change), ``engine`` (the
-protocol and serving policy), ``store`` (Redis keys, entry format, Lua scripts), ``flights``
-(in-process coalescing), ``invalidation`` (durable invalidations), ``replay`` (the component
-that replays them), ``serializers`` and ``errors``.
+``cache_aside(key, loader, ttl_s=...)`` returns the cached value or runs ``loader()`` once to
+rebuild it; ``invalidate(key)`` deletes it after the current transaction commits;
+``invalidate_namespace(ns)`` drops every key of a namespace (the text before the first ``:``).
+Modules: ``api``, ``handler`` (one engine per alias, rebuilt when settings change), ``engine``
+(serving policy), ``store`` (Redis keys and scripts), ``flights`` (in-process coalescing),
+``invalidation`` (durable invalidations), ``replay``, ``serializers`` and ``errors``.
 """
 
 from __future__ import annotations

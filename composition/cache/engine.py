@@ -40,8 +40,8 @@ from composition.cache.results import (
 )
 from composition.cache.serializers import Serializer
 from composition.cache.store import FRESH, LEASED, Entry, KeySpace, LeaseStore, decode_entry, encode_entry
+from composition.errors import REDIS_ERRORS
 from composition.metrics import CACHE_OPERATION_SECONDS
-from composition.redis_errors import REDIS_ERRORS
 
 __all__ = ["CacheAside", "CacheResult", "namespace_of"]
 

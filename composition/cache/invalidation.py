@@ -1,20 +1,10 @@
 """Invalidation that is never lost: durable at COMMIT, applied right after it, replayed if not.
 
-- ``schedule`` inside a transaction writes a PendingInvalidation row *in the writer's transaction*
-  (one INSERT per distinct key or namespace; a repeat in the same transaction is free), so the
-  invalidation commits, or rolls back, with the data it is about. One robust after-commit hook
-  per transaction (``composition.transactions.on_commit_once``) then applies them all in one
-  Redis pipeline (``apply_committed``), then deletes their rows in one DELETE. If the process
-  dies after COMMIT, Redis cannot be reached, the breaker is open, or an earlier ``on_commit``
-  callback raised (Django then skips the rest), the rows stay and the replay applies them;
-- outside a transaction (autocommit) ``apply_now`` deletes at once and writes the row only if
-  Redis could not be reached;
-- ``replay_pending`` claims rows with ``FOR UPDATE SKIP LOCKED``, applies them and deletes them in
-  the same short transaction, so concurrent replayers never take the same row. The breaker's probe
-  runs it before closing, and InvalidationReplayComponent runs it periodically for everyone else.
-
-Applying an invalidation twice is harmless (a delete is idempotent; a namespace bump only costs
-misses), which is what lets the writer and a replayer overlap without coordination.
+``schedule`` inside a transaction writes a ``PendingInvalidation`` row in the writer's transaction;
+one after-commit hook applies the transaction's invalidations in one Redis pipeline and deletes
+their rows. Rows left behind (a crash, Redis down, an open breaker) are applied by
+``replay_pending`` (``FOR UPDATE SKIP LOCKED``). Outside a transaction ``apply_now`` deletes at
+once. Applying an invalidation twice is harmless, so writer and replayer need no coordination.
 """
 
 from __future__ import annotations
@@ -29,9 +19,9 @@ from django.utils import timezone
 from composition.breaker import CircuitBreaker
 from composition.cache.pending_replay import ReplaysPending
 from composition.cache.store import KeySpace
+from composition.db.transactions import on_commit_once, open_savepoints
+from composition.errors import REDIS_ERRORS
 from composition.metrics import CACHE_INVALIDATIONS
-from composition.redis_errors import REDIS_ERRORS
-from composition.transactions import on_commit_once, open_savepoints
 
 __all__ = ["REDIS_ERRORS", "Invalidations", "KeySpace"]  # the first and last kept here for old imports
 

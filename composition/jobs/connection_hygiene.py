@@ -6,7 +6,7 @@ plus ``check_connections``, Django's health check of a reused connection
 (``CONN_HEALTH_CHECKS``) without its ``SELECT 1`` round trip, in one pass), and
 ``close_old_connections()``'s work after it (``close_obsolete_connections()``). Both go through
 ``thread_connections()``, the thread's wrappers looked up once. A connection an interrupt left
-mid-query is ``composition.jobs.interrupted_queries``'s.
+mid-query is ``composition.jobs.middleware.interrupted_queries``'s.
 """
 
 from __future__ import annotations

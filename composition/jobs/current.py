@@ -1,7 +1,7 @@
 """The message a worker thread is running: ``current_message()`` and ``attempt_of()``.
 
 ``current_message()`` reads Dramatiq's own ``CurrentMessage`` middleware, which
-``composition.jobs.stack.job_middleware()`` puts in the broker's stack; it is None outside a
+``composition.jobs.middleware.stack.job_middleware()`` puts in the broker's stack; it is None outside a
 job. ``@job(idempotent=True)`` keys its inbox ledger row on it.
 """
 

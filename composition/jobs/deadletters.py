@@ -64,7 +64,7 @@ def error_class_name(exception: BaseException) -> str:
 class Failure:
     """What a dead letter says about why its message failed: taken from the exception when the
     last run ends (``of``), and kept as plain text so that it can travel in a message's options
-    when the row cannot be written yet (``composition.jobs.dead_lettering``)."""
+    when the row cannot be written yet (``composition.jobs.middleware.dead_letters``)."""
 
     error_class: str
     error_message: str
@@ -77,7 +77,7 @@ class Failure:
 
     @property
     def summary(self) -> str:
-        """``Class: message``, as ``composition.jobs.observability.error_text`` says an exception."""
+        """``Class: message``, as ``composition.jobs.middleware.job_metrics.error_text`` says an exception."""
         return f"{self.error_class.rpartition('.')[2]}: {self.error_message}"
 
     def as_option(self) -> dict[str, str]:

@@ -19,13 +19,13 @@ from django.db import transaction
 from dramatiq import Actor
 from dramatiq.broker import MessageProxy
 
-from composition.broker import configured_broker
+from composition.broker.configured import configured_broker
+from composition.broker.time_limits import INTERRUPTS, disarm_time_limit
 from composition.errors import PermanentError
 from composition.jobs.current import current_message
 from composition.jobs.inbox import ledger_key, record_processed
 from composition.jobs.policy import JobPolicy
 from composition.jobs.schema import PayloadSchema
-from composition.time_limits import INTERRUPTS, disarm_time_limit
 
 __all__ = ["job", "run_idempotently"]
 
@@ -76,7 +76,7 @@ def job(*, queue: str = "default", max_attempts: int = 5, initial_delay_s: float
     With ``idempotent=True`` the function's database effects commit in one transaction with the
     inbox ledger row of the message id (for a replayed dead letter, the original message's id),
     so a redelivered or replayed message has no second effect (the function must not commit on
-    its own). The actor binds to ``composition.broker.configured_broker()``
+    its own). The actor binds to ``composition.broker.configured.configured_broker()``
     at decoration time; the actor name defaults to the function's name.
 
     Raises ValueError/TypeError for an inconsistent policy, and Dramatiq's ValueError when the

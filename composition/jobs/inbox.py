@@ -1,13 +1,9 @@
 """The inbox ledger: a message id's database effects commit at most once.
 
-``record_processed(message_id, actor)`` inserts the ledger row inside the caller's transaction; it answers
-False when the id is already there. A concurrent redelivery of the same message waits on the
-unique index until the first transaction ends, then sees the row (committed: skip) or takes
-over (rolled back: run), so two deliveries never both commit effects.
-
-The ledger key is the message id, except for a replayed dead letter: its message carries the
-original message's id as ``idempotency_key`` in its composition headers, so the replay and a
-late redelivery of the original cannot both commit effects (``ledger_key``).
+``record_processed(message_id, actor)`` inserts the ledger row in the caller's transaction and
+answers False when the id is already there; a concurrent redelivery waits on the unique index until
+the first transaction ends. A replayed dead letter is keyed by the original message's id
+(``ledger_key``), so the replay and a late redelivery of the original cannot both commit effects.
 """
 
 from __future__ import annotations

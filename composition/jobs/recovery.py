@@ -1,22 +1,10 @@
 """Giving a dead worker's messages back within seconds (Redis broker).
 
-A Redis-broker worker keeps every message it fetched in an unacked set until it acknowledges
-it. When the worker dies, Dramatiq moves those messages back to their queues only in its
-"maintenance" step, which runs on one broker command in a thousand by chance, for one queue,
-and only for workers silent for ``heartbeat_timeout``. So a crashed worker's messages came back
-after minutes on an idle system, and late: their duplicates ran long after the work looked done.
-
-``return_dead_workers_messages`` runs that same maintenance step (Dramatiq's own
-``dispatch.lua``, so the queue layout and its rules stay Dramatiq's) on every queue this worker
-consumes, now. ``BrokerKeepalive`` calls it at start and on every beat, so a restarted worker
-takes its dead predecessor's messages back within ``BROKER_HEARTBEAT_TIMEOUT_S`` of the crash,
-and a live worker, which beats every quarter of that timeout, is never taken for a dead one.
-
-Except after a Redis outage longer than that timeout: then every worker's last beat is old, and
-the first process to reach Redis again would take the live ones' messages (they run twice). So
-a process whose own beats failed only beats for one timeout once they succeed again (the others
-beat meanwhile), and holds Dramatiq's chance maintenance off as long (``BrokerKeepalive``).
-Heartbeats carry each host's clock: hosts must agree on the time to well within the timeout.
+Dramatiq requeues a dead worker's unacked messages only in its chance "maintenance" step.
+``return_dead_workers_messages`` runs that step (Dramatiq's own ``dispatch.lua``) on every queue
+this worker consumes; ``BrokerKeepalive`` calls it at start and on every beat, so a crashed
+worker's messages come back within ``BROKER_HEARTBEAT_TIMEOUT_S``. A live worker beats every
+quarter of that timeout and is never taken for a dead one; hosts' clocks must agree well within it.
 """
 
 from __future__ import annotations

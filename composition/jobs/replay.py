@@ -1,16 +1,10 @@
 """Replaying and discarding dead letters: the operator's two ways out.
 
-Replay goes through the outbox: the new outbox message and the dead letter's change to
-"replayed" commit in one transaction, under a row lock on the dead letter, so a dead letter is
-replayed at most once, even by two operators at the same moment; the second is refused with
-``DeadLetterStateError``. The replayed message gets a new message id (from its outbox row) but
-carries the original message's id as its idempotency key, which the inbox ledger of an
-idempotent job uses in its place: should the original be redelivered late (its worker died
-after writing the dead letter, before the broker's acknowledgement) once the data is fixed,
-the redelivery and the replay cannot both have an effect. Discard marks it "discarded".
-
-Bulk actions take a queryset from ``filter_dead_letters()`` and act row by row, each in its
-own transaction, so one refused row does not undo the others.
+A replay writes a new outbox message and marks the dead letter "replayed" in one transaction, under
+a row lock on it, so a dead letter is replayed at most once (a second try raises
+``DeadLetterStateError``). The replay carries the original message id as its idempotency key, so
+it and a late redelivery of the original cannot both have an effect. Bulk actions
+(``filter_dead_letters()``) act row by row, each in its own transaction.
 """
 
 from __future__ import annotations
@@ -26,7 +20,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 from dramatiq.errors import ActorNotFound
 
-from composition.broker import configured_broker
+from composition.broker.configured import configured_broker
 from composition.errors import (
     AmbiguousFingerprintError,
     CompositionError,
@@ -86,10 +80,6 @@ def filter_dead_letters(*, ids: Iterable[int] | None = None, actor: str | None =
         if len(groups) > 1:
             raise AmbiguousFingerprintError(fingerprint, groups)
     return rows.order_by("id")
-
-
-# The old name, kept for callers outside the app.
-select = filter_dead_letters
 
 
 def _require(user: Any, permission: str) -> None:

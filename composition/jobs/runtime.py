@@ -1,19 +1,11 @@
 """What a worker process needs around Dramatiq's ``Worker``: a graceful drain and a broker
 heartbeat that does not depend on the consumers polling.
 
-Drain (Redis broker): intake stops at once (consumers stop fetching, worker threads take no new
-message), running jobs get until the deadline, jobs still running then are interrupted with
-Dramatiq's ``Shutdown`` (which ``JobRetries`` requeues without using an attempt; sent through
-the time-limit watchdog, so it cuts only a job body and never a ``shielded()`` block), and finally
-every message this worker fetched but did not finish (prefetched, delayed, stuck in a system
-call) goes back to its queue at once, instead of waiting for the broker's heartbeat timeout.
-RabbitMQ returns unacknowledged messages by itself when the connection closes, and its
-consumers must keep running to acknowledge, so there Dramatiq's own ``Worker.stop`` is used.
-
-The Redis broker marks a worker alive only when it sends a command. Consumers with a full
-prefetch send none while long jobs run, and another process would then take this worker's
-messages as a dead worker's and run them twice; ``BrokerKeepalive`` sends a cheap command well
-inside the heartbeat timeout.
+Drain (Redis broker): intake stops at once, running jobs get until the deadline and are then
+interrupted with ``Shutdown`` through the time-limit watchdog, and every message fetched but not
+finished goes back to its queue at once; on RabbitMQ, Dramatiq's own ``Worker.stop``.
+``BrokerKeepalive`` beats well inside the heartbeat timeout, so a worker whose consumers send
+nothing while long jobs run is not taken for a dead one.
 """
 
 from __future__ import annotations
@@ -29,10 +21,11 @@ from dramatiq.broker import Broker
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Shutdown
 
-from composition.jobs.in_flight import InFlight
+from composition.broker.keys import acks_key
+from composition.broker.time_limits import interrupt_running_job
+from composition.jobs.middleware.in_flight import InFlight
+from composition.jobs.middleware.stack import find_in_flight
 from composition.jobs.recovery import return_dead_workers_messages
-from composition.jobs.stack import find_in_flight
-from composition.time_limits import interrupt_running_job
 
 __all__ = ["BrokerKeepalive", "drain_worker", "requeue_unacked", "stop_intake"]
 
@@ -131,8 +124,7 @@ def requeue_unacked(broker: RedisBroker) -> int:
     queues = set(broker.get_declared_queues()) | set(broker.delay_queues)
     total = 0
     for queue_name in sorted(queues):
-        # The unacked set's name, as dispatch.lua defines it: <ns>:__acks__.<worker id>.<queue>.
-        key = f"{broker.namespace}:__acks__.{broker.broker_id}.{queue_name}"
+        key = acks_key(broker.namespace, broker.broker_id, queue_name)
         ids = [raw.decode() if isinstance(raw, bytes) else raw for raw in broker.client.smembers(key)]
         for start in range(0, len(ids), REQUEUE_BATCH):
             batch = ids[start:start + REQUEUE_BATCH]
@@ -160,6 +152,8 @@ class BrokerKeepalive:
         assert isinstance(self.broker, RedisBroker)
         broker = self.broker
         chance = broker.maintenance_chance
+        # After a Redis outage longer than the heartbeat timeout every worker's last beat is old:
+        # recovering at once would take live workers' messages (they run twice), so wait one.
         steady_after_s = broker.heartbeat_timeout / 1000
         # Since when this process's beats have all gone through; -inf at start, so a dead
         # predecessor's messages come back now.

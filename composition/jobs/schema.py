@@ -1,13 +1,9 @@
 """A job's payload schema, taken from its signature: argument names and simple annotated types.
 
-A message whose payload does not fit (a missing or unexpected argument, a string where an int
-is declared) can never succeed, however often it is retried, so it is a ``PayloadValidationError``
-(a permanent error). A deploy that changes a job's arguments then shows up as one group of dead
-letters with the same fingerprint, not as endless retries.
-
-Only JSON's own types are checked (``int``, ``float``, ``str``, ``bool``, ``None``, ``list``,
-``dict``, their ``X | None`` and unions, and ``list[...]``/``dict[...]`` by their container type);
-any other annotation is accepted as it comes.
+A payload that does not fit can never succeed, so it raises ``PayloadValidationError`` (permanent):
+a deploy that changes a job's arguments shows up as one group of dead letters, not endless retries.
+Only JSON's own types (with their unions, ``list[...]`` and ``dict[...]``) are checked; any other
+annotation is accepted as it comes.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The stock infrastructure components of a process: logging, metrics, database, cache, broker.
 
 Each is a plain object with its dependencies passed in. They probe their dependency with
-``composition.probes``; the worker threads and the heartbeat are in ``worker_threads`` and
+``composition.health.probes``; the worker threads and the heartbeat are in ``worker_threads`` and
 ``heartbeat``, child processes in ``processes``.
 """
 
@@ -17,8 +17,8 @@ from django.db import connections
 from dramatiq.broker import Broker
 from prometheus_client import multiprocess
 
-from composition import probes
-from composition.database import close_all_connections
+from composition.db.timeouts import close_all_connections
+from composition.health import probes
 from composition.logging import configure_structlog
 from composition.prometheus.archive import archive_dead_processes
 

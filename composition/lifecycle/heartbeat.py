@@ -12,10 +12,11 @@ from typing import Any
 import structlog
 from dramatiq.broker import Broker
 
-from composition import heartbeats, pids, probes
 from composition.breaker import breaker_states
-from composition.broker import configured_broker
-from composition.jobs.stack import find_in_flight
+from composition.broker.configured import configured_broker
+from composition.health import heartbeats, probes
+from composition.jobs.middleware.stack import find_in_flight
+from composition.lifecycle import pids
 from composition.lifecycle.periodic import PeriodicComponent
 from composition.metrics import WORKER_HEARTBEAT_TIMESTAMP
 
@@ -27,7 +28,7 @@ log = structlog.get_logger("composition.components")
 class HeartbeatComponent(PeriodicComponent):
     """Writes this worker process's heartbeat every ``interval_s`` for ``health workers``: once
     before ``start`` returns, then on a background thread; ``stop`` withdraws it. The process is
-    also registered on this host as one of this project's workers (``composition.pids``).
+    also registered on this host as one of this project's workers (``composition.lifecycle.pids``).
 
     ``state`` adds fields to each beat; by default the jobs in flight and since when, from the
     job middleware of ``broker`` (the configured broker when not given), the runs per queue over

@@ -9,6 +9,7 @@ import structlog
 from django.db import connections
 
 from composition.conf import conf
+from composition.errors import described
 
 __all__ = ["PeriodicComponent"]
 
@@ -81,7 +82,7 @@ class PeriodicComponent:
         try:
             return self.tick() is True
         except Exception as exc:  # a database or broker blip must not end the loop
-            self.logger.warning(self.failure_event, error=f"{type(exc).__name__}: {exc}")
+            self.logger.warning(self.failure_event, error=described(exc))
             return False
 
     def alive(self) -> bool:

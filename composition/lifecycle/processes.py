@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
+from composition.errors import described
+
 __all__ = ["ProcessComponent", "detach_and_die_with_parent", "die_with_parent"]
 
 log = structlog.get_logger("composition.processes")
@@ -115,7 +117,7 @@ class ProcessComponent:
             try:
                 self.pre_stop()
             except Exception as exc:  # the stop goes on: a failed pre-stop only loses the window
-                log.error("pre-stop step failed", component=self.name, error=f"{type(exc).__name__}: {exc}")
+                log.error("pre-stop step failed", component=self.name, error=described(exc))
         if self.alive():
             self._signal(signal.SIGTERM)
 
@@ -147,7 +149,7 @@ class ProcessComponent:
             try:
                 self.on_exit(self.process.pid)
             except Exception as exc:  # the stop goes on: a failed hook must not hide the exit code
-                log.error("exit hook failed", component=self.name, error=f"{type(exc).__name__}: {exc}")
+                log.error("exit hook failed", component=self.name, error=described(exc))
         if code not in (0, None, -signal.SIGTERM):
             raise RuntimeError(f"exited with code {code}")
 

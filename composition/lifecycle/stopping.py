@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from composition.errors import described
 from composition.lifecycle.base import Component
 
 __all__ = ["StopResult", "call_with_timeout", "stop_with_timeout"]
@@ -53,5 +54,5 @@ def call_with_timeout(name: str, call: Callable[[], object], timeout_s: float) -
         return StopResult(name, "timeout", took, f"did not return within {timeout_s:.1f}s")
     error = outcome[0] if outcome else None
     if error is not None:
-        return StopResult(name, "failed", took, f"{type(error).__name__}: {error}")
+        return StopResult(name, "failed", took, described(error))
     return StopResult(name, "stopped", took)

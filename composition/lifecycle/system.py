@@ -1,16 +1,10 @@
 """Explicit lifecycle: components start in dependency order and stop in reverse.
 
-A ``System`` owns a list of components. ``start()`` starts them one by one; when one fails,
-those already started are stopped again in reverse and a single ``SystemStartError`` names the
-failing component, so nothing stays half-alive. ``stop()`` runs in reverse order, bounds every
-component by a timeout, carries on past a component that fails or hangs, and returns a report.
-``run()`` adds signal handling: the first SIGTERM/SIGINT drains (readiness flips, intake stops,
-in-flight work finishes up to the deadline) and then stops everything; a second signal exits
-at once. A SIGTERM that comes within ``SAME_STOP_REQUEST_S`` of a first SIGTERM is the same
-request seen twice, not an operator insisting: systemd's default ``KillMode=control-group``
-sends SIGTERM to every process of the service at once, so a ``runworkers`` child gets it from
-systemd and again from its supervisor; taken as "exit at once", it dropped the jobs it was
-finishing. (A second Ctrl-C, SIGINT, is always the operator's, and exits at once.)
+A ``System`` starts its components one by one; if one fails, those started are stopped in reverse
+and one ``SystemStartError`` names it. ``stop()`` runs in reverse, bounds each component by a
+timeout, carries on past failures and returns a report. ``run()`` adds signals: the first SIGTERM
+or SIGINT drains, then stops; a second exits at once, unless it is a SIGTERM within
+``SAME_STOP_REQUEST_S`` of the first (the same request seen twice).
 """
 
 from __future__ import annotations
@@ -25,7 +19,7 @@ from types import FrameType
 
 import structlog
 
-from composition.errors import SystemStartError
+from composition.errors import SystemStartError, described
 from composition.lifecycle.base import Component
 from composition.lifecycle.ordering import order_components
 from composition.lifecycle.stopping import StopResult, call_with_timeout, stop_with_timeout
@@ -38,7 +32,9 @@ log = structlog.get_logger("composition.system")
 
 # Exit code of a second, forcing signal: the conventional 128 + SIGINT.
 FORCED_EXIT_CODE = 130
-# A SIGTERM this soon after the first is the same stop request (see the module doc).
+# A SIGTERM this soon after the first is the same stop request, not an operator insisting:
+# systemd's KillMode=control-group signals every process of the service, so a runworkers child
+# gets it from systemd and again from its supervisor; taken as "exit at once", it dropped its jobs.
 SAME_STOP_REQUEST_S = 1.0
 # A component stop always gets at least this long, even when draining used up the deadline,
 # so that the database and logs are still closed properly.
@@ -97,10 +93,10 @@ class System:
             except BaseException as exc:
                 if self._stop_event.is_set() and isinstance(exc, Exception):
                     log.info("start-up cancelled by a stop request", component=component.name,
-                             error=f"{type(exc).__name__}: {exc}")
+                             error=described(exc))
                     return
                 log.error("component failed to start", component=component.name,
-                          error=f"{type(exc).__name__}: {exc}")
+                          error=described(exc))
                 rollback = self._stop_started(deadline=time.monotonic() + self.shutdown_timeout_s)
                 raise SystemStartError(component.name, exc, rollback) from exc
             finally:

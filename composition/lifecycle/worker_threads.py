@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dramatiq import Worker
 from dramatiq.broker import Broker
 
+from composition.broker.time_limits import boot_worker_process
 from composition.jobs.runtime import BrokerKeepalive, drain_worker, stop_intake
-from composition.time_limits import boot_worker_process
 
 __all__ = ["WorkerComponent"]
 

@@ -1,14 +1,9 @@
 """The worker side as a composed system: what ``manage.py runworkers`` runs.
 
-One process: logging → metrics (→ metrics-server, when a port is set) → database → cache →
-broker → worker threads → outbox relay sweeper → deferred cache invalidation replay → retention
-→ metrics sampler → heartbeat.
-Several processes: a supervisor whose components are the metrics directory's upkeep (and its
-server) and the child processes, each running the one-process system without a server; children
-live in their own session and die with the supervisor.
-
-The top of the lifecycle package: it wires the stock components to the jobs runtime, the outbox,
-the cache, retention and draining, so nothing below it imports it.
+One process: logging → metrics (→ metrics server) → database → cache → broker → worker threads →
+relay sweeper → invalidation replay → retention → metrics sampler → heartbeat. Several: a
+supervisor of the metrics directory's upkeep and of child processes that each run the one-process
+system. This is the top of the lifecycle package: nothing below it imports it.
 """
 
 from __future__ import annotations
@@ -20,11 +15,11 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from composition import draining
-from composition.broker import configured_broker
-from composition.budget import connections_per_process
+from composition.broker.configured import configured_broker
 from composition.cache import InvalidationReplayComponent
 from composition.conf import conf
+from composition.db.budget import connections_per_process
+from composition.health import draining
 from composition.lifecycle.base import Component
 from composition.lifecycle.components import (
     BrokerComponent,

@@ -1,17 +1,10 @@
 """PostgreSQL locks: ``row_lock`` (SELECT ... FOR UPDATE) and ``advisory_lock``
 (pg_advisory_xact_lock). Both are transaction-scoped and need an open ``transaction.atomic()``.
 
-A lock that may fail (``nowait``, ``timeout_s``) is taken inside a savepoint: in PostgreSQL a
-lock error aborts the transaction, and rolling back to the savepoint is what leaves the caller's
-transaction usable. ``lock_timeout`` is set with ``set_config(..., true)`` (SET LOCAL) inside that
-savepoint and restored afterwards, since SET LOCAL otherwise lasts until the transaction ends.
-
-``row_lock`` sends all of that as one statement string, one round trip (savepoint, the timeout
-and its previous value, the SELECT ... FOR UPDATE, the restore, the release), where it would
-otherwise be five: it sits on the request path of every locked write. When the lock is the
-first statement of the transaction (nothing has reached the server yet) it needs no savepoint
-at all: a failure rolls back a transaction that held nothing, and the caller's next statement
-begins it again, as if the savepoint had been rolled back.
+A lock that may fail (``nowait``, ``timeout_s``) is taken inside a savepoint, with ``lock_timeout``
+set locally and restored after, so a lock error leaves the caller's transaction usable.
+``row_lock`` sends all of that as one statement string, one round trip instead of five: it sits on
+the request path of every locked write.
 """
 
 from __future__ import annotations
@@ -136,6 +129,8 @@ class _OneRoundTrip:
 def _row_lock_at_once(connection: Any, name: str, timeout_s: float | None, take: Callable[[], T]) -> T:
     """``_in_savepoint`` in one round trip (PostgreSQL with psycopg 3; see the module doc):
     ``take`` runs the locking query, which goes out with the savepoint and timeout statements."""
+    # As the transaction's first statement it needs no savepoint: a failure rolls back a
+    # transaction that held nothing, and the caller's next statement begins it again.
     whole = _nothing_sent_yet(connection)
     before: list[str] = [] if whole else [f'SAVEPOINT "{_ROW_LOCK_SAVEPOINT}"']
     after: list[str] = []

@@ -1,19 +1,11 @@
 """``redis_lock``: a Redis lease lock with an owner token, a TTL and a fencing token.
 
-- acquire: one script does ``SET lock token NX PX ttl`` and, on success, issues the next fence;
-- release and extend compare the owner token in a script, so they never touch a lock that expired
-  and was taken by someone else;
-- fence = ``epoch << 32 | counter``: the counter lives in Redis (so fences follow the order in
-  which acquisitions happened), the epoch comes from a PostgreSQL sequence and is installed
-  whenever Redis has none (a restart without persistence, a flush) or has one another server
-  process wrote (its ``run_id`` is kept beside it): a restart that restored an older counter
-  from a snapshot or a truncated AOF, or a replica promoted while behind, would otherwise hand
-  out fences already issued. Every fence issued after a Redis restart or failover is larger than
-  every fence issued before it;
-- when Redis is unreachable acquisition raises LockBackendUnavailable: a correctness lock never
-  proceeds without its store. Calls are bounded by the cache's socket timeouts.
-
-The lock's store is the django-redis cache ``COMPOSITION['CACHE_ALIAS']``.
+Acquire (``SET NX PX``) issues the next fence in the same script; release and extend check the
+owner token, so they never touch a lock that expired and was taken by someone else. A fence is
+``epoch << 32 | counter``, the epoch from a PostgreSQL sequence, renewed whenever Redis lost or
+replaced its state: every fence issued after a Redis restart or failover is larger than every fence
+before it. An unreachable Redis raises ``LockBackendUnavailable``: a correctness lock never
+proceeds without its store (the cache ``COMPOSITION['CACHE_ALIAS']``).
 """
 
 from __future__ import annotations
@@ -33,6 +25,7 @@ from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from composition.conf import conf
+from composition.errors import REDIS_ERRORS
 from composition.locks.errors import LockBackendUnavailable, LockLost, LockNotAcquired
 from composition.metrics import (
     LOCK_ACQUIRE,
@@ -41,7 +34,6 @@ from composition.metrics import (
     LOCK_TIMEOUTS_TOTAL,
     LOCK_WAIT_SECONDS,
 )
-from composition.redis_errors import REDIS_ERRORS
 
 __all__ = ["RedisLock", "acquire_redis_lock", "redis_lock"]
 
@@ -51,6 +43,8 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (*REDIS_ERRORS, DatabaseError)
 _MAX_POLL_S = 0.05
 
 # Both scripts start with the server process's run_id: new at every start, other on every replica.
+# A new run_id means a new epoch: a restart from an older snapshot or a truncated AOF, or a replica
+# promoted while behind, may hold an older counter and would hand out fences already issued.
 # A provider that refuses INFO in scripts gets '' (no restart detection, as before; not a failure).
 _SERVER_RUN_ID = """
 local info = redis.pcall('INFO', 'server')

@@ -1,18 +1,11 @@
 """Transactional outbox: ``publish()`` writes a row in the caller's transaction, a relay sends it.
 
-- ``publish(actor, payload, *, key=None, delay_s=None)`` (``publish``) validates (the payload
-  against the job's arguments too: ``PayloadDoesNotFitError``) and writes an
-  ``OutboxMessage`` (``models``); inside ``transaction.atomic()`` it commits or rolls back with
-  the business data, and after commit it nudges the relay; ``publish_many(actor, payloads, *,
-  key=None, delay_s=None)`` (``publish_many``) does the same for a list of payloads, all checked
-  before one INSERT per thousand rows;
-- ``claims``: the claim (``FOR UPDATE SKIP LOCKED`` with a lease), mark-sent and release
-  statements, each its own short transaction;
-- ``relay``: the loop that claims, enqueues to Dramatiq in one batched round trip
-  (``enqueue``) and marks sent; ``relay_actor``: the actor a nudge runs;
-- ``sweeper``: ``RelaySweeperComponent`` runs the relay periodically inside ``runworkers`` for
-  whatever a nudge missed;
-- ``maintenance``: status, the pending gauges and pruning of sent rows.
+``publish(actor, payload, *, key=None, delay_s=None)`` checks the payload against the job
+(``PayloadDoesNotFitError``) and writes an ``OutboxMessage`` that commits or rolls back with the
+business data, sent right after commit; ``publish_many`` does the same for a list. Modules:
+``publish``, ``publish_many``, ``models``, ``claims`` (claim, mark-sent and release statements),
+``relay`` (claim, ``enqueue`` in one round trip, mark sent), ``relay_actor``, ``sweeper``
+(``RelaySweeperComponent``, for what a nudge missed), ``maintenance`` (status, gauges, pruning).
 """
 
 from composition.outbox.errors import (

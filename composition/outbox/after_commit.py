@@ -1,16 +1,10 @@
-"""What runs right after a publishing transaction commits, on the committing thread:
-``SendAfterCommit`` sends the rows it published to the broker in one round trip (the rows
-inserted leased to this process's relay straight away, the others through the relay's own
-claim) and marks them sent in one UPDATE; ``nudge()`` wakes the relay for what it could not
-send. Both go through the broker's nudge breaker and never raise: the caller's commit has
-succeeded whatever happens here, and the sweep relays whatever was missed (a process killed
-between COMMIT and the send: once their lease runs out). A transaction has one of each, however
-many rows it publishes (``send_after_commit``, ``nudge_after_commit``).
+"""What runs right after a publishing transaction commits, on the committing thread.
 
-On the committing thread rather than a thread of the process's own: measured with
-``bench/bench_throughput.py`` and ``bench/bench_job_latency.py``, a per-process thread batching
-the sends of many transactions was no faster end to end and cost the publisher more CPU per
-job, and it lost what a killed process had not sent yet until the lease ran out."""
+``SendAfterCommit`` sends the rows the transaction published in one broker round trip and marks
+them sent in one UPDATE; ``nudge()`` wakes the relay for the rest; a transaction has one of each
+(``send_after_commit``, ``nudge_after_commit``). Both go through the broker's nudge breaker and
+never raise: the commit has succeeded, and the sweep relays whatever was missed.
+"""
 
 from __future__ import annotations
 
@@ -23,11 +17,11 @@ from django.db.transaction import TransactionManagementError
 from dramatiq.broker import Broker
 
 from composition.breaker import CircuitBreaker, CircuitOpen
-from composition.broker import configured_broker
+from composition.broker.configured import configured_broker
+from composition.db.transactions import on_commit_once, open_savepoints, savepoint_outside_atomic
+from composition.errors import BROKER_FAILURES, described
 from composition.outbox.claims import ClaimedMessage
 from composition.outbox.relay import Relay, SentAfterCommit, relay_actor, relay_for
-from composition.redis_errors import BROKER_FAILURES
-from composition.transactions import on_commit_once, open_savepoints, savepoint_outside_atomic
 
 __all__ = ["BROKER_FAILURES", "NUDGE_BREAKER_FAILURES", "NUDGE_BREAKER_RESET_S", "SendAfterCommit",
            "committing_transaction", "nudge", "nudge_after_commit", "nudge_breaker", "send_after_commit",
@@ -62,6 +56,9 @@ def nudge_breaker(broker: Broker) -> CircuitBreaker:
         return breaker
 
 
+# On the committing thread: a per-process thread batching many transactions' sends was no faster
+# end to end (bench/bench_throughput.py), cost more CPU per job, and lost what a killed process
+# had not sent yet until the lease ran out.
 class SendAfterCommit:
     """The rows one transaction published, sent to the broker once it has committed."""
 
@@ -92,7 +89,7 @@ class SendAfterCommit:
         if not transaction.get_connection(DEFAULT_DB_ALIAS).in_atomic_block:
             # Django only ever counts savepoints up; none is open now, and a count left above
             # zero would have every later publish of this thread confirm its rows
-            # (composition.transactions.savepoint_outside_atomic).
+            # (composition.db.transactions.savepoint_outside_atomic).
             transaction.clean_savepoints(DEFAULT_DB_ALIAS)
         if not self.ids:
             return
@@ -122,7 +119,7 @@ class SendAfterCommit:
             # A broker failure released the rows already; a database failure leaves them leased
             # until the lease runs out.
             log.warning("outbox send after commit failed; the sweep will relay it",
-                        error=f"{type(exc).__name__}: {exc}")
+                        error=described(exc))
             return
         if len(sent) < len(self.ids) or followers_waiting:
             # Rows that wait behind an older row of their key (or were rolled back with a
@@ -140,7 +137,7 @@ class SendAfterCommit:
             self.relay.release_claimed(unsent, error=error)
         except Exception as exc:
             log.warning("could not release outbox rows not sent after commit; the sweep relays them once "
-                        "their lease runs out", error=f"{type(exc).__name__}: {exc}")
+                        "their lease runs out", error=described(exc))
 
 
 def nudge() -> None:
@@ -155,7 +152,7 @@ def nudge() -> None:
                   retry_after_s=round(exc.retry_after_s, 2))
     except Exception as exc:
         log.warning("outbox relay nudge failed; the sweep will relay the message",
-                    error=f"{type(exc).__name__}: {exc}")
+                    error=described(exc))
 
 
 # -- what a publish registers ------------------------------------------------------------------

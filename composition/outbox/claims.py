@@ -1,28 +1,11 @@
-"""The statements on the outbox table: insert (claimed at once), claim, confirm, renew, mark sent,
-release.
+"""The statements on the outbox table: insert (claimed at once), claim, confirm, renew, mark sent, release.
 
-A row is claimable when it is pending, its lease is absent or expired, and it is the oldest
-pending row of its key. ``SKIP LOCKED`` skips a locked head row, so a key's later rows are never
-taken on their own: they ride along only in the batch of the relay that holds the key's head,
-which enqueues them in order. Nothing keeps an id cursor (ids are allocated at insert, not at
-commit), so a row that commits late is still found. A relay that crashes after claiming leaves
-leased rows that are claimed again once the lease expires: at least once, never lost.
-
-A publishing process that sends its rows itself right after COMMIT inserts them already leased
-to its relay (``insert``), so no statement stands between COMMIT and the broker: a row is
-inserted leased when no other pending row of its key is visible (rows the same transaction
-inserted leased excepted). A row so inserted blocks the rest of its key as any claimed head
-does, and a crash leaves it to the sweep once the lease expires. What the insert cannot see (an
-older row of the key that a concurrent transaction commits before this one) ``confirm`` checks
-after COMMIT, as the claim would.
-
-Every statement here is one round trip. The relay's own bookkeeping (leases, sent marks) needs
-no durability: if a server crash loses the last few such commits, the rows are simply claimed
-and relayed again, which the relay's at-least-once contract (and the inbox ledger behind it)
-already covers. So outside a caller's transaction each statement turns ``synchronous_commit``
-off for its own implicit transaction (``set_config(..., true)`` inside the statement), and its
-commit does not wait for the WAL flush; not waiting for two fsyncs per batch is most of the
-relay's throughput on a real disk.
+A row is claimable when it is pending, its lease absent or expired, and it is the oldest pending
+row of its key, so a key's rows go out in order; no id cursor is kept, so a row that commits late is
+still found, and a crashed relay's rows are claimed again once their lease expires. ``insert``
+leases a row at once when no older row of its key is visible; ``confirm`` checks after COMMIT what
+it could not see. Outside a caller's transaction each statement turns ``synchronous_commit`` off:
+a lease or sent mark lost in a crash only relays a row again (at least once, never lost).
 """
 
 from __future__ import annotations

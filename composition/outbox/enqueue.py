@@ -1,14 +1,10 @@
 """Enqueue many Dramatiq messages at once, in Dramatiq's own format and queue layout.
 
-For the Redis broker a whole batch is one ``EVALSHA`` of a small script that performs, message
-by message and in order, exactly what Dramatiq's ``dispatch.lua`` does for one ``enqueue``
-(``HSET`` of the encoded message under a fresh Redis id, ``RPUSH`` of that id), so Dramatiq
-workers consume the result unchanged; the broker's enqueue middleware hooks still run for every
-message. The same call pushes the wake tokens that ``composition.redis_broker``'s consumers wait
-on (one per message, capped per queue), so an idle worker starts the batch at once rather than at
-its next poll. For the RabbitMQ broker a batch is published on a publisher-confirm channel and
-waited for once (``composition.outbox.rabbitmq``): the call returns only when RabbitMQ has
-confirmed every message. Other brokers get one ``broker.enqueue()`` per message.
+Redis: one ``EVALSHA`` per batch doing, message by message, what ``dispatch.lua`` does for one
+``enqueue``, and pushing the wake tokens (``composition.broker.redis``). RabbitMQ: one
+publisher-confirm round trip per batch (``composition.outbox.rabbitmq``). Other brokers: one
+``broker.enqueue()`` per message. The broker's enqueue hooks run for every message, and Dramatiq
+workers consume the result unchanged.
 """
 
 from __future__ import annotations
@@ -23,8 +19,8 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import current_millis, dq_name
 from dramatiq.message import Message
 
+from composition.broker.redis import WAKE_LUA, wake_args
 from composition.conf import conf
-from composition.redis_broker import WAKE_LUA, wake_args
 
 if TYPE_CHECKING:
     from dramatiq.brokers.rabbitmq import RabbitmqBroker
@@ -36,11 +32,11 @@ _ENQUEUE_MANY_LUA = WAKE_LUA + """
 -- Enqueue a batch of Dramatiq messages exactly as Dramatiq's own dispatch.lua "enqueue" command
 -- does for one: HSET $ns:$queue.msgs <redis_message_id> <data>, then RPUSH $ns:$queue <id>, in
 -- batch order; refresh this broker's heartbeat once, as every dispatch call does; then push the
--- batch's wake tokens (composition.redis_broker.WAKE_LUA).
+-- batch's wake tokens (composition.broker.redis.WAKE_LUA).
 --
 -- KEYS = [namespace]
 -- ARGV = [timestamp_ms, broker_id, message_count, queue_1, id_1, data_1, queue_2, id_2, data_2, ...,
---         then push_wake_tokens' arguments (composition.redis_broker.wake_args)]
+--         then push_wake_tokens' arguments (composition.broker.redis.wake_args)]
 local namespace = KEYS[1]
 redis.call("zadd", namespace .. ":__heartbeats__", ARGV[1], ARGV[2])
 local count = tonumber(ARGV[3])

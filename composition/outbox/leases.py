@@ -1,21 +1,10 @@
 """Lease renewal: a relay's rows stay leased to it for as long as it works on them.
 
-A lease (``OUTBOX_LEASE_S``, a few seconds) is what turns a crashed relay into a prompt
-redelivery: once it expires, the sweep claims the rows again. A live relay whose batch runs
-longer than that (a slow broker, a big batch, a paused process) must not lose its rows to the
-sweep meanwhile, or they are sent twice and a key's later rows can overtake them. So while a
-batch is in flight (from claim to mark-sent) its rows are held here, and a ``LeaseKeeper``
-thread renews their leases every third of a lease, conditional on the claimant (rows another
-relay took over, or that were marked sent, are simply not renewed).
-
-Renewal stops when the batch ends (``holding()`` exits) or when the process dies (the thread
-dies with it): a dead relay's rows are free one lease after their last renewal. A batch done
-within a third of its lease (nearly all of them) is never renewed, and costs only a lock and a
-dict entry.
-
-The thread starts on demand and ends after ``IDLE_EXIT_S`` with nothing held; it opens a
-database connection only to renew, and closes it after each renewal, so an idle process (or a
-test database being dropped) never sees a connection of its own.
+While a batch is in flight (``holding()``, from claim to mark-sent) a ``LeaseKeeper`` thread renews
+its rows' leases every third of ``OUTBOX_LEASE_S``, conditional on the claimant, so a slow batch
+never loses its rows to the sweep (sent twice, a key's later rows overtaking them). A dead relay's
+rows are free one lease after their last renewal. The thread starts on demand, ends after
+``IDLE_EXIT_S`` with nothing held, and holds a database connection only while it renews.
 """
 
 from __future__ import annotations
@@ -30,6 +19,7 @@ from dataclasses import dataclass
 import structlog
 from django.db import connection
 
+from composition.errors import described
 from composition.outbox.claims import renew
 
 __all__ = ["IDLE_EXIT_S", "RENEW_SHARE", "LeaseKeeper"]
@@ -145,7 +135,7 @@ class LeaseKeeper:
                 except Exception as exc:
                     # The next tick tries again; should the lease run out meanwhile, the rows are
                     # claimed again and sent twice, which at-least-once delivery allows.
-                    log.warning("could not renew outbox leases", error=f"{type(exc).__name__}: {exc}")
+                    log.warning("could not renew outbox leases", error=described(exc))
                 finally:
                     # Renewals are rare (only batches longer than a third of a lease): hold no
                     # connection between them.

@@ -17,9 +17,9 @@ from django.db.models import Count, DateTimeField, ExpressionWrapper, F, Func, M
 from django.utils import timezone
 
 from composition.conf import conf
+from composition.db.pruning import delete_in_batches
 from composition.metrics import OUTBOX_OLDEST_PENDING_AGE_SECONDS, OUTBOX_PENDING
 from composition.outbox.models import OutboxMessage
-from composition.pruning import delete_in_batches
 
 __all__ = ["RELAYED_WINDOW_S", "OutboxStatus", "QueueBacklog", "backlog_by_queue", "backlog_totals", "outbox_status",
            "pending_summary", "prune_sent", "refresh_gauges", "sent_older_than"]

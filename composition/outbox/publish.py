@@ -1,22 +1,11 @@
 """``publish()``: validate at once, write the outbox row in the caller's transaction, and send it
 to the broker right after COMMIT.
 
-One hop from commit to broker, with no database round trip in it: the row is inserted already
-leased to this process's relay (``claims.insert``: the relay's lease and its oldest-row-per-key
-rule, decided inside the publishing transaction), so right after COMMIT the committing process
-enqueues what it published in one broker call and then marks it sent, conditional on still
-holding it. The relay is not raced: a leased row is no other relay's to send, and it blocks the
-later rows of its key as a claimed head does. A row that must wait (an older row of its key is
-pending) is inserted unleased and claimed after COMMIT if it can be, else left to the relay,
-which a nudge wakes. Rows with a key, rows inserted under a savepoint (it may have been rolled
-back) and the rows of a transaction that ran for half a lease are confirmed first, in one
-statement (``Relay.send_claimed``). Should the process die before the send, the rows' leases
-expire and the sweep relays them.
-
-This runs in the caller's request, so it must never make the request pay for a broker that is
-down or frozen: each broker's after-commit sends go through a ``CircuitBreaker`` that, after one
-failure, skips them for ``NUDGE_BREAKER_RESET_S``. A skipped or failed send only delays a
-message until the relay's next sweep; it never turns the caller's commit into an exception.
+The row is inserted already leased to this process's relay (``claims.insert``), so right after
+COMMIT this process enqueues it in one broker call and marks it sent, with no database round trip
+in between; a row that must wait for an older row of its key is left to the relay. This runs in the
+caller's request, so the send goes through a ``CircuitBreaker`` (``NUDGE_BREAKER_RESET_S``): a
+broker that is down only delays a message until the relay's next sweep, never fails the commit.
 """
 
 from __future__ import annotations
@@ -37,7 +26,7 @@ from django.utils import timezone
 from dramatiq.actor import Actor
 from dramatiq.errors import ActorNotFound
 
-from composition.broker import configured_broker
+from composition.broker.configured import configured_broker
 from composition.conf import conf
 from composition.errors import PayloadValidationError
 from composition.outbox.after_commit import (

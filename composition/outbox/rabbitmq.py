@@ -1,40 +1,10 @@
 """Enqueue a batch of Dramatiq messages on RabbitMQ, returning only once RabbitMQ confirmed all.
 
-``enqueue_many`` hands a ``RabbitmqBroker``'s batches to ``enqueue_confirmed``. Each message is
-published exactly as Dramatiq's ``RabbitmqBroker.enqueue`` publishes it (default exchange,
-routing key the queue or its delay queue, the encoded message, ``delivery_mode=2``, the
-``broker_priority``, ``mandatory``), after the same queue declaration and with the broker's
-enqueue hooks run for every message; so Dramatiq workers consume the result unchanged. The call
-returns only when RabbitMQ has acked every message of the batch: a nack (a full queue with
-``x-overflow: reject-publish``, an internal error) or a return (no queue to route to) raises
-``MessagesRejected``, no answer within the timeout raises ``ConfirmTimeout``, a lost connection
-raises Dramatiq's ``ConnectionClosed``. The relay therefore never marks a row sent that RabbitMQ
-has not taken.
-
-One round trip per batch: publisher confirms, on a channel of our own. pika's
-``BlockingChannel`` in confirm mode (the channel ``confirm_delivery=True`` gives Dramatiq)
-waits for each message's confirm before publishing the next, one round trip per message. This
-channel publishes the whole batch, then waits once for all its confirms. The alternative, one
-AMQP transaction per batch (``tx_select`` once, then publish and ``tx_commit``), is one round
-trip too, but it lost on both counts. Speed: 5,000 persistent messages in batches of 500 on
-localhost moved at ~16,000 msg/s with confirms against ~10,000 msg/s with transactions (bare
-pika; ~1,000 msg/s with one confirm per message); ``bench/bench_rabbitmq_relay.py`` measures
-both again on Dramatiq messages. Guarantee: RabbitMQ transactions are not atomic, and a
-message that a full ``reject-publish`` queue refuses only closes the channel at ``tx_commit``
-("partial tx completion") after the others went through, without saying which one failed;
-confirms ack or nack each message. RabbitMQ's documentation recommends confirms, too.
-
-pika's blocking adapter has no public way to publish in confirm mode without waiting, so the
-channel uses ``BlockingChannel._impl`` (the asynchronous ``pika.channel.Channel`` underneath,
-public API of its own: ``confirm_delivery`` with an ack/nack callback, ``add_on_return_callback``,
-``basic_publish``) and ``BlockingChannel._flush_output`` to wait; both are pika 1.x internals
-that ``BlockingChannel.basic_publish`` itself is built on.
-
-Threads: pika connections are not thread-safe, and Dramatiq keeps one connection per thread
-(``broker.connection``). The confirm channel is opened on that connection, one per thread and
-broker, so only the thread that owns the connection ever uses it; a new connection (Dramatiq
-drops a failed one) gets a new channel, and ``RabbitmqBroker.close()``, which closes every
-connection, closes the channels with them.
+``enqueue_confirmed`` publishes each message as ``RabbitmqBroker.enqueue`` does (so workers consume
+it unchanged) on a publisher-confirm channel of our own, then waits once for all the confirms. A
+nack or a return raises ``MessagesRejected``, no answer ``ConfirmTimeout``, a lost connection
+``ConnectionClosed``: the relay never marks sent a row RabbitMQ has not taken. pika connections are
+not thread-safe, so each thread has its own channel per broker, on Dramatiq's per-thread connection.
 """
 
 from __future__ import annotations
@@ -53,6 +23,7 @@ from dramatiq.common import current_millis, dq_name, q_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.message import Message
 
+from composition.errors import described
 from composition.outbox.errors import ConfirmTimeout, MessagesRejected
 
 __all__ = ["ConfirmTimeout", "MessagesRejected", "enqueue_confirmed"]
@@ -126,16 +97,21 @@ def _publish_chunk(broker: RabbitmqBroker, chunk: Sequence[tuple[Message[Any], s
             # caller on this thread, starts on a fresh one.
             del broker.connection
             if attempt >= _MAX_ATTEMPTS:
-                raise ConnectionClosed(f"{type(exc).__name__}: {exc}") from exc
+                raise ConnectionClosed(described(exc)) from exc
             attempt += 1
 
 
+# Confirms, not one AMQP transaction per batch: tx_commit was slower (bench/bench_rabbitmq_relay.py)
+# and is not atomic: a message a full queue refuses closes the channel at commit, after the others
+# went through, without saying which one failed; confirms ack or nack each message.
 class _ConfirmChannel:
     """A channel in publisher-confirm mode that publishes a whole batch, then waits once."""
 
     def __init__(self, connection: Any) -> None:
         self.connection = connection
         self._channel = connection.channel()
+        # pika's blocking channel cannot publish in confirm mode without waiting per message: its
+        # _impl and _flush_output are pika 1.x internals (docs/architecture.md lists them).
         self._impl = self._channel._impl
         # Delivery tags number the channel's publishes from 1; tags not yet acked or nacked, in
         # publish order (a dict keeps it, so a "multiple" ack settles a prefix).

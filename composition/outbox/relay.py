@@ -1,16 +1,9 @@
 """The relay: claim pending outbox rows, enqueue them to Dramatiq, mark them sent.
 
-One batch is three short steps, and only the first holds row locks:
-
-1. claim (one statement, its own transaction): lock up to ``batch_size`` claimable rows with
-   ``FOR UPDATE SKIP LOCKED`` and give them a lease (``claimed_until``);
-2. enqueue them in id order with one batched broker round trip (no database transaction open);
-3. mark them sent (one ``UPDATE``).
-
-The statements, and which rows are claimable, are in ``composition.outbox.claims``; the actor
-that a nudge runs is declared by ``composition.outbox.relay_actor``. This module is the loop:
-``Relay`` (one batch, until idle, a bounded round shared by concurrent callers) and this
-process's relay per broker.
+One batch is three short steps, and only the first holds row locks: claim (``FOR UPDATE SKIP
+LOCKED`` with a lease, in its own transaction), enqueue in id order in one broker round trip with no
+transaction open, mark sent. The statements are in ``composition.outbox.claims``; ``Relay`` is the
+loop (one batch, until idle, a bounded round shared by concurrent callers).
 """
 
 from __future__ import annotations
@@ -29,7 +22,9 @@ import structlog
 from dramatiq.actor import Actor
 from dramatiq.broker import Broker
 
+from composition.broker.time_limits import shielded
 from composition.conf import conf
+from composition.errors import described
 from composition.metrics import OUTBOX_RELAY_ERRORS, OUTBOX_RELAY_LAG_SECONDS, OUTBOX_RELAYED
 from composition.outbox.claims import ClaimedMessage, claim, mark_sent, release
 from composition.outbox.claims import confirm as confirm_claims
@@ -42,7 +37,6 @@ from composition.outbox.relay_actor import (
     RELAY_QUEUE_NAME,
     declare_relay_actor,
 )
-from composition.time_limits import shielded
 
 __all__ = [
     "DEAD_LETTER_OPTION",
@@ -198,7 +192,7 @@ class Relay:
                 enqueue_many(self.broker, [message.to_message(now_s) for message in claimed])
             except Exception as exc:
                 OUTBOX_RELAY_ERRORS.inc()
-                error = f"{type(exc).__name__}: {exc}"[:2000]
+                error = described(exc)[:2000]
                 log.error("outbox relay could not enqueue a batch; claims released", count=len(ids), error=error)
                 release(ids, error=error, relay_id=self.relay_id)
                 raise
@@ -253,9 +247,6 @@ class Relay:
             self._running.release()
         # A nudge that came in after our last look saw the lock held and left the work to us.
         return RelayRound(total, finished=not self._again.is_set())
-
-    # The name this had when only nudges called it.
-    nudged = run_coalesced_round
 
 
 # -- this process's relay per broker -------------------------------------------------------------

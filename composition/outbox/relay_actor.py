@@ -19,6 +19,7 @@ from dramatiq.broker import Broker
 from dramatiq.errors import ActorNotFound
 
 from composition.conf import conf
+from composition.errors import described
 
 __all__ = ["DEAD_LETTER_OPTION", "NUDGE_MAX_AGE_S", "RELAY_ACTOR_NAME", "RELAY_QUEUE_NAME", "declare_relay_actor"]
 
@@ -30,7 +31,7 @@ RELAY_ACTOR_NAME = "composition_outbox_relay"
 RELAY_QUEUE_NAME = "composition.outbox"
 # A nudge older than this is dropped unrun: the sweep has long relayed whatever it was about.
 NUDGE_MAX_AGE_S = 60.0
-# The actor option (composition.jobs.middleware.DEAD_LETTER_OPTION) that turns dead letters off;
+# The actor option (composition.jobs.middleware.dead_letters.DEAD_LETTER_OPTION) that turns dead letters off;
 # spelled here so the outbox does not import the jobs package.
 DEAD_LETTER_OPTION = "dead_letter"
 
@@ -64,7 +65,7 @@ def declare_relay_actor(broker: Broker, run_round: Callable[[float], bool]) -> A
                     actor.send()
                 except Exception as exc:
                     log.warning("could not hand the rest of the outbox on; the sweep will relay it",
-                                error=f"{type(exc).__name__}: {exc}")
+                                error=described(exc))
 
         options: dict[str, Any] = {}
         if any(DEAD_LETTER_OPTION in middleware.actor_options for middleware in broker.middleware):

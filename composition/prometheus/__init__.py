@@ -1,16 +1,10 @@
 """Prometheus exposition from every process: the multiprocess directory kept small and
 consistent, and ``/metrics`` served with an access policy.
 
-- ``directory``: the per-process files and the lock that keeps merging and scraping apart;
-- ``merging``: how a dead process's samples fold into the archive, per kind and gauge mode;
-- ``archive``: merging dead processes' files (journaled, so a merger's crash loses nothing);
-- ``collector``: the locked ``MultiProcessCollector`` every scrape reads, and rendering;
-- ``access``: the bearer token and client address allowlist (``METRICS_TOKEN``,
-  ``METRICS_ALLOWED_NETWORKS``);
-- ``server``: ``/metrics`` over HTTP for ``runworkers`` (``MetricsServerComponent``);
-- ``errors``: what goes wrong.
-
-The metrics themselves are defined in ``composition.metrics``.
+Modules: ``directory`` (per-process files and the merge lock), ``merging`` (how a dead process's
+samples fold in), ``archive`` (journaled merges of dead processes' files), ``collector`` (the
+locked collector every scrape reads), ``access`` (``METRICS_TOKEN``, ``METRICS_ALLOWED_NETWORKS``),
+``server`` (``MetricsServerComponent``), ``errors``. The metrics are defined in ``composition.metrics``.
 """
 
 from __future__ import annotations

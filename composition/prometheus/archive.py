@@ -1,18 +1,11 @@
 """The archive of dead processes: their files merged into one file per kind, so totals never go
 down while the directory (and so every scrape) stays as small as the living processes' files.
 
-``archive_processes(directory, pids)`` folds the files of processes known to be dead (a
-supervisor's reaped children, gunicorn's ``child_exit``) into ``<kind>_archive.db`` files and
-removes them; ``archive_dead_processes(directory)`` does it for every pid that no longer runs
-(leftovers found at start). Both hold the directory's exclusive lock, and scrapes take it shared,
-so a scrape sees a dead process either in its own files or in the archive, never in both or
-neither.
-
-A merge changes several files, and a merger may die midway (SIGKILL, OOM). So it is journaled:
-the new archives are written beside the old ones (``*.db.pending``, a name the collector does not
-read), then ``merge.journal`` names them and the files to remove; writing the journal (an atomic
-rename) is the commit point. Whoever takes the lock next, a merger or a scrape, finishes a
-committed merge (every step can be repeated) or discards an uncommitted one, before reading.
+``archive_processes(directory, pids)`` and ``archive_dead_processes(directory)`` hold the
+directory's exclusive lock (scrapes take it shared), so a scrape sees a dead process in its own
+files or in the archive, never in both or neither. A merge is journaled: writing ``merge.journal``
+is its commit point, and whoever takes the lock next finishes or discards it, so a merger's crash
+loses nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +19,7 @@ from pathlib import Path
 
 import structlog
 
+from composition.errors import described
 from composition.prometheus.directory import (
     LOCK_TIMEOUT_S,
     ProcessFile,
@@ -110,7 +104,7 @@ def _merge(directory: Path, files: list[ProcessFile]) -> list[ProcessFile]:
             values = read_values(file.path)
         except (OSError, RuntimeError, ValueError, struct.error) as exc:  # damaged: leave it, lose nothing
             log.error("metrics file could not be read, not archived", file=str(file.path),
-                      error=f"{type(exc).__name__}: {exc}")
+                      error=described(exc))
             continue
         if file.prefix not in archives:
             archive = directory / archive_name(file.prefix)

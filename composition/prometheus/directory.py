@@ -1,13 +1,8 @@
 """prometheus_client's multiprocess directory: whose files are in it, and the lock that keeps
 merging and scraping apart.
 
-Every process in multiprocess mode writes ``<kind>_<pid>.db`` (counters, histograms, summaries)
-and ``gauge_<mode>_<pid>.db`` files; a scrape reads them all. The archive merges the files of
-dead processes, which changes several files at once, so both sides take ``merge.lock`` (a
-``flock``: merger exclusive, scrapers shared) and a scrape never sees half a merge. ``flock``
-rather than ``fcntl``/``lockf`` record locks: those belong to the process, so two threads of one
-process (a scrape and a child's exit hook in a supervisor) would not exclude each other, while
-``flock`` locks belong to the open file and do. The lock file does not end in ``.db``, so
+The archive's merges and the scrapes both take ``merge.lock`` (merger exclusive, scrapers shared),
+so a scrape never sees half a merge. The lock file does not end in ``.db``, so
 ``MultiProcessCollector`` (which globs ``*.db``) never reads it.
 """
 
@@ -22,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from composition.pids import pid_runs
+from composition.lifecycle.pids import pid_runs
 from composition.prometheus.errors import MetricsDirectoryBusy
 
 __all__ = ["LOCK_NAME", "LOCK_TIMEOUT_S", "TURNSTILE_NAME", "ProcessFile", "locked", "multiproc_dir", "process_files",
@@ -74,6 +69,8 @@ def running(pid: int) -> bool:
     return pid_runs(pid)
 
 
+# flock, not fcntl/lockf record locks: those belong to the process, so two threads of one process
+# (a scrape and a child's exit hook in a supervisor) would not exclude each other.
 def _flock(fd: int, mode: int, deadline: float, directory: Path, timeout_s: float) -> None:
     while True:
         try:

@@ -1,13 +1,9 @@
 """How one dead process's samples fold into the archive, per file kind and gauge mode.
 
-Values are read and written with prometheus_client's own file format (``MmapedDict``): the
-archive must stay readable by ``MultiProcessCollector`` across prometheus_client upgrades, so we
-write it with the library's writer and read it with the library's reader instead of a copy of
-the format. Both are internals (``prometheus_client.mmap_dict``), used only here.
-
-A file maps a sample key (the JSON of metric name, sample name, labels and help) to a value and
-a timestamp. Histogram buckets are stored per bucket, not cumulative (the collector accumulates
-them at scrape time), so adding them, like adding counters, ``_sum`` and ``_count``, is exact.
+Files are read and written with prometheus_client's own ``MmapedDict`` (an internal, used only
+here), so the archive stays readable by ``MultiProcessCollector`` across upgrades. Histogram
+buckets are stored per bucket, not cumulative, so adding them, like counters, ``_sum`` and
+``_count``, is exact.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from django.db import DEFAULT_DB_ALIAS, close_old_connections
 from dramatiq.broker import Broker
 from prometheus_client import Gauge
 
+from composition.errors import described
 from composition.lifecycle.periodic import PeriodicComponent
 from composition.metrics import (
     BROKER_MESSAGES,
@@ -43,7 +44,7 @@ class MetricsSamplerComponent(PeriodicComponent):
     """Samples the database, the queues and the dead letters at start and then every
     ``interval_s`` (default ``METRICS_SAMPLE_INTERVAL_S``) on a thread that holds one database
     connection, and sets the gauges. ``connection_budget`` is this process's share of the
-    ``manage.py system`` budget (``composition.budget.connections_per_process``), exported as is.
+    ``manage.py system`` budget (``composition.db.budget.connections_per_process``), exported as is.
 
     One failing source (a broker outage) leaves the others' gauges fresh; it is logged. A label
     that disappears (a queue emptied of dead letters) is set to 0, not left at its last value:
@@ -78,15 +79,15 @@ class MetricsSamplerComponent(PeriodicComponent):
         try:
             sample.database = sample_database(self.alias)
         except Exception as exc:
-            sample.errors["database"] = f"{type(exc).__name__}: {exc}"
+            sample.errors["database"] = described(exc)
         try:
             sample.dead_letters = open_dead_letters_by_actor()
         except Exception as exc:
-            sample.errors["dead_letters"] = f"{type(exc).__name__}: {exc}"
+            sample.errors["dead_letters"] = described(exc)
         try:
             sample.queues = sample_queues(self.broker)  # broker errors are per queue, in the sample
         except Exception as exc:
-            sample.errors["queues"] = f"{type(exc).__name__}: {exc}"
+            sample.errors["queues"] = described(exc)
         for queue in sample.queues or ():
             if queue.error is not None:
                 sample.errors[f"broker:{queue.queue}"] = queue.error

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from composition.budget import USABLE_CONNECTIONS_SQL
+from composition.db.budget import USABLE_CONNECTIONS_SQL
 
 __all__ = ["CONNECTION_STATES", "DatabaseSample", "sample_database"]
 

@@ -1,15 +1,9 @@
 """The queues' side: each declared queue's depth and broker counts, the age of its oldest ready
 message, and the dead letters still open per actor.
 
-A queue's depth is what admission (``composition.queue_depth``) counts: its pending outbox rows
-plus every message the broker holds for it (ready, delayed and in flight). The broker is asked
-with ``queue_depth.broker_counts``, the operations page's own function, on the broker given.
-
-The oldest message's age is read on the Redis broker only: Dramatiq keeps a queue as a list of
-message ids, oldest first, beside a hash of their bodies, and a body carries its creation time
-(and, for a retry or a message sent with a delay, the ``eta`` from which it was ready). RabbitMQ
-does not say how old a queue's head is without consuming it (its management API could, but
-composition does not depend on that plugin), so there the age is not sampled.
+A queue's depth is ``composition.backpressure.depth.depth``, as admission and the operations
+page count it. The oldest message's age is read on Redis only: RabbitMQ cannot tell a queue
+head's age without consuming it.
 """
 
 from __future__ import annotations
@@ -22,9 +16,11 @@ from django.db.models import Count
 from dramatiq import Message
 from dramatiq.broker import Broker
 
+from composition.backpressure.depth import BrokerCounts, broker_counts, depth
+from composition.broker.keys import is_work_queue, messages_key, queue_key
+from composition.errors import described
 from composition.jobs.models import DeadLetter
 from composition.outbox.models import OutboxMessage
-from composition.queue_depth import BrokerCounts, broker_counts
 
 __all__ = ["QueueSample", "declared_queues", "oldest_ready_age_s", "open_dead_letters_by_actor", "sample_queues"]
 
@@ -51,16 +47,12 @@ class QueueSample:
 
     @property
     def depth(self) -> int:
-        """Pending outbox rows plus the broker's messages (what the broker could not report
-        counts as none, as admission counts it)."""
-        if self.broker is None:
-            return self.outbox_pending
-        return self.outbox_pending + self.broker.ready + self.broker.delayed + (self.broker.in_flight or 0)
+        return depth(self.outbox_pending, self.broker)
 
 
 def declared_queues(broker: Broker) -> list[str]:
     """The queues declared on ``broker``, without their delay and dead-letter queues."""
-    return sorted(name for name in broker.get_declared_queues() if not name.endswith((".DQ", ".XQ")))
+    return sorted(name for name in broker.get_declared_queues() if is_work_queue(name))
 
 
 def oldest_ready_age_s(broker: Broker, queue: str, *, now_s: float | None = None) -> float | None:
@@ -70,7 +62,7 @@ def oldest_ready_age_s(broker: Broker, queue: str, *, now_s: float | None = None
     if client is None:
         return None
     namespace = getattr(broker, "namespace", "dramatiq")
-    body = client.eval(_OLDEST_BODY, 2, f"{namespace}:{queue}", f"{namespace}:{queue}.msgs")
+    body = client.eval(_OLDEST_BODY, 2, queue_key(namespace, queue), messages_key(namespace, queue))
     if not body:  # empty, or the head was acked between the two reads
         return 0.0
     message = Message.decode(body)
@@ -102,7 +94,7 @@ def sample_queues(broker: Broker, queues: list[str] | None = None) -> list[Queue
                                            oldest_ready_age_s(broker, queue)))
                 continue
             except Exception as exc:  # the broker is down: the outbox side is still worth reporting
-                failed = f"{type(exc).__name__}: {exc}"
+                failed = described(exc)
         samples.append(QueueSample(queue, pending.get(queue, 0), None, None, error=failed))
     return samples
 

@@ -1,22 +1,11 @@
 """``django.tasks`` through the transactional outbox: ``OutboxBackend``.
 
-``TASKS = {"default": {"BACKEND": "composition.tasks.OutboxBackend"}}`` makes ``@task`` code
-enqueue in the caller's transaction and run under ``runworkers`` with the jobs' retries, time
-limit and dead letters. It uses Django's ``django.tasks`` (Django 6) or the ``django-tasks``
-backport (the ``tasks`` extra: ``pip install './django-backend-composition[tasks]'`` from a
-clone; add ``"django_tasks"`` to ``INSTALLED_APPS`` there).
-
-The package, module by module:
-
-- ``backend``: ``OutboxBackend`` (enqueue, ``get_result``); ``options``: what ``QUEUES`` and
-  ``OPTIONS`` mean, a run policy per queue; ``errors``: ``InvalidBackendOptions`` and
-  ``InvalidTaskArguments``;
-- ``payload``: a task in an outbox payload and back, and its argument check;
-- ``actors``: the ``@job`` actor per backend and queue that runs tasks in the workers;
-- ``results``: the task's state, read from the outbox, the ledger, the dead letters and the
-  worker heartbeats;
-- ``setup``: what ``composition``'s ``ready()`` does (declare the actors, register the checks);
-- ``_compat``: ``django.tasks`` or ``django_tasks``, under one set of names.
+``TASKS = {"default": {"BACKEND": "composition.tasks.OutboxBackend"}}`` makes ``@task`` code enqueue
+in the caller's transaction and run under ``runworkers`` with the jobs' retries, time limit and dead
+letters, on ``django.tasks`` (Django 6) or the ``django-tasks`` backport (the ``tasks`` extra).
+Modules: ``backend``, ``options`` (``QUEUES``, ``OPTIONS``), ``errors``, ``payload`` (a task in an
+outbox payload), ``actors`` (the workers' side), ``results`` (a task's state), ``setup`` (what
+``ready()`` does) and ``_compat`` (``django.tasks`` or ``django_tasks``).
 """
 
 from composition.tasks.backend import OutboxBackend

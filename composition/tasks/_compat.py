@@ -1,13 +1,8 @@
 """``django.tasks`` (Django 6) or its backport ``django_tasks`` (Django 5.2), under one set of names.
 
-The two spell some names differently (``InvalidTask`` / ``InvalidTaskError``, ``InvalidTaskBackend``
-/ ``InvalidTaskBackendError``) and keep ``normalize_json`` in different modules; everything the
-backend needs is imported here once, so the rest of the package never asks which one it runs on.
-Django's own package wins when both are installed (the ``tasks`` extra always installs the
-backport, since an extra cannot depend on the Django version).
-
-The type checker sees Django's names (django-stubs types them); at run time the backport's
-classes have the same shape.
+The two spell some names differently and keep ``normalize_json`` in different modules; everything
+the backend needs is imported here once, so the rest of the package never asks which one it runs
+on. Django's own package wins when both are installed; the type checker sees Django's names.
 """
 
 from __future__ import annotations

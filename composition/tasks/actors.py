@@ -1,24 +1,10 @@
 """The workers' side: one ``@job`` actor per backend alias and queue runs the tasks sent to it.
 
-Workers import only ``jobs`` modules, never an app's tasks modules, so the actor imports each
-task by the module path in its payload (``payload.resolve_task``) and runs it. Being a ``@job``,
-it has the jobs' whole policy: retries with backoff, the time limit, dead letters, and the inbox
-ledger of the message id, which is also how ``get_result`` learns that a task succeeded:
-
-- ``ATOMIC`` (the default): the task runs in one transaction with its ledger row (as ``@job``'s
-  ``idempotent=True`` runs a job), so a redelivered message has no second database effect; the
-  row's time is moved to the end of the run before it commits.
-- ``ATOMIC: False``: the task runs in autocommit (a task that calls other services should not
-  hold a transaction open) and its ledger row is written once it returns; a message whose row
-  exists is skipped, but a worker that dies between the two runs the task again.
-
-A task that raises ``composition.jobs.PermanentError`` is dead-lettered at once; any other
-exception is retried until ``MAX_ATTEMPTS``. The task's return value is not kept.
-
-``task_finished`` is sent once the run's transaction has ended: SUCCESSFUL after its COMMIT,
-FAILED after its ROLLBACK (robustly: a listener that raises is logged, and the task's own error
-stays the one recorded), so a listener's queries neither fail in a broken transaction nor are
-rolled back with the task's.
+The actor imports each task by the module path in its payload and runs it with the jobs' policy.
+``ATOMIC`` (the default) runs the task in one transaction with its inbox ledger row; with
+``ATOMIC: False`` it runs in autocommit and the row is written after, so a worker dying between the
+two runs it again. The ledger row is how ``get_result`` learns a task succeeded. ``task_finished``
+is sent once the run's transaction has ended, so a listener's queries are never rolled back with it.
 """
 
 from __future__ import annotations
@@ -41,8 +27,9 @@ from dramatiq.broker import MessageProxy
 from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import Shutdown
 
-from composition.broker import configured_broker
-from composition.errors import PermanentError
+from composition.broker.configured import configured_broker
+from composition.broker.time_limits import INTERRUPTS, disarm_time_limit
+from composition.errors import PermanentError, described
 from composition.jobs import current_message, job
 from composition.jobs.current import attempt_of
 from composition.jobs.decorator import run_idempotently
@@ -59,7 +46,6 @@ from composition.tasks._compat import (
 )
 from composition.tasks.options import QueuePolicy, actor_name
 from composition.tasks.payload import arguments_schema, resolve_task
-from composition.time_limits import INTERRUPTS, disarm_time_limit
 
 __all__ = ["MAX_REPLAYS_FOLLOWED", "WORKER_IDS_HEADER", "declare_task_actor", "replayed_chain", "worker_id"]
 
@@ -248,4 +234,4 @@ def _finished(result: TaskResult[Any, Any], status: TaskResultStatus) -> None:
     for receiver, response in task_finished.send_robust(sender=type(result.task.get_backend()), task_result=result):
         if isinstance(response, Exception):
             log.error("a task_finished listener raised", listener=getattr(receiver, "__qualname__", repr(receiver)),
-                      status=str(status), error=f"{type(response).__name__}: {response}")
+                      status=str(status), error=described(response))

@@ -1,20 +1,8 @@
 """What an ``OutboxBackend``'s ``QUEUES`` and ``OPTIONS`` mean: a run policy per queue.
 
-``django.tasks``' ``Task`` has no retry or time-out options, so they come from the backend's
-settings, for all its queues or per queue::
-
-    TASKS = {"default": {
-        "BACKEND": "composition.tasks.OutboxBackend",
-        "QUEUES": ["default", "emails"],                  # django.tasks' own key; default ["default"]
-        "OPTIONS": {
-            "MAX_ATTEMPTS": 5, "INITIAL_DELAY_S": 10, "MAX_DELAY_S": 900, "TIMEOUT_S": 120,
-            "ATOMIC": True,
-            "QUEUE_OPTIONS": {"emails": {"TIMEOUT_S": 30, "ATOMIC": False}},
-        },
-    }}
-
-Each queue is a Dramatiq queue of the same name (``runworkers --queues emails`` serves it), run by
-its own actor (``actor_name``). Parsing only reads the settings: nothing here touches the broker,
+``OPTIONS`` (``MAX_ATTEMPTS``, ``INITIAL_DELAY_S``, ``MAX_DELAY_S``, ``TIMEOUT_S``, ``ATOMIC``) holds
+for every queue unless ``QUEUE_OPTIONS`` overrides it; each queue is a Dramatiq queue of the same
+name, run by its own actor (``actor_name``). Parsing only reads the settings, never the broker,
 because ``@task`` builds the backend when a tasks module is imported.
 """
 

@@ -1,17 +1,10 @@
 """``get_result``: a task's state, read from the rows the outbox and the jobs already keep.
 
-The result id is the outbox row's id. Nothing is written for a status; it is read, in this order:
-
-1. the inbox ledger row of the message (its idempotency key, for a replayed dead letter):
-   ``SUCCESSFUL``, ``finished_at`` its time, with the start and the workers it keeps;
-2. the message's dead letter, followed through its replays (each replay is a new outbox row whose
-   message may fail again): the last one ``dead`` or ``discarded`` is ``FAILED``, with every
-   dead letter of the chain as an error and the workers of its attempts;
-3. the worker heartbeats: a worker running the message (or its replay) now is ``RUNNING``;
-4. otherwise ``READY``: pending in the outbox, queued, or waiting for its next attempt.
-
-A result is found while its outbox row is kept (``OUTBOX_RETENTION_S`` after it was sent) or while
-its dead letter is; the task's return value is not kept (``return_value`` is None).
+The result id is the outbox row's id; nothing is written for a status. In this order:
+``SUCCESSFUL`` when the inbox ledger has the message; ``FAILED`` when its dead letter, followed
+through its replays, ended dead or discarded; ``RUNNING`` when a worker heartbeat shows it running;
+else ``READY``. A result is found while its outbox row or dead letter is kept; the task's return
+value is not kept.
 """
 
 from __future__ import annotations
@@ -23,8 +16,9 @@ from typing import Any
 import structlog
 from django.utils import timezone
 
-from composition import heartbeats, probes
 from composition.conf import conf
+from composition.errors import described
+from composition.health import heartbeats, probes
 from composition.jobs.inbox import IDEMPOTENCY_KEY_HEADER
 from composition.tasks._compat import (
     InvalidTask,
@@ -135,7 +129,7 @@ def _task_or_stand_in(result_id: str, path: str, *, alias: str, queue: str,
     try:
         return resolve_task(path, alias=alias, queue=queue, run_after=run_after)
     except (ImportError, InvalidTask) as exc:
-        reason = f"{type(exc).__name__}: {exc}"
+        reason = described(exc)
     module, _, name = path.rpartition(".")
 
     def gone(*args: Any, **kwargs: Any) -> None:
@@ -187,7 +181,7 @@ def _running(message_id: str) -> dict[str, Any] | None:
         finally:
             client.close()
     except Exception as exc:
-        log.warning("could not read worker heartbeats for a task result", error=f"{type(exc).__name__}: {exc}")
+        log.warning("could not read worker heartbeats for a task result", error=described(exc))
         return None
     for beat in beats:
         for entry in beat.get("jobs") or ():

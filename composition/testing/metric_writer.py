@@ -3,12 +3,7 @@ and benchmarks of the metrics archive:
 
     PROMETHEUS_MULTIPROC_DIR=... python -m composition.testing.metric_writer --jobs 10 --value 3
 
-It records ``--jobs`` job runs in composition's own metrics (``composition_jobs_total`` by actor
-and outcome, ``composition_job_duration_seconds``, the heartbeat, the in-progress gauge and the
-component start times), with ``--test-gauges`` also sets one test gauge per multiprocess mode to
-``--value``; then it exits, or with ``--stay`` prints "ready" (with ``--announce``) and waits to
-be stopped (SIGTERM), as a worker does. Every figure is a
-function of the arguments, so a test knows the totals to expect (``expected_jobs``).
+Every figure is a function of the arguments, so a test knows the totals to expect (``expected_jobs``).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from composition import broker as broker_module
+from composition.broker import configured as broker_module
 from composition.conf import conf
 
 __all__ = ["WorkerDidNotStop", "WorkerProcess", "current_database_url", "subprocess_env", "use_broker"]

@@ -29,9 +29,9 @@ class JobsappConfig(AppConfig):
 
 
 def _fail_dead_letter_records(failures: int) -> None:
-    from composition.jobs import dead_lettering
+    from composition.jobs.middleware import dead_letters
 
-    real = dead_lettering.record_dead_letter
+    real = dead_letters.record_dead_letter
     lock = threading.Lock()
     left = [failures]
 
@@ -43,4 +43,4 @@ def _fail_dead_letter_records(failures: int) -> None:
             raise OperationalError("simulated database blip while recording a dead letter")
         return real(*args, **kwargs)
 
-    mock.patch.object(dead_lettering, "record_dead_letter", flaky_record).start()
+    mock.patch.object(dead_letters, "record_dead_letter", flaky_record).start()

@@ -10,9 +10,9 @@ import time
 import dramatiq
 from django.db import connection, transaction
 
-from composition.broker import configured_broker
+from composition.broker.configured import configured_broker
 from composition.jobs import PermanentError, TransientError, current_message, job
-from composition.jobs.middleware import BACKOFF_OPTION
+from composition.jobs.middleware.retries import BACKOFF_OPTION
 from tests.jobsapp.models import Account, Attempt, Effect
 
 CRASH_QUEUE = "jobs_crash"

@@ -8,7 +8,7 @@ from typing import Any
 import redis
 from dramatiq.message import Message
 
-from composition.broker import configured_broker
+from composition.broker.configured import configured_broker
 
 
 def broker_redis() -> redis.Redis:

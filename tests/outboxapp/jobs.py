@@ -5,7 +5,7 @@ from __future__ import annotations
 import dramatiq
 from django.db import close_old_connections
 
-from composition.broker import configured_broker
+from composition.broker.configured import configured_broker
 
 QUEUE = "outboxapp"
 

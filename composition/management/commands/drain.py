@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from composition.conf import conf
-from composition.draining import clear_drain_file, drain_file, mark_drain_file
+from composition.health.draining import clear_drain_file, drain_file, mark_drain_file
 
 # A pre-stop step longer than an hour is a typo (a load balancer notices within seconds).
 MAX_WAIT_S = 3600.0

@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from composition import health
+from composition.health import checks as health
 
 
 class Command(BaseCommand):

@@ -5,13 +5,13 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from composition.broker import configured_broker
-from composition.jobs.in_flight import RUNS_WINDOW_S
+from composition.broker.configured import configured_broker
+from composition.errors import BROKER_FAILURES
+from composition.jobs.middleware.in_flight import RUNS_WINDOW_S
 from composition.management.database_errors import database_must_answer
 from composition.management.retention_option import SECONDS_PER_DAY, older_than_days
 from composition.outbox.maintenance import outbox_status, prune_sent
 from composition.outbox.relay import Relay
-from composition.redis_errors import BROKER_FAILURES
 
 # Rows claimed and sent in one batch; more is a typo (and past 2**63 not even a number to SQL).
 MAX_BATCH_SIZE = 100_000

@@ -8,8 +8,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from composition.budget import BudgetLine, connection_budget, connections_per_process, server_limits
 from composition.conf import conf
+from composition.db.budget import BudgetLine, connection_budget, connections_per_process, server_limits
 from composition.lifecycle.workers import (
     BACKGROUND_DB_THREADS,
     WorkerOptions,

@@ -1,0 +1,28 @@
+"""Dramatiq's Redis key names, as its ``dispatch.lua`` lays them out, spelled once for the code
+that reads them (the Lua scripts that write them follow the same layout)."""
+
+from __future__ import annotations
+
+from dramatiq.common import dq_name, q_name
+
+__all__ = ["acks_key", "dq_name", "is_work_queue", "messages_key", "queue_key"]
+
+
+def queue_key(namespace: str, queue: str) -> str:
+    """The list of ready message ids, oldest first."""
+    return f"{namespace}:{queue}"
+
+
+def messages_key(namespace: str, queue: str) -> str:
+    """The hash of message bodies by Redis message id, each kept until its message is acked."""
+    return f"{namespace}:{queue}.msgs"
+
+
+def acks_key(namespace: str, broker_id: str, queue: str) -> str:
+    """The ids one worker (``broker_id``) has fetched from ``queue`` and not yet acked."""
+    return f"{namespace}:__acks__.{broker_id}.{queue}"
+
+
+def is_work_queue(queue: str) -> bool:
+    """False for a delay (``.DQ``) or dead-letter (``.XQ``) queue."""
+    return q_name(queue) == queue

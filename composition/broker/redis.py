@@ -1,0 +1,225 @@
+"""Dramatiq's Redis broker, with consumers that wake when a message arrives instead of polling.
+
+``WakingRedisBroker`` keeps Dramatiq's queue layout, commands, heartbeats and maintenance, and
+adds a wake list per queue (``<ns>:<queue>.wake``): every enqueue and requeue pushes one token per
+message, and an idle consumer (``redis_consumer.WakingRedisConsumer``) waits on it in ``BLPOP`` for
+at most one idle poll instead of sleeping. A token is a hint, never work: a stale one costs one
+empty fetch, a missing one one poll. Delay queues keep Dramatiq's polling: their consumer must wake
+every poll anyway to move due messages.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+from uuid import uuid4
+
+import redis
+import structlog
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.message import Message
+
+from composition.broker.keys import acks_key, messages_key, queue_key
+from composition.broker.redis_consumer import WakingRedisConsumer, has_wake_list, wake_key
+from composition.errors import described
+
+__all__ = ["WAKE_LUA", "WAKE_TOKENS_MAX", "WAKE_TTL_MS", "WakingRedisBroker", "requeue_as_new", "wake_args"]
+
+log = structlog.get_logger("composition.broker")
+
+# Tokens kept per wake list: one wakes one waiting consumer (one per worker process and queue),
+# so more than the consumers of a queue only cost empty fetches.
+WAKE_TOKENS_MAX = 16
+# A wake list nobody pops disappears this long after its last push.
+WAKE_TTL_MS = 5_000
+# A wait lasts at most this share of the client's socket timeout, so a long idle poll never
+# outlasts the socket and looks like a dead connection.
+WAIT_SHARE_OF_SOCKET_TIMEOUT = 0.5
+# BLPOP's timeout 0 means "forever": a wait is never shorter than this.
+MIN_WAIT_S = 0.001
+
+# Lua pushing wake tokens, for any script that enqueues (the broker's own below, the outbox's
+# batched enqueue): ``push_wake_tokens(first)`` reads from ARGV[first] on what ``wake_args``
+# builds: max tokens, TTL in ms, the number of wake lists n, then n pairs (wake list key, tokens).
+WAKE_LUA = """
+local function push_wake_tokens(first)
+    local max_tokens = tonumber(ARGV[first])
+    local ttl_ms = ARGV[first + 1]
+    local last = first + 1 + 2 * tonumber(ARGV[first + 2])
+    for i = first + 3, last, 2 do
+        local key = ARGV[i]
+        local length = 0
+        for _ = 1, tonumber(ARGV[i + 1]) do
+            length = redis.call("rpush", key, "1")
+        end
+        if length > max_tokens then
+            redis.call("ltrim", key, -max_tokens, -1)
+        end
+        redis.call("pexpire", key, ttl_ms)
+    end
+end
+"""
+_WAKE_SCRIPT = WAKE_LUA + "push_wake_tokens(1)\n"
+
+# requeue_as_new: KEYS = this worker's unacked set of the queue, the queue's messages hash, the
+# queue; ARGV = old id, new id, new body, then wake_args. Nothing happens unless the old id was
+# still unacked here (the drain or a dead-worker recovery may have handed it back already).
+_REQUEUE_AS_NEW_SCRIPT = WAKE_LUA + """
+if redis.call("srem", KEYS[1], ARGV[1]) == 0 then
+    return 0
+end
+redis.call("hdel", KEYS[2], ARGV[1])
+redis.call("hset", KEYS[2], ARGV[2], ARGV[3])
+redis.call("rpush", KEYS[3], ARGV[2])
+push_wake_tokens(4)
+return 1
+"""
+
+# An enqueue's wake tokens come after dispatch.lua's eight arguments and the message's two.
+_ENQUEUE_WAKE_ARGS_AT = 8 + 2 + 1
+
+
+def _dispatch_and_wake_lua(dispatch_lua: str) -> str:
+    """Dramatiq's ``dispatch.lua`` run as a function so that, whatever it returns, an "enqueue"
+    then pushes the wake tokens given after its own arguments (``wake_args``). pcall: the message
+    is stored by then and a token is only a hint, so a failed push must not fail the send; the
+    push's error is returned instead, to log."""
+    return (WAKE_LUA + "local function dramatiq_dispatch()\n" + dispatch_lua + "\nend\n" + f"""
+local result = dramatiq_dispatch()
+if ARGV[1] == "enqueue" then
+    local woke, err = pcall(push_wake_tokens, {_ENQUEUE_WAKE_ARGS_AT})
+    if not woke then
+        return type(err) == "table" and err.err or tostring(err)
+    end
+end
+return result
+""")
+
+
+def wake_args(broker: RedisBroker, queue_names: Iterable[str]) -> list[Any]:
+    """``WAKE_LUA``'s arguments for messages just put on ``queue_names`` (one name per message):
+    a token per message, at most ``WAKE_TOKENS_MAX`` per queue; none for delay queues, and none
+    at all unless ``broker`` is a ``WakingRedisBroker`` (nobody would listen)."""
+    listened = isinstance(broker, WakingRedisBroker)
+    counts = Counter(name for name in queue_names if has_wake_list(name)) if listened else {}
+    args: list[Any] = [WAKE_TOKENS_MAX, WAKE_TTL_MS, len(counts)]
+    for queue_name, count in counts.items():
+        args += (wake_key(broker, queue_name), min(count, WAKE_TOKENS_MAX))
+    return args
+
+
+def requeue_as_new(broker: RedisBroker, redis_message_id: str, message: Message[Any]) -> bool:
+    """Put a message this worker fetched and has not acknowledged (Redis id ``redis_message_id``)
+    back at the end of its queue as ``message``, under a new Redis id, in one step; False, and
+    nothing done, when it is no longer unacked here. Safe to repeat after a lost reply.
+
+    Unlike ``dispatch.lua``'s requeue, which keeps the id, the worker's later acknowledgement of
+    the old id cannot touch the requeued message, even if a consumer of this same worker has
+    fetched it again meanwhile (see ``composition.jobs.middleware.retries.requeue_message``)."""
+    new_id = str(uuid4())
+    queue = message.queue_name
+    body = Message(**{**message.asdict(), "options": {**message.options, "redis_message_id": new_id}}).encode()
+    keys = [acks_key(broker.namespace, broker.broker_id, queue), messages_key(broker.namespace, queue),
+            queue_key(broker.namespace, queue)]
+    script = broker.client.register_script(_REQUEUE_AS_NEW_SCRIPT)  # no round trip: EVALSHA on call
+    return bool(script(keys=keys, args=[redis_message_id, new_id, body, *wake_args(broker, [queue])]))
+
+
+# Relies on Dramatiq internals (dramatiq>=2.2,<3): scripts["dispatch"] and its arguments, the
+# do_<command> methods, dispatch.lua's key names; docs/architecture.md lists them.
+class WakingRedisBroker(RedisBroker):
+    """Dramatiq's ``RedisBroker`` whose idle consumers wait for a wake token (see module doc).
+
+    Takes ``RedisBroker``'s arguments. Its client's ``socket_timeout``, when set, bounds how long
+    a consumer waits in one call (half of it).
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        socket_timeout_s = self.client.connection_pool.connection_kwargs.get("socket_timeout")
+        self.max_wait_s: float | None = (
+            float(socket_timeout_s) * WAIT_SHARE_OF_SOCKET_TIMEOUT if socket_timeout_s else None)
+        self._wake = self.client.register_script(_WAKE_SCRIPT)
+        # Every do_<command> runs scripts["dispatch"]; this one also wakes on an enqueue.
+        source = self.scripts["dispatch"].script
+        self.scripts["dispatch"] = self.client.register_script(
+            _dispatch_and_wake_lua(source.decode() if isinstance(source, bytes) else str(source)))
+        self._enqueue_wake_args: dict[str, list[Any]] = {}
+        # Per queue, Redis ids of delayed messages this worker fetched whose consumer failed
+        # before it moved them on; handed back by that queue's next consumer.
+        self._stranded: dict[str, set[str]] = {}
+        self._stranded_lock = threading.Lock()
+
+    def strand(self, queue_name: str, redis_ids: Iterable[str]) -> None:
+        with self._stranded_lock:
+            self._stranded.setdefault(queue_name, set()).update(redis_ids)
+
+    def hand_back_stranded(self, queue_name: str) -> None:
+        """Requeue the stranded messages of ``queue_name`` (safe to repeat: ``dispatch.lua``'s
+        requeue moves only ids still unacknowledged here); raises, keeping them, on failure."""
+        if not self._stranded:  # the usual case, on every fetch: no lock taken
+            return
+        with self._stranded_lock:
+            ids = self._stranded.pop(queue_name, set())
+        if not ids:
+            return
+        try:
+            self.do_requeue(queue_name, *sorted(ids))
+        except Exception:
+            self.strand(queue_name, ids)
+            raise
+        log.warning("delayed messages handed back after their consumer lost its connection",
+                    queue=queue_name, count=len(ids))
+
+    @property
+    def consumer_class(self) -> type[WakingRedisConsumer]:
+        return WakingRedisConsumer
+
+    def do_enqueue(self, queue_name: str, message_id: str, data: bytes) -> None:
+        """``dispatch.lua``'s enqueue with the queue's wake token, in one script call (no token
+        for a delay queue). ``RedisBroker.enqueue`` calls it, so a send keeps all of Dramatiq's
+        enqueue: the Redis id, the delay queue and ``eta``, the before/after enqueue hooks.
+
+        The token is best effort, as ``wake`` says: a failed push is logged, never raised."""
+        args = self._enqueue_wake_args.get(queue_name)
+        if args is None:  # fixed per queue, and computing it is a fair share of a send's time
+            args = self._enqueue_wake_args[queue_name] = wake_args(self, [queue_name])
+        failure = super().__getattr__("do_enqueue")(queue_name, message_id, data, *args)
+        if failure:
+            log.warning("could not wake consumers; they find the messages at their next poll",
+                        error=failure.decode() if isinstance(failure, bytes) else str(failure))
+
+    def do_requeue(self, queue_name: str, *message_ids: str) -> Any:
+        """``dispatch.lua``'s requeue (what ``RedisBroker`` would answer for ``do_requeue``), then
+        a wake token per message: what a draining worker hands back runs elsewhere at once."""
+        result = super().__getattr__("do_requeue")(queue_name, *message_ids)
+        self.wake([queue_name] * len(message_ids))
+        return result
+
+    def wake(self, queue_names: Iterable[str]) -> None:
+        """Push wake tokens for messages just put on ``queue_names`` (one name per message).
+
+        Best effort: the messages are already enqueued, and a lost token costs one idle poll, so
+        a failure is logged, never raised (the caller would take it for a failed enqueue).
+        """
+        args = wake_args(self, queue_names)
+        if args[2] == 0:
+            return
+        try:
+            self._wake(args=args)
+        except redis.RedisError as exc:
+            log.warning("could not wake consumers; they find the messages at their next poll",
+                        error=described(exc))
+
+    def wait_s(self, idle_poll_ms: int) -> float:
+        """How long an idle consumer waits for a token: the idle poll, within the socket timeout."""
+        wait_s = idle_poll_ms / 1000
+        if self.max_wait_s is not None:
+            wait_s = min(wait_s, self.max_wait_s)
+        return max(wait_s, MIN_WAIT_S)
+
+    def flush(self, queue_name: str) -> None:
+        super().flush(queue_name)
+        self.client.delete(wake_key(self, queue_name))

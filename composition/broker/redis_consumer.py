@@ -1,0 +1,133 @@
+"""The consumer of ``composition.broker.redis.WakingRedisBroker`` (that module's doc says what
+it adds to Dramatiq's): it waits on a wake list instead of sleeping on an empty queue, raises a
+Redis that stops answering as a lost connection, and leaves the delayed messages it fetched to
+be handed back, not dropped, when its connection is lost."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import redis
+from dramatiq.broker import MessageProxy
+from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
+from dramatiq.common import q_name
+from dramatiq.errors import ConnectionClosed
+
+if TYPE_CHECKING:
+    from composition.broker.redis import WakingRedisBroker
+
+__all__ = ["WAKE_SUFFIX", "WakingRedisConsumer", "has_wake_list", "wake_key"]
+
+# A queue's wake list is "<namespace>:<queue><WAKE_SUFFIX>", beside Dramatiq's "<queue>.msgs".
+WAKE_SUFFIX = ".wake"
+
+
+def wake_key(broker: RedisBroker, queue_name: str) -> str:
+    """The wake list of ``queue_name``."""
+    return f"{broker.namespace}:{queue_name}{WAKE_SUFFIX}"
+
+
+def has_wake_list(queue_name: str) -> bool:
+    # Delay (".DQ") and dead-letter (".XQ") queues poll (composition.broker.redis says why).
+    return q_name(queue_name) == queue_name
+
+
+# What a lost connection looks like from redis-py: refused, reset, or no answer in time. Raised
+# as itself, a timeout reached the consumer thread's generic handler, whose clean-up timed out
+# too and ended the thread for good; as ConnectionClosed, Dramatiq restarts the consumer.
+_LOST: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError)
+
+
+@contextmanager
+def _lost_as_closed() -> Iterator[None]:
+    """Raise a lost connection as Dramatiq's ``ConnectionClosed`` (see the module doc)."""
+    try:
+        yield
+    except _LOST as exc:
+        raise ConnectionClosed(exc) from None
+
+
+class WakingRedisConsumer(_RedisConsumer):
+    """Dramatiq's Redis consumer that, when a fetch comes back empty, waits on the queue's wake
+    list for at most one idle poll (``timeout``, ms) instead of sleeping. ``__next__`` returns
+    ``None`` after a wait, as Dramatiq's does after a sleep, so the consumer thread checks its
+    stop flag then."""
+
+    broker: WakingRedisBroker
+
+    def __init__(self, broker: WakingRedisBroker, queue_name: str, prefetch: int, timeout: int) -> None:
+        super().__init__(broker, queue_name, prefetch, timeout)
+        self._wake_key = wake_key(broker, queue_name)
+        self._wakes = has_wake_list(queue_name)
+        # Redis id -> message handed out with an eta and not yet acked, nacked or requeued.
+        self._delayed: dict[str, MessageProxy] = {}
+
+    # __next__, ack and nack run for every message: they catch _LOST themselves rather than
+    # through _lost_as_closed(), whose generator costs a few microseconds a message.
+    def __next__(self) -> MessageProxy | None:
+        try:
+            try:
+                self.broker.hand_back_stranded(self.queue_name)
+                message = self._next()
+            except _LOST as exc:
+                raise ConnectionClosed(exc) from None
+        except ConnectionClosed:
+            # The consumer thread drops its delayed messages now: they are stranded.
+            self.broker.strand(self.queue_name, self._delayed)
+            self._delayed.clear()
+            raise
+        if message is not None:
+            options = message.options
+            if "eta" in options:
+                self._delayed[options["redis_message_id"]] = message
+        return message
+
+    def ack(self, message: MessageProxy) -> None:
+        try:
+            super().ack(message)
+        except _LOST as exc:
+            raise ConnectionClosed(exc) from None
+        if self._delayed:
+            self._delayed.pop(message.options["redis_message_id"], None)
+
+    def nack(self, message: MessageProxy) -> None:
+        try:
+            super().nack(message)
+        except _LOST as exc:
+            raise ConnectionClosed(exc) from None
+        if self._delayed:
+            self._delayed.pop(message.options["redis_message_id"], None)
+
+    def requeue(self, messages: Iterable[MessageProxy]) -> None:
+        handed = list(messages)  # the thread's delay queue, drained by the generator
+        ids = [message.options["redis_message_id"] for message in handed]
+        try:
+            with _lost_as_closed():
+                super().requeue(handed)
+        except ConnectionClosed:
+            self.broker.strand(self.queue_name, ids)
+            raise
+        for redis_id in ids:
+            self._delayed.pop(redis_id, None)
+
+    def _next(self) -> MessageProxy | None:
+        # Dramatiq's own path whenever it would not sleep on an empty queue: messages in the
+        # cache, a full prefetch (it sleeps, but a token could not be used), or a delay queue.
+        if not self._wakes or self.message_cache or self.outstanding_message_count >= self.prefetch:
+            return super().__next__()
+        # As Dramatiq fetches: dispatch.lua's fetch moves the ids into the unacked set. (A lost
+        # connection here is raised as ConnectionClosed by __next__.)
+        self.message_cache = self.broker.do_fetch(self.queue_name, self.prefetch - self.outstanding_message_count)
+        if not self.message_cache:
+            self._wait_for_wake()
+            return None
+        return super().__next__()
+
+    def _wait_for_wake(self) -> None:
+        try:
+            self.broker.client.blpop([self._wake_key], timeout=self.broker.wait_s(self.timeout))
+        except redis.TimeoutError:
+            # A late answer counts as one poll; redis-py dropped that connection already.
+            pass

@@ -1,0 +1,270 @@
+"""Liveness, readiness and worker health: cheap probes without side effects.
+
+Liveness touches no dependency. Readiness probes the dependencies concurrently under one deadline
+(``HEALTH_DEADLINE_S``), reuses the answer for ``HEALTH_CACHE_S``, and fails only for a dependency
+critical to the process's role (``HEALTH_DEPENDENCIES``, ``HEALTH_WORKER_DEPENDENCIES``); a
+draining process is never ready. Worker health reads the heartbeats ``runworkers`` writes.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from composition.conf import conf
+from composition.errors import described
+from composition.health.draining import is_draining
+from composition.health.heartbeats import read_heartbeats, read_stale_workers
+from composition.health.probes import PROBES, heartbeat_client
+from composition.lifecycle.pids import registered_workers
+from composition.metrics import HEALTH_CHECK_SECONDS, HEALTH_CHECK_UP
+
+__all__ = ["ROLES", "CheckResult", "HealthReport", "liveness", "readiness", "workers"]
+
+_cache_lock = threading.Lock()
+_round_lock = threading.Lock()
+# The last report per role, with the monotonic time it was made.
+_cached: dict[str, tuple[float, HealthReport]] = {}
+
+ROLES = ("web", "worker")
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    ok: bool
+    critical: bool
+    duration_s: float
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "critical": self.critical, "duration_s": round(self.duration_s, 4),
+                "error": self.error}
+
+    def as_public_dict(self) -> dict[str, Any]:
+        """``as_dict`` with the error cut to its kind (``OperationalError``, ``TimeoutError``):
+        a driver's message names hosts, ports, users and databases, which a public endpoint must
+        not tell whoever asks."""
+        error = self.error.split(":", 1)[0] if self.error else None
+        return {**self.as_dict(), "error": error}
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    kind: str
+    ok: bool
+    checks: list[CheckResult] = field(default_factory=list)
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self, *, public: bool = False) -> dict[str, Any]:
+        """The report as JSON; ``public`` keeps each failing check's error kind only (what an
+        HTTP endpoint shows), the full error being for the operator's command and the log."""
+        body: dict[str, Any] = {"status": "ok" if self.ok else "fail", "kind": self.kind}
+        if self.checks:
+            body["checks"] = {c.name: (c.as_public_dict() if public else c.as_dict()) for c in self.checks}
+            failing = [c.name for c in self.checks if not c.ok]
+            if failing:
+                body["failing"] = failing
+        body.update(self.detail)
+        return body
+
+
+def liveness() -> HealthReport:
+    return HealthReport("liveness", True)
+
+
+# Names of probes whose thread has not reported yet. Not ``Thread.is_alive()``: a thread that
+# has reported is still alive for a moment, and the next round would call its dependency down.
+_probes_in_flight: set[str] = set()
+_in_flight_lock = threading.Lock()
+
+
+def dependency_levels(role: str) -> dict[str, str]:
+    """Each dependency's level for ``role``: "critical", "degraded" or "ignore"."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}: expected one of {', '.join(ROLES)}")
+    levels = conf.HEALTH_DEPENDENCIES if role == "web" else conf.HEALTH_WORKER_DEPENDENCIES
+    return {name: levels.get(name, "critical") for name in PROBES}
+
+
+def _run_probes(levels: dict[str, str], deadline_s: float) -> list[CheckResult]:
+    """Run every probe concurrently under one deadline. A probe still hanging from an earlier
+    round is not started again (its dependency is reported down), so a frozen server does
+    not pile up a thread per readiness request."""
+    outcomes: dict[str, tuple[float, str | None]] = {}
+    done = threading.Condition()
+    began = time.monotonic()
+
+    def run(name: str, probe: Callable[[float], None]) -> None:
+        start = time.monotonic()
+        error = None
+        try:
+            probe(deadline_s)
+        except Exception as exc:
+            error = described(exc)[:300]
+        with _in_flight_lock:
+            _probes_in_flight.discard(name)
+        with done:
+            outcomes[name] = (time.monotonic() - start, error)
+            done.notify_all()
+
+    names = [name for name, level in levels.items() if level != "ignore"]
+    for name in names:
+        with _in_flight_lock:
+            still_hanging = name in _probes_in_flight
+            _probes_in_flight.add(name)
+        if still_hanging:
+            outcomes[name] = (0.0, "the previous probe has not answered yet")
+            continue
+        # A daemon thread: a probe that hangs (a server that accepts but never answers) is
+        # abandoned at the deadline, and neither the answer nor the process exit waits for it.
+        threading.Thread(target=run, args=(name, PROBES[name]), name=f"probe-{name}", daemon=True).start()
+    with done:
+        done.wait_for(lambda: len(outcomes) == len(names), timeout=deadline_s)
+        snapshot = dict(outcomes)
+    results = []
+    for name in names:
+        if name in snapshot:
+            took, error = snapshot[name]
+        else:
+            took, error = time.monotonic() - began, f"no answer within {deadline_s:.1f}s"
+        HEALTH_CHECK_SECONDS.labels(name).observe(took)
+        HEALTH_CHECK_UP.labels(name).set(0 if error else 1)
+        results.append(CheckResult(name, error is None, levels[name] == "critical", took, error))
+    return results
+
+
+def _fresh_report(role: str) -> HealthReport | None:
+    with _cache_lock:
+        cached = _cached.get(role)
+        if cached is not None and time.monotonic() - cached[0] < float(conf.HEALTH_CACHE_S):
+            return cached[1]
+    return None
+
+
+def _last_report(role: str) -> HealthReport | None:
+    with _cache_lock:
+        cached = _cached.get(role)
+    return cached[1] if cached is not None else None
+
+
+def reset_readiness_cache() -> None:
+    """Forget every cached answer: the next readiness call probes."""
+    with _cache_lock:
+        _cached.clear()
+
+
+def readiness(*, use_cache: bool = True, role: str = "web") -> HealthReport:
+    """Probe every dependency of ``role`` under one deadline; cached for ``HEALTH_CACHE_S``.
+
+    One round of probes runs at a time: a caller arriving while one runs gets the last report
+    at once, or, before there is any, waits for the round and shares its answer, so two load
+    balancers asking together never see each other's probes as hung ones. Not waiting when it
+    can answer keeps a hanging dependency from holding a request thread per caller for the
+    whole deadline, which could leave none for liveness.
+    """
+    levels = dependency_levels(role)
+    if is_draining():
+        return HealthReport("readiness", False, detail={"draining": True, "role": role})
+    if use_cache and (fresh := _fresh_report(role)) is not None:
+        return fresh
+    deadline_s = float(conf.HEALTH_DEADLINE_S)
+    if not _round_lock.acquire(blocking=False):
+        if use_cache and (last := _last_report(role)) is not None:
+            return last  # the round under way answers the callers after it
+        if not _round_lock.acquire(timeout=deadline_s + 1.0):
+            return HealthReport("readiness", False, detail={"error": "readiness probes did not finish in time",
+                                                            "role": role})
+    try:
+        if use_cache and (fresh := _fresh_report(role)) is not None:
+            return fresh  # the round we waited for
+        checks = _run_probes(levels, deadline_s)
+        report = HealthReport("readiness", all(c.ok or not c.critical for c in checks), checks,
+                              detail={"role": role})
+        with _cache_lock:
+            _cached[role] = (time.monotonic(), report)
+        return report
+    finally:
+        _round_lock.release()
+
+
+# -- worker heartbeats -----------------------------------------------------------------------------
+def _host_and_pid(beat: dict[str, Any]) -> tuple[str, int | None]:
+    host, _, pid = str(beat["worker"]).rpartition(":")
+    return host, int(pid) if pid.isdigit() else None
+
+
+def workers(*, local: bool = False) -> HealthReport:
+    """Healthy when at least one worker process beat recently and none is stuck on old work.
+
+    ``local`` looks only at this host's processes (a container's healthcheck: one stuck worker
+    elsewhere must not mark this container unhealthy), skips a beat whose process no longer
+    runs, so a container whose workers died is unhealthy at once rather than when their last
+    beats expire, and counts one that runs without beating (frozen) as stuck.
+    """
+    stale_after_s = float(conf.WORKER_STALE_AFTER_S)
+    try:
+        client = heartbeat_client()
+        try:
+            beats = read_heartbeats(client)
+            stale = read_stale_workers(client)
+        finally:
+            client.close()
+    except Exception as exc:
+        error = described(exc)
+        if local:
+            # The heartbeats live in the cache's Redis, whose outage the workers ride out
+            # (degraded): a container healthcheck must not call them dead for it, and have an
+            # orchestrator restart working containers. What this host can still tell: whether
+            # its worker processes run.
+            alive = sorted(pid for pid, runs in registered_workers().items() if runs)
+            return HealthReport("workers", bool(alive), detail={
+                "error": error, "heartbeats": "unreadable", "worker_pids": alive})
+        return HealthReport("workers", False, detail={"error": error})
+    # Stale: stopped beating without withdrawing (killed or frozen); reported, and their
+    # messages come back to the queue by the broker's own recovery.
+    detail: dict[str, Any] = {"stale": stale} if stale else {}
+    frozen: list[str] = []
+    if local:
+        hostname = socket.gethostname()
+        # This project's processes of this host (composition.lifecycle.pids), not everything on the host
+        # that shares its Redis: another checkout's workers, or the test suite's.
+        registered = registered_workers()
+        running = {pid for pid, runs in registered.items() if runs}
+
+        def ours(row: dict[str, Any]) -> bool:
+            host, pid = _host_and_pid(row)
+            return host == hostname and pid in registered
+
+        mine = [b for b in beats if ours(b)]
+        gone = [b["worker"] for b in mine if _host_and_pid(b)[1] not in running]
+        beats = [b for b in mine if b["worker"] not in gone]
+        # A process of this host that still runs but stopped beating is frozen (stopped, or
+        # blocked whole): as unhealthy as a stuck one, whatever its siblings do.
+        mine_stale = [row for row in stale if ours(row)]
+        frozen = [row["worker"] for row in mine_stale if _host_and_pid(row)[1] in running]
+        # This host's stale workers too: once a dead one's beat has aged out of the fresh ones,
+        # they are what says why the check fails.
+        detail = {"host": hostname, "gone": gone, **({"stale": mine_stale} if mine_stale else {})}
+    now = time.time()
+    fresh = [b for b in beats if now - b["beat_at"] <= stale_after_s]
+    # A worker that keeps beating but has held a job for longer than that job may run (its
+    # time limit, or WORKER_STUCK_AFTER_S for a job without one) is stuck.
+    stuck = [b["worker"] for b in fresh if _holds_an_overdue_job(b, now, float(conf.WORKER_STUCK_AFTER_S))] + frozen
+    ok = bool(fresh) and not stuck
+    return HealthReport("workers", ok, detail={"workers": beats, "fresh": len(fresh), "stuck": stuck, **detail})
+
+
+def _holds_an_overdue_job(beat: dict[str, Any], now: float, default_limit_s: float) -> bool:
+    """Whether any job of the heartbeat ran past its own limit: not only the oldest, which may
+    have an hour's limit while a younger one hangs far past its thirty seconds."""
+    jobs = beat.get("jobs")
+    if isinstance(jobs, list) and jobs and all(isinstance(job, dict) and "time_limit_s" in job for job in jobs):
+        return any(now - job["started_at"] > (job["time_limit_s"] or default_limit_s) for job in jobs)
+    # A heartbeat of a worker from before per-job limits: its oldest job only.
+    started = beat.get("oldest_job_started_at")
+    return started is not None and now - float(started) > float(beat.get("max_job_s") or default_limit_s)

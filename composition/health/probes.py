@@ -1,0 +1,78 @@
+"""One probe per dependency (database, cache, broker): a fresh connection, bounded by a timeout,
+raising on failure. Readiness runs them; components run them at start."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
+from django.db import connections
+
+from composition.broker.configured import bound_pika_waits, bounded_redis, broker_kind
+from composition.conf import conf
+
+__all__ = ["PROBES", "cache_redis_url", "heartbeat_client", "probe_broker", "probe_cache", "probe_database"]
+
+
+def probe_database(timeout_s: float) -> None:
+    """A fresh connection (never one a request or job is using) with the probe's own connect
+    and statement timeouts, so a frozen server cannot hold the probe beyond ``timeout_s``."""
+    import psycopg
+
+    # Everything the application connects with (TLS client certificates, service files,
+    # target_session_attrs...) except what only Django's own connection understands.
+    params = {key: value for key, value in connections["default"].get_connection_params().items()
+              if key not in ("cursor_factory", "context", "prepare_threshold", "pool", "server_side_binding",
+                             "assume_role")}
+    params["connect_timeout"] = max(1, math.ceil(timeout_s))
+    with psycopg.connect(**params, autocommit=True) as conn:
+        # A SET rather than a startup option: poolers such as PgBouncer refuse unknown ones.
+        conn.execute(f"SET statement_timeout = {max(1, int(timeout_s * 1000))}")
+        conn.execute("SELECT 1").fetchone()
+
+
+def cache_redis_url() -> str:
+    """The Redis URL of composition's cache alias (its first server when several are given)."""
+    location = settings.CACHES[conf.CACHE_ALIAS]["LOCATION"]
+    return location[0] if isinstance(location, list | tuple) else str(location)
+
+
+def _ping_redis(url: str, timeout_s: float) -> None:
+    client = bounded_redis(url, socket_timeout_s=timeout_s, connect_timeout_s=timeout_s)
+    try:
+        client.ping()
+    finally:
+        client.close()
+
+
+def probe_cache(timeout_s: float) -> None:
+    _ping_redis(cache_redis_url(), timeout_s)
+
+
+def probe_broker(timeout_s: float) -> None:
+    url = conf.BROKER_URL
+    if broker_kind(url) == "redis":
+        _ping_redis(url, timeout_s)
+        return
+    import pika
+
+    params = pika.URLParameters(url)
+    # Connect and handshake within timeout_s together (the probe never publishes).
+    bound_pika_waits(params, url, socket_timeout_s=timeout_s / 2, connect_timeout_s=timeout_s / 2)
+    pika.BlockingConnection(params).close()
+
+
+PROBES: dict[str, Callable[[float], None]] = {
+    "database": probe_database,
+    "cache": probe_cache,
+    "broker": probe_broker,
+}
+
+
+def heartbeat_client() -> Any:
+    """A Redis client for the worker heartbeats (kept in the cache's Redis), bounded by the
+    health deadline."""
+    timeout_s = float(conf.HEALTH_DEADLINE_S)
+    return bounded_redis(cache_redis_url(), socket_timeout_s=timeout_s, connect_timeout_s=timeout_s)

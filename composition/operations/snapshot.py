@@ -1,0 +1,131 @@
+"""What the operations page shows, gathered from the functions the commands use: the outbox
+backlog per queue and its totals (``backlog_by_queue`` and ``backlog_totals``, which
+``outbox status`` reports too), the broker's counts (backpressure's ``queue_depth``), failure
+groups (``deadletters list``), worker heartbeats (``health workers``) and circuit breakers.
+
+Every figure costs a fixed number of queries and round trips, whatever the size of the tables:
+aggregates over partial indexes, and per queue one broker round trip.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from composition.backpressure.depth import BrokerCounts, depth
+from composition.breaker import breaker_states
+from composition.broker.configured import configured_broker
+from composition.health import checks as health
+from composition.jobs.failure_groups import failure_groups, group_count
+from composition.jobs.middleware.in_flight import RUNS_WINDOW_S
+from composition.jobs.models import DeadLetter
+from composition.outbox.maintenance import backlog_by_queue, backlog_totals
+from composition.sampling.queues import declared_queues, sample_queues
+
+__all__ = ["OperationsSnapshot", "QueueRow", "WorkerRow", "operations_snapshot"]
+
+log = structlog.get_logger("composition.operations")
+
+# The failure groups listed; the rest are counted and reachable from the dead letters list.
+FAILURE_GROUPS_SHOWN = 50
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    name: str
+    outbox_pending: int
+    oldest_pending_age_s: float
+    broker: BrokerCounts | None  # None when the broker could not be asked
+    broker_error: str | None
+    broker_oldest_age_s: float | None  # the oldest ready message's wait (Redis only)
+    enqueued_per_min: float  # rows relayed to the broker, over the window
+    processed_per_min: float | None  # runs ended, summed over the workers' heartbeats
+
+    @property
+    def depth(self) -> int | None:
+        """``backpressure.depth``'s, or None (unknown) when the broker could not be asked."""
+        return None if self.broker is None else depth(self.outbox_pending, self.broker)
+
+
+@dataclass(frozen=True)
+class WorkerRow:
+    worker: str
+    beat_age_s: float
+    jobs_in_flight: int
+    oldest_job: dict[str, Any] | None
+    oldest_job_age_s: float | None
+    stuck: bool
+    breakers: dict[str, str]
+
+
+@dataclass(frozen=True)
+class OperationsSnapshot:
+    taken_at: float
+    window_s: float
+    queues: list[QueueRow]
+    open_dead_letters: int
+    failure_groups: list[dict[str, Any]]  # the FAILURE_GROUPS_SHOWN largest
+    failure_group_count: int  # all of them
+    workers: list[WorkerRow]
+    stale_workers: list[dict[str, Any]]
+    workers_error: str | None
+    breakers_here: dict[str, str]
+    relay_lag_s: float
+    outbox_pending: int
+    notes: list[str] = field(default_factory=list)
+
+
+def _workers(now: float) -> tuple[list[WorkerRow], list[dict[str, Any]], str | None, dict[str, int]]:
+    report = health.workers()
+    if "error" in report.detail:
+        return [], [], str(report.detail["error"]), {}
+    stuck = set(report.detail.get("stuck", []))
+    rows: list[WorkerRow] = []
+    runs: dict[str, int] = {}
+    for beat in report.detail.get("workers", []):
+        jobs = beat.get("jobs") or []
+        oldest = jobs[0] if jobs else None
+        rows.append(WorkerRow(
+            worker=beat["worker"], beat_age_s=max(0.0, now - beat["beat_at"]),
+            jobs_in_flight=int(beat.get("jobs_in_flight", 0)), oldest_job=oldest,
+            oldest_job_age_s=max(0.0, now - oldest["started_at"]) if oldest else None,
+            stuck=beat["worker"] in stuck, breakers=dict(beat.get("breakers") or {})))
+        for queue, count in (beat.get("runs_by_queue") or {}).items():
+            runs[queue] = runs.get(queue, 0) + int(count)
+    stale = [{**row, "age_s": max(0.0, now - row["beat_at"])} for row in report.detail.get("stale", [])]
+    return rows, stale, None, runs
+
+
+def operations_snapshot(*, window_s: float = RUNS_WINDOW_S) -> OperationsSnapshot:
+    """Everything the page shows, now. A broker or Redis that cannot be asked is reported on
+    the page, never raised: the page is for the night things are broken."""
+    now = time.time()
+    backlog = backlog_by_queue(window_s)
+    workers, stale, workers_error, runs = _workers(now)
+    broker = configured_broker()
+    names = sorted(set(declared_queues(broker)) | set(backlog) | set(runs))
+    queues = []
+    # The metrics sampler's own reading of the broker (one round trip per queue, and none after
+    # the broker has failed once).
+    for sample in sample_queues(broker, names):
+        name, outbox = sample.queue, backlog.get(sample.queue)
+        if sample.error:
+            log.warning("operations page: broker counts unavailable", queue=name, error=sample.error)
+        queues.append(QueueRow(
+            name=name, outbox_pending=outbox.pending if outbox else 0,
+            oldest_pending_age_s=outbox.oldest_pending_age_s if outbox else 0.0,
+            broker=sample.broker, broker_error=sample.error.split(":", 1)[0] if sample.error else None,
+            broker_oldest_age_s=sample.oldest_age_s,
+            enqueued_per_min=(outbox.relayed_recently if outbox else 0) * 60.0 / window_s,
+            processed_per_min=None if workers_error else runs.get(name, 0) * 60.0 / RUNS_WINDOW_S))
+    open_letters = DeadLetter.objects.filter(status=DeadLetter.Status.DEAD)
+    outbox_pending, relay_lag_s = backlog_totals(backlog)  # `outbox status`'s pending and oldest age
+    return OperationsSnapshot(
+        taken_at=now, window_s=window_s, queues=queues, open_dead_letters=open_letters.count(),
+        failure_groups=failure_groups(open_letters, limit=FAILURE_GROUPS_SHOWN),
+        failure_group_count=group_count(open_letters), workers=workers,
+        stale_workers=stale, workers_error=workers_error, breakers_here=breaker_states(),
+        relay_lag_s=relay_lag_s, outbox_pending=outbox_pending)
