@@ -1,4 +1,4 @@
-"""How much work a queue holds, defined once (``depth``): its pending outbox rows plus every
+"""How much work a queue holds, defined once (``backlog``): its pending outbox rows plus every
 message the broker holds for it, ready, delayed and (Redis) taken but not yet acked. Admission,
 the sampler's gauge and the operations page all count with it. ``queue_depth`` measures now;
 ``QueueDepths`` keeps a process's measurements for admission, the broker behind a breaker.
@@ -18,7 +18,7 @@ from composition.broker.configured import configured_broker
 from composition.broker.keys import dq_name, messages_key, queue_key
 from composition.metrics import QUEUE_DEPTH
 
-__all__ = ["BrokerCounts", "QueueDepths", "broker_counts", "depth", "queue_depth"]
+__all__ = ["BrokerCounts", "QueueDepths", "backlog", "broker_counts", "queue_depth"]
 
 log = structlog.get_logger("composition.backpressure")
 
@@ -39,7 +39,7 @@ class BrokerCounts:
     in_flight: int | None
 
 
-def depth(outbox_pending: int, counts: BrokerCounts | None) -> int:
+def backlog(outbox_pending: int, counts: BrokerCounts | None) -> int:
     """A queue's depth: ``outbox_pending`` rows plus the broker's ``counts`` (a broker that could
     not be asked, None, counts as empty: the outbox then holds the backlog)."""
     if counts is None:
@@ -118,7 +118,7 @@ def queue_depth(queue: str, *, broker_breaker: CircuitBreaker | None = None) -> 
         pass
     except Exception as exc:
         log.warning("could not read the broker's queue depth", queue=queue, error=str(exc))
-    measured = depth(pending, counts)
+    measured = backlog(pending, counts)
     QUEUE_DEPTH.labels(queue).set(measured)
     return measured
 

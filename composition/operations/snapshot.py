@@ -15,7 +15,7 @@ from typing import Any
 
 import structlog
 
-from composition.backpressure.depth import BrokerCounts, depth
+from composition.backpressure.depth import BrokerCounts, backlog
 from composition.breaker import breaker_states
 from composition.broker.configured import configured_broker
 from composition.health import checks as health
@@ -46,8 +46,8 @@ class QueueRow:
 
     @property
     def depth(self) -> int | None:
-        """``backpressure.depth``'s, or None (unknown) when the broker could not be asked."""
-        return None if self.broker is None else depth(self.outbox_pending, self.broker)
+        """``backpressure.depth.backlog``, or None (unknown) when the broker could not be asked."""
+        return None if self.broker is None else backlog(self.outbox_pending, self.broker)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The queues' side: each declared queue's depth and broker counts, the age of its oldest ready
 message, and the dead letters still open per actor.
 
-A queue's depth is ``composition.backpressure.depth.depth``, as admission and the operations
+A queue's depth is ``composition.backpressure.depth.backlog``, as admission and the operations
 page count it. The oldest message's age is read on Redis only: RabbitMQ cannot tell a queue
 head's age without consuming it.
 """
@@ -16,7 +16,7 @@ from django.db.models import Count
 from dramatiq import Message
 from dramatiq.broker import Broker
 
-from composition.backpressure.depth import BrokerCounts, broker_counts, depth
+from composition.backpressure.depth import BrokerCounts, backlog, broker_counts
 from composition.broker.keys import is_work_queue, messages_key, queue_key
 from composition.errors import described
 from composition.jobs.models import DeadLetter
@@ -47,7 +47,7 @@ class QueueSample:
 
     @property
     def depth(self) -> int:
-        return depth(self.outbox_pending, self.broker)
+        return backlog(self.outbox_pending, self.broker)
 
 
 def declared_queues(broker: Broker) -> list[str]:
