@@ -34,7 +34,7 @@ promtool:
 	@$(INSTALL_TOOL) --why "the alert rules test (promtool check rules docker/alerts.yml)" \
 	  --command promtool --service prometheus prometheus
 
-# nginx: the front door test (tests/test_front_door.py) runs the shipped docker/nginx.conf in
+# nginx: the front door test (tests/scenarios/test_front_door.py) runs the shipped docker/nginx.conf in
 # front of gunicorn, on 127.0.0.1, as a process of its own.
 nginx:
 	@$(INSTALL_TOOL) --why "the front door test (docker/nginx.conf in front of gunicorn)" \

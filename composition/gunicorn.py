@@ -96,7 +96,7 @@ class ThreadWorker(gthread.ThreadWorker):
 
     def init_process(self) -> None:
         # gunicorn's own first-byte wait (5 s) is this module constant, read at each call, with
-        # no setting for it; this process runs only this worker class. tests/test_front_door.py
+        # no setting for it; this process runs only this worker class. tests/scenarios/test_front_door.py
         # fails when a release renames it.
         gthread.DEFAULT_WORKER_DATA_TIMEOUT = self.first_byte_wait_s
         super().init_process()

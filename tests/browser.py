@@ -20,7 +20,8 @@ from typing import Any, NoReturn
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
+
 ARTIFACTS = ROOT / ".data" / "test-artifacts"
 
 

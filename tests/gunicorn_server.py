@@ -18,10 +18,10 @@ from typing import Any
 
 from composition.lifecycle.processes import ProcessComponent
 from composition.testing import free_port, subprocess_env
+from tests.helpers import ROOT
 
 __all__ = ["Answer", "emails", "emails_by_message_id", "gunicorn", "mail_env", "post"]
 
-ROOT = Path(__file__).resolve().parent.parent
 SEPARATOR = b"\n" + b"-" * 79 + b"\n"  # what Django's file backend writes after each message
 
 

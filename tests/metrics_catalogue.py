@@ -5,14 +5,13 @@ the scrapes are checked against."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from prometheus_client.metrics import MetricWrapperBase
 
 import billing.metrics
 import composition.metrics
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 DOCKER = ROOT / "docker"
 OWN_PREFIXES = ("composition_", "billing_")
@@ -24,7 +23,7 @@ HISTOGRAM_SUFFIXES = ("_bucket", "_count", "_sum")
 # Documented families that only a runworkers process gives samples to, and why. The web process
 # the scrape below reads runs no job and starts no component, and a labelled family with no
 # child set prints its HELP and TYPE lines and nothing else: these would be present by name only.
-# tests/test_metrics_runworkers.py scrapes a real runworkers process and finds samples of each.
+# tests/prometheus/test_server.py scrapes a real runworkers process and finds samples of each.
 RUNWORKERS_ONLY = {
     # The worker middleware around each job run (jobs run in runworkers' worker threads only).
     "composition_jobs_total": "a job run ended",

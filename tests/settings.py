@@ -51,7 +51,7 @@ COMPOSITION = {**COMPOSITION, "BROKER_URL": the_gate_s_own(COMPOSITION["BROKER_U
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.outboxapp", "tests.jobsapp"]
 
-# django.tasks through the outbox (tests/test_tasks.py): Django 6's own package, else the backport
+# django.tasks through the outbox (tests/tasks/test_backend.py): Django 6's own package, else the backport
 # (the "tasks" extra), whose app must be installed; without either, those tests skip.
 if importlib.util.find_spec("django.tasks") or importlib.util.find_spec("django_tasks"):
     if not importlib.util.find_spec("django.tasks"):

@@ -212,7 +212,7 @@ WAKE_STAMPS_KEY = "tests:wake-stamps"
 
 @job(queue=WAKE_QUEUE, max_attempts=1)
 def wake_stamp(seq: int) -> None:
-    """Notes when its body started, for the consumer wake-up tests (tests/test_wake_consumers.py)."""
+    """Notes when its body started, for the consumer wake-up tests (tests/broker/test_redis.py)."""
     import redis
     from django.conf import settings
 

@@ -1,5 +1,5 @@
 """The test settings with a 1 s time limit and 2 attempts on the tasks' atomic queue: what the worker
-of tests/test_tasks.py's time-limit test runs with (a child process cannot see override_settings).
+of tests/tasks/test_backend.py's time-limit test runs with (a child process cannot see override_settings).
 Enqueueing needs only the queue's name, so the test process keeps tests/settings.py."""
 
 from tests.settings import *  # noqa: F403

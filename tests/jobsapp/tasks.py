@@ -1,4 +1,4 @@
-"""``django.tasks`` tasks used only by tests/test_tasks.py, on the ``composition.tasks.OutboxBackend``
+"""``django.tasks`` tasks used only by tests/tasks/test_backend.py, on the ``composition.tasks.OutboxBackend``
 of tests/settings.py. Workers never import this module by themselves: the task actor imports
 each task by its module path when it runs it."""
 

@@ -1,0 +1,174 @@
+"""The races cache-aside must survive: stampedes on a cold key (threads and processes) and the
+stale back-fill race of delete-on-write caching."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import connections, transaction
+
+from composition.cache import cache_aside, cache_aside_result, get_cache_aside, invalidate, invalidate_namespace
+from composition.cache.engine import CacheResult
+from composition.locks.models import LockFence
+from tests.helpers import unique
+
+LOADER_S = 0.2
+
+
+def test_stampede_64_threads_one_loader_call() -> None:
+    key = f"{unique('race')}:cold"
+    calls = 0
+    calls_lock = threading.Lock()
+
+    def loader() -> dict[str, int]:
+        nonlocal calls
+        with calls_lock:
+            calls += 1
+        time.sleep(LOADER_S)
+        return {"answer": 42}
+
+    barrier = threading.Barrier(64)
+    results: list[CacheResult] = []
+
+    def reader() -> None:
+        barrier.wait()
+        results.append(cache_aside_result(key, loader, ttl_s=30))
+
+    threads = [threading.Thread(target=reader) for _ in range(64)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert calls == 1
+    assert len(results) == 64
+    assert all(result.value == {"answer": 42} for result in results)
+    assert sorted({result.outcome for result in results}) == ["coalesced", "loaded"]
+
+
+def _process_reader(key: str, barrier: Any, calls: Any, out: Any) -> None:
+    def loader() -> dict[str, int]:
+        with calls.get_lock():
+            calls.value += 1
+        time.sleep(LOADER_S)
+        return {"answer": 42}
+
+    barrier.wait()
+    result = cache_aside_result(key, loader, ttl_s=30)
+    # Each process asserts it missed: the key was cold when it looked.
+    assert result.outcome in ("loaded", "waited"), result.outcome
+    out.put((result.outcome, result.value))
+
+
+def test_stampede_4_processes_released_together_one_loader_call() -> None:
+    key = f"{unique('race')}:cold"
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(4)
+    calls = context.Value("i", 0)
+    out = context.Queue()
+    connections.close_all()  # no database connection may be shared with the children
+    processes = [context.Process(target=_process_reader, args=(key, barrier, calls, out)) for _ in range(4)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(20)
+    assert [process.exitcode for process in processes] == [0, 0, 0, 0]
+    results = [out.get(timeout=1) for _ in processes]
+    assert calls.value == 1
+    assert all(value == {"answer": 42} for _, value in results)
+    assert sorted(outcome for outcome, _ in results) == ["loaded", "waited", "waited", "waited"]
+
+
+class SlowReader:
+    """A reader whose loader reads the database, then stalls until the test lets it finish."""
+
+    def __init__(self, key: str, resource: str, *, fetch: Callable[..., CacheResult] = cache_aside_result):
+        self.key = key
+        self.resource = resource
+        self.loaded = threading.Event()
+        self.proceed = threading.Event()
+        self.result: CacheResult | None = None
+        self.thread = threading.Thread(target=self._run)
+        self._fetch = fetch
+
+    def _load(self) -> int:
+        value = LockFence.objects.get(resource=self.resource).fence
+        self.loaded.set()
+        self.proceed.wait(10)
+        return value
+
+    def _run(self) -> None:
+        try:
+            self.result = self._fetch(self.key, self._load, ttl_s=60)
+        finally:
+            connections.close_all()
+
+    def start(self) -> SlowReader:
+        self.thread.start()
+        assert self.loaded.wait(10)
+        return self
+
+    def finish(self) -> CacheResult:
+        self.proceed.set()
+        self.thread.join(10)
+        assert self.result is not None
+        return self.result
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("how", ["key", "namespace"])
+def test_slow_reader_cannot_back_fill_the_old_value(how: str) -> None:
+    key = f"{unique('race')}:1"
+    LockFence.objects.create(resource=key, fence=1)  # "version 1" of the data
+    engine = get_cache_aside()
+
+    reader = SlowReader(key, key).start()  # has read version 1, not cached it yet
+    with transaction.atomic():  # the writer commits version 2 and invalidates
+        LockFence.objects.filter(resource=key).update(fence=2)
+        if how == "key":
+            invalidate(key)
+        else:
+            invalidate_namespace(key.split(":")[0])
+    result = reader.finish()  # now the slow reader tries to cache version 1
+
+    assert result.value == 1 and result.outcome == "uncached"
+    assert engine.peek(key) is None, "the old value was cached after the invalidation"
+    assert cache_aside(key, lambda: LockFence.objects.get(resource=key).fence, ttl_s=60) == 2
+    assert engine.peek(key) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("how", ["key", "namespace"])
+def test_a_read_that_begins_after_the_invalidation_does_not_join_a_rebuild_from_before_it(how: str) -> None:
+    # In one process: a rebuild read version 1 and is still running when the write commits;
+    # a request that starts after the write (say, the GET after a pay's 201) must see version 2,
+    # not the older rebuild's value handed over by the in-process coalescing.
+    key = f"{unique('race')}:1"
+    LockFence.objects.create(resource=key, fence=1)
+    reader = SlowReader(key, key).start()
+    with transaction.atomic():
+        LockFence.objects.filter(resource=key).update(fence=2)
+        if how == "key":
+            invalidate(key)
+        else:
+            invalidate_namespace(key.split(":")[0])
+    after = cache_aside_result(key, lambda: LockFence.objects.get(resource=key).fence, ttl_s=60)
+    assert after.value == 2, f"a read begun after the write got the old value ({after.outcome})"
+    assert reader.finish().value == 1  # the one that began before may see either
+
+
+@pytest.mark.django_db(transaction=True)
+def test_invalidation_before_the_read_is_not_affected() -> None:
+    # The other order: the write commits first, the reader loads afterwards and may cache.
+    key = f"{unique('race')}:1"
+    LockFence.objects.create(resource=key, fence=1)
+    with transaction.atomic():
+        LockFence.objects.filter(resource=key).update(fence=2)
+        invalidate(key)
+    reader = SlowReader(key, key).start()
+    assert reader.finish().outcome == "loaded"
+    assert get_cache_aside().peek(key) == 2

@@ -1,0 +1,227 @@
+"""cache_aside when Redis is unreachable: a closed port, a frozen server (SIGSTOP), and a process
+that dies right after an invalidation could not reach Redis."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import transaction
+from django.test import override_settings
+from prometheus_client import REGISTRY
+
+from composition.cache import (
+    InvalidationReplayComponent,
+    cache_aside,
+    cache_aside_result,
+    get_cache_aside,
+    invalidate,
+)
+from composition.cache.models import PendingInvalidation
+from composition.conf import conf
+from composition.locks.models import LockFence
+from composition.testing import ThrowawayRedis, free_port, subprocess_env, wait_until
+from tests.helpers import ROOT, unique
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+@contextmanager
+def cache_at(url: str, **composition: Any) -> Iterator[None]:
+    """Point the default cache (with the project's short socket timeouts) at ``url``."""
+    caches = {"default": {**settings.CACHES["default"], "LOCATION": url}}
+    with override_settings(CACHES=caches, COMPOSITION={**conf.as_dict(), **composition}):
+        yield
+
+
+def timed_calls(key: str, count: int, value: Any) -> tuple[list[Any], list[float]]:
+    values, durations = [], []
+    for _ in range(count):
+        started = time.monotonic()
+        values.append(cache_aside(key, lambda: value, ttl_s=30))
+        durations.append(time.monotonic() - started)
+    return values, durations
+
+
+def _cached_then_frozen(server: ThrowawayRedis, cached: str, called: str) -> list[float]:
+    """``cached`` holds "old"; then the server freezes and three calls for ``called`` fall back
+    to the loader (each waiting out the socket timeout) and open the breaker; their durations."""
+    assert cache_aside(cached, lambda: "old", ttl_s=60) == "old"
+    server.freeze()
+    values, durations = timed_calls(called, 3, "from-db")
+    assert values == ["from-db"] * 3
+    assert get_cache_aside().breaker.is_open
+    return durations
+
+
+@pytest.mark.django_db(transaction=True)
+def test_closed_port_degrades_to_the_loader() -> None:
+    ns = unique("out")
+    key = f"{ns}:1"
+    with cache_at(f"redis://127.0.0.1:{free_port()}/0", CACHE_BREAKER_RESET_S=60):
+        engine = get_cache_aside()
+        values, durations = timed_calls(key, 20, "from-db")
+        assert values == ["from-db"] * 20
+        assert engine.breaker.is_open
+        assert statistics.median(durations[3:]) <= 0.1
+        assert sample("composition_cache_errors_total", pattern=ns, reason="redis_error") == 3
+        assert sample("composition_cache_errors_total", pattern=ns, reason="breaker_open") == 17
+        with transaction.atomic():
+            invalidate(key)
+        assert PendingInvalidation.objects.filter(kind="key", target=key).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_frozen_redis_degrades_then_outage_invalidations_apply_after(
+        throwaway_redis_server: ThrowawayRedis) -> None:
+    ns = unique("out")
+    key = f"{ns}:1"
+    with cache_at(throwaway_redis_server.url, CACHE_BREAKER_RESET_S=0.3):
+        engine = get_cache_aside()
+        durations = _cached_then_frozen(throwaway_redis_server, key, key)
+        assert min(durations) >= 0.2, "the frozen server should have cost a socket timeout"
+        values, durations = timed_calls(key, 30, "from-db")  # breaker open
+        assert values == ["from-db"] * 30
+        assert statistics.median(durations) <= 0.1
+        # One outlier is tolerated (a GC pause or a busy CI host); a second slow call would mean
+        # calls wait on the frozen socket.
+        assert sorted(durations)[-2] < 0.2, "no call may wait on the frozen socket once the breaker is open"
+        assert sample("composition_cache_errors_total", pattern=ns, reason="redis_error") >= 3
+        assert sample("composition_cache_errors_total", pattern=ns, reason="breaker_open") >= 30
+
+        with transaction.atomic():  # a write during the outage
+            invalidate(key)
+        assert PendingInvalidation.objects.filter(target=key).count() == 1
+
+        throwaway_redis_server.thaw()
+        seen: list[Any] = []
+
+        def recovered() -> bool:
+            seen.append(cache_aside(key, lambda: "new", ttl_s=60))
+            return not engine.breaker.is_open
+
+        wait_until(recovered, 10, interval_s=0.05, message="breaker never closed after the thaw")
+        assert cache_aside_result(key, lambda: "newer", ttl_s=60).value == "new"
+        assert "old" not in seen, "the value invalidated during the outage was served after it"
+        assert not PendingInvalidation.objects.filter(target=key).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_invalidation_refused_while_the_probe_ran_is_applied_when_it_closes(
+        throwaway_redis_server: ThrowawayRedis) -> None:
+    # The interleaving the probe cannot see: its replay has read the pending rows, then a
+    # writer commits and its after-commit hook, refused by the half-open breaker, leaves its row;
+    # then the probe closes the breaker. That row must not wait for the periodic replay (a
+    # web-only deployment runs none) while the old entry is served as a hit.
+    ns = unique("out")
+    key = f"{ns}:1"
+    with cache_at(throwaway_redis_server.url, CACHE_BREAKER_RESET_S=0.3):
+        engine = get_cache_aside()
+        _cached_then_frozen(throwaway_redis_server, key, f"{ns}:other")
+        throwaway_redis_server.thaw()
+        recover = engine._recover
+
+        def probe_then_a_refused_commit() -> None:
+            recover()  # its replay found nothing pending
+            with transaction.atomic():  # committed while the breaker is still half-open
+                invalidate(key)
+
+        engine.breaker._probe = probe_then_a_refused_commit
+        wait_until(lambda: cache_aside(f"{ns}:other", lambda: 1, ttl_s=60) is not None
+                   and not engine.breaker.is_open, 10, interval_s=0.05, message="breaker never closed")
+        wait_until(lambda: not PendingInvalidation.objects.filter(target=key).exists(), 5,
+                   message="the refused invalidation stayed pending after the breaker closed")
+        assert cache_aside(key, lambda: "new", ttl_s=60) == "new"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_loader_runs_once_per_process_during_an_outage() -> None:
+    key = f"{unique('out')}:1"
+    calls = 0
+
+    def loader() -> str:
+        nonlocal calls
+        calls += 1
+        time.sleep(0.2)
+        return "v"
+
+    with cache_at(f"redis://127.0.0.1:{free_port()}/0", CACHE_BREAKER_RESET_S=60):
+        timed_calls(key, 3, "open the breaker")
+        barrier = threading.Barrier(16)
+        results: list[str] = []
+
+        def reader() -> None:
+            barrier.wait()
+            results.append(cache_aside(key, loader, ttl_s=30))
+
+        threads = [threading.Thread(target=reader) for _ in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+    assert results == ["v"] * 16
+    assert calls == 1
+
+
+# The child writes, invalidates while Redis is unreachable, and is SIGKILLed right after commit.
+# The invalidation is recorded inside the writer's transaction either way; with "open" its breaker
+# is already open, so the after-commit step does not try Redis; with "closed" it tries and fails.
+# (A child killed after COMMIT while Redis is fine: tests/cache/test_invalidation.py.)
+CHILD = """
+import os, signal, sys
+import django
+django.setup()
+from django.db import transaction
+from composition.cache import cache_aside, invalidate, get_cache_aside
+from composition.locks.models import LockFence
+
+key, breaker = sys.argv[1], sys.argv[2]
+if breaker == "open":
+    for _ in range(5):
+        cache_aside(key, lambda: None, ttl_s=30)
+    assert get_cache_aside().breaker.is_open
+with transaction.atomic():
+    LockFence.objects.filter(resource=key).update(fence=2)
+    invalidate(key)
+print("committed", flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("breaker", ["open", "closed"])
+def test_invalidation_survives_the_death_of_the_process_that_deferred_it(breaker: str) -> None:
+    key = f"{unique('out')}:1"
+    LockFence.objects.create(resource=key, fence=1)
+    engine = get_cache_aside()  # this process reaches Redis fine
+    assert cache_aside(key, lambda: LockFence.objects.get(resource=key).fence, ttl_s=60) == 1
+
+    # The child cannot reach Redis (a network partition, say): a closed port.
+    env = subprocess_env(REDIS_URL=f"redis://127.0.0.1:{free_port()}/3")
+    child = subprocess.run([sys.executable, "-c", CHILD, key, breaker], env=env, cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+    assert child.returncode == -9, child.stderr
+    assert "committed" in child.stdout
+    assert LockFence.objects.get(resource=key).fence == 2
+    assert PendingInvalidation.objects.filter(kind="key", target=key).count() == 1
+    assert engine.peek(key) == 1, "the stale value is still cached: nothing reached Redis"
+
+    replayer = InvalidationReplayComponent(interval_s=0.05)
+    replayer.start()
+    try:
+        wait_until(lambda: engine.peek(key) is None, 10, message="deferred invalidation never replayed")
+    finally:
+        replayer.stop(5)
+    assert cache_aside(key, lambda: LockFence.objects.get(resource=key).fence, ttl_s=60) == 2
+    assert not PendingInvalidation.objects.filter(target=key).exists()
+

@@ -1,0 +1,339 @@
+"""row_lock and advisory_lock against the real PostgreSQL, with a second transaction in another
+thread or another process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from django.db import DataError, connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
+from prometheus_client import REGISTRY
+
+from composition.locks import (
+    LockNotAcquired,
+    TransactionRequired,
+    advisory_key,
+    advisory_lock,
+    row_lock,
+)
+from composition.locks.models import LockFence
+from composition.testing import subprocess_env
+from tests.helpers import ROOT, unique
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def lock_timeout() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW lock_timeout")
+        return str(cursor.fetchone()[0])
+
+
+class RowHolder:
+    """Another transaction (in a thread, with its own connection) holding a row lock."""
+
+    def __init__(self, resource: str) -> None:
+        self.resource = resource
+        self.locked = threading.Event()
+        self.release = threading.Event()
+        self.thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        try:
+            with transaction.atomic():
+                LockFence.objects.select_for_update().get(resource=self.resource)
+                self.locked.set()
+                self.release.wait(30)
+        finally:
+            connections.close_all()
+
+    def __enter__(self) -> RowHolder:
+        self.thread.start()
+        assert self.locked.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release.set()
+        self.thread.join(10)
+
+
+@pytest.fixture
+def row() -> Iterator[str]:
+    resource = unique("lk")
+    LockFence.objects.create(resource=resource, fence=1)
+    yield resource
+
+
+def test_row_lock_nowait_raises_at_once_and_leaves_the_transaction_usable(row: str) -> None:
+    with RowHolder(row), transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '7s'")
+        started = time.monotonic()
+        with pytest.raises(LockNotAcquired) as caught, row_lock(LockFence.objects.filter(resource=row),
+                                                               nowait=True):
+            pytest.fail("must not get the lock")
+        assert time.monotonic() - started < 0.5  # the holder keeps it for 30 s
+        assert caught.value.name == "composition.LockFence"
+        # Still usable, and lock_timeout is what it was.
+        LockFence.objects.create(resource=f"{row}-after", fence=1)
+        assert lock_timeout() == "7s"
+    assert LockFence.objects.filter(resource=f"{row}-after").exists()
+
+
+def test_row_lock_timeout_raises_after_the_timeout_and_restores_lock_timeout(row: str) -> None:
+    with RowHolder(row), transaction.atomic():
+        started = time.monotonic()
+        with pytest.raises(LockNotAcquired), row_lock(LockFence.objects.filter(resource=row), timeout_s=0.3):
+            pass
+        elapsed = time.monotonic() - started
+        assert 0.3 <= elapsed <= 0.3 + 0.5
+        assert lock_timeout() == "0"
+        assert LockFence.objects.filter(resource=row).count() == 1
+    sample = REGISTRY.get_sample_value("composition_lock_acquire_total",
+                                       {"kind": "row", "name": "composition.LockFence", "outcome": "busy"})
+    assert sample and sample >= 1
+
+
+def test_row_lock_acquires_yields_rows_and_restores_lock_timeout(row: str) -> None:
+    with transaction.atomic(), row_lock(LockFence.objects.filter(resource=row), timeout_s=1) as rows:
+        assert [r.resource for r in rows] == [row]
+        assert lock_timeout() == "0"
+        LockFence.objects.filter(resource=row).update(fence=5)
+    assert LockFence.objects.get(resource=row).fence == 5
+
+
+def _lock_statements(queries: CaptureQueriesContext) -> list[str]:
+    return [q["sql"] for q in queries.captured_queries if "FOR UPDATE" in q["sql"]]
+
+
+def test_a_timed_row_lock_is_one_round_trip_first_in_a_transaction_or_not(row: str) -> None:
+    # First statement of the transaction: nothing to protect, so no savepoint at all.
+    with CaptureQueriesContext(connection) as queries, transaction.atomic(), \
+            row_lock(LockFence.objects.filter(resource=row), timeout_s=1) as rows:
+        assert [r.resource for r in rows] == [row]
+    assert [q["sql"] for q in queries.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")] == \
+        _lock_statements(queries)
+    assert len(_lock_statements(queries)) == 1 and "SAVEPOINT" not in _lock_statements(queries)[0]
+    # After other work: the savepoint, the timeout and the lock still go out as one statement.
+    with transaction.atomic():
+        LockFence.objects.filter(resource=row).update(fence=2)
+        with CaptureQueriesContext(connection) as queries, \
+                row_lock(LockFence.objects.filter(resource=row), timeout_s=1) as rows:
+            assert [r.fence for r in rows] == [2]
+        assert len(queries.captured_queries) == 1 and "SAVEPOINT" in queries.captured_queries[0]["sql"]
+        assert lock_timeout() == "0"
+
+
+def test_a_timed_out_first_lock_leaves_the_transaction_usable(row: str) -> None:
+    ran: list[str] = []
+    with RowHolder(row), transaction.atomic():
+        transaction.on_commit(lambda: ran.append("hook"))  # registered before the failed lock
+        with pytest.raises(LockNotAcquired), row_lock(LockFence.objects.filter(resource=row), timeout_s=0.2):
+            pytest.fail("must not get the lock")
+        assert lock_timeout() == "0"
+        LockFence.objects.create(resource=f"{row}-after", fence=1)
+    assert LockFence.objects.filter(resource=f"{row}-after").exists()
+    assert ran == ["hook"]
+
+
+def test_a_timed_out_lock_after_other_work_keeps_that_work_and_the_callers_lock_timeout(row: str) -> None:
+    with RowHolder(row), transaction.atomic():
+        LockFence.objects.create(resource=f"{row}-before", fence=1)
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '9s'")
+        with pytest.raises(LockNotAcquired) as caught, \
+                row_lock(LockFence.objects.filter(resource=row), timeout_s=0.2):
+            pytest.fail("must not get the lock")
+        assert "within 0.2s" in str(caught.value)
+        assert lock_timeout() == "9s"
+        LockFence.objects.create(resource=f"{row}-after", fence=1)
+    assert set(LockFence.objects.filter(resource__startswith=f"{row}-").values_list("resource", flat=True)) == \
+        {f"{row}-before", f"{row}-after"}
+
+
+def test_a_timed_row_lock_restores_the_callers_lock_timeout_when_it_gets_the_lock(row: str) -> None:
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '9s'")
+        with row_lock(LockFence.objects.filter(resource=row), timeout_s=0.5) as rows:
+            assert len(rows) == 1
+            assert lock_timeout() == "9s"
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["first-statement", "after-other-work"])
+def test_a_failing_locking_query_leaves_the_transaction_usable(row: str, first: bool) -> None:
+    with transaction.atomic():
+        if not first:
+            LockFence.objects.create(resource=f"{row}-before", fence=1)
+        broken = LockFence.objects.extra(where=["1/0 = 1"])  # division by zero, at the server
+        with pytest.raises(DataError), row_lock(broken, timeout_s=1):
+            pytest.fail("must not get the lock")
+        assert lock_timeout() == "0"
+        LockFence.objects.create(resource=f"{row}-after", fence=1)
+    assert LockFence.objects.filter(resource__startswith=f"{row}-").count() == (1 if first else 2)
+
+
+def test_row_lock_skip_locked_yields_only_free_rows(row: str) -> None:
+    free = unique("lk")
+    LockFence.objects.create(resource=free, fence=1)
+    with RowHolder(row), transaction.atomic(), \
+            row_lock(LockFence.objects.filter(resource__in=[row, free]), skip_locked=True) as rows:
+        assert [r.resource for r in rows] == [free]
+
+
+def test_row_lock_needs_a_transaction(row: str) -> None:
+    with pytest.raises(TransactionRequired, match=r"transaction\.atomic"), \
+            row_lock(LockFence.objects.filter(resource=row)):
+        pass
+    with pytest.raises(ValueError), transaction.atomic(), \
+            row_lock(LockFence.objects.all(), nowait=True, skip_locked=True):
+        pass
+
+
+# A second process: takes the advisory lock, reports, then on a stdin command either finishes
+# the transaction normally or raises inside it; it stays alive afterwards, so only the end of the
+# transaction (not the end of the session) can have released the lock.
+HOLDER = """
+import sys
+import django
+django.setup()
+from django.db import transaction
+from composition.locks import advisory_key, advisory_lock
+
+namespace, key = sys.argv[1], sys.argv[2]
+print(advisory_key(namespace, key), flush=True)
+try:
+    with transaction.atomic(), advisory_lock(namespace, key):
+        print("locked", flush=True)
+        if sys.stdin.readline().strip() == "raise":
+            raise RuntimeError("body failed")
+except RuntimeError:
+    pass
+print("ended", flush=True)
+sys.stdin.readline()
+"""
+
+
+class AdvisoryHolder:
+    def __init__(self, namespace: str, key: str) -> None:
+        self.process = subprocess.Popen([sys.executable, "-c", HOLDER, namespace, key], env=subprocess_env(),
+                                        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.process.stdout is not None and self.process.stdin is not None
+        self.key_in_child = int(self.process.stdout.readline())
+        assert self.process.stdout.readline().strip() == "locked"
+
+    def end_transaction(self, how: str) -> None:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(f"{how}\n")
+        self.process.stdin.flush()
+        assert self.process.stdout.readline().strip() == "ended"
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(10)
+
+
+@pytest.mark.parametrize("how", ["commit", "raise"])
+def test_advisory_lock_across_two_processes(how: str) -> None:
+    namespace, key = "invoice", unique("lk")
+    holder = AdvisoryHolder(namespace, key)
+    try:
+        assert holder.key_in_child == advisory_key(namespace, key)  # stable across processes
+        for timeout_s in (0.2, 0.5):
+            with transaction.atomic():
+                started = time.monotonic()
+                with pytest.raises(LockNotAcquired) as caught, advisory_lock(namespace, key, timeout_s=timeout_s):
+                    pass
+                elapsed = time.monotonic() - started
+                assert timeout_s <= elapsed <= timeout_s + 0.1, elapsed
+                assert caught.value.name == f"{namespace}:{key}"
+                assert lock_timeout() == "0"
+                LockFence.objects.create(resource=f"{key}-{timeout_s}", fence=1)  # still usable
+        with transaction.atomic(), pytest.raises(LockNotAcquired), advisory_lock(namespace, key, timeout_s=0):
+            pass
+        holder.end_transaction(how)
+        with transaction.atomic(), advisory_lock(namespace, key, timeout_s=0):
+            pass
+    finally:
+        holder.close()
+
+
+def test_advisory_lock_is_released_when_the_body_raises_in_this_process() -> None:
+    namespace, key = "order", unique("lk")
+    with pytest.raises(RuntimeError), transaction.atomic(), advisory_lock(namespace, key):
+        raise RuntimeError("body failed")
+    got = threading.Event()
+
+    def other() -> None:
+        try:
+            with transaction.atomic(), advisory_lock(namespace, key, timeout_s=0):
+                got.set()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join(10)
+    assert got.is_set()
+
+
+def test_advisory_lock_is_held_until_the_transaction_ends_not_the_block() -> None:
+    namespace, key = "order", unique("lk")
+    outcome: list[str] = []
+
+    def other() -> None:
+        try:
+            with transaction.atomic(), advisory_lock(namespace, key, timeout_s=0):
+                outcome.append("acquired")
+        except LockNotAcquired:
+            outcome.append("busy")
+        finally:
+            connections.close_all()
+
+    with transaction.atomic():
+        with advisory_lock(namespace, key):
+            pass
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join(10)
+    assert outcome == ["busy"]
+
+
+def test_shared_advisory_locks_coexist_and_exclude_an_exclusive_one() -> None:
+    namespace, key = "report", unique("lk")
+    results: list[str] = []
+
+    def other(shared: bool) -> None:
+        try:
+            with transaction.atomic(), advisory_lock(namespace, key, timeout_s=0, shared=shared):
+                results.append("acquired")
+        except LockNotAcquired:
+            results.append("busy")
+        finally:
+            connections.close_all()
+
+    with transaction.atomic(), advisory_lock(namespace, key, shared=True):
+        for shared in (True, False):
+            thread = threading.Thread(target=other, args=(shared,))
+            thread.start()
+            thread.join(10)
+    assert results == ["acquired", "busy"]
+
+
+def test_advisory_lock_needs_a_transaction() -> None:
+    with pytest.raises(TransactionRequired), advisory_lock("x", 1):
+        pass
+
+
+def test_advisory_key_is_a_stable_signed_64_bit_value() -> None:
+    assert advisory_key("invoice", 42) == advisory_key("invoice", "42")
+    assert advisory_key("invoice", 42) != advisory_key("invoic", "e42")
+    # Pinned: a changed derivation would let old and new processes hold "the same" lock at once.
+    assert advisory_key("invoice", 42) == 841419375882707100
+    assert all(-(2**63) <= advisory_key("n", i) < 2**63 for i in range(100))

@@ -1,0 +1,234 @@
+"""The README's run command on embedded servers: ready within 60 s, Ctrl-C stops it in order."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from composition.testing import free_port, http_status
+from tests.browser import artifacts_dir, chrome, log_in_to_admin
+from tests.helpers import ROOT
+
+# ./run uses the main .venv whatever interpreter runs pytest: in the matrix cell this would only
+# run again on the main cell's Python and Django.
+pytestmark = [pytest.mark.slow, pytest.mark.main_cell]
+
+
+def _the_printed_token_works(base_url: str, log_path: Path) -> None:
+    """./run prints a ready API token: with it a client creates and reads an invoice; without
+    it the API answers 401."""
+    import re
+    import urllib.error
+
+    tokens = re.findall(r"Bearer (bil_[A-Za-z0-9_-]+)", log_path.read_text())
+    assert tokens, "no API token printed:\n" + log_path.read_text()[-3000:]
+    # The README's curl lines, pasted as written (the token and the port put in).
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("With `./run` up, paste the token"):]
+    block = block[block.index("```sh") + 5:]
+    block = block[:block.index("```")].replace("TOKEN=bil_…", f"TOKEN={tokens[0]}")
+    block = block.replace("127.0.0.1:8000", base_url.removeprefix("http://"))
+    pasted = subprocess.run(["bash", "-c", block], capture_output=True, text=True, timeout=60)
+    # curl -s prints each answer without a newline: one JSON document after the other.
+    answers = [json.loads(doc) for doc in pasted.stdout.replace("}{", "}\n{").splitlines() if doc.strip()]
+    assert [a.get("status") or a.get("code") for a in answers[:3]] == ["open", "open", None], answers
+    assert answers[2]["created"] is True and answers[3]["results"][0]["status"] == "paid", answers
+    assert answers[4]["code"] == "invoice_paid", answers
+    headers = {"Authorization": f"Bearer {tokens[0]}", "Content-Type": "application/json"}
+    body = json.dumps({"number": "RUN-1", "customer": "Ada", "amount_cents": 4200}).encode()
+    request = urllib.request.Request(f"{base_url}/api/invoices", data=body, headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 201
+        invoice = json.loads(response.read())
+    listing = urllib.request.Request(f"{base_url}/api/invoices", headers=headers)
+    with urllib.request.urlopen(listing, timeout=10) as response:
+        assert [row["number"] for row in json.loads(response.read())["results"]] == ["RUN-1", "INV-1"]
+    assert http_status(f"{base_url}/api/invoices/{invoice['id']}") == 401  # anonymous
+
+
+def _admin_is_styled_in_a_browser(base_url: str) -> None:
+    """Log in as the dev superuser, open the dead letters, and check the admin's CSS applied:
+    without its static files the header has no background and the icons are giant."""
+    from selenium.webdriver.common.by import By
+
+    shots = artifacts_dir("run_admin")
+    with chrome() as driver:
+        log_in_to_admin(driver, base_url, "admin", "admin")
+        driver.save_screenshot(str(shots / "admin-index.png"))
+        driver.get(f"{base_url}/admin/composition/deadletter/")
+        driver.save_screenshot(str(shots / "dead-letters.png"))
+        header = driver.find_element(By.ID, "header")
+        assert header.value_of_css_property("background-color") not in ("rgba(0, 0, 0, 0)", "transparent")
+        assert driver.execute_script("return document.styleSheets.length") >= 2
+        # The content starts near the top (unstyled, it sits below a screen of bare links).
+        assert driver.find_element(By.ID, "content").location["y"] < 300
+
+
+
+
+# Records the subprocesses a Python process starts (its audit events), for counting what ./run
+# starts before its web server: put on the PYTHONPATH of the run under test.
+SUBPROCESS_AUDIT = """
+import json, os, sys
+
+def _record(event, args):
+    if event == "subprocess.Popen":
+        with open(os.environ["SUBPROCESS_AUDIT_LOG"], "a") as log:
+            argv = args[1] if isinstance(args[1], (list, tuple)) else [args[1]]
+            log.write(json.dumps({"pid": os.getpid(), "argv": [str(a) for a in argv]}) + "\\n")
+
+sys.addaudithook(_record)
+"""
+
+
+def _start_run(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    with log_path.open("wb") as log:
+        # Its own process group, like a shell's foreground job: Ctrl-C reaches the whole group.
+        return subprocess.Popen(["./run"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def _wait_ready(process: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
+    deadline = time.monotonic() + 60
+    while http_status(f"http://127.0.0.1:{port}/readyz") != 200:
+        assert process.poll() is None, log_path.read_text()
+        assert time.monotonic() < deadline, "not ready within 60 s:\n" + log_path.read_text()
+        time.sleep(0.25)
+
+
+def _a_second_run_beside_keeps_to_itself(env: dict[str, str], port: int, data: Path) -> None:
+    """Another ./run on another port, sharing the data directory: each one's draining mark and
+    gunicorn control socket are its own. Draining one (``PORT=N ./manage.py drain``, pasted as
+    the README has it) flips only its /readyz; stopping the other leaves its control socket."""
+    other = free_port()
+    log_path = data / "run-other.log"
+    process = _start_run({**env, "PORT": str(other)}, log_path)
+    try:
+        _wait_ready(process, other, log_path)
+        assert (data / f"gunicorn-{port}.ctl").exists() and (data / f"gunicorn-{other}.ctl").exists()
+        shell = {key: value for key, value in env.items() if key not in ("VIRTUAL_ENV", "SUBPROCESS_AUDIT_LOG")}
+        drain = subprocess.run(["bash", "-c", f"PORT={port} ./manage.py drain --wait 0"], cwd=ROOT, env=shell,
+                               capture_output=True, text=True, timeout=60)
+        assert drain.returncode == 0, drain.stderr[-2000:]
+        assert (http_status(f"http://127.0.0.1:{port}/readyz"), http_status(f"http://127.0.0.1:{other}/readyz")) \
+            == (503, 200)
+        subprocess.run(["bash", "-c", f"PORT={port} ./manage.py drain --clear"], cwd=ROOT, env=shell, check=True,
+                       capture_output=True, timeout=60)
+        assert http_status(f"http://127.0.0.1:{port}/readyz") == 200
+        os.killpg(process.pid, signal.SIGINT)
+        assert process.wait(60) == 0, log_path.read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert (data / f"gunicorn-{port}.ctl").exists(), "stopping one ./run removed another's control socket"
+    assert http_status(f"http://127.0.0.1:{port}/readyz") == 200
+
+
+def _at_most_one_manage_py_before_web(audit_log: Path, supervisor: int) -> None:
+    started = [json.loads(line)["argv"] for line in audit_log.read_text().splitlines()
+               if json.loads(line)["pid"] == supervisor]
+    web = next(i for i, argv in enumerate(started) if "gunicorn" in argv)
+    # Start-up steps, that is: the workers are a component of their own, running beside web.
+    steps = [argv for argv in started[:web] if any(arg.endswith("manage.py") for arg in argv)
+             and "runworkers" not in argv]
+    assert len(steps) <= 1, steps
+
+
+def test_run_command_serves_readyz_on_embedded_servers_and_ctrl_c_stops_in_reverse(tmp_path: Path) -> None:
+    port = free_port()
+    audit = tmp_path / "audit"
+    audit.mkdir()
+    (audit / "sitecustomize.py").write_text(SUBPROCESS_AUDIT)
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("DATABASE_URL", "REDIS_URL", "BROKER_URL", "DJANGO_SETTINGS_MODULE")}
+    env.update(COMPOSITION_DATA_DIR=str(tmp_path), PORT=str(port), LOG_FORMAT="json", DRAIN_WAIT_S="3")
+    log_path = tmp_path / "run.log"
+    process = _start_run({**env, "PYTHONPATH": str(audit), "SUBPROCESS_AUDIT_LOG": str(tmp_path / "audit.log")},
+                         log_path)
+    try:
+        _wait_ready(process, port, log_path)
+        _at_most_one_manage_py_before_web(tmp_path / "audit.log", process.pid)
+        assert http_status(f"http://127.0.0.1:{port}/healthz") == 200
+        # The first URL it prints, and the admin's "View site" link, lead somewhere.
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as response:
+            assert b'href="/admin/"' in response.read()
+        # The admin is styled: its static files are collected and served (DEBUG is off).
+        assert http_status(f"http://127.0.0.1:{port}/static/admin/css/base.css") == 200
+        # Multiprocess metrics: the web's /metrics also shows what the worker process wrote.
+        def metrics() -> bytes:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                return bytes(response.read())
+
+        deadline = time.monotonic() + 15
+        while b"composition_worker_heartbeat_timestamp_seconds " not in metrics():
+            assert time.monotonic() < deadline, metrics().decode()[:3000]
+            time.sleep(0.25)
+        assert b"django_http_requests_total" in metrics()
+        _admin_is_styled_in_a_browser(f"http://127.0.0.1:{port}")
+        _the_printed_token_works(f"http://127.0.0.1:{port}", log_path)
+        _a_second_run_beside_keeps_to_itself(env, port, tmp_path)
+        os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        # The pre-stop step: draining is announced while gunicorn still answers.
+        deadline = time.monotonic() + 10
+        while (status := http_status(f"http://127.0.0.1:{port}/readyz")) == 200:
+            assert time.monotonic() < deadline, "/readyz never answered draining"
+            time.sleep(0.1)
+        assert status == 503, status
+        code = process.wait(60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    output = log_path.read_text()
+    assert code == 0, output
+    # Its draining mark is its port's, and gone once it stopped: another ./run sharing the data
+    # directory, or the next one, does not start out (or turn) draining.
+    assert not list(tmp_path.glob("*.draining")), "a drain mark outlived the run"
+    assert "using embedded services" not in output  # the launcher owns them; children reuse
+    started, stopped = [], []
+    for line in output.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("logger") != "composition.system":
+            continue
+        if record["event"] == "component started":
+            started.append(record["component"])
+        elif record["event"] in ("component stopped", "component did not stop cleanly"):
+            stopped.append((record["component"], record["status"]))
+    # The launcher's own components, then the worker process's (interleaved lines are filtered
+    # by the launcher's names).
+    launcher = ["embedded-postgres", "embedded-valkey", "setup", "workers", "web"]
+    assert [name for name in started if name in launcher][:3] == launcher[:3]
+    own_stops = [entry for entry in stopped if entry[0] in ("web", "setup") or entry[0].startswith("embedded")]
+    assert own_stops == [("web", "stopped"), ("setup", "stopped"), ("embedded-valkey", "stopped"),
+                         ("embedded-postgres", "stopped")], output
+    assert stopped[-2:] == [("embedded-valkey", "stopped"), ("embedded-postgres", "stopped")]
+
+
+def test_a_second_run_on_a_taken_port_refuses_before_starting_anything(tmp_path: Path) -> None:
+    # A second ./run would attach to the first one's embedded servers and replace its API token.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {key: value for key, value in os.environ.items() if key not in ("DATABASE_URL", "REDIS_URL")}
+        env.update(COMPOSITION_DATA_DIR=str(tmp_path), PORT=str(port))
+        began = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "project.run"], env=env, capture_output=True, text=True,
+                              timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"127.0.0.1:{port} is in use" in done.stderr and f"PORT={port + 1} ./run" in done.stderr
+    assert time.monotonic() - began < 10
+    assert not any(tmp_path.iterdir()), "nothing may start: no embedded server, no data"
