@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from composition.testing import ThrowawayRedis, WorkerProcess, subprocess_env, throwaway_redis
+from composition.testing import ThrowawayRedis, WorkerProcess, empty_queues, subprocess_env, throwaway_redis
 
 
 def _roomy_live_server() -> None:
@@ -83,18 +83,6 @@ def throwaway_redis_server() -> Iterator[ThrowawayRedis]:
         yield server
 
 
-def _empty_redis_broker() -> None:
-    from dramatiq.brokers.redis import RedisBroker
-
-    from composition.broker.configured import configured_broker
-
-    broker = configured_broker()
-    if isinstance(broker, RedisBroker):
-        keys = list(broker.client.scan_iter(f"{broker.namespace}:*", count=1000))
-        if keys:
-            broker.client.delete(*keys)
-
-
 @pytest.fixture
 def worker_processes(transactional_db: None) -> Iterator[list[WorkerProcess]]:
     """Start ``runworkers`` children with ``spawn(args)``; every one is stopped before teardown.
@@ -102,7 +90,7 @@ def worker_processes(transactional_db: None) -> Iterator[list[WorkerProcess]]:
     The Redis broker starts empty: a message an earlier test left (a delayed retry, or one a
     killed worker held, which the broker's recovery hands back seconds later) would otherwise run
     in this test's workers, and a long one holds their drain."""
-    _empty_redis_broker()
+    empty_queues()
     started: list[WorkerProcess] = []
 
     class Spawner(list):  # type: ignore[type-arg]
@@ -116,19 +104,29 @@ def worker_processes(transactional_db: None) -> Iterator[list[WorkerProcess]]:
         process.close()
 
 
-@pytest.fixture
-def empty_check_queues() -> Iterator[None]:
-    """The jobs app's check queue and the relay's queue, empty before and after the test."""
-    from composition.broker.configured import configured_broker
-    from composition.outbox.relay import RELAY_QUEUE_NAME
-    from tests.jobsapp.jobs import CHECK_QUEUE
-
-    broker = configured_broker()
-    for queue in (CHECK_QUEUE, RELAY_QUEUE_NAME):
-        broker.flush(queue)
+@pytest.fixture(autouse=True)
+def _queues_emptied(request: pytest.FixtureRequest) -> Iterator[None]:
+    """``@pytest.mark.empty_queues("a", "b")`` on a test, a class or a module: those queues of the
+    test broker (every queue, when none is named) are empty before the test and after it, so no
+    message of one test runs in another's workers."""
+    marker = request.node.get_closest_marker("empty_queues")
+    if marker is None:
+        yield
+        return
+    empty_queues(*marker.args)
     yield
-    for queue in (CHECK_QUEUE, RELAY_QUEUE_NAME):
-        broker.flush(queue)
+    empty_queues(*marker.args)
+
+
+@pytest.fixture
+def no_cached_invoices() -> Iterator[None]:
+    """No invoice answer cached before or after the test: ids start again in every test
+    database, and an answer left in Redis would be served to the next test asking for that id."""
+    from composition.cache import invalidate_namespace
+
+    invalidate_namespace("invoice")
+    yield
+    invalidate_namespace("invoice")
 
 
 @pytest.fixture
@@ -139,16 +137,6 @@ def nudge_only() -> Iterator[None]:
 
     with left_to_the_relay():
         yield
-
-
-@pytest.fixture
-def empty_broker_db() -> Iterator[None]:
-    """The test broker's Redis db empty before and after the test (``flush_broker``)."""
-    from tests.outboxapp.helpers import flush_broker
-
-    flush_broker()
-    yield
-    flush_broker()
 
 
 def _rabbitmq_listens(host: str = "127.0.0.1", port: int = 5672) -> bool:

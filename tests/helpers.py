@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from django.test import Client
+
+    from billing.models import Invoice
 
 ROOT = Path(__file__).resolve().parents[1]
 """The checkout: where ``manage.py``, the README and ``docs/`` are."""
@@ -12,3 +19,16 @@ ROOT = Path(__file__).resolve().parents[1]
 def unique(prefix: str = "t") -> str:
     """A fresh name (a cache namespace, a lock key, a queue), so tests never see each other's."""
     return f"{prefix}{uuid.uuid4().hex[:10]}"
+
+
+def post_json(client: Client, url: str, body: Any, **extra: Any) -> Any:
+    """POST ``body`` encoded as JSON (whatever it is: a dict, a list, a bare string) with a
+    Django test client; ``extra`` as ``Client.post`` takes it (headers=..., HTTP_*=...)."""
+    return client.post(url, data=json.dumps(body), content_type="application/json", **extra)
+
+
+def open_invoice(number: str, *, amount_cents: int = 500, email: str = "") -> Invoice:
+    """An open invoice of Ada's, written straight to the database."""
+    from billing.models import Invoice
+
+    return Invoice.objects.create(number=number, customer="Ada", email=email, amount_cents=amount_cents)

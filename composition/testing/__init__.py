@@ -1,9 +1,12 @@
-"""Test helpers shipped with the package: real throwaway servers and real worker processes.
+"""Test helpers shipped with the package: real throwaway servers, real worker processes, queues
+emptied between tests and metrics read as one number.
 
 Nothing here mocks a database, cache or broker; these start real ones (or real processes) and
 clean them up.
 """
 
+from composition.testing.metrics import metric_value
+from composition.testing.queues import empty_queues
 from composition.testing.relay import left_to_the_relay
 from composition.testing.servers import ThrowawayPostgres, ThrowawayRedis, throwaway_postgres, throwaway_redis
 from composition.testing.waiting import free_port, http_status, wait_until
@@ -14,9 +17,11 @@ __all__ = [
     "ThrowawayRedis",
     "WorkerProcess",
     "current_database_url",
+    "empty_queues",
     "free_port",
     "http_status",
     "left_to_the_relay",
+    "metric_value",
     "subprocess_env",
     "throwaway_postgres",
     "throwaway_redis",

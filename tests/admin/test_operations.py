@@ -31,6 +31,7 @@ from composition.jobs.deadletters import fingerprint
 from composition.jobs.middleware.in_flight import RUNS_WINDOW_S
 from composition.jobs.models import DeadLetter
 from composition.outbox import OutboxMessage, publish
+from composition.outbox.relay import RELAY_QUEUE_NAME
 from tests.jobsapp import jobs
 
 URL = "/admin/composition/operations/"
@@ -88,7 +89,8 @@ def test_the_admin_index_links_to_it(admin_client: Client) -> None:
 
 # -- its numbers -----------------------------------------------------------------------------------
 @pytest.mark.django_db
-@pytest.mark.usefixtures("nudge_only", "empty_check_queues")
+@pytest.mark.empty_queues(jobs.CHECK_QUEUE, RELAY_QUEUE_NAME)
+@pytest.mark.usefixtures("nudge_only")
 def test_queue_and_dead_letter_figures_are_the_database_and_the_brokers(admin_client: Client) -> None:
     for seq in range(4):
         publish(jobs.charge, {"account": "a", "key": f"pending-{seq}"})  # nudge only: they stay pending

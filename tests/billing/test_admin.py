@@ -5,7 +5,6 @@ answer, a new invoice keeps the API's rules, and voiding goes through the servic
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,18 +13,13 @@ from django.test import Client
 
 from billing.models import Invoice, Payment
 from billing.wiring import default_service
-from composition.broker.configured import configured_broker
-from composition.cache import invalidate_namespace
 
-pytestmark = pytest.mark.django_db(transaction=True)  # invalidations run after COMMIT
-
-
-@pytest.fixture(autouse=True)
-def _clean() -> Iterator[None]:
-    invalidate_namespace("invoice")  # ids start again in every test database
-    yield
-    invalidate_namespace("invoice")
-    configured_broker().flush("billing")  # the receipt jobs of the pays below
+# transaction=True: the invalidations run after COMMIT
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.empty_queues("billing"),
+    pytest.mark.usefixtures("no_cached_invoices"),
+]
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ from billing.tokens import DEFAULT_LIFETIME, create_token
 from composition.broker.configured import configured_broker
 from composition.cache import invalidate_namespace
 from composition.outbox import OutboxMessage
+from tests.helpers import post_json
 
 # Transactional: invalidations and the outbox send run after COMMIT, as in production.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -53,10 +54,6 @@ def _token_client(user: Any) -> Client:
     return Client(headers={"Authorization": f"Bearer {create_token(user, uuid.uuid4().hex)[1]}"})
 
 
-def _post(client: Client, url: str, body: Any, **extra: Any) -> Any:
-    return client.post(url, data=json.dumps(body), content_type="application/json", **extra)
-
-
 def _endpoints(invoice_id: int) -> list[tuple[str, str, dict[str, Any] | None, str]]:
     """Every endpoint: method, path, body, the permission it needs."""
     return [
@@ -72,7 +69,7 @@ def _endpoints(invoice_id: int) -> list[tuple[str, str, dict[str, Any] | None, s
 def _call(client: Client, method: str, path: str, body: dict[str, Any] | None, **extra: Any) -> Any:
     if method == "GET":
         return client.get(path, **extra)
-    return _post(client, path, body, **extra) if body is not None else client.post(path, **extra)
+    return post_json(client, path, body, **extra) if body is not None else client.post(path, **extra)
 
 
 def _state() -> tuple[Any, ...]:
@@ -159,7 +156,7 @@ def test_the_csrf_token_of_another_session_is_refused() -> None:
     session = Client(enforce_csrf_checks=True)
     session.force_login(user)
     foreign = get_token(RequestFactory().get("/"))
-    response = _post(session, "/api/invoices", INVOICE, HTTP_X_CSRFTOKEN=foreign)
+    response = post_json(session, "/api/invoices", INVOICE, HTTP_X_CSRFTOKEN=foreign)
     assert (response.status_code, response.json()["code"]) == (403, "csrf_failed")
     assert not Invoice.objects.exists()
 
@@ -170,7 +167,7 @@ def test_an_invoice_asked_for_before_it_exists_is_visible_once_created(api_clien
         next_id = cursor.fetchone()[0] + 1
     missing = api_client.get(f"/api/invoices/{next_id}")
     assert (missing.status_code, missing.json()["code"]) == (404, "invoice_not_found")
-    created = _post(api_client, "/api/invoices", INVOICE)
+    created = post_json(api_client, "/api/invoices", INVOICE)
     assert (created.status_code, created.json()["id"]) == (201, next_id)
     found = api_client.get(f"/api/invoices/{next_id}")
     assert found.status_code == 200
@@ -181,7 +178,7 @@ def test_the_invoice_shows_its_payment_and_then_its_receipt(api_client: Client) 
     invoice = Invoice.objects.create(**INVOICE)
     url = f"/api/invoices/{invoice.pk}"
     assert api_client.get(url).json()["payment"] is None  # cached now
-    assert _post(api_client, f"{url}/pay", {"payment_id": "p-7", "amount_cents": 12_500}).status_code == 201
+    assert post_json(api_client, f"{url}/pay", {"payment_id": "p-7", "amount_cents": 12_500}).status_code == 201
     body = api_client.get(url).json()
     assert body["status"] == "paid" and body["payment"]["payment_id"] == "p-7" and body["receipt"] is None
     send_payment_receipt.fn(payment_id=Payment.objects.get().pk)  # what the worker runs
@@ -192,12 +189,12 @@ def test_the_invoice_shows_its_payment_and_then_its_receipt(api_client: Client) 
 def test_a_payment_id_reused_with_another_amount_is_a_conflict(api_client: Client) -> None:
     first = Invoice.objects.create(**INVOICE)
     second = Invoice.objects.create(**{**INVOICE, "number": "INV-2", "amount_cents": 99})
-    paid = _post(api_client, f"/api/invoices/{first.pk}/pay", {"payment_id": "p", "amount_cents": 12_500})
+    paid = post_json(api_client, f"/api/invoices/{first.pk}/pay", {"payment_id": "p", "amount_cents": 12_500})
     assert paid.status_code == 201
-    again = _post(api_client, f"/api/invoices/{first.pk}/pay", {"payment_id": "p", "amount_cents": 12_500})
+    again = post_json(api_client, f"/api/invoices/{first.pk}/pay", {"payment_id": "p", "amount_cents": 12_500})
     assert (again.status_code, again.json()["created"]) == (200, False)
     for invoice, amount in ((first, 99), (second, 99)):
-        response = _post(api_client, f"/api/invoices/{invoice.pk}/pay", {"payment_id": "p", "amount_cents": amount})
+        response = post_json(api_client, f"/api/invoices/{invoice.pk}/pay", {"payment_id": "p", "amount_cents": amount})
         assert (response.status_code, response.json()["code"]) == (409, "payment_id_reused"), response.content
     assert Payment.objects.count() == 1
 
@@ -205,14 +202,14 @@ def test_a_payment_id_reused_with_another_amount_is_a_conflict(api_client: Clien
 def test_void_moves_open_to_void_once_and_nothing_else(api_client: Client) -> None:
     open_one = Invoice.objects.create(**INVOICE)
     paid = Invoice.objects.create(**{**INVOICE, "number": "INV-2"})
-    paying = _post(api_client, f"/api/invoices/{paid.pk}/pay", {"payment_id": "p", "amount_cents": 12_500})
+    paying = post_json(api_client, f"/api/invoices/{paid.pk}/pay", {"payment_id": "p", "amount_cents": 12_500})
     assert paying.status_code == 201
     voided = api_client.post(f"/api/invoices/{open_one.pk}/void")
     assert (voided.status_code, voided.json()["status"], voided.json()["voided"]) == (200, "void", True)
     repeat = api_client.post(f"/api/invoices/{open_one.pk}/void")
     assert (repeat.status_code, repeat.json()["voided"]) == (200, False)
     assert api_client.get(f"/api/invoices/{open_one.pk}").json()["status"] == "void"
-    pay_void = _post(api_client, f"/api/invoices/{open_one.pk}/pay", {"payment_id": "q", "amount_cents": 12_500})
+    pay_void = post_json(api_client, f"/api/invoices/{open_one.pk}/pay", {"payment_id": "q", "amount_cents": 12_500})
     assert (pay_void.status_code, pay_void.json()["code"]) == (409, "invoice_void")
     void_paid = api_client.post(f"/api/invoices/{paid.pk}/void")
     assert (void_paid.status_code, void_paid.json()["code"]) == (409, "invoice_paid")

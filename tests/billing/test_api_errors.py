@@ -20,14 +20,16 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from billing.models import Invoice, Payment
-from composition.broker.configured import configured_broker
-from composition.cache import invalidate_namespace
 from composition.outbox import OutboxMessage
 from composition.testing import subprocess_env
 from tests.gunicorn_server import gunicorn
 
 # Transactional: gunicorn's workers see only committed rows.
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.empty_queues("reminders"),
+    pytest.mark.usefixtures("no_cached_invoices"),
+]
 
 INVOICE = {"number": "INV-1", "customer": "Ada", "amount_cents": 12_500}
 TWENTY_MB = 20 * 1024 * 1024
@@ -35,13 +37,6 @@ TWENTY_MB = 20 * 1024 * 1024
 BLANKS = [" ", "   ", "\u00a0", "\u3000", "\u2003\u2009"]
 BIDI_CONTROLS = ["\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "\u2068", "\u2069",
                  "\u200e", "\u200f", "\u061c"]
-
-
-@pytest.fixture(autouse=True)
-def _clean() -> Iterator[None]:
-    invalidate_namespace("invoice")  # ids start again in every test database
-    yield
-    configured_broker().flush("reminders")
 
 
 @pytest.fixture

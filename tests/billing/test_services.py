@@ -4,9 +4,6 @@ payments go on."""
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import pytest
 import structlog
 from django.conf import settings
@@ -19,6 +16,7 @@ from billing.wiring import build_service, default_service, email_sender
 from composition.broker.configured import configured_broker
 from composition.cache import get_cache_aside, invalidate_namespace
 from composition.outbox import OutboxMessage
+from tests.helpers import open_invoice, post_json
 from tests.jobsapp.jobs import ELSEWHERE_QUEUE
 
 LOCMEM = "django.core.mail.backends.locmem.EmailBackend"
@@ -28,10 +26,6 @@ LOCMEM = "django.core.mail.backends.locmem.EmailBackend"
 def _fresh() -> None:
     invalidate_namespace("invoice")
     get_cache_aside("alternate").invalidate_namespace("invoice")
-
-
-def _invoice(number: str = "INV-S1", email: str = "ada@example.com") -> Invoice:
-    return Invoice.objects.create(number=number, customer="Ada", email=email, amount_cents=500)
 
 
 def _alternate() -> InvoiceService:
@@ -54,7 +48,7 @@ def test_the_default_service_is_built_once_from_settings_and_again_when_they_cha
 
 @pytest.mark.django_db
 def test_another_cache_alias_holds_the_invoice_and_the_default_one_does_not() -> None:
-    invoice = _invoice()
+    invoice = open_invoice("INV-S1", email="ada@example.com")
     service = _alternate()
     assert service.get_invoice(invoice.pk)["status"] == "open"
     key = invoice_cache_key(invoice.pk)
@@ -64,7 +58,7 @@ def test_another_cache_alias_holds_the_invoice_and_the_default_one_does_not() ->
 
 @pytest.mark.django_db
 def test_the_receipt_job_goes_where_the_service_was_told() -> None:
-    invoice = _invoice()
+    invoice = open_invoice("INV-S1", email="ada@example.com")
     outcome = _alternate().pay_invoice(invoice.pk, payment_id="pay-elsewhere", amount_cents=500)
     row = OutboxMessage.objects.get()
     assert (row.actor_name, row.queue_name, row.payload) == ("receipt_elsewhere", ELSEWHERE_QUEUE,
@@ -73,7 +67,7 @@ def test_the_receipt_job_goes_where_the_service_was_told() -> None:
 
 @pytest.mark.django_db
 def test_the_receipt_is_written_and_emailed_once_with_a_message_id_from_its_number() -> None:
-    invoice = _invoice(number="INV-S2")
+    invoice = open_invoice("INV-S2", email="ada@example.com")
     payment = Payment.objects.create(payment_id="pay-s2", invoice=invoice, amount_cents=500)
     service = _alternate()
     receipt = service.send_receipt(payment.pk)
@@ -87,7 +81,7 @@ def test_the_receipt_is_written_and_emailed_once_with_a_message_id_from_its_numb
 
 @pytest.mark.django_db
 def test_an_invoice_without_an_address_gets_its_receipt_and_no_email() -> None:
-    invoice = _invoice(number="INV-S3", email="")
+    invoice = open_invoice("INV-S3", email="")
     payment = Payment.objects.create(payment_id="pay-s3", invoice=invoice, amount_cents=500)
     assert _alternate().send_receipt(payment.pk).number == "R-INV-S3"
     assert mail.outbox == []
@@ -95,7 +89,7 @@ def test_an_invoice_without_an_address_gets_its_receipt_and_no_email() -> None:
 
 @pytest.mark.django_db
 def test_every_line_a_reminder_job_logs_names_its_invoice() -> None:
-    invoice = _invoice(number="INV-S4")
+    invoice = open_invoice("INV-S4", email="ada@example.com")
     structlog.contextvars.clear_contextvars()
     try:
         assert _alternate().send_reminder(invoice.pk, reference="job-1") is True
@@ -105,23 +99,19 @@ def test_every_line_a_reminder_job_logs_names_its_invoice() -> None:
 
 
 # -- reminders under load ------------------------------------------------------------------------
-def _post(client: Client, url: str, body: Any) -> Any:
-    return client.post(url, data=json.dumps(body), content_type="application/json")
-
-
 @pytest.mark.django_db
 def test_reminders_are_shed_with_503_while_payments_go_on(api_client: Client) -> None:
     broker = configured_broker()
     broker.flush("reminders")
-    reminded = _invoice(number="INV-R0")
-    payable = [_invoice(number=f"INV-R{index}") for index in range(1, 6)]
+    reminded = open_invoice("INV-R0", email="ada@example.com")
+    payable = [open_invoice(f"INV-R{index}", email="ada@example.com") for index in range(1, 6)]
     limits = {**settings.COMPOSITION["BACKPRESSURE_QUEUES"], "reminders": 3}
     with override_settings(COMPOSITION={**settings.COMPOSITION, "BACKPRESSURE_QUEUES": limits,
                                         "BACKPRESSURE_CACHE_S": 0}):
         answers = []
         for index, invoice in enumerate(payable):
-            answers += [_post(api_client, f"/api/invoices/{reminded.pk}/remind", {}) for _ in range(4)]
-            paid = _post(api_client, f"/api/invoices/{invoice.pk}/pay",
+            answers += [post_json(api_client, f"/api/invoices/{reminded.pk}/remind", {}) for _ in range(4)]
+            paid = post_json(api_client, f"/api/invoices/{invoice.pk}/pay",
                          {"payment_id": f"pay-r{index}", "amount_cents": 500})
             assert paid.status_code == 201, paid.content
     try:
@@ -138,9 +128,9 @@ def test_reminders_are_shed_with_503_while_payments_go_on(api_client: Client) ->
 
 @pytest.mark.django_db
 def test_a_reminder_of_a_paid_or_unknown_invoice_is_refused(api_client: Client) -> None:
-    invoice = _invoice(number="INV-R9")
+    invoice = open_invoice("INV-R9", email="ada@example.com")
     Invoice.objects.filter(pk=invoice.pk).update(status="paid")
-    refused = _post(api_client, f"/api/invoices/{invoice.pk}/remind", {})
+    refused = post_json(api_client, f"/api/invoices/{invoice.pk}/remind", {})
     assert (refused.status_code, refused.json()["code"]) == (409, "invoice_not_open")
-    assert _post(api_client, "/api/invoices/999999/remind", {}).status_code == 404
+    assert post_json(api_client, "/api/invoices/999999/remind", {}).status_code == 404
     assert not OutboxMessage.objects.exists()

@@ -58,17 +58,14 @@ def client() -> Iterator[redis.Redis]:
     client.close()
 
 
-@pytest.fixture(autouse=True)
-def _clean(client: redis.Redis) -> Iterator[None]:
-    def clean() -> None:
-        broker = configured_broker()
-        for queue in (UNIT_QUEUE, jobs.WAKE_QUEUE, RELAY_QUEUE_NAME):
-            broker.flush(queue)
-        client.delete(jobs.WAKE_STAMPS_KEY)
+pytestmark = pytest.mark.empty_queues(UNIT_QUEUE, jobs.WAKE_QUEUE, RELAY_QUEUE_NAME)
 
-    clean()
+
+@pytest.fixture(autouse=True)
+def _no_wake_stamps(client: redis.Redis) -> Iterator[None]:
+    client.delete(jobs.WAKE_STAMPS_KEY)
     yield
-    clean()
+    client.delete(jobs.WAKE_STAMPS_KEY)
 
 
 def _message(queue_name: str = UNIT_QUEUE) -> Message[Any]:

@@ -26,9 +26,11 @@ from composition.broker.time_limits import (
     time_limits_enforced,
 )
 from composition.jobs.models import DeadLetter, ProcessedMessage
-from composition.testing import wait_until
+from composition.testing import metric_value, wait_until
 from tests.jobsapp import jobs
 from tests.jobsapp.models import Attempt, Effect
+
+pytestmark = [pytest.mark.empty_queues(jobs.TIME_LIMIT_QUEUE)]
 
 
 @pytest.fixture
@@ -157,22 +159,14 @@ def test_the_watchdog_starts_once_however_often_the_process_boots(watchdog: JobT
 def _timeouts_counted(metrics_dir: Path, actor: str) -> float:
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=str(metrics_dir))
-    return registry.get_sample_value("composition_job_timeouts_total", {"actor": actor}) or 0.0
-
-
-@pytest.fixture
-def empty_queue() -> Iterator[None]:
-    broker = configured_broker()
-    broker.flush(jobs.TIME_LIMIT_QUEUE)
-    yield
-    broker.flush(jobs.TIME_LIMIT_QUEUE)
+    return metric_value("composition_job_timeouts_total", registry, actor=actor)
 
 
 @pytest.mark.slow
 @pytest.mark.version_smoke  # the matrix cell runs it too (Makefile)
 @pytest.mark.django_db(transaction=True)
 def test_runworkers_interrupts_retries_and_dead_letters_an_overrunning_job(
-        worker_processes, empty_queue: None, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+        worker_processes, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     worker = worker_processes.spawn(["--threads", "2", "--queues", jobs.TIME_LIMIT_QUEUE],
                                     PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
     message = jobs.overruns.send(key="overrun", run_s=10)
@@ -196,7 +190,7 @@ def test_runworkers_interrupts_retries_and_dead_letters_an_overrunning_job(
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_query_cut_by_the_time_limit_is_cancelled_and_its_connection_goes_on(
-        worker_processes, empty_queue: None) -> None:  # type: ignore[no-untyped-def]
+        worker_processes) -> None:  # type: ignore[no-untyped-def]
     # The pure-Python psycopg waits for a result in Python code, so the interrupt lands with the
     # query in flight; one thread, so every job here runs on the same thread and connections.
     worker = worker_processes.spawn(["--processes", "1", "--threads", "1", "--queues", jobs.TIME_LIMIT_QUEUE],
@@ -223,15 +217,16 @@ def test_a_query_cut_by_the_time_limit_is_cancelled_and_its_connection_goes_on(
 
 def _running_query(fragment: str) -> bool:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE %s "
-                       "AND pid <> pg_backend_pid()", [f"%{fragment}%"])
+        # This database's only: another suite's pg_sleep on the same server is not this worker's.
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND datname = current_database() "
+                       "AND query LIKE %s AND pid <> pg_backend_pid()", [f"%{fragment}%"])
         return bool(cursor.fetchone()[0])
 
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_job_finishing_at_nine_tenths_of_its_limit_is_never_retried_under_load(
-        worker_processes, empty_queue: None) -> None:  # type: ignore[no-untyped-def]
+        worker_processes) -> None:  # type: ignore[no-untyped-def]
     # Load: one busy process per core, competing with the worker for the CPU.
     burn = "import time\nend = time.monotonic() + 30\nwhile time.monotonic() < end: pass"
     burners = [subprocess.Popen([sys.executable, "-c", burn]) for _ in range(2)]

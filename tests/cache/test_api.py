@@ -13,7 +13,6 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.db import transaction
 from django.test import override_settings
-from prometheus_client import REGISTRY
 
 from composition.cache import (
     CacheConfigurationError,
@@ -24,11 +23,8 @@ from composition.cache import (
     invalidate_namespace,
 )
 from composition.conf import conf
+from composition.testing import metric_value
 from tests.helpers import unique
-
-
-def sample(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 class Source:
@@ -141,12 +137,12 @@ def test_stale_value_served_while_another_caller_rebuilds() -> None:
         cache_aside_result(key, slow_rebuild, ttl_s=30, jitter=0, stale_ttl_s=30)))
     rebuilder.start()
     assert started.wait(5)
-    before = sample("composition_cache_stale_served_total", pattern=key.split(":")[0])
+    before = metric_value("composition_cache_stale_served_total", pattern=key.split(":")[0])
     t0 = time.monotonic()
     stale = cache_aside_result(key, lambda: pytest.fail("must not load"), ttl_s=30, stale_ttl_s=30)
     assert stale.value == "v1" and stale.outcome == "stale"
     assert time.monotonic() - t0 < 1.0, "a stale read must not wait for the rebuild"
-    assert sample("composition_cache_stale_served_total", pattern=key.split(":")[0]) == before + 1
+    assert metric_value("composition_cache_stale_served_total", pattern=key.split(":")[0]) == before + 1
     release.set()
     rebuilder.join(5)
     assert results[0].value == "v2"
@@ -199,16 +195,16 @@ def test_unserializable_value_raises_type_error() -> None:
 def test_metrics_are_labelled_by_pattern() -> None:
     ns = unique()
     pattern = f"{ns}:<id>"
-    before = {n: sample(f"composition_cache_{n}_total", pattern=pattern) for n in ("hits", "misses")}
+    before = {n: metric_value(f"composition_cache_{n}_total", pattern=pattern) for n in ("hits", "misses")}
     for i in range(3):
         cache_aside(f"{ns}:{i}", lambda: 1, ttl_s=30, pattern=pattern)
         cache_aside(f"{ns}:{i}", lambda: 1, ttl_s=30, pattern=pattern)
-    assert sample("composition_cache_hits_total", pattern=pattern) == before["hits"] + 3
-    assert sample("composition_cache_misses_total", pattern=pattern) == before["misses"] + 3
-    assert sample("composition_cache_rebuild_seconds_count", pattern=pattern) == 3
+    assert metric_value("composition_cache_hits_total", pattern=pattern) == before["hits"] + 3
+    assert metric_value("composition_cache_misses_total", pattern=pattern) == before["misses"] + 3
+    assert metric_value("composition_cache_rebuild_seconds_count", pattern=pattern) == 3
     # Without a pattern the label is the namespace, never the full key.
     cache_aside(f"{ns}:99", lambda: 1, ttl_s=30)
-    assert sample("composition_cache_misses_total", pattern=ns) == 1
+    assert metric_value("composition_cache_misses_total", pattern=ns) == 1
 
 
 class PickyReprSerializer:

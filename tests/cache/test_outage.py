@@ -16,7 +16,6 @@ import pytest
 from django.conf import settings
 from django.db import transaction
 from django.test import override_settings
-from prometheus_client import REGISTRY
 
 from composition.cache import (
     InvalidationReplayComponent,
@@ -28,12 +27,8 @@ from composition.cache import (
 from composition.cache.models import PendingInvalidation
 from composition.conf import conf
 from composition.locks.models import LockFence
-from composition.testing import ThrowawayRedis, free_port, subprocess_env, wait_until
+from composition.testing import ThrowawayRedis, free_port, metric_value, subprocess_env, wait_until
 from tests.helpers import ROOT, unique
-
-
-def sample(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 @contextmanager
@@ -74,8 +69,8 @@ def test_closed_port_degrades_to_the_loader() -> None:
         assert values == ["from-db"] * 20
         assert engine.breaker.is_open
         assert statistics.median(durations[3:]) <= 0.1
-        assert sample("composition_cache_errors_total", pattern=ns, reason="redis_error") == 3
-        assert sample("composition_cache_errors_total", pattern=ns, reason="breaker_open") == 17
+        assert metric_value("composition_cache_errors_total", pattern=ns, reason="redis_error") == 3
+        assert metric_value("composition_cache_errors_total", pattern=ns, reason="breaker_open") == 17
         with transaction.atomic():
             invalidate(key)
         assert PendingInvalidation.objects.filter(kind="key", target=key).count() == 1
@@ -96,8 +91,8 @@ def test_frozen_redis_degrades_then_outage_invalidations_apply_after(
         # One outlier is tolerated (a GC pause or a busy CI host); a second slow call would mean
         # calls wait on the frozen socket.
         assert sorted(durations)[-2] < 0.2, "no call may wait on the frozen socket once the breaker is open"
-        assert sample("composition_cache_errors_total", pattern=ns, reason="redis_error") >= 3
-        assert sample("composition_cache_errors_total", pattern=ns, reason="breaker_open") >= 30
+        assert metric_value("composition_cache_errors_total", pattern=ns, reason="redis_error") >= 3
+        assert metric_value("composition_cache_errors_total", pattern=ns, reason="breaker_open") >= 30
 
         with transaction.atomic():  # a write during the outage
             invalidate(key)

@@ -5,7 +5,6 @@ by exactly what those did."""
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from composition.backpressure.admission import Backpressure, admit
 from composition.broker.configured import configured_broker
-from composition.cache import cache_aside_result, invalidate_namespace
+from composition.cache import cache_aside_result
 from composition.cache.engine import CacheAside, CacheResult
 from composition.cache.serializers import load_serializer
 from composition.conf import conf
@@ -33,6 +32,7 @@ from composition.jobs.middleware.dead_letters import write_dead_letter
 from composition.locks import LockNotAcquired, StaleFence, acquire_redis_lock, fenced_write, redis_lock
 from composition.outbox.maintenance import prune_sent
 from composition.sampling import MetricsSamplerComponent
+from tests.helpers import post_json
 from tests.metrics_catalogue import (
     OWN_PREFIXES,
     RUNWORKERS_ONLY,
@@ -79,10 +79,6 @@ def _value(families: dict[str, Any], family: str, sample: str, **labels: str) ->
                if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()))
 
 
-def _post(client: Client, url: str, body: dict[str, Any]) -> Any:
-    return client.post(url, data=json.dumps(body), content_type="application/json")
-
-
 @pytest.fixture
 def no_slow_queries() -> Iterator[None]:
     """No query counts as slow unless a test says so: on a loaded machine any query might."""
@@ -90,30 +86,20 @@ def no_slow_queries() -> Iterator[None]:
         yield
 
 
-@pytest.fixture
-def clean_billing() -> Iterator[None]:
-    """No invoice answers cached before or after (ids start again in every test database, and
-    an answer left in Redis would be served to the next test that asks for the same id), and no
-    receipt left on the billing queue for another test's workers."""
-    invalidate_namespace("invoice")
-    yield
-    invalidate_namespace("invoice")
-    configured_broker().flush("billing")
-
-
 @pytest.mark.django_db(transaction=True)  # the outbox send and the invalidation run after COMMIT
-@pytest.mark.usefixtures("clean_billing", "no_slow_queries")
+@pytest.mark.empty_queues("billing")  # the receipt, left for no other test's workers
+@pytest.mark.usefixtures("no_cached_invoices", "no_slow_queries")
 def test_a_scrape_after_real_work_holds_every_family_and_counters_moved_exactly(api_client: Client) -> None:
     actor = f"catalogue_{uuid.uuid4().hex[:8]}"
     lock_name = f"catalogue-{uuid.uuid4().hex[:8]}"
     before = _scrape(api_client)
 
     # One pay through the API (the invoice first), then one miss and one hit on its answer.
-    created = _post(api_client, "/api/invoices", {"number": f"CAT-{uuid.uuid4().hex[:8]}",
+    created = post_json(api_client, "/api/invoices", {"number": f"CAT-{uuid.uuid4().hex[:8]}",
                                                    "customer": "Ada", "amount_cents": 4200})
     assert created.status_code == 201, created.content
     invoice_id = created.json()["id"]
-    paid = _post(api_client, f"/api/invoices/{invoice_id}/pay",
+    paid = post_json(api_client, f"/api/invoices/{invoice_id}/pay",
                  {"payment_id": uuid.uuid4().hex, "amount_cents": 4200})
     assert paid.status_code == 201, paid.content
     for _ in range(2):

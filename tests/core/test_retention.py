@@ -17,7 +17,6 @@ from django.db import connection
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
-from prometheus_client import REGISTRY
 
 from composition.checks import check_retention_settings
 from composition.conf import conf
@@ -35,7 +34,7 @@ from composition.retention import (
     prune_expired,
     redelivery_window_s,
 )
-from composition.testing import current_database_url, use_broker, wait_until
+from composition.testing import current_database_url, metric_value, use_broker, wait_until
 
 DAY_S = 86_400.0
 
@@ -70,7 +69,7 @@ def dead_letter(age_s: float, status: str, prefix: str) -> int:
 
 
 def _pruned(table: str) -> float:
-    return REGISTRY.get_sample_value("composition_retention_pruned_total", {"table": table}) or 0.0
+    return metric_value("composition_retention_pruned_total", table=table)
 
 
 # -- batches ---------------------------------------------------------------------------------------

@@ -236,7 +236,8 @@ def _charge_until_dead_lettered(worker_processes, *, account: str, key: str) -> 
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_replay_after_fixing_the_data_succeeds_once(worker_processes, empty_check_queues: None) -> None:
+@pytest.mark.empty_queues(jobs.CHECK_QUEUE, RELAY_QUEUE_NAME)
+def test_replay_after_fixing_the_data_succeeds_once(worker_processes) -> None:
     worker, letter = _charge_until_dead_lettered(worker_processes, account="acme", key="charged")
     assert letter.error_message == "no account named acme"
     first_outbox = OutboxMessage.objects.get(actor_name="charge")
@@ -269,7 +270,8 @@ def _in_queue(queue: str) -> int:
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_replay_after_a_late_redelivery_has_no_second_effect(worker_processes, empty_check_queues: None) -> None:
+@pytest.mark.empty_queues(jobs.CHECK_QUEUE, RELAY_QUEUE_NAME)
+def test_replay_after_a_late_redelivery_has_no_second_effect(worker_processes) -> None:
     worker, letter = _charge_until_dead_lettered(worker_processes, account="late", key="late-charge")
     Account.objects.create(name="late")  # the data gets fixed...
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 from django.db import connections, transaction
-from prometheus_client import REGISTRY
 
 from composition.locks import LockNotAcquired, acquire_redis_lock, advisory_lock, redis_lock, row_lock
 from composition.locks.models import LockFence
+from composition.testing import metric_value
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the holder's thread must see the row
 
@@ -28,7 +28,7 @@ ROW = "composition.LockFence"  # row_lock's name label: the model's label
 def _counts(kind: str, name: str) -> tuple[float, float, float]:
     """(time-outs, busy, acquired) counted so far for the lock ``kind``/``name``."""
     def value(metric: str, **labels: str) -> float:
-        return REGISTRY.get_sample_value(metric, {"kind": kind, "name": name, **labels}) or 0.0
+        return metric_value(metric, kind=kind, name=name, **labels)
 
     return (value("composition_lock_timeouts_total"), value("composition_lock_acquire_total", outcome="busy"),
             value("composition_lock_acquire_total", outcome="acquired"))

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,21 +20,15 @@ from tests.jobsapp import jobs
 from tests.jobsapp.models import Effect
 from tests.outboxapp.helpers import enqueued
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.empty_queues(jobs.ORDER_QUEUE, RELAY_QUEUE_NAME),
+]
 
 KEY = "fast-path-order"
 # One worker thread: a key's jobs then start one after the other, in the order it takes them.
 WORKER_ARGS = ["--threads", "1", "--queues", jobs.ORDER_QUEUE]
-
-
-@pytest.fixture(autouse=True)
-def _empty_queues() -> Iterator[None]:
-    broker = configured_broker()
-    for queue in (jobs.ORDER_QUEUE, RELAY_QUEUE_NAME):
-        broker.flush(queue)
-    yield
-    for queue in (jobs.ORDER_QUEUE, RELAY_QUEUE_NAME):
-        broker.flush(queue)
 
 
 def _start_order(key: str) -> list[int]:

@@ -29,7 +29,7 @@ LEASE_S = 0.5
 SLACK_S = 1.0
 
 
-pytestmark = pytest.mark.usefixtures("empty_broker_db")
+pytestmark = pytest.mark.empty_queues()
 
 
 def _publish(count: int) -> list[int]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from datetime import timedelta
 from io import StringIO
 
@@ -19,17 +18,13 @@ from prometheus_client import REGISTRY
 from composition.outbox import OutboxMessage, publish
 from composition.outbox.maintenance import prune_sent
 from composition.testing import ThrowawayRedis
-from tests.outboxapp.helpers import enqueued, flush_broker
+from tests.outboxapp.helpers import enqueued
 
 PROBE = "outboxapp_relay_probe"
 QUEUE = "outboxapp_probe"
 
 
-@pytest.fixture(autouse=True)
-def _clean_broker() -> Iterator[None]:
-    flush_broker()
-    yield
-    flush_broker()
+pytestmark = [pytest.mark.empty_queues()]
 
 
 def _outbox(*args: str) -> dict:  # type: ignore[type-arg]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,20 +25,16 @@ from composition.outbox.models import message_id_for
 from composition.outbox.publish import publish_with_headers
 from composition.outbox.relay import RELAY_QUEUE_NAME
 from tests.outboxapp import jobs
-from tests.outboxapp.helpers import enqueued, flush_broker
+from tests.outboxapp.helpers import enqueued
 from tests.outboxapp.models import Order
 
 PROBE = "outboxapp_relay_probe"
 
 
-@pytest.fixture(autouse=True)
-def _clean_broker() -> Iterator[None]:
-    flush_broker()
-    yield
-    flush_broker()
-
-
 # -- bad input raises at publish, and writes nothing ------------------------------------------------
+pytestmark = [pytest.mark.empty_queues()]
+
+
 @pytest.mark.django_db
 @pytest.mark.parametrize(("actor", "payload", "kwargs", "error"), [
     ("no_such_actor", {"seq": 1}, {}, UnknownActorError),

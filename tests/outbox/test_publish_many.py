@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,10 +27,10 @@ from composition.outbox import (
     publish_many,
 )
 from composition.outbox.relay import RELAY_QUEUE_NAME, Relay, relay_for
-from composition.testing import left_to_the_relay
+from composition.testing import empty_queues, left_to_the_relay
 from tests.jobsapp import jobs as typed_jobs
 from tests.outboxapp import jobs
-from tests.outboxapp.helpers import delayed, enqueued, flush_broker
+from tests.outboxapp.helpers import delayed, enqueued
 from tests.outboxapp.models import Order
 
 # The module (the package's name publish_many is the function).
@@ -42,11 +41,7 @@ PROBE_QUEUE = "outboxapp_probe"
 KEY = "invoice:many"
 
 
-@pytest.fixture(autouse=True)
-def _clean_broker() -> Iterator[None]:
-    flush_broker()
-    yield
-    flush_broker()
+pytestmark = [pytest.mark.empty_queues()]
 
 
 def _seqs(queue_name: str = PROBE_QUEUE) -> list[int]:
@@ -262,7 +257,7 @@ def test_a_key_s_batch_is_sent_at_commit_in_list_order_as_publish_would_send_it(
 def test_a_key_s_batch_behind_an_older_pending_row_waits_for_it_and_follows_in_order() -> None:
     with left_to_the_relay():
         publish(PROBE, {"seq": 0}, key=KEY)  # committed, still pending: the key's head
-    flush_broker()
+    empty_queues()
     with transaction.atomic():
         rows = publish_many(PROBE, [{"seq": seq} for seq in range(1, 4)], key=KEY)
         # Inserted unleased: they must wait for the key's head.

@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -18,20 +17,17 @@ from composition.outbox import OutboxMessage, publish
 from composition.outbox.models import message_id_for
 from composition.outbox.relay import Relay
 from composition.testing import ThrowawayRedis, current_database_url
-from tests.outboxapp.helpers import delayed, enqueued, flush_broker
+from tests.outboxapp.helpers import delayed, enqueued
 
 PROBE = "outboxapp_relay_probe"
 QUEUE = "outboxapp_probe"
 
 # These tests relay (or watch relays take) committed rows themselves.
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("nudge_only")]
-
-
-@pytest.fixture(autouse=True)
-def _clean_broker() -> Iterator[None]:
-    flush_broker()
-    yield
-    flush_broker()
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("nudge_only"),
+    pytest.mark.empty_queues(),
+]
 
 
 def _publish_many(specs: list[str | None]) -> list[int]:

@@ -20,7 +20,6 @@ from composition.outbox import OutboxMessage, publish
 from composition.outbox.relay import RELAY_ACTOR_NAME
 from composition.testing import wait_until
 from tests.outboxapp import jobs
-from tests.outboxapp.helpers import flush_broker
 from tests.outboxapp.models import Effect
 
 RELAY_TIME_LIMIT_S = 3.0
@@ -30,13 +29,14 @@ BATCH_SLACK_S = 1.0
 PUBLISH_FOR_S = 3 * RELAY_TIME_LIMIT_S
 
 
+pytestmark = pytest.mark.empty_queues()
+
+
 @pytest.fixture(autouse=True)
-def _clean() -> Iterator[None]:
-    flush_broker()
+def _no_heartbeats() -> Iterator[None]:
     client = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
     client.delete(heartbeats.REGISTRY_KEY)
     yield
-    flush_broker()
     client.close()
 
 

@@ -26,18 +26,10 @@ from composition.testing import free_port, wait_until
 from tests.jobsapp import jobs
 from tests.metrics_catalogue import RUNWORKERS_ONLY
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.empty_queues(jobs.NOOP_QUEUE)]
 
 TOKEN = "worker-scrape-token"
 QUEUE = jobs.NOOP_QUEUE
-
-
-@pytest.fixture
-def empty_queue() -> Iterator[None]:
-    broker = configured_broker()
-    broker.flush(QUEUE)
-    yield
-    broker.flush(QUEUE)
 
 
 def _scrape(port: int, token: str | None = None) -> tuple[int, str]:
@@ -71,7 +63,7 @@ def _started(output: str) -> list[str]:
 
 
 def test_runworkers_serves_its_job_counters_on_the_metrics_port(
-        worker_processes, empty_queue: None, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+        worker_processes, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     port = free_port()
     worker = worker_processes.spawn(["--threads", "2", "--queues", QUEUE, "--metrics-port", str(port)],
                                     PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
@@ -92,7 +84,7 @@ def test_runworkers_serves_its_job_counters_on_the_metrics_port(
 
 
 def test_a_supervisor_serves_every_child_and_archives_each_one_it_reaps(
-        worker_processes, empty_queue: None, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+        worker_processes, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     port = free_port()
     supervisor = worker_processes.spawn(
         ["--processes", "2", "--threads", "2", "--queues", QUEUE, "--metrics-port", str(port)],

@@ -15,20 +15,18 @@ import pytest
 from billing.models import Invoice, Payment, Receipt
 from billing.wiring import default_service
 from composition.broker.configured import configured_broker
-from composition.cache import invalidate_namespace
 from composition.health import checks as health
 from composition.testing import wait_until
 from tests.gunicorn_server import emails_by_message_id, gunicorn, mail_env, post
 from tests.helpers import ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.empty_queues("billing"),
+    pytest.mark.usefixtures("no_cached_invoices"),
+]
 
-
-
-@pytest.fixture(autouse=True)
-def _clean() -> None:
-    invalidate_namespace("invoice")
-    configured_broker().flush("billing")
 
 
 @pytest.mark.version_smoke  # the matrix cell runs it too (Makefile)

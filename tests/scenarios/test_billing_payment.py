@@ -12,13 +12,14 @@ import pytest
 from django.db import connections
 from django.test import Client
 
-from billing.models import Invoice, Payment, Receipt
+from billing.models import Payment, Receipt
 from billing.services import invoice_cache_key
 from billing.wiring import default_service
 from composition.broker.configured import configured_broker
 from composition.cache import cache_aside_result, invalidate_namespace
 from composition.outbox import OutboxMessage
 from composition.testing import wait_until
+from tests.helpers import open_invoice, post_json
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,16 +30,8 @@ def _forget_cached_invoices() -> None:
     invalidate_namespace("invoice")
 
 
-def _post(client: Client, url: str, body: Any, **headers: str) -> Any:
-    return client.post(url, data=json.dumps(body), content_type="application/json", **headers)
-
-
 def _client(token: str) -> Client:
     return Client(headers={"Authorization": f"Bearer {token}"})
-
-
-def _invoice(number: str = "INV-1", amount_cents: int = 12_500) -> Invoice:
-    return Invoice.objects.create(number=number, customer="Ada", amount_cents=amount_cents)
 
 
 def test_payment_flows_to_exactly_one_receipt_with_request_id_in_the_worker_log(  # type: ignore[no-untyped-def]
@@ -46,13 +39,13 @@ def test_payment_flows_to_exactly_one_receipt_with_request_id_in_the_worker_log(
     # Messages other tests left for the same (reused) payment ids must not run as this one's.
     configured_broker().flush("billing")
     client = _client(api_token)
-    created = _post(client, "/api/invoices", {"number": "INV-7", "customer": "Ada", "amount_cents": 4200})
+    created = post_json(client, "/api/invoices", {"number": "INV-7", "customer": "Ada", "amount_cents": 4200})
     assert created.status_code == 201
     invoice_id = created.json()["id"]
     assert client.get(f"/api/invoices/{invoice_id}").json()["status"] == "open"  # now cached
 
     worker = worker_processes.spawn(["--threads", "2", "--shutdown-timeout", "10"])
-    paid = _post(client, f"/api/invoices/{invoice_id}/pay", {"payment_id": "pay-7", "amount_cents": 4200},
+    paid = post_json(client, f"/api/invoices/{invoice_id}/pay", {"payment_id": "pay-7", "amount_cents": 4200},
                  HTTP_X_REQUEST_ID="req-flow-7")
     assert paid.status_code == 201, paid.content
     # The cache was invalidated after commit: the next read sees the database's answer.
@@ -60,7 +53,7 @@ def test_payment_flows_to_exactly_one_receipt_with_request_id_in_the_worker_log(
 
     wait_until(lambda: Receipt.objects.filter(payment__payment_id="pay-7").exists(), 30,
                message="no receipt:\n" + worker.output())
-    again = _post(client, f"/api/invoices/{invoice_id}/pay", {"payment_id": "pay-7", "amount_cents": 4200})
+    again = post_json(client, f"/api/invoices/{invoice_id}/pay", {"payment_id": "pay-7", "amount_cents": 4200})
     assert again.status_code == 200 and again.json()["created"] is False
     assert worker.terminate(20) == 0
     assert Receipt.objects.count() == 1
@@ -91,10 +84,10 @@ def _parallel(count: int, work: Any) -> list[Any]:
 
 
 def test_concurrent_payers_of_one_invoice_charge_once(api_token: str) -> None:
-    invoice = _invoice()
+    invoice = open_invoice("INV-1", amount_cents=12_500)
 
     def pay(index: int) -> int:
-        return int(_post(_client(api_token), f"/api/invoices/{invoice.pk}/pay",
+        return int(post_json(_client(api_token), f"/api/invoices/{invoice.pk}/pay",
                          {"payment_id": f"pay-{index}", "amount_cents": 12_500}).status_code)
 
     statuses = _parallel(8, pay)
@@ -104,10 +97,10 @@ def test_concurrent_payers_of_one_invoice_charge_once(api_token: str) -> None:
 
 
 def test_the_same_payment_id_posted_concurrently_is_one_payment(api_token: str) -> None:
-    invoice = _invoice()
+    invoice = open_invoice("INV-1", amount_cents=12_500)
 
     def pay(index: int) -> tuple[int, bool]:
-        response = _post(_client(api_token), f"/api/invoices/{invoice.pk}/pay",
+        response = post_json(_client(api_token), f"/api/invoices/{invoice.pk}/pay",
                          {"payment_id": "pay-dup", "amount_cents": 12_500})
         return int(response.status_code), bool(response.json().get("created"))
 
@@ -118,7 +111,7 @@ def test_the_same_payment_id_posted_concurrently_is_one_payment(api_token: str) 
 
 def test_bad_input_gets_a_clear_error_and_writes_nothing(api_token: str) -> None:
     client = _client(api_token)
-    invoice = _invoice()
+    invoice = open_invoice("INV-1", amount_cents=12_500)
     url = f"/api/invoices/{invoice.pk}/pay"
     cases = [
         (b"not json", 400, "invalid_json", "not valid JSON"),
@@ -148,26 +141,27 @@ def test_bad_input_gets_a_clear_error_and_writes_nothing(api_token: str) -> None
                                 ({"number": "N-3", "customer": "c", "amount_cents": 5, "email": "a@[b.c"},
                                  "email address"),
                                 ({"number": invoice.number, "customer": "c", "amount_cents": 5}, "already exists")):
-        response = _post(client, "/api/invoices", invoice_body)
+        response = post_json(client, "/api/invoices", invoice_body)
         assert response.status_code in (400, 409) and words in response.json()["error"], response.content
     huge = client.post(url, data=b'{"payment_id": "' + b"p" * 3_000_000 + b'"}', content_type="application/json")
     assert huge.status_code == 413 and huge.json()["code"] == "body_too_large", huge.content[:200]
-    missing = _post(client, "/api/invoices/999999/pay", {"payment_id": "p", "amount_cents": 1})
+    missing = post_json(client, "/api/invoices/999999/pay", {"payment_id": "p", "amount_cents": 1})
     assert missing.status_code == 404
     assert Payment.objects.count() == 0 and OutboxMessage.objects.count() == 0
 
 
 def test_a_payment_id_reused_for_another_invoice_is_refused(api_token: str) -> None:
     client = _client(api_token)
-    first, second = _invoice("INV-A", 100), _invoice("INV-B", 100)
-    assert _post(client, f"/api/invoices/{first.pk}/pay", {"payment_id": "p1", "amount_cents": 100}).status_code == 201
-    response = _post(client, f"/api/invoices/{second.pk}/pay", {"payment_id": "p1", "amount_cents": 100})
+    first, second = open_invoice("INV-A", amount_cents=100), open_invoice("INV-B", amount_cents=100)
+    paid = post_json(client, f"/api/invoices/{first.pk}/pay", {"payment_id": "p1", "amount_cents": 100})
+    assert paid.status_code == 201
+    response = post_json(client, f"/api/invoices/{second.pk}/pay", {"payment_id": "p1", "amount_cents": 100})
     assert response.status_code == 409
     assert "another invoice" in response.json()["error"]
 
 
 def test_a_rolled_back_payment_leaves_the_cache_and_outbox_untouched(api_token: str) -> None:
-    invoice = _invoice()
+    invoice = open_invoice("INV-1", amount_cents=12_500)
     assert default_service().get_invoice(invoice.pk)["status"] == "open"  # type: ignore[index]
 
     def cached_outcome() -> str:
@@ -176,12 +170,12 @@ def test_a_rolled_back_payment_leaves_the_cache_and_outbox_untouched(api_token: 
     assert cached_outcome() == "hit"
     # The amount check fails inside the transaction, after the lock: nothing is written and no
     # invalidation is sent for the rolled-back write, so the entry is still there.
-    response = _post(_client(api_token), f"/api/invoices/{invoice.pk}/pay", {"payment_id": "p", "amount_cents": 1})
+    response = post_json(_client(api_token), f"/api/invoices/{invoice.pk}/pay", {"payment_id": "p", "amount_cents": 1})
     assert response.status_code == 422
     assert cached_outcome() == "hit"
     assert OutboxMessage.objects.count() == 0 and Payment.objects.count() == 0
 
     # A committed payment does invalidate it.
-    assert _post(_client(api_token), f"/api/invoices/{invoice.pk}/pay",
+    assert post_json(_client(api_token), f"/api/invoices/{invoice.pk}/pay",
                  {"payment_id": "p", "amount_cents": 12_500}).status_code == 201
     assert cached_outcome() == "loaded"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -17,28 +16,17 @@ from django.test import Client
 from billing.models import Invoice, Payment, Receipt
 from billing.wiring import default_service
 from composition.backpressure.depth import broker_counts
-from composition.broker.configured import configured_broker
-from composition.cache import invalidate_namespace
 from composition.outbox import OutboxMessage
 from composition.testing import wait_until
 from tests.gunicorn_server import Answer, emails, emails_by_message_id, gunicorn, mail_env, post
+from tests.helpers import open_invoice
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture(autouse=True)
-def _clean() -> Iterator[None]:
-    invalidate_namespace("invoice")
-    broker = configured_broker()
-    for queue in ("billing", "reminders"):  # no earlier test's jobs for this test's workers
-        broker.flush(queue)
-    yield
-    for queue in ("billing", "reminders"):
-        broker.flush(queue)
-
-
-def _invoice(number: str, email: str = "ada@example.com") -> Invoice:
-    return Invoice.objects.create(number=number, customer="Ada", email=email, amount_cents=500)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.empty_queues("billing", "reminders"),
+    pytest.mark.usefixtures("no_cached_invoices"),
+]
 
 
 def _reminder_id(row: OutboxMessage) -> str:
@@ -60,9 +48,9 @@ def test_an_accepted_reminder_is_run_by_the_worker_and_emailed_once(  # type: ig
     """Three reminders accepted (202); when the worker runs them, only the invoice still open and
     with an address gets one, once, its Message-ID from the job's message id."""
     mail_dir = tmp_path / "mail"
-    reminded = _invoice("INV-M1")
-    paid_meanwhile = _invoice("INV-M2", email="bob@example.com")
-    no_address = _invoice("INV-M3", email="")
+    reminded = open_invoice("INV-M1", email="ada@example.com")
+    paid_meanwhile = open_invoice("INV-M2", email="bob@example.com")
+    no_address = open_invoice("INV-M3", email="")
     for invoice in (reminded, paid_meanwhile, no_address):
         answer = api_client.post(f"/api/invoices/{invoice.pk}/remind")
         assert answer.status_code == 202, answer.content
@@ -89,8 +77,9 @@ def test_a_flood_of_reminders_is_shed_with_503_while_concurrent_pays_all_succeed
     reminders during the flood, as when workers fall behind), payers pay other invoices while the
     flood goes on. Payments publish to the billing queue, which a real worker drains meanwhile."""
     mail_dir = tmp_path / "mail"
-    reminded = [_invoice(f"INV-F{index}") for index in range(4)]
-    payable = [[_invoice(f"INV-P{payer}-{index}") for index in range(PAYS_EACH)] for payer in range(PAYERS)]
+    reminded = [open_invoice(f"INV-F{index}", email="ada@example.com") for index in range(4)]
+    payable = [[open_invoice(f"INV-P{payer}-{index}", email="ada@example.com") for index in range(PAYS_EACH)]
+               for payer in range(PAYERS)]
     receipts = worker_processes.spawn(["--threads", "2", "--queues", "billing"], **_mail_only(mail_dir))
     shedding, paid = threading.Event(), threading.Event()
     reminders: list[tuple[float, Answer]] = []

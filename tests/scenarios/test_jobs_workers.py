@@ -3,8 +3,6 @@ letters, malformed payloads, and exactly-once effects through repeated SIGKILLs.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from django.db import transaction
 from django.db.models import Count
@@ -18,21 +16,14 @@ from composition.testing import wait_until
 from tests.jobsapp import jobs
 from tests.jobsapp.models import Attempt, Effect
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.empty_queues(jobs.CRASH_QUEUE, jobs.RETRY_QUEUE, jobs.CHECK_QUEUE, RELAY_QUEUE_NAME),
+]
 
 # Few threads: PostgreSQL's 100 connections are shared with the other suites.
 THREADS = "4"
-
-
-@pytest.fixture(autouse=True)
-def empty_queues() -> Iterator[None]:
-    broker = configured_broker()
-    queues = (jobs.CRASH_QUEUE, jobs.RETRY_QUEUE, jobs.CHECK_QUEUE, RELAY_QUEUE_NAME)
-    for queue in queues:
-        broker.flush(queue)
-    yield
-    for queue in queues:
-        broker.flush(queue)
 
 
 def attempts_of(key: str) -> list[Attempt]:

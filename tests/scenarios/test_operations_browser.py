@@ -15,6 +15,7 @@ from composition.backpressure.depth import broker_counts
 from composition.health import checks as health
 from composition.jobs.models import DeadLetter
 from composition.outbox import OutboxMessage
+from composition.outbox.relay import RELAY_QUEUE_NAME
 from composition.testing import wait_until
 from tests.admin.test_operations import bulk_dead_letters
 from tests.browser import artifacts_dir, chrome, log_in_to_admin
@@ -51,7 +52,7 @@ def _check_queue_depth(driver: Any) -> int:
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.usefixtures("empty_check_queues")
+@pytest.mark.empty_queues(jobs.CHECK_QUEUE, RELAY_QUEUE_NAME)
 def test_an_operator_reads_the_page_and_replays_a_failure_group(live_server: Any, worker_processes: Any) -> None:
     from selenium.webdriver.common.by import By
 

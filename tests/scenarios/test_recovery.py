@@ -14,18 +14,18 @@ from composition.conf import conf
 from composition.outbox import OutboxMessage, publish
 from composition.outbox.claims import mark_sent
 from composition.outbox.relay import Relay
-from composition.testing import left_to_the_relay, wait_until
+from composition.testing import empty_queues, left_to_the_relay, wait_until
 from tests.jobsapp import jobs
 from tests.jobsapp.models import Attempt, Effect
 from tests.outboxapp import jobs as outbox_jobs
-from tests.outboxapp.helpers import enqueued, flush_broker
+from tests.outboxapp.helpers import enqueued
 
 RECOVERY_S = 5.0
 # What a loaded 2-core machine adds to a bound: a poll, a scheduling delay.
 SLACK_S = 1.0
 
 
-pytestmark = pytest.mark.usefixtures("empty_broker_db")
+pytestmark = pytest.mark.empty_queues()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -72,7 +72,7 @@ def test_a_relay_whose_lease_was_taken_over_does_not_mark_the_rows(nudge_only: N
 @pytest.mark.django_db(transaction=True)
 def test_a_crashed_relay_s_rows_are_relayed_within_seconds(worker_processes, nudge_only: None) -> None:  # type: ignore[no-untyped-def]
     rows = [publish(outbox_jobs.relay_probe, {"seq": seq}).pk for seq in range(5)]
-    flush_broker()  # the nudges of the publishes, so only the sweep can relay
+    empty_queues()  # the nudges of the publishes, so only the sweep can relay
     # A relay that claimed the batch and died before marking it (a SIGKILL mid-batch leaves
     # exactly this in the database): the rows are leased to nobody alive.
     assert len(Relay(configured_broker(), relay_id="crashed").claim()) == 5

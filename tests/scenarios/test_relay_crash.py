@@ -25,7 +25,7 @@ from composition.testing import ThrowawayRedis, wait_until
 from tests.outboxapp import jobs as outbox_jobs
 from tests.outboxapp.helpers import enqueued
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("empty_broker_db")]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.empty_queues()]
 
 RECOVERY_S = 5.0
 # The live sweep's own run (claim, enqueue, mark) and a loaded machine's scheduling delay.

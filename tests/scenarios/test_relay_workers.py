@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,15 +11,9 @@ from django.db import transaction
 from composition.outbox import OutboxMessage, publish
 from composition.testing import wait_until
 from tests.outboxapp import jobs
-from tests.outboxapp.helpers import flush_broker
 from tests.outboxapp.models import Effect, Order
 
-
-@pytest.fixture(autouse=True)
-def _clean_broker() -> Iterator[None]:
-    flush_broker()
-    yield
-    flush_broker()
+pytestmark = [pytest.mark.empty_queues()]
 
 
 @pytest.mark.slow

@@ -7,29 +7,20 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from composition.broker.configured import configured_broker
 from composition.health import checks as health
 from composition.testing import wait_until
 from tests.jobsapp import jobs
 from tests.jobsapp.models import Attempt, Effect
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.empty_queues(jobs.SLOW_QUEUE)]
 
 SHUTDOWN_TIMEOUT_S = 4.0
 # Process exit after the drain: the remaining components' stops and interpreter shutdown.
 EXIT_MARGIN_S = 5.0  # interpreter exit and process teardown on a loaded 2-core machine
-
-
-@pytest.fixture(autouse=True)
-def empty_queue() -> Iterator[None]:
-    configured_broker().flush(jobs.SLOW_QUEUE)
-    yield
-    configured_broker().flush(jobs.SLOW_QUEUE)
 
 
 def _beat_of(pid: int) -> dict | None:

@@ -12,7 +12,6 @@ import importlib.util
 import json
 import socket
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -48,20 +47,14 @@ from composition.testing import wait_until
 from tests.jobsapp import jobs, tasks
 from tests.jobsapp.models import Account, Attempt, Effect
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.empty_queues(tasks.QUEUE, tasks.PLAIN_QUEUE),
+]
 
 THREADS = "4"
 QUEUES = f"{tasks.QUEUE},{tasks.PLAIN_QUEUE}"
-
-
-@pytest.fixture(autouse=True)
-def empty_queues() -> Iterator[None]:
-    broker = configured_broker()
-    for queue in (tasks.QUEUE, tasks.PLAIN_QUEUE):
-        broker.flush(queue)
-    yield
-    for queue in (tasks.QUEUE, tasks.PLAIN_QUEUE):
-        broker.flush(queue)
 
 
 def status_of(task: Any, result_id: str) -> str:

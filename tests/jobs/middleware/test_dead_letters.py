@@ -6,7 +6,6 @@ out of dead letters (the outbox relay)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -25,20 +24,12 @@ from tests.jobsapp import jobs
 from tests.jobsapp.apps import FAILURES_ENV
 from tests.jobsapp.models import Attempt, Effect
 
-pytestmark = [pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.empty_queues(jobs.RETRY_QUEUE, jobs.CHECK_QUEUE, RELAY_QUEUE_NAME),
+]
 
 THREADS = "2"
-
-
-@pytest.fixture(autouse=True)
-def empty_queues() -> Iterator[None]:
-    broker = configured_broker()
-    queues = (jobs.RETRY_QUEUE, jobs.CHECK_QUEUE, RELAY_QUEUE_NAME)
-    for queue in queues:
-        broker.flush(queue)
-    yield
-    for queue in queues:
-        broker.flush(queue)
 
 
 def _redis() -> Any:

@@ -15,7 +15,6 @@ from dramatiq import Message, Worker
 from dramatiq.broker import MessageProxy
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import CurrentMessage, Retries, ShutdownNotifications, TimeLimit, TimeLimitExceeded
-from prometheus_client import REGISTRY
 
 from composition.broker.time_limits import JobShutdownNotifications, JobTimeLimit
 from composition.jobs import current_message
@@ -27,6 +26,7 @@ from composition.jobs.middleware.message_context import MessageContext
 from composition.jobs.middleware.retries import JobRetries, options_as_fetched
 from composition.jobs.middleware.stack import find_in_flight, find_middleware, job_middleware
 from composition.jobs.middleware.unknown_actors import UnknownActors
+from composition.testing import metric_value
 
 QUEUE = "middleware_stack"
 
@@ -61,7 +61,7 @@ def stub() -> Iterator[tuple[StubBroker, Worker]]:
 
 
 def _count(actor: str, outcome: str) -> float:
-    return REGISTRY.get_sample_value("composition_jobs_total", {"actor": actor, "outcome": outcome}) or 0.0
+    return metric_value("composition_jobs_total", actor=actor, outcome=outcome)
 
 
 def test_a_run_is_current_in_flight_and_in_context_only_while_it_runs(stub: tuple[StubBroker, Worker]) -> None:
