@@ -3,7 +3,8 @@
 
 Started by an interpreter without Django (``./manage.py`` runs the system's python3), it runs
 itself again in the project's ``.venv``, which ``./run`` and ``make test`` install: the
-README's ``./manage.py ...`` lines work as pasted, with no environment to activate first.
+``./manage.py ...`` lines of the README and of docs/ work as pasted, with no environment to
+activate first.
 """
 
 import os

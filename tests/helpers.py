@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,3 +33,11 @@ def open_invoice(number: str, *, amount_cents: int = 500, email: str = "") -> In
     from billing.models import Invoice
 
     return Invoice.objects.create(number=number, customer="Ada", email=email, amount_cents=amount_cents)
+
+
+def marked_block(page: Path, marker: str) -> str:
+    """The fenced code block right after ``<!-- <marker> -->`` in ``page`` (the README or a docs
+    page), as a reader pastes it."""
+    match = re.search(rf"<!-- {re.escape(marker)} -->\n```[^\n]*\n(.*?)```", page.read_text(), re.S)
+    assert match, f"{page.relative_to(ROOT)} has no block marked <!-- {marker} -->"
+    return match.group(1)

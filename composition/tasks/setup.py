@@ -43,7 +43,7 @@ def check_outbox_backends(app_configs: Any = None, **kwargs: Any) -> list[checks
         try:
             task_backends[alias]
         except InvalidBackendOptions as exc:
-            messages.append(checks.Error(str(exc), hint="See 'django.tasks through the outbox' in the README.",
+            messages.append(checks.Error(str(exc), hint="See docs/tasks.md, 'Options'.",
                                          id="composition.E090"))
     if aliases and BACKPORT and not apps.is_installed(BACKPORT_APP):
         messages.append(checks.Warning(

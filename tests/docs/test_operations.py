@@ -2,8 +2,8 @@
 
 - ``docker/alerts.yml`` passes ``promtool check rules`` and names only catalogued metrics;
 - every panel of the Grafana dashboard queries catalogued metrics, in valid PromQL;
-- every runbook step in ``docs/operations.md`` names metrics, alerts, ``manage.py`` commands
-  and admin addresses that exist.
+- every runbook step in ``docs/operations.md`` (its Runbooks part) names metrics, alerts,
+  ``manage.py`` commands and admin addresses that exist.
 """
 
 from __future__ import annotations
@@ -119,7 +119,12 @@ PARTS = ("**Symptom.**", "**Alert and metric.**", "**Command.**", "**Admin scree
 
 
 def _runbooks() -> dict[str, str]:
-    sections = re.split(r"^## ", (DOCS / "operations.md").read_text(), flags=re.MULTILINE)[1:]
+    """The ``###`` sections under ``## Runbooks``, the page's last part, by title."""
+    page = (DOCS / "operations.md").read_text()
+    assert "\n## Runbooks\n" in page, "docs/operations.md has no Runbooks part"
+    runbooks = page.split("\n## Runbooks\n", 1)[1]
+    assert "\n## " not in runbooks, "the runbooks are the page's last part"
+    sections = re.split(r"^### ", runbooks, flags=re.MULTILINE)[1:]
     return {section.split("\n", 1)[0].strip(): section for section in sections}
 
 

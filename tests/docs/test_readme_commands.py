@@ -1,8 +1,10 @@
 """Every ``manage.py`` line in a code block of the README and of the docs runs as pasted.
 
 From a shell that has not activated ``.venv`` (its ``bin`` is off the PATH): none fails to
-start (command not found, no Django), none ends in a traceback or a usage error. The install
-guide's blocks are left out: they run in a project of their own (``test_install_guide``).
+start (command not found, no Django), none ends in a traceback or a usage error. Two kinds of
+block are left out: the install guide's run in a project of their own (``test_install_guide``),
+and the README tour's against a real ``./run`` (``test_run_command``), where they act on what
+the tour made before them.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ COMMAND = re.compile(r"^(?:\w+=\S*\s+)*(?:\S*python3?\s+)?(?:\./)?manage\.py\s")
 def pasted_commands() -> list[tuple[str, str]]:
     found = []
     for path in DOCS:
-        blocks = re.finditer(r"(<!-- guide:[\w-]+ -->\n)?```\w*\n(.*?)```", path.read_text(), re.S)
+        blocks = re.finditer(r"(<!-- (?:guide|tour):[^>]+ -->\n)?```\w*\n(.*?)```", path.read_text(), re.S)
         for block in blocks:
             if block.group(1):
                 continue

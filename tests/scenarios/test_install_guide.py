@@ -1,12 +1,11 @@
-"""The README's install guide, followed literally: a wheel, a fresh virtual environment, a
-project from ``django-admin startproject``, the README's marked blocks applied as written, then
+"""The install guide (docs/install.md), followed literally: a wheel, a fresh virtual environment,
+a project from ``django-admin startproject``, the guide's marked blocks applied as written, then
 ``migrate``, ``check``, ``health readiness`` and one job: ``publish`` → ``runworkers`` → its
 effect in the database."""
 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -21,19 +20,16 @@ import pytest
 import redis
 from django.conf import settings
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, marked_block
 
 # Slow (a virtual environment installed from the registry) and about packaging, not versions:
 # the main cell only.
 pytestmark = [pytest.mark.slow, pytest.mark.soak]
 
 
-def readme_block(marker: str) -> str:
-    """The fenced block right after ``<!-- guide:<marker> -->`` in the README."""
-    readme = (ROOT / "README.md").read_text()
-    match = re.search(rf"<!-- guide:{marker} -->\n```\w*\n(.*?)```", readme, re.S)
-    assert match, f"README has no guide:{marker} block"
-    return match.group(1)
+def guide_block(marker: str) -> str:
+    """The fenced block right after ``<!-- guide:<marker> -->`` in docs/install.md."""
+    return marked_block(ROOT / "docs" / "install.md", f"guide:{marker}")
 
 
 @pytest.fixture
@@ -74,16 +70,16 @@ def test_the_install_guide_works_in_a_fresh_project(tmp_path: Path, guide_servic
         return result.stdout
 
     # As written, but from this wheel rather than a clone next to the project.
-    install = readme_block("install")
+    install = guide_block("install")
     assert "pip install ./django-backend-composition " in install, "the guide's install line changed: follow it here"
     sh(install.replace("./django-backend-composition ", f"{wheel} ", 1)
        .replace("pip install", "python -m pip install -q", 1))
     sh("django-admin startproject mysite")
     project = tmp_path / "mysite"
     settings_py = project / "mysite" / "settings.py"
-    settings_py.write_text(settings_py.read_text() + "\n" + readme_block("settings"))
+    settings_py.write_text(settings_py.read_text() + "\n" + guide_block("settings"))
     urls_py = project / "mysite" / "urls.py"
-    urls_py.write_text(urls_py.read_text() + "\n" + readme_block("urls"))
+    urls_py.write_text(urls_py.read_text() + "\n" + guide_block("urls"))
 
     # The user's own app, with a job whose effect a unique constraint makes happen once.
     sh("python manage.py startapp shop", cwd=project)
@@ -104,7 +100,7 @@ def test_the_install_guide_works_in_a_fresh_project(tmp_path: Path, guide_servic
     settings_py.write_text(settings_py.read_text() + '\nINSTALLED_APPS += ["shop"]\n')
     sh("python manage.py makemigrations shop -v 0", cwd=project)
 
-    run = readme_block("run")
+    run = guide_block("run")
     before_workers = run[: run.index("python manage.py runworkers")].replace(
         "export PROMETHEUS_MULTIPROC_DIR=/tmp/app-metrics", "")  # the test's own folder, still missing
     out = sh(before_workers, cwd=project)

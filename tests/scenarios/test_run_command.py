@@ -1,63 +1,122 @@
-"""The README's run command on embedded servers: ready within 60 s, Ctrl-C stops it in order."""
+"""The README's run command on embedded servers: ready within 60 s, its tour works as written,
+Ctrl-C stops it in order."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from composition.testing import free_port, http_status
 from tests.browser import artifacts_dir, chrome, log_in_to_admin
-from tests.helpers import ROOT
+from tests.helpers import ROOT, marked_block
 
 # ./run uses the main .venv whatever interpreter runs pytest: in the matrix cell this would only
 # run again on the main cell's Python and Django.
 pytestmark = [pytest.mark.slow, pytest.mark.main_cell]
 
 
-def _the_printed_token_works(base_url: str, log_path: Path) -> None:
-    """./run prints a ready API token: with it a client creates and reads an invoice; without
-    it the API answers 401."""
-    import re
-    import urllib.error
+README = ROOT / "README.md"
 
+
+def _the_readme_tour_works(base_url: str, log_path: Path, shell: dict[str, str], data: Path) -> None:
+    """The README's tour, pasted into a second terminal as written (the printed token and this
+    run's port put in), with the admin steps done in a browser: an invoice paid, its receipt
+    job run and logged, a job dead-lettered, replayed from the admin, and the counts on
+    /metrics. Then the token's other answers: without it the API says 401."""
     tokens = re.findall(r"Bearer (bil_[A-Za-z0-9_-]+)", log_path.read_text())
     assert tokens, "no API token printed:\n" + log_path.read_text()[-3000:]
-    # The README's curl lines, pasted as written (the token and the port put in).
-    readme = (ROOT / "README.md").read_text()
-    block = readme[readme.index("With `./run` up, paste the token"):]
-    block = block[block.index("```sh") + 5:]
-    block = block[:block.index("```")].replace("TOKEN=bil_…", f"TOKEN={tokens[0]}")
-    block = block.replace("127.0.0.1:8000", base_url.removeprefix("http://"))
-    pasted = subprocess.run(["bash", "-c", block], capture_output=True, text=True, timeout=60)
-    # curl -s prints each answer without a newline: one JSON document after the other.
-    answers = [json.loads(doc) for doc in pasted.stdout.replace("}{", "}\n{").splitlines() if doc.strip()]
+    token = tokens[0]
+
+    def paste(marker: str, lines: slice = slice(None)) -> str:
+        block = marked_block(README, f"tour:{marker}").replace("TOKEN=bil_…", f"TOKEN={token}")
+        script = "\n".join(block.replace("127.0.0.1:8000", base_url.removeprefix("http://")).splitlines()[lines])
+        # The second terminal kept the TOKEN the first block set.
+        pasted = subprocess.run(["bash", "-c", script], cwd=ROOT, env={**shell, "TOKEN": token}, capture_output=True,
+                                text=True, timeout=120)
+        assert pasted.returncode == 0, f"{script}\n{pasted.stdout[-2000:]}\n{pasted.stderr[-2000:]}"
+        return pasted.stdout
+
+    def metrics() -> str:
+        with urllib.request.urlopen(f"{base_url}/metrics", timeout=5) as response:
+            return str(response.read().decode())
+
+    def wait_for(condition: Callable[[], bool], what: Callable[[], str]) -> None:
+        deadline = time.monotonic() + 30
+        while not condition():
+            assert time.monotonic() < deadline, f"{what()} within 30 s:\n" + log_path.read_text()[-3000:]
+            time.sleep(0.25)
+
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+
+    def get(path: str) -> Any:
+        with urllib.request.urlopen(urllib.request.Request(f"{base_url}{path}", headers=headers), timeout=10) as r:
+            return json.loads(r.read())
+
+    # Create, read, pay, list, void. curl -s prints each answer without a newline: one JSON
+    # document after the other.
+    out = paste("pay")
+    answers = [json.loads(doc) for doc in out.replace("}{", "}\n{").splitlines() if doc.strip()]
     assert [a.get("status") or a.get("code") for a in answers[:3]] == ["open", "open", None], answers
     assert answers[2]["created"] is True and answers[3]["results"][0]["status"] == "paid", answers
     assert answers[4]["code"] == "invoice_paid", answers
-    headers = {"Authorization": f"Bearer {tokens[0]}", "Content-Type": "application/json"}
+
+    # 1 and 2: the excerpt's transaction published the receipt job; it ran, said so in the log
+    # under the request's id, and emailed the receipt.
+    wait_for(lambda: get("/api/invoices/1")["receipt"] is not None, lambda: "no receipt")
+    status, brace, document = paste("watch").partition("{")
+    assert "pending: 0" in status.splitlines(), status  # outbox status: nothing left behind
+    invoice = json.loads(brace + document)
+    assert invoice["receipt"]["number"] == "R-INV-1", invoice
+    records = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+    paid = next(r for r in records if r.get("event") == "invoice paid")
+    written = next(r for r in records if r.get("event") == "payment receipt written")
+    assert written["request_id"] == paid["request_id"] and written["attempt"] == 1 and written["job_id"], written
+    assert any("ada@example.com" in mail.read_text() for mail in (data / "mail").iterdir())
+
+    # 3: a job that fails for good is a dead letter.
+    dead = 'composition_dead_letters_total{actor="send_payment_receipt"}'
+    paste("fail", slice(0, 1))
+    wait_for(lambda: f"{dead} 1.0" in metrics(), lambda: "no dead letter")
+    listed = paste("fail", slice(1, None))
+    assert "PermanentError" in listed and "1 dead letter(s)" in listed, listed
+
+    # 4: replayed from the admin, as the tour clicks it.
+    _replay_in_the_admin(base_url)
+
+    # 5: the counts, once the replay has failed again: what the README shows, line for line.
+    expected = sorted(marked_block(README, "tour:metrics-output").splitlines())
+    shown: list[str] = []
+
+    def counted() -> bool:
+        shown[:] = sorted(line for line in paste("metrics").splitlines() if "composition_outbox_relay" not in line)
+        return shown == expected
+
+    wait_for(counted, lambda: f"/metrics did not show {expected} (last: {shown})")
+
     body = json.dumps({"number": "RUN-1", "customer": "Ada", "amount_cents": 4200}).encode()
     request = urllib.request.Request(f"{base_url}/api/invoices", data=body, headers=headers)
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 201
-        invoice = json.loads(response.read())
-    listing = urllib.request.Request(f"{base_url}/api/invoices", headers=headers)
-    with urllib.request.urlopen(listing, timeout=10) as response:
-        assert [row["number"] for row in json.loads(response.read())["results"]] == ["RUN-1", "INV-1"]
-    assert http_status(f"{base_url}/api/invoices/{invoice['id']}") == 401  # anonymous
+        created = json.loads(response.read())
+    assert [row["number"] for row in get("/api/invoices")["results"]] == ["RUN-1", "INV-1"]
+    assert http_status(f"{base_url}/api/invoices/{created['id']}") == 401  # anonymous
 
 
-def _admin_is_styled_in_a_browser(base_url: str) -> None:
-    """Log in as the dev superuser, open the dead letters, and check the admin's CSS applied:
-    without its static files the header has no background and the icons are giant."""
+def _replay_in_the_admin(base_url: str) -> None:
+    """Log in as the dev superuser, open the dead letters (styled: without its static files the
+    header has no background and the icons are giant), open the one letter, Replay…, confirm."""
     from selenium.webdriver.common.by import By
 
     shots = artifacts_dir("run_admin")
@@ -71,8 +130,13 @@ def _admin_is_styled_in_a_browser(base_url: str) -> None:
         assert driver.execute_script("return document.styleSheets.length") >= 2
         # The content starts near the top (unstyled, it sits below a screen of bare links).
         assert driver.find_element(By.ID, "content").location["y"] < 300
-
-
+        (letter,) = driver.find_elements(By.CSS_SELECTOR, "#result_list tbody tr th a")
+        letter.click()
+        driver.find_element(By.XPATH, "//button[normalize-space()='Replay…']").click()
+        driver.find_element(By.CSS_SELECTOR, "input[type=submit][value^='Yes, replay']").click()
+        driver.save_screenshot(str(shots / "replayed.png"))
+        notes = [note.text for note in driver.find_elements(By.CSS_SELECTOR, "ul.messagelist li")]
+        assert notes == ["Replayed 1 dead letter(s)."], notes
 
 
 # Records the subprocesses a Python process starts (its audit events), for counting what ./run
@@ -108,7 +172,7 @@ def _wait_ready(process: subprocess.Popen[bytes], port: int, log_path: Path) -> 
 def _a_second_run_beside_keeps_to_itself(env: dict[str, str], port: int, data: Path) -> None:
     """Another ./run on another port, sharing the data directory: each one's draining mark and
     gunicorn control socket are its own. Draining one (``PORT=N ./manage.py drain``, pasted as
-    the README has it) flips only its /readyz; stopping the other leaves its control socket."""
+    docs/development.md has it) flips only its /readyz; stopping the other leaves its control socket."""
     other = free_port()
     log_path = data / "run-other.log"
     process = _start_run({**env, "PORT": str(other)}, log_path)
@@ -116,7 +180,8 @@ def _a_second_run_beside_keeps_to_itself(env: dict[str, str], port: int, data: P
         _wait_ready(process, other, log_path)
         assert (data / f"gunicorn-{port}.ctl").exists() and (data / f"gunicorn-{other}.ctl").exists()
         shell = {key: value for key, value in env.items() if key not in ("VIRTUAL_ENV", "SUBPROCESS_AUDIT_LOG")}
-        drain = subprocess.run(["bash", "-c", f"PORT={port} ./manage.py drain --wait 0"], cwd=ROOT, env=shell,
+        pasted = marked_block(ROOT / "docs" / "development.md", "run:drain").replace("PORT=8000", f"PORT={port}")
+        drain = subprocess.run(["bash", "-c", pasted], cwd=ROOT, env=shell,
                                capture_output=True, text=True, timeout=60)
         assert drain.returncode == 0, drain.stderr[-2000:]
         assert (http_status(f"http://127.0.0.1:{port}/readyz"), http_status(f"http://127.0.0.1:{other}/readyz")) \
@@ -174,8 +239,8 @@ def test_run_command_serves_readyz_on_embedded_servers_and_ctrl_c_stops_in_rever
             assert time.monotonic() < deadline, metrics().decode()[:3000]
             time.sleep(0.25)
         assert b"django_http_requests_total" in metrics()
-        _admin_is_styled_in_a_browser(f"http://127.0.0.1:{port}")
-        _the_printed_token_works(f"http://127.0.0.1:{port}", log_path)
+        shell = {key: value for key, value in env.items() if key != "VIRTUAL_ENV"}
+        _the_readme_tour_works(f"http://127.0.0.1:{port}", log_path, shell, tmp_path)
         _a_second_run_beside_keeps_to_itself(env, port, tmp_path)
         os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
         # The pre-stop step: draining is announced while gunicorn still answers.
