@@ -78,7 +78,7 @@ def test_relay_command_with_the_broker_away_says_nothing_is_lost(monkeypatch: py
     publish(PROBE, {"seq": 1})
     server = ThrowawayRedis().start()
     away = RedisBroker(url=server.url, socket_timeout=0.5, socket_connect_timeout=0.5)
-    server.stop()
+    server.close()  # gone, its data directory with it: a broker that is away
     monkeypatch.setattr("composition.management.commands.outbox.configured_broker", lambda: away)
     with pytest.raises(CommandError, match=r"the broker did not take the messages .*; 1 still pending, none lost"):
         call_command("outbox", "relay", stdout=StringIO())

@@ -178,7 +178,7 @@ def test_a_broker_failure_releases_the_claims_and_records_the_error() -> None:
     ids = _publish_many(["k", "k"])
     server = ThrowawayRedis().start()
     dead = RedisBroker(url=server.url, socket_timeout=0.5, socket_connect_timeout=0.5)
-    server.stop()
+    server.close()  # gone, its data directory with it: a broker that is away
     with pytest.raises(Exception, match=r"(?i)connect"):
         Relay(dead).run_once()
     rows = list(OutboxMessage.objects.order_by("id").values("status", "claimed_until", "last_error"))
