@@ -396,6 +396,8 @@ class Soak:
                  log_dir: Path) -> None:
         import redis
 
+        from composition.conf import conf
+        from composition.health.probes import cache_redis_url
         from composition.outbox.relay import RELAY_QUEUE_NAME
         from tests.jobsapp import jobs as jobsapp
 
@@ -409,7 +411,11 @@ class Soak:
                             "--queues", ",".join([*self.queues, RELAY_QUEUE_NAME])]
         self.workers: list[Worker] = []
         self.faults: list[Fault] = []
-        self.client = redis.Redis.from_url(redis_server.url, socket_timeout=5, socket_connect_timeout=2)
+        # The Redis databases the settings gave the broker and the cache (tests.settings moves them
+        # off the server URL's own): reading the URL's database would find an empty broker and no
+        # heartbeat, ever.
+        self.client = redis.Redis.from_url(str(conf.BROKER_URL), socket_timeout=5, socket_connect_timeout=2)
+        self.heartbeats = redis.Redis.from_url(cache_redis_url(), socket_timeout=5, socket_connect_timeout=2)
         plan = build_plan(args.jobs, args.keyed, self.rng)
         self.fault_kinds = self.fault_plan()
         # The relay kills' bursts are kept apart from the steady stream, so the last one has jobs too.
@@ -445,7 +451,7 @@ class Soak:
         while time.monotonic() < deadline and self.worker.process is not None \
                 and self.worker.process.poll() is None:
             try:
-                if self.client.zrangebyscore(REGISTRY_KEY, self.spawned_at, "+inf"):
+                if self.heartbeats.zrangebyscore(REGISTRY_KEY, self.spawned_at, "+inf"):
                     return
             except Exception:
                 pass
