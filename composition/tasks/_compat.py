@@ -14,6 +14,7 @@ from composition.errors import ConfigurationError
 __all__ = [
     "BACKPORT",
     "BACKPORT_APP",
+    "DEFAULT_TASK_PRIORITY",
     "DEFAULT_TASK_QUEUE_NAME",
     "BaseTaskBackend",
     "InvalidTask",
@@ -37,7 +38,7 @@ BACKPORT_APP = "django_tasks"
 if TYPE_CHECKING:
     from django.tasks import DEFAULT_TASK_QUEUE_NAME, Task, TaskContext, TaskResult, TaskResultStatus, task_backends
     from django.tasks.backends.base import BaseTaskBackend
-    from django.tasks.base import TaskError
+    from django.tasks.base import DEFAULT_TASK_PRIORITY, TaskError
     from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
     from django.tasks.signals import task_enqueued, task_finished, task_started
     from django.utils.json import normalize_json
@@ -54,7 +55,7 @@ else:
             task_backends,
         )
         from django.tasks.backends.base import BaseTaskBackend
-        from django.tasks.base import TaskError
+        from django.tasks.base import DEFAULT_TASK_PRIORITY, TaskError
         from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
         from django.tasks.signals import task_enqueued, task_finished, task_started
         from django.utils.json import normalize_json
@@ -70,7 +71,7 @@ else:
                 task_backends,
             )
             from django_tasks.backends.base import BaseTaskBackend
-            from django_tasks.base import Task, TaskError
+            from django_tasks.base import DEFAULT_TASK_PRIORITY, Task, TaskError
             from django_tasks.exceptions import InvalidTaskBackendError as InvalidTaskBackend
             from django_tasks.exceptions import InvalidTaskError as InvalidTask
             from django_tasks.exceptions import TaskResultDoesNotExist

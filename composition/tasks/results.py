@@ -21,6 +21,7 @@ from composition.errors import described
 from composition.health import heartbeats, probes
 from composition.jobs.inbox import IDEMPOTENCY_KEY_HEADER
 from composition.tasks._compat import (
+    DEFAULT_TASK_PRIORITY,
     InvalidTask,
     Task,
     TaskError,
@@ -136,8 +137,9 @@ def _task_or_stand_in(result_id: str, path: str, *, alias: str, queue: str,
         raise InvalidTask(f"{path} is no longer a task ({reason})")
 
     gone.__module__, gone.__name__, gone.__qualname__ = module or "__main__", name or path, name or path
-    fields: dict[str, Any] = {"func": gone, "backend": alias, "queue_name": queue, "run_after": run_after,
-                              "takes_context": False}
+    # Django 6's Task has no default priority (the backport's has); the removed task's own is unknown.
+    fields: dict[str, Any] = {"func": gone, "priority": DEFAULT_TASK_PRIORITY, "backend": alias, "queue_name": queue,
+                              "run_after": run_after, "takes_context": False}
     try:
         return Task(**{field.name: fields[field.name] for field in dataclasses.fields(Task) if field.name in fields})
     except InvalidTask as exc:
