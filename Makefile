@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 MATRIX_VENV := .venv-matrix
 MATRIX_STAMP := $(MATRIX_VENV)/.installed
 
-.PHONY: venv browser promtool nginx run test gate lint typecheck check pytest matrix bench wheel clean
+.PHONY: venv matrix-venv installs browser promtool nginx run test gate lint typecheck check pytest matrix soak bench wheel clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,34 +55,79 @@ check: venv
 	$(PY) manage.py check --fail-level WARNING
 	$(PY) manage.py makemigrations --check --dry-run
 
+# The main cell: every test but the soak tests, which `make soak` runs (docs/testing.md).
 pytest: venv browser promtool nginx
-	$(VENV)/bin/pytest --durations=15 $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -m "not soak" --durations=15 $(PYTEST_ARGS)
 
-# The suite again on the newest Python with the newest Django (6.x needs Python >= 3.12), less
-# the soak tests (they test our code, not the versions, and take a minute each), the tests of
-# ./run (it runs the main .venv whatever the interpreter) and the slow ones (real processes and
-# servers: they test our code's timing more than the versions, and halve the cell's time)
-# except a few marked version_smoke, which run real workers, gunicorn and signals on the new
-# versions; skipped, saying so, where no Python 3.13 is installed.
-matrix: pyproject.toml browser promtool nginx
+# The soak tests alone, never part of `make test`: the scenarios that take minutes by nature at
+# full size (the chaos soak, the SIGKILL storm, a 35 s migration). The gate runs a short version of
+# each; docs/testing.md says which and what it still catches. They need no browser, promtool or nginx.
+soak: venv
+	$(VENV)/bin/pytest -m soak --durations=15 $(PYTEST_ARGS)
+
+# The second cell runs only what the Python or Django version changes, on the newest Python with
+# the newest Django (6.x needs Python >= 3.12): the other dependencies resolve alike in both cells,
+# so the rest would only run again. Chosen by path, as the tests mirror the code: the modules that
+# read Django's internals (docs/architecture.md) or lean on its ORM, transactions and on_commit,
+# request handling, admin, system checks, migrate and django.tasks (the framework's own on 6, the
+# backport on 5.2); and Python's signals, threads, argparse messages and asynchronous exceptions
+# (lifecycle, time limits). In those files the slow tests stay out unless marked version_smoke:
+# real workers, gunicorn, signals and migrate on the new versions (tests/project/test_gate.py
+# checks that every such file is listed); main_cell and soak tests never run here. A new test in a
+# listed folder joins by itself. First `manage.py check` and `makemigrations --check`, which a new
+# Django can fail on its own (a deprecation warning, a changed migration).
+MATRIX_TESTS := \
+	tests/core/test_internals.py tests/core/test_checks.py tests/core/test_logging.py \
+	tests/core/test_retention.py tests/core/test_views.py \
+	tests/db tests/admin tests/tasks tests/locks/test_db.py \
+	tests/outbox/test_publish.py tests/outbox/test_publish_many.py tests/outbox/test_maintenance.py \
+	tests/jobs/test_inbox.py tests/jobs/test_schema.py tests/jobs/test_deadletters.py \
+	tests/jobs/test_replay.py tests/jobs/test_connection_hygiene.py tests/jobs/middleware/test_stack.py \
+	tests/cache/test_api.py tests/cache/test_invalidation.py \
+	tests/billing/test_admin.py tests/billing/test_api.py tests/billing/test_services.py \
+	tests/billing/test_pay_after_commit.py tests/health/test_checks.py tests/prometheus/test_access.py \
+	tests/backpressure/test_admission.py tests/lifecycle/test_system.py tests/broker/test_time_limits.py \
+	tests/scenarios/test_workers_drain.py tests/scenarios/test_billing_email.py
+
+# The matrix cell's virtual environment, on Python 3.13 (pyenv's, else python3.13 on the PATH);
+# where there is none, it says so and the matrix cell is skipped.
+matrix-venv:
 	@py=""; for candidate in "$$(pyenv prefix 3.13 2>/dev/null)/bin/python" python3.13; do \
 	  if "$$candidate" -c "import sys; assert sys.version_info[:2] == (3, 13)" 2>/dev/null; then py=$$candidate; break; fi; \
 	done; \
-	if [ -z "$$py" ]; then echo "matrix: no Python 3.13 on this machine, skipped"; exit 0; fi; \
+	if [ -z "$$py" ]; then echo "matrix: no Python 3.13 on this machine, skipped"; rm -f $(MATRIX_STAMP); exit 0; fi; \
 	if [ ! -f $(MATRIX_STAMP) ] || [ pyproject.toml -nt $(MATRIX_STAMP) ]; then \
 	  test -x $(MATRIX_VENV)/bin/python || $$py -m venv $(MATRIX_VENV); \
 	  $(MATRIX_VENV)/bin/python -m pip install -q --upgrade pip && \
 	  $(MATRIX_VENV)/bin/python -m pip install -q -e '.[rabbitmq,embedded,example,dev,tasks]' && touch $(MATRIX_STAMP) || exit 1; \
-	fi; \
-	$(MATRIX_VENV)/bin/python -c "import django, sys; print('matrix: Python', sys.version.split()[0], 'Django', django.get_version())"; \
-	$(MATRIX_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not soak and not main_cell and (not slow or version_smoke)" --durations=15 $(PYTEST_ARGS)
+	fi
 
-# The whole gate, the same locally and in CI, then a check that it left no new listening TCP
+matrix: matrix-venv
+	@if [ ! -f $(MATRIX_STAMP) ]; then exit 0; fi; \
+	$(MATRIX_VENV)/bin/python -c "import django, sys; print('matrix: Python', sys.version.split()[0], 'Django', django.get_version())" && \
+	$(MATRIX_VENV)/bin/python manage.py check --fail-level WARNING && \
+	$(MATRIX_VENV)/bin/python manage.py makemigrations --check --dry-run && \
+	$(MATRIX_VENV)/bin/python -m pytest -q -p no:cacheprovider $(MATRIX_TESTS) \
+	  -m "not soak and not main_cell and (not slow or version_smoke)" --durations=15 $(PYTEST_ARGS)
+
+# Everything the gate installs, the Debian tools beside the two virtual environments: about half
+# a minute rather than a minute one after the other. The environments go one after the other
+# (their editable installs build in the same tree), and so do the tools (one apt at a time); the
+# tools' lines are printed once both are done.
+installs:
+	@log=$$(mktemp); \
+	$(MAKE) --no-print-directory browser promtool nginx >"$$log" 2>&1 & tools=$$!; \
+	$(MAKE) --no-print-directory venv matrix-venv; envs=$$?; \
+	wait $$tools; tools_status=$$?; cat "$$log"; rm -f "$$log"; \
+	[ $$envs -eq 0 ] && [ $$tools_status -eq 0 ]
+
+# The whole gate, the same locally and in CI (the installs, then the checks and both cells; at most
+# 12 minutes on a 2-core machine from a fresh clone), then a check that it left no new listening TCP
 # port behind (a daemon an install started, a server a test did not stop): the LISTEN sockets
 # before and after (tools/listening_ports.py), the new ones named with their processes.
 test:
 	@before=$$(mktemp); $(PYTHON) tools/listening_ports.py save "$$before"; \
-	$(MAKE) --no-print-directory gate; status=$$?; \
+	$(MAKE) --no-print-directory installs && $(MAKE) --no-print-directory gate; status=$$?; \
 	$(PYTHON) tools/listening_ports.py check "$$before" || status=1; \
 	rm -f "$$before"; exit $$status
 

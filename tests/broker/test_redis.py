@@ -315,7 +315,7 @@ def _start_delays(client: redis.Redis, worker: Any, send: Callable[[int], None])
     return [float(started[str(seq)]) - sent_at[seq] for seq in range(SENDS)]
 
 
-@pytest.mark.soak  # process timing no Python or Django version changes: main cell only
+@pytest.mark.main_cell  # process timing no Python or Django version changes
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_message_sent_to_an_idle_queue_starts_before_the_next_poll(worker_processes: Any,
@@ -326,7 +326,7 @@ def test_a_message_sent_to_an_idle_queue_starts_before_the_next_poll(worker_proc
     assert worker.terminate() == 0
 
 
-@pytest.mark.soak  # process timing no Python or Django version changes: main cell only
+@pytest.mark.main_cell  # process timing no Python or Django version changes
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("path", ["send_on_commit", "relay"])

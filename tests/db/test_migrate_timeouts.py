@@ -41,6 +41,7 @@ def _manage(database_url: str, *args: str, hold_s: float, **composition: float) 
 
 
 @pytest.mark.slow
+@pytest.mark.version_smoke  # the matrix cell runs it too (Makefile): migrate's signals lift the timeouts
 @pytest.mark.django_db
 def test_migrate_holds_a_statement_longer_than_the_timeout_while_other_commands_cannot(
         scratch_database_url: str) -> None:
@@ -54,7 +55,7 @@ def test_migrate_holds_a_statement_longer_than_the_timeout_while_other_commands_
 
 
 @pytest.mark.slow
-@pytest.mark.soak
+@pytest.mark.soak  # the gate's short version is the test above: a 2 s statement over a 1 s timeout
 @pytest.mark.django_db
 def test_migrate_runs_a_35_second_operation_under_the_default_timeouts(scratch_database_url: str) -> None:
     migrated = _manage(scratch_database_url, "migrate", "slowmigration", hold_s=35)

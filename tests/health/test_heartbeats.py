@@ -38,7 +38,6 @@ def _health_workers() -> tuple[int, dict[str, Any]]:
 
 
 @pytest.mark.slow
-@pytest.mark.version_smoke  # the health command against a real worker, on the new versions
 @pytest.mark.django_db(transaction=True)
 def test_exit_codes_follow_a_real_worker_process(client: Any, worker_processes) -> None:  # type: ignore[no-untyped-def]
     code, body = _health_workers()

@@ -52,7 +52,7 @@ def _relay_runs(worker_pid: int) -> list[float]:
             for job in beat.get("jobs", []) if job["actor"] == RELAY_ACTOR_NAME]
 
 
-@pytest.mark.soak  # process timing no Python or Django version changes: main cell only
+@pytest.mark.main_cell  # process timing no Python or Django version changes
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("nudge_only")  # every commit nudges: the relay's worst case

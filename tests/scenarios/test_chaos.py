@@ -1,8 +1,10 @@
-"""The chaos soak (``bench/chaos.py``) at CI size: 2,500 idempotent and 2,500 non-idempotent jobs
-through the outbox into real ``runworkers`` processes, while a worker process group is SIGKILLed
-five times (three of them aimed at the relay mid-batch), the broker restarts once and PostgreSQL
-restarts once. Nothing may be lost, no idempotent effect may happen twice, and nothing the soak
-started may outlive it. The soak's own report is printed (``pytest -s``) with how long it took."""
+"""The chaos soak (``bench/chaos.py``): idempotent and non-idempotent jobs through the outbox into
+real ``runworkers`` processes, while a worker process group is SIGKILLed (every second kill aimed
+at the relay mid-batch), the broker restarts once and PostgreSQL restarts once. Nothing may be
+lost, no idempotent effect may happen twice, and nothing the soak started may outlive it. The
+soak's own report is printed (``pytest -s``) with how long it took.
+
+Two sizes: the gate's (every fault once) and CI size under ``soak`` (``make soak``)."""
 
 from __future__ import annotations
 
@@ -18,13 +20,16 @@ import pytest
 
 from tests.helpers import ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.soak]
+pytestmark = pytest.mark.slow
 
-# About 5,000 jobs: a couple of minutes on a loaded 2-core machine (most of it the runworkers
-# restarts and the recovery after each fault, not the jobs).
+# The gate's size: 1,200 jobs and each kind of fault once (a relay kill mid-batch, a kill
+# mid-stream, a broker restart, a PostgreSQL restart), half a minute on a loaded 2-core machine.
+GATE_SIZE = ["--jobs", "600", "--kills", "2", "--relay-burst", "200"]
+# CI size, about 5,000 jobs and five kills: a minute or more (most of it the runworkers restarts
+# and the recovery after each fault, not the jobs).
+CI_SIZE = ["--jobs", "2500", "--kills", "5", "--relay-burst", "800"]
 ARGS = [
-    "--jobs", "2500", "--kills", "5", "--broker-restarts", "1", "--postgres-restarts", "1",
-    "--threads", "4", "--relay-burst", "800",
+    "--broker-restarts", "1", "--postgres-restarts", "1", "--threads", "4",
     "--recovery-deadline-s", "120", "--stall-s", "90",
     # Short, fixed recovery windows, whatever the defaults are: a killed group's leases and unacked
     # messages come back within seconds.
@@ -50,11 +55,13 @@ def _leftovers(ports: list[str], database_url: str) -> list[str]:
 
 
 @pytest.mark.timeout(BUDGET_S + 120)
-def test_nothing_is_lost_through_kills_and_restarts() -> None:
+@pytest.mark.parametrize("size", [pytest.param(GATE_SIZE, id="gate"),
+                                  pytest.param(CI_SIZE, id="ci", marks=pytest.mark.soak)])
+def test_nothing_is_lost_through_kills_and_restarts(size: list[str]) -> None:
     env = {name: value for name, value in os.environ.items()
            if not name.startswith("CHAOS_") and name != "COMPOSITION_TEST_OVERRIDES"}
     started = time.monotonic()
-    soak = subprocess.Popen([sys.executable, str(ROOT / "bench" / "chaos.py"), *ARGS], cwd=ROOT, env=env,
+    soak = subprocess.Popen([sys.executable, str(ROOT / "bench" / "chaos.py"), *size, *ARGS], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         output, _ = soak.communicate(timeout=BUDGET_S)
@@ -68,7 +75,7 @@ def test_nothing_is_lost_through_kills_and_restarts() -> None:
         pytest.fail(f"the soak took longer than {BUDGET_S} s:\n{output[-6000:]}")
     took_s = time.monotonic() - started
     print(output)
-    print(f"chaos soak at CI size took {took_s:.0f} s")
+    print(f"chaos soak ({' '.join(size)}) took {took_s:.0f} s")
 
     servers = re.search(r"private servers: (postgresql://\S+:(\d+)/\S+) redis://\S+:(\d+)/", output)
     assert servers, output[-6000:]

@@ -24,7 +24,7 @@ from tests.helpers import ROOT, marked_block
 
 # Slow (a virtual environment installed from the registry) and about packaging, not versions:
 # the main cell only.
-pytestmark = [pytest.mark.slow, pytest.mark.soak]
+pytestmark = [pytest.mark.slow, pytest.mark.main_cell]
 
 
 def guide_block(marker: str) -> str:

@@ -88,7 +88,7 @@ def test_a_crashed_relay_s_rows_are_relayed_within_seconds(worker_processes, nud
     assert worker.terminate() == 0
 
 
-@pytest.mark.soak  # process timing no Python or Django version changes: main cell only
+@pytest.mark.main_cell  # process timing no Python or Django version changes
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_killed_worker_s_messages_run_within_seconds_of_its_restart_and_a_live_one_keeps_its_own(

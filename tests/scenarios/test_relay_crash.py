@@ -57,7 +57,6 @@ def _held_by(relay: str, leases: set[tuple[str, str, datetime | None]]) -> bool:
         == {("pending", True, True)}
 
 
-@pytest.mark.version_smoke  # the matrix cell runs it too (Makefile)
 @pytest.mark.usefixtures("nudge_only")
 def test_a_relay_killed_mid_batch_has_its_rows_relayed_within_5_s(
         worker_processes: Any, throwaway_redis_server: ThrowawayRedis) -> None:

@@ -47,8 +47,10 @@ from composition.testing import wait_until
 from tests.jobsapp import jobs, tasks
 from tests.jobsapp.models import Account, Attempt, Effect
 
+# The whole file in the matrix cell too (Makefile): Django 6 ships django.tasks, 5.2 takes the backport.
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.version_smoke,
     pytest.mark.django_db(transaction=True),
     pytest.mark.empty_queues(tasks.QUEUE, tasks.PLAIN_QUEUE),
 ]
@@ -226,7 +228,6 @@ def test_a_result_whose_record_of_success_may_be_pruned_is_not_read_as_ready() -
 
 
 # -- real workers ----------------------------------------------------------------------------------------
-@pytest.mark.version_smoke  # the matrix cell runs it too (Makefile): Django 6 has django.tasks built in
 def test_rolled_back_never_runs_and_committed_runs_once(worker_processes) -> None:
     with pytest.raises(RuntimeError), transaction.atomic():
         rolled_back = tasks.add_effect.enqueue("rolled-back")
