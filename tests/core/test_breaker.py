@@ -8,8 +8,10 @@ import gc
 import threading
 
 import pytest
+import structlog
 from structlog.testing import capture_logs
 
+from composition import breaker as breaker_module
 from composition.breaker import CircuitBreaker, CircuitOpen, breaker_states
 from composition.jobs import TransientError
 from composition.testing import metric_value, wait_until
@@ -251,7 +253,12 @@ def test_an_answer_that_is_not_a_failure_closes_a_half_open_circuit() -> None:
     assert breaker.state == "closed"
 
 
-def test_after_close_runs_once_the_probe_closed_it_and_its_failure_leaves_it_closed() -> None:
+def test_after_close_runs_once_the_probe_closed_it_and_its_failure_leaves_it_closed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The module's logger is cached on first use; a later configure_structlog() (a LoggerComponent
+    # an earlier test started) gives the config a new processor list, and capture_logs fills that
+    # one, not the cached logger's: a fresh logger for this test, so the order of tests is moot.
+    monkeypatch.setattr(breaker_module, "log", structlog.get_logger("composition.backpressure"))
     clock = Clock()
     outcomes = [False, True]
     after_close: list[str] = []
