@@ -41,3 +41,13 @@ def marked_block(page: Path, marker: str) -> str:
     match = re.search(rf"<!-- {re.escape(marker)} -->\n```[^\n]*\n(.*?)```", page.read_text(), re.S)
     assert match, f"{page.relative_to(ROOT)} has no block marked <!-- {marker} -->"
     return match.group(1)
+
+
+class Clock:
+    """A clock a test moves by hand (``clock.now += 5``), for what takes ``clock=``."""
+
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now

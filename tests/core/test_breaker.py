@@ -15,15 +15,7 @@ from composition import breaker as breaker_module
 from composition.breaker import CircuitBreaker, CircuitOpen, breaker_states
 from composition.jobs import TransientError
 from composition.testing import metric_value, wait_until
-from tests.helpers import unique
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.helpers import Clock, unique
 
 
 def _raise_connection_error() -> None:

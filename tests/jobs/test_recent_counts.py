@@ -11,18 +11,11 @@ from collections.abc import Iterator
 import pytest
 
 from composition.jobs.recent_counts import RecentCounts
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.helpers import Clock
 
 
 def test_counts_add_up_per_kind_within_and_across_seconds() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     counts = RecentCounts(60, clock=clock)
     assert counts.totals() == {}
     counts.add("billing")
@@ -35,7 +28,7 @@ def test_counts_add_up_per_kind_within_and_across_seconds() -> None:
 
 
 def test_an_event_leaves_the_window_once_it_is_window_s_old() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     counts = RecentCounts(300, clock=clock)
     counts.add("billing", 3)  # at second 1000
     clock.now += 10
@@ -52,7 +45,7 @@ def test_an_event_leaves_the_window_once_it_is_window_s_old() -> None:
 
 def test_adding_drops_old_buckets_so_a_busy_kind_keeps_a_window_s_worth() -> None:
     # Bucket count bounded by the window: the only memory a rate costs, however busy.
-    clock = Clock()
+    clock = Clock(1000.0)
     counts = RecentCounts(5, clock=clock)
     for _ in range(100):
         counts.add("billing", 4)
