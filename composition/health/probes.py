@@ -18,7 +18,9 @@ __all__ = ["PROBES", "cache_redis_url", "heartbeat_client", "probe_broker", "pro
 
 def probe_database(timeout_s: float) -> None:
     """A fresh connection (never one a request or job is using) with the probe's own connect
-    and statement timeouts, so a frozen server cannot hold the probe beyond ``timeout_s``."""
+    and statement timeouts, so a frozen server cannot hold the probe for long: ``timeout_s``
+    for the query, and for the connect ``timeout_s`` rounded up to whole seconds, at least 2
+    (libpq's floor: it reads 1 as 2)."""
     import psycopg
 
     # Everything the application connects with (TLS client certificates, service files,
@@ -26,7 +28,7 @@ def probe_database(timeout_s: float) -> None:
     params = {key: value for key, value in connections["default"].get_connection_params().items()
               if key not in ("cursor_factory", "context", "prepare_threshold", "pool", "server_side_binding",
                              "assume_role")}
-    params["connect_timeout"] = max(1, math.ceil(timeout_s))
+    params["connect_timeout"] = max(2, math.ceil(timeout_s))
     with psycopg.connect(**params, autocommit=True) as conn:
         # A SET rather than a startup option: poolers such as PgBouncer refuse unknown ones.
         conn.execute(f"SET statement_timeout = {max(1, int(timeout_s * 1000))}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from typing import Any
 
 from composition.broker import configured as broker_module
 from composition.conf import conf
+from composition.lifecycle.processes import detach_and_die_with_parent
 
 __all__ = ["WorkerDidNotStop", "WorkerProcess", "current_database_url", "subprocess_env", "use_broker"]
 
@@ -72,7 +74,8 @@ class WorkerDidNotStop(AssertionError):
 
 
 class WorkerProcess:
-    """``manage.py runworkers`` as a real child process in its own process group."""
+    """``manage.py runworkers`` as a real child process in its own process group, ended with
+    the process that started it: a test run killed mid-test leaves no worker taking its queues."""
 
     def __init__(self, args: Sequence[str] = (), *, env: dict[str, str] | None = None,
                  manage_py: str = "manage.py", cwd: str | None = None) -> None:
@@ -85,7 +88,8 @@ class WorkerProcess:
     def start(self) -> WorkerProcess:
         self._log = self.log_path.open("wb")
         self.process = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdout=self._log,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+                                        stderr=subprocess.STDOUT,
+                                        preexec_fn=functools.partial(detach_and_die_with_parent, os.getpid()))
         return self
 
     @property

@@ -1,0 +1,58 @@
+"""``composition.testing.WorkerProcess``: a real ``runworkers`` that ends with the process that
+started it, so a test run killed mid-test leaves no worker taking its queues."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from composition.testing import subprocess_env, wait_until
+from tests.helpers import ROOT
+
+PARENT = textwrap.dedent("""
+    import os, time
+    import django
+    django.setup()
+    from composition.testing import WorkerProcess
+    worker = WorkerProcess(["--threads", "1", "--shutdown-timeout", "5", "--queues", "nobody_sends_here"],
+                           env=dict(os.environ)).start()
+    print(worker.pid, worker.log_path, flush=True)
+    time.sleep(120)
+""")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_ends_when_the_process_that_started_it_is_killed() -> None:
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], cwd=ROOT, env=subprocess_env(),
+                              stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    pid_text, log_text = parent.stdout.readline().split()
+    worker, log = int(pid_text), Path(log_text)
+    try:
+        wait_until(lambda: "component started" in log.read_text(errors="replace"), 60,
+                   message=f"the worker never started: {log.read_text(errors='replace')[-3000:]}")
+        parent.send_signal(signal.SIGKILL)  # no teardown runs: the crash of a test run
+        parent.wait(10)
+        wait_until(lambda: not _alive(worker), 20, message="the worker outlived the process that started it")
+        assert "stopped" in log.read_text(errors="replace")  # it drained on the parent's death, not killed
+    finally:
+        if _alive(worker):
+            os.killpg(worker, signal.SIGKILL)
+        parent.kill()
+        parent.wait()
+        log.unlink(missing_ok=True)
