@@ -366,11 +366,9 @@ def test_a_child_whose_parent_died_before_it_could_watch_ends_at_once() -> None:
     (["--queues", ","], "--queues: ',' names no queue"),
 ])
 def test_runworkers_refuses_bad_arguments_as_usage_errors(argument: list[str], said: str) -> None:
-
     from composition.testing import subprocess_env
 
-    root = ROOT
-    done = subprocess.run([sys.executable, str(root / "manage.py"), "runworkers", *argument], cwd=root,
+    done = subprocess.run([sys.executable, str(ROOT / "manage.py"), "runworkers", *argument], cwd=ROOT,
                           env=subprocess_env(), capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr[-2000:]
     assert said in done.stderr
