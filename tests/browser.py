@@ -84,3 +84,21 @@ def log_in_to_admin(driver: Any, base_url: str, username: str, password: str) ->
         pass
     if "/admin/login/" in driver.current_url:
         raise AssertionError(f"could not log in as {username}: {driver.page_source[:2000]}")
+
+
+def wait_for(driver: Any, css: str, text: str = "") -> Any:
+    """The first element at ``css`` holding ``text`` once the page a click is loading shows one:
+    a click only starts the navigation, so reading at once could read the page being left. The
+    text is matched ignoring case: Selenium reads it as CSS renders it (``text-transform``)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def found(_: Any) -> Any:
+        elements = driver.find_elements(By.CSS_SELECTOR, css)
+        return next((element for element in elements if text.casefold() in element.text.casefold()), False)
+
+    try:
+        return WebDriverWait(driver, 15, ignored_exceptions=(Exception,)).until(found)
+    except Exception:
+        raise AssertionError(f"no {css!r} holding {text!r} on {driver.current_url}:\n"
+                             f"{driver.find_element(By.TAG_NAME, 'body').text[:3000]}") from None

@@ -18,27 +18,10 @@ from composition.outbox import OutboxMessage
 from composition.outbox.relay import RELAY_QUEUE_NAME
 from composition.testing import wait_until
 from tests.admin.test_operations import bulk_dead_letters
-from tests.browser import artifacts_dir, chrome, log_in_to_admin
+from tests.browser import artifacts_dir, chrome, log_in_to_admin, wait_for
 from tests.jobsapp import jobs
 
 pytestmark = pytest.mark.slow
-
-
-def _wait_for(driver: Any, css: str, text: str = "") -> Any:
-    """The element at ``css`` on the page a click is loading (holding ``text``), once it is there:
-    reading at once could read the page being left."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    def found(_: Any) -> Any:
-        elements = driver.find_elements(By.CSS_SELECTOR, css)
-        return elements[0] if elements and text in elements[0].text else False
-
-    try:
-        return WebDriverWait(driver, 15, ignored_exceptions=(Exception,)).until(found)
-    except Exception:
-        raise AssertionError(f"no {css!r} holding {text!r} on {driver.current_url}:\n"
-                             f"{driver.find_element(By.TAG_NAME, 'body').text[:3000]}") from None
 
 
 def _text(driver: Any, css: str) -> str:
@@ -76,7 +59,7 @@ def test_an_operator_reads_the_page_and_replays_a_failure_group(live_server: Any
         log_in_to_admin(driver, base, "operator", "a long operator password")
         driver.get(f"{base}/admin/")
         driver.find_element(By.CSS_SELECTOR, 'a[href="/admin/composition/operations/"]').click()
-        _wait_for(driver, "#ops-queues")
+        wait_for(driver, "#ops-queues")
         driver.get(f"{base}/admin/composition/operations/?refresh=off")  # no reload under our feet
         driver.save_screenshot(str(shots / "1-operations.png"))
         # Styled: the admin's stylesheet was served and applied.
@@ -92,7 +75,7 @@ def test_an_operator_reads_the_page_and_replays_a_failure_group(live_server: Any
 
         # The group's link: the dead letters' list, filtered to that group and nothing else.
         driver.find_element(By.CSS_SELECTOR, f'tr[data-fingerprint="{largest}"] a').click()
-        _wait_for(driver, "#result_list")
+        wait_for(driver, "#result_list")
         assert f"fingerprint={largest}" in driver.current_url
         # textContent: the column may be scrolled out of view in the list's box.
         listed = [row.find_element(By.CSS_SELECTOR, "td.field-short_fingerprint").get_attribute("textContent").strip()
@@ -103,14 +86,14 @@ def test_an_operator_reads_the_page_and_replays_a_failure_group(live_server: Any
         assert re.search(rf"(^|\s){counts[largest]} dead letters\b", paginator), paginator
         driver.save_screenshot(str(shots / "2-dead-letters.png"))
         driver.back()
-        _wait_for(driver, f'tr[data-fingerprint="{largest}"] input.replay-group')
+        wait_for(driver, f'tr[data-fingerprint="{largest}"] input.replay-group')
 
         driver.find_element(By.CSS_SELECTOR, f'tr[data-fingerprint="{largest}"] input.replay-group').click()
-        _wait_for(driver, "#content", "This will replay 3 dead letters")
+        wait_for(driver, "#content", "This will replay 3 dead letters")
         driver.save_screenshot(str(shots / "3-confirm.png"))
         assert _open() == 5, "nothing happens before the confirmation"
         driver.find_element(By.CSS_SELECTOR, '#content form input[type="submit"]').click()
-        _wait_for(driver, "ul.messagelist", "Replayed 3 dead letter(s).")
+        wait_for(driver, "ul.messagelist", "Replayed 3 dead letter(s).")
         driver.save_screenshot(str(shots / "4-replayed.png"))
 
         driver.get(f"{base}/admin/composition/operations/?refresh=off")

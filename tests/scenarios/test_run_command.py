@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from composition.testing import free_port, http_status
-from tests.browser import artifacts_dir, chrome, log_in_to_admin
+from tests.browser import artifacts_dir, chrome, log_in_to_admin, wait_for
 from tests.helpers import ROOT, marked_block
 
 # ./run uses the main .venv whatever interpreter runs pytest: in the matrix cell this would only
@@ -132,8 +132,10 @@ def _replay_in_the_admin(base_url: str) -> None:
         assert driver.find_element(By.ID, "content").location["y"] < 300
         (letter,) = driver.find_elements(By.CSS_SELECTOR, "#result_list tbody tr th a")
         letter.click()
-        driver.find_element(By.XPATH, "//button[normalize-space()='Replay…']").click()
-        driver.find_element(By.CSS_SELECTOR, "input[type=submit][value^='Yes, replay']").click()
+        # Each click only starts loading the next page: wait for what it leads to.
+        wait_for(driver, "form.dead-letter-action button", "Replay…").click()
+        wait_for(driver, "input[type=submit][value^='Yes, replay']").click()
+        wait_for(driver, "ul.messagelist", "Replayed")
         driver.save_screenshot(str(shots / "replayed.png"))
         notes = [note.text for note in driver.find_elements(By.CSS_SELECTOR, "ul.messagelist li")]
         assert notes == ["Replayed 1 dead letter(s)."], notes
