@@ -87,7 +87,8 @@ MATRIX_TESTS := \
 	tests/billing/test_admin.py tests/billing/test_api.py tests/billing/test_services.py \
 	tests/billing/test_pay_after_commit.py tests/health/test_checks.py tests/prometheus/test_access.py \
 	tests/backpressure/test_admission.py tests/lifecycle/test_system.py tests/broker/test_time_limits.py \
-	tests/scenarios/test_workers_drain.py tests/scenarios/test_billing_email.py
+	tests/scenarios/test_workers_drain.py tests/scenarios/test_billing_email.py \
+	tests/schedules/test_ticks.py tests/schedules/test_checks_and_command.py
 
 # The matrix cell's virtual environment, on Python 3.13 (pyenv's, else python3.13 on the PATH);
 # where there is none, it says so and the matrix cell is skipped.

@@ -37,6 +37,11 @@ class CompositionConfig(AppConfig):
         # ``jobs`` module declares its actors against it.
         configured_broker()
         autodiscover_modules("jobs")
+        # Each app's ``schedules`` module declares its schedules (after its jobs exist).
+        autodiscover_modules("schedules")
+        from composition.schedules.runs import connect as follow_scheduled_runs
+
+        follow_scheduled_runs()
         # django.tasks (Django 6 sets TASKS by default; the backport reads it too): the actors of
         # each composition.tasks.OutboxBackend, so workers run tasks without importing their modules.
         if getattr(settings, "TASKS", None):

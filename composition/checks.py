@@ -11,7 +11,7 @@ from django.core.checks import CheckMessage, Error, Warning, register
 
 from composition.broker.configured import broker_kind
 from composition.cache.serializers import load_serializer
-from composition.conf import DEFAULTS
+from composition.conf import DEFAULTS, conf
 from composition.errors import BrokerConfigurationError
 from composition.prometheus.access import parse_networks
 from composition.prometheus.errors import MetricsAccessConfigurationError
@@ -196,7 +196,7 @@ def check_backpressure_settings(app_configs: Any = None, **_: Any) -> list[Check
 
 
 # --- retention ----------------------------------------------------------------------------------
-RETENTION_PERIODS = ("INBOX_RETENTION_S", "OUTBOX_RETENTION_S", "DEAD_LETTER_RETENTION_S")
+RETENTION_PERIODS = ("INBOX_RETENTION_S", "OUTBOX_RETENTION_S", "DEAD_LETTER_RETENTION_S", "SCHEDULE_TICK_RETENTION_S")
 
 
 @register("composition")
@@ -253,4 +253,31 @@ def check_metrics_settings(app_configs: Any = None, **_: Any) -> list[CheckMessa
     messages += _not_positive_seconds(merged, ("METRICS_SAMPLE_INTERVAL_S",), "composition.E073")
     if merged["DB_SLOW_QUERY_S"] is not None:
         messages += _not_positive_seconds(merged, ("DB_SLOW_QUERY_S",), "composition.E074")
+    return messages
+
+
+@register("composition")
+def check_schedules(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
+    """Every declared schedule can run: a bad expression, an unknown zone or a payload its job
+    refuses is reported now, naming the schedule, not at its first tick."""
+    from composition.schedules import declared
+    from composition.schedules.declaration import duplicate_names
+    from composition.schedules.problems import problems
+
+    messages: list[CheckMessage] = [
+        Error(f"schedule {name!r} is declared twice with different arguments.",
+              hint="Give one of them another name= (the name keys the schedule's state).", id="composition.E120")
+        for name in sorted(set(duplicate_names()))]
+    for name, entry in sorted(declared().items()):
+        messages += [Error(f"schedule {name!r}: {problem}.", id="composition.E121") for problem in problems(entry)]
+    # Tick rows are what an operator reads back of a catch-up: kept at least as long as a window.
+    keep_s = conf.SCHEDULE_TICK_RETENTION_S
+    windows = [(entry.catch_up_window.total_seconds(), name) for name, entry in declared().items()
+               if entry.catch_up == "all" and entry.catch_up_window is not None]
+    if keep_s is not None and windows and isinstance(keep_s, int | float) and max(windows)[0] > keep_s:
+        window_s, name = max(windows)
+        messages.append(Warning(
+            f"COMPOSITION['SCHEDULE_TICK_RETENTION_S'] ({keep_s:g} s) is shorter than schedule {name!r}'s "
+            f"catch_up_window ({window_s:g} s): its caught-up ticks would be pruned while still inside it.",
+            hint="Raise SCHEDULE_TICK_RETENTION_S above the largest catch-up window.", id="composition.W122"))
     return messages

@@ -129,6 +129,9 @@ DEFAULTS: dict[str, Any] = {
     # Replayed or discarded dead letters older than this (by replayed_at / discarded_at) go;
     # unresolved ("dead") ones are never pruned. Long enough for post-mortems.
     "DEAD_LETTER_RETENTION_S": 30 * 86_400.0,
+    # Fired schedule ticks (ScheduleTick) older than this go, once their run ended or its lease
+    # did. A schedule's watermark, not its old ticks, keeps a tick from firing twice.
+    "SCHEDULE_TICK_RETENTION_S": 7 * 86_400.0,
     # Deprecated, read by nothing (check W003 says so when set): logging is Django's LOGGING,
     # e.g. composition.logging.logging_config("json", "INFO"). Still known keys, so settings
     # that have them do not fail with E002 (unknown key).

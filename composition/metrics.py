@@ -252,3 +252,23 @@ LOCK_TIMEOUTS_TOTAL = Counter(
     "Lock acquisitions that waited their whole timeout_s / wait_s and gave up, by kind and name "
     "(also counted as outcome busy in composition_lock_acquire_total; a refusal without a wait is not).",
     ["kind", "name"])
+SCHEDULE_TICKS_TOTAL = Counter(
+    "composition_schedule_ticks_total",
+    "Ticks of each schedule by outcome: fired (on time), caught_up (a missed tick fired late, by "
+    "the catch-up policy), missed (late and not caught up), skipped_overlap (held back by overlap "
+    "or max_pending), paused (due while paused; never caught up), manual (schedules run).",
+    ["schedule", "outcome"])
+SCHEDULE_LAG_SECONDS = Histogram(
+    "composition_schedule_lag_seconds",
+    "From a tick's instant to its job's outbox row, by schedule (catch-ups included).", ["schedule"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0))
+SCHEDULE_NEXT_FIRE_TIMESTAMP = Gauge(
+    "composition_schedule_next_fire_timestamp_seconds",
+    "When each schedule ticks next (Unix time), as its schedulers last computed it; kept after "
+    "they stop, so an alert sees time() pass it when none is left.", ["schedule"],
+    multiprocess_mode="max")
+SCHEDULER_CLOCK_SKEW_SECONDS = Gauge(
+    "composition_scheduler_clock_skew_seconds",
+    "This host's clock minus the database's, as the scheduler last read both: ticks follow the "
+    "database's clock, so skew does not move them, but it does move what this host logs.",
+    multiprocess_mode="livemostrecent")

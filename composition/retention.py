@@ -3,7 +3,8 @@
 In small batches: the inbox ledger after ``INBOX_RETENTION_S``, but never while its message could
 still be redelivered (``redelivery_window_s``) or a dead letter with its key is unresolved or was
 recently replayed, or its effects could run twice; sent outbox rows after ``OUTBOX_RETENTION_S``;
-resolved dead letters after ``DEAD_LETTER_RETENTION_S``. ``RetentionComponent`` prunes every
+resolved dead letters after ``DEAD_LETTER_RETENTION_S``; schedule ticks whose run is over after
+``SCHEDULE_TICK_RETENTION_S``. ``RetentionComponent`` prunes every
 ``RETENTION_INTERVAL_S`` in each worker process; an advisory lock lets one prune at a time.
 """
 
@@ -127,6 +128,14 @@ def dead_letters_older_than(older_than_s: float) -> QuerySet[Any]:
                                      | Q(status=DeadLetter.Status.DISCARDED, discarded_at__lt=cutoff))
 
 
+def schedule_ticks_older_than(older_than_s: float) -> QuerySet[Any]:
+    """Fired ticks older than ``older_than_s`` seconds whose run ended, or whose lease did."""
+    from composition.schedules.models import ScheduleTick
+
+    return ScheduleTick.objects.filter(created_at__lt=_before(older_than_s)).filter(
+        Q(finished_at__isnull=False) | Q(lease_until__lt=timezone.now()))
+
+
 def _batch_size(batch_size: int | None) -> int:
     return int(conf.RETENTION_BATCH_SIZE) if batch_size is None else batch_size
 
@@ -148,6 +157,8 @@ def _expired() -> Iterator[tuple[str, QuerySet[Any]]]:
         yield "sent outbox", sent_older_than(float(conf.OUTBOX_RETENTION_S))
     if conf.DEAD_LETTER_RETENTION_S is not None:
         yield "resolved dead letters", dead_letters_older_than(float(conf.DEAD_LETTER_RETENTION_S))
+    if conf.SCHEDULE_TICK_RETENTION_S is not None:
+        yield "schedule ticks", schedule_ticks_older_than(float(conf.SCHEDULE_TICK_RETENTION_S))
 
 
 @contextmanager

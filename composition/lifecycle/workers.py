@@ -1,9 +1,10 @@
 """The worker side as a composed system: what ``manage.py runworkers`` runs.
 
 One process: logging → metrics (→ metrics server) → database → cache → broker → worker threads →
-relay sweeper → invalidation replay → retention → metrics sampler → heartbeat. Several: a
-supervisor of the metrics directory's upkeep and of child processes that each run the one-process
-system. This is the top of the lifecycle package: nothing below it imports it.
+relay sweeper → invalidation replay → retention → metrics sampler → scheduler → heartbeat.
+Several: a supervisor of the metrics directory's upkeep, the scheduler, and child processes that
+each run the one-process system without a scheduler of their own. This is the top of the
+lifecycle package: nothing below it imports it.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ from composition.prometheus.archive import archive_reaped_child
 from composition.prometheus.server import MetricsServerComponent
 from composition.retention import RetentionComponent
 from composition.sampling import MetricsSamplerComponent
+from composition.schedules.component import SchedulerComponent
 
-__all__ = ["BACKGROUND_DB_THREADS", "WorkerOptions", "build_supervisor",
+__all__ = ["BACKGROUND_DB_THREADS", "SCHEDULER_DB_THREADS", "WorkerOptions", "build_supervisor",
            "build_worker_system", "child_argv", "worker_components"]
 
 # Threads besides the worker threads that may hold a database connection in a worker process,
@@ -47,6 +49,9 @@ __all__ = ["BACKGROUND_DB_THREADS", "WorkerOptions", "build_supervisor",
 # retention pruner and the metrics sampler. A web process has none: its request threads send
 # what they publish after COMMIT themselves.
 BACKGROUND_DB_THREADS = 5
+# And one per host for the scheduler: in the worker process, or under --processes N in the
+# supervisor (its children run none).
+SCHEDULER_DB_THREADS = 1
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,8 @@ class WorkerOptions:
     # Serve /metrics on this port (None: not served by this process).
     metrics_port: int | None = None
     metrics_address: str = "0.0.0.0"
+    # Run the scheduler (composition.schedules) in this process; the supervisor's children do not.
+    schedules: bool = True
 
     @classmethod
     def from_settings(cls) -> WorkerOptions:
@@ -89,8 +96,9 @@ def worker_components(options: WorkerOptions) -> list[Component]:
         RelaySweeperComponent(broker),
         InvalidationReplayComponent(alias=conf.CACHE_ALIAS),
         RetentionComponent(),
-        MetricsSamplerComponent(broker, connection_budget=connections_per_process(options.threads,
-                                                                                  BACKGROUND_DB_THREADS)),
+        MetricsSamplerComponent(broker, connection_budget=connections_per_process(
+            options.threads, BACKGROUND_DB_THREADS + (SCHEDULER_DB_THREADS if options.schedules else 0))),
+        *([SchedulerComponent()] if options.schedules else []),
         HeartbeatComponent(float(conf.WORKER_HEARTBEAT_S), broker=broker),
     ]
 
@@ -109,13 +117,15 @@ def child_argv(options: WorkerOptions) -> list[str]:
     # The supervisor serves the whole multiprocess directory; a child serving too would only
     # compete for the port.
     argv += ["--metrics-port", "off"]
+    # One scheduler per host is the supervisor's (more would only contend for the same rows).
+    argv += ["--no-schedules"]
     return argv
 
 
 def build_supervisor(options: WorkerOptions) -> System:
     """A system of ``options.processes`` child worker processes. The supervisor keeps the
-    multiprocess metrics directory (archiving each child's files once it has reaped it) and
-    serves /metrics for all of them when a port is set."""
+    multiprocess metrics directory (archiving each child's files once it has reaped it), serves
+    /metrics for all of them when a port is set, and runs the host's scheduler."""
     # The supervisor's import path too: a child started from another directory (manage.py run
     # by its path) finds the project's modules as the supervisor did.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(entry or os.getcwd() for entry in sys.path)}
@@ -125,6 +135,9 @@ def build_supervisor(options: WorkerOptions) -> System:
     ]
     # Children drain concurrently on the first signal (each gets SIGTERM and the same deadline);
     # the supervisor adds a little to its own timeout so it never cuts a clean child drain short.
-    return System([LoggingComponent(), *_metrics_components(options), *children],
+    scheduler: list[Component] = []
+    if options.schedules:
+        scheduler = [DatabaseComponent(), BrokerComponent(configured_broker()), SchedulerComponent()]
+    return System([LoggingComponent(), *_metrics_components(options), *scheduler, *children],
                   shutdown_timeout_s=options.shutdown_timeout_s + 2.0,
                   on_draining=draining.set_draining)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -32,7 +33,10 @@ from composition.jobs.middleware.dead_letters import write_dead_letter
 from composition.locks import LockNotAcquired, StaleFence, acquire_redis_lock, fenced_write, redis_lock
 from composition.outbox.maintenance import prune_sent
 from composition.sampling import MetricsSamplerComponent
+from composition.schedules import Schedule
+from composition.schedules.component import SchedulerComponent
 from tests.helpers import post_json
+from tests.jobsapp import jobs
 from tests.metrics_catalogue import (
     OWN_PREFIXES,
     RUNWORKERS_ONLY,
@@ -120,6 +124,15 @@ def test_a_scrape_after_real_work_holds_every_family_and_counters_moved_exactly(
     except PermanentError as exc:
         record_dead_letter(MessageProxy(Message(queue_name="default", actor_name=actor, args=(), kwargs={},
                                                 options={})), exc, attempts=1)
+    # One tick of a schedule, fired as a scheduler fires it (the database's clock driven).
+    schedule_name = f"catalogue-{uuid.uuid4().hex[:8]}"
+    ticking = Schedule(name=schedule_name, actor_name=jobs.scheduled_effect.actor_name, every=timedelta(seconds=10),
+                       payload={"label": schedule_name})
+    clock = [datetime(2026, 6, 1, 12, 0, 1, tzinfo=UTC)]
+    scheduler = SchedulerComponent([ticking], clock=lambda: clock[0])
+    scheduler.tick()  # the schedule's state, from now
+    clock[0] += timedelta(seconds=10)
+    scheduler.tick()  # its tick at 12:00:10
     # One sampling round, as runworkers runs it.
     sample = MetricsSamplerComponent(configured_broker(), connection_budget=9).sample()
     assert sample.errors == {}
@@ -161,6 +174,11 @@ def test_a_scrape_after_real_work_holds_every_family_and_counters_moved_exactly(
     assert moved("composition_lock_lost", "composition_lock_lost_total", kind="redis", name=lock_name) == 1
     assert moved("composition_db_slow_queries", "composition_db_slow_queries_total", alias="default") == 1
     assert moved("composition_dead_letters", "composition_dead_letters_total", actor=actor) == 1
+    assert moved("composition_schedule_ticks", "composition_schedule_ticks_total",
+                 schedule=schedule_name, outcome="fired") == 1
+    assert _value(middle, "composition_schedule_next_fire_timestamp_seconds",
+                  "composition_schedule_next_fire_timestamp_seconds",
+                  schedule=schedule_name) == datetime(2026, 6, 1, 12, 0, 20, tzinfo=UTC).timestamp()
     responses = "django_http_responses_total_by_status_view_method"
     assert moved(responses, f"{responses}_total", status="201", method="POST") == 2
     assert moved(responses, f"{responses}_total", view="billing-invoice", status="200") == 2
@@ -178,9 +196,9 @@ def test_a_scrape_after_real_work_holds_every_family_and_counters_moved_exactly(
                        queue="billing") == 1
     assert moved_later("composition_lock_fence_rejections", "composition_lock_fence_rejections_total",
                        name=rarer["name"]) == 1
-    assert rarer["pruned"] == 1
+    assert rarer["pruned"] == 2
     assert moved_later("composition_retention_pruned", "composition_retention_pruned_total",
-                       table="composition_outboxmessage") == 1
+                       table="composition_outboxmessage") == 2
     assert moved_later("django_db_errors", "django_db_errors_total", alias="default", type="DivisionByZero") == 1
     assert moved_later("composition_dead_letter_record_failures", "composition_dead_letter_record_failures_total",
                        outcome="broker_dlq") == 1
@@ -204,7 +222,7 @@ def _rarer_events(client: Client, name: str) -> dict[str, Any]:
         pass
     with pytest.raises(StaleFence), fenced_write(f"{name}:resource", 1):
         pass
-    pruned = prune_sent(0.0)  # the pay's receipt message, relayed at COMMIT
+    pruned = prune_sent(0.0)  # the pay's receipt message and the schedule's tick, relayed at COMMIT
     with pytest.raises(DataError), transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SELECT 1 / 0")
     # An actor name longer than its column: a write that would fail the same way every time,

@@ -140,7 +140,8 @@ def test_defaults_prune_old_rows_of_each_table_and_keep_the_rest() -> None:
 
     assert results is not None
     assert {result.table: result.deleted for result in results} == {
-        "composition_processedmessage": 3, "composition_outboxmessage": 3, "composition_deadletter": 2}
+        "composition_processedmessage": 3, "composition_outboxmessage": 3, "composition_deadletter": 2,
+        "composition_scheduletick": 0}
     assert set(ProcessedMessage.objects.values_list("pk", flat=True)) == set(keep_ledger)
     assert set(OutboxMessage.objects.values_list("pk", flat=True)) == set(keep_outbox)
     assert set(DeadLetter.objects.values_list("pk", flat=True)) == keep_letters
@@ -180,7 +181,7 @@ def test_none_keeps_a_table_forever() -> None:
     ledger_rows(1000 * DAY_S, 2, "ancient")
     outbox_rows(1000 * DAY_S, 2)
     with override_settings(COMPOSITION={**settings.COMPOSITION, "INBOX_RETENTION_S": None,
-                                        "OUTBOX_RETENTION_S": None}):
+                                        "OUTBOX_RETENTION_S": None, "SCHEDULE_TICK_RETENTION_S": None}):
         results = prune_expired()
     assert results is not None and [result.table for result in results] == ["composition_deadletter"]
     assert (ProcessedMessage.objects.count(), OutboxMessage.objects.count()) == (2, 2)

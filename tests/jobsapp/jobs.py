@@ -249,3 +249,29 @@ def record_start(key: str, seq: int) -> None:
     keeps the worker behind the publisher, so messages queue up and its prefetch is used."""
     Effect.objects.create(key=f"{key}:{seq}")
     time.sleep(0.02)
+
+
+SCHEDULE_QUEUE = "jobs_schedule"
+
+
+@job(queue=SCHEDULE_QUEUE, max_attempts=3, initial_delay_s=0.2, idempotent=True)
+def scheduled_effect(label: str) -> None:
+    """A scheduled run's effect, once per delivery's ledger: an Effect keyed by the label, the
+    tick (``current_fire_at``) and whether it was a catch-up."""
+    from composition.schedules import current_fire_at, current_tick_is_catch_up
+
+    fire_at = current_fire_at()
+    mark = "catch-up" if current_tick_is_catch_up() else "on-time"
+    Effect.objects.create(key=f"{label}|{fire_at.isoformat() if fire_at else 'none'}|{mark}")
+
+
+@job(queue=SCHEDULE_QUEUE, max_attempts=1)
+def scheduled_slow(label: str, seconds: float) -> None:
+    """A scheduled run longer than its period: Effects mark its start and its end."""
+    from composition.schedules import current_fire_at
+
+    fire_at = current_fire_at()
+    tick = fire_at.isoformat() if fire_at else "none"
+    Effect.objects.create(key=f"{label}|start|{tick}")
+    time.sleep(seconds)
+    Effect.objects.create(key=f"{label}|end|{tick}")

@@ -79,6 +79,8 @@ class Command(BaseCommand):
         parser.add_argument("--metrics-port", type=_metrics_port, default=None, dest="metrics_port",
                             help="serve Prometheus /metrics on this port, or 'off' "
                                  "(default: COMPOSITION['WORKER_METRICS_PORT'])")
+        parser.add_argument("--no-schedules", action="store_false", dest="schedules",
+                            help="do not run the scheduler here (another process of this host runs it)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         defaults = WorkerOptions.from_settings()
@@ -90,6 +92,7 @@ class Command(BaseCommand):
             metrics_port=None if options["metrics_port"] == "off" else _option_or(
                 options, "metrics_port", defaults.metrics_port),
             metrics_address=defaults.metrics_address,
+            schedules=options["schedules"],
         )
         if worker_options.processes < 1 or worker_options.threads < 1:
             raise CommandError("--processes and --threads must be at least 1")

@@ -12,6 +12,7 @@ from composition.conf import conf
 from composition.db.budget import BudgetLine, connection_budget, connections_per_process, server_limits
 from composition.lifecycle.workers import (
     BACKGROUND_DB_THREADS,
+    SCHEDULER_DB_THREADS,
     WorkerOptions,
     build_worker_system,
 )
@@ -45,7 +46,8 @@ class Command(BaseCommand):
         threads = options["worker_threads"] or int(conf.WORKER_THREADS)
         # As runworkers builds it (its metrics server included when WORKER_METRICS_PORT is set).
         system = build_worker_system(replace(WorkerOptions.from_settings(), processes=1, threads=threads))
-        lines = [BudgetLine("workers", processes, connections_per_process(threads, BACKGROUND_DB_THREADS))]
+        lines = [BudgetLine("workers", processes, connections_per_process(threads, BACKGROUND_DB_THREADS)),
+                 BudgetLine("scheduler", 1, SCHEDULER_DB_THREADS)]
         if options["web_processes"]:
             lines.append(BudgetLine("web", options["web_processes"],
                                     connections_per_process(options["web_threads"], 0)))

@@ -1,0 +1,11 @@
+"""Pauses: what an operator stopped (a schedule, a queue), durable and the same for every host.
+
+A ``Pause`` row per paused or once-paused thing says whether it is paused, by whom, since when
+and why; ``pause()`` and ``resume()`` change it and log the change, ``paused_names(kind)`` reads
+what is paused now. Modules: ``models``, ``control``.
+"""
+
+from composition.pauses.control import PAUSE_PERMISSION, pause, paused_names, resume
+from composition.pauses.models import Pause
+
+__all__ = ["PAUSE_PERMISSION", "Pause", "pause", "paused_names", "resume"]

@@ -1,0 +1,113 @@
+"""``SchedulerComponent``: fires every declared schedule's due ticks, on every ``runworkers``.
+
+There is no leader: each host's scheduler tries every schedule each round, and the state row's
+lock and the tick's unique constraint make each tick fire once (``firing``). Rounds run when the
+next tick is due (at least every second, so a pause or a new state is seen promptly).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import structlog
+from django.db import close_old_connections
+
+from composition.errors import described
+from composition.lifecycle.periodic import PeriodicComponent
+from composition.metrics import SCHEDULER_CLOCK_SKEW_SECONDS
+from composition.schedules.declaration import Schedule, declared
+from composition.schedules.firing import Clock, database_now, fire_due
+from composition.schedules.problems import problems
+from composition.schedules.ticks import next_tick
+
+__all__ = ["SchedulerComponent"]
+
+log = structlog.get_logger("composition.schedules")
+
+# The longest wait between two rounds, and the shortest (a round right at a tick may run a
+# little before the database's clock reaches it).
+MAX_WAIT_S = 1.0
+MIN_WAIT_S = 0.02
+
+
+def host_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class SchedulerComponent(PeriodicComponent):
+    """Fires due ticks of ``schedules`` (default: every valid declared schedule).
+
+    ``clock`` is the database's clock and ``host_clock`` this host's, both injectable so tests
+    drive DST days and skew without waiting; ticks follow ``clock`` only, and the difference
+    between the two is exported as ``composition_scheduler_clock_skew_seconds``."""
+
+    name = "scheduler"
+    depends_on = ("database", "broker")
+    failure_event = "scheduler round failed"
+    logger = log
+
+    def __init__(self, schedules: list[Schedule] | None = None, *, clock: Clock = database_now,
+                 host_clock: Clock = host_now) -> None:
+        super().__init__(interval_s=MAX_WAIT_S)
+        self._given = schedules
+        self.clock = clock
+        self.host_clock = host_clock
+        self._wait_s = MIN_WAIT_S
+        self._active: list[Schedule] | None = None
+
+    def schedules(self) -> list[Schedule]:
+        if self._given is not None:
+            return list(self._given)
+        valid = []
+        for candidate in declared().values():
+            found = problems(candidate)
+            if found:
+                log.error("schedule not run: it has problems", schedule=candidate.name, problems=found)
+            else:
+                valid.append(candidate)
+        return valid
+
+    def start(self) -> None:
+        self._active = self.schedules()
+        log.info("scheduler started", schedules=[entry.name for entry in self._active])
+        super().start()
+
+    def active(self) -> list[Schedule]:
+        """What this scheduler fires: ``schedules()`` as of its start (or its first round)."""
+        if self._active is None:
+            self._active = self.schedules()
+        return self._active
+
+    @property
+    def interval_s(self) -> float:
+        return self._wait_s
+
+    def tick(self) -> bool:
+        if not self.active():
+            return False  # nothing declared: no round, no query
+        close_old_connections()
+        host_before = self.host_clock()
+        for entry in self.active():
+            if self.stopping():
+                return False
+            try:
+                fire_due(entry, self.clock)
+            except Exception as exc:  # one schedule's failure must not hold up the others
+                log.warning("schedule round failed", schedule=entry.name, error=described(exc))
+        now = self.clock()
+        SCHEDULER_CLOCK_SKEW_SECONDS.set((host_before - now).total_seconds())
+        self._wait_s = self._until_next(now)
+        return False
+
+    def _until_next(self, now: datetime) -> float:
+        upcoming = []
+        for entry in self.active():
+            try:
+                upcoming.append(next_tick(entry, now))
+            except StopIteration:
+                continue
+        if not upcoming:
+            return MAX_WAIT_S
+        # A little past the tick, so the round finds it due.
+        wait_s = (min(upcoming) - now).total_seconds() + 0.005
+        return min(max(wait_s, MIN_WAIT_S), MAX_WAIT_S)

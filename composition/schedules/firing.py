@@ -1,0 +1,193 @@
+"""Firing a schedule's due ticks, exactly once across every scheduler.
+
+Per schedule, one transaction: lock its state row (``FOR UPDATE SKIP LOCKED``: a scheduler that
+finds it locked leaves it to the one holding it), take the ticks after the watermark up to the
+database's now, decide each one's outcome (``plan``), insert the ticks that fire
+(``INSERT … ON CONFLICT DO NOTHING RETURNING``) and publish their jobs to the outbox, then
+advance the watermark. The tick rows, the outbox rows and the watermark commit together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from itertools import islice, takewhile
+
+import structlog
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+
+from composition.metrics import SCHEDULE_LAG_SECONDS, SCHEDULE_NEXT_FIRE_TIMESTAMP, SCHEDULE_TICKS_TOTAL
+from composition.outbox.publish import publish_with_headers
+from composition.pauses import Pause, paused_names
+from composition.schedules.declaration import SCHEDULE_HEADER, Schedule
+from composition.schedules.models import ScheduleState, ScheduleTick
+from composition.schedules.ticks import next_tick, ticks_after
+
+__all__ = ["SCHEDULE_HEADER", "Clock", "Plan", "database_now", "fire_due", "plan", "run_now"]
+
+log = structlog.get_logger("composition.schedules")
+
+# The most ticks one round looks at for one schedule: a long outage of an every-second schedule
+# is worked through a bounded slice at a time (the watermark moves on each round).
+MAX_TICKS_PER_ROUND = 10_000
+# How long a fired tick whose run has not started counts as pending (overlap="skip",
+# max_pending): past it a lost run no longer holds the schedule back.
+PENDING_LEASE = timedelta(hours=1)
+
+Clock = Callable[[], datetime]
+
+
+def database_now() -> datetime:
+    """The database's clock (every host's scheduler reads the same one)."""
+    with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        now: datetime = cursor.fetchone()[0]
+    return now
+
+
+@dataclass
+class Plan:
+    """What one round does with a schedule's due ticks."""
+
+    fire: list[tuple[datetime, bool]] = field(default_factory=list)  # (tick, is a catch-up), oldest first
+    missed: int = 0
+    skipped: int = 0
+    paused: int = 0
+
+
+def plan(declared: Schedule, due: Sequence[datetime], now: datetime, *, paused: bool, running: int) -> Plan:
+    """The outcome of each due tick (all later than the watermark, none after ``now``).
+
+    A tick at most ``grace`` late fires as on time; older ones were missed, and the catch-up
+    policy says which of them fire: ``latest`` the most recent one unless a tick fires on time
+    (it supersedes the catch-up), ``all`` those within the window, at most ``catch_up_max``
+    (the most recent ones). ``running`` is how many earlier runs are still pending or running:
+    ``overlap="skip"`` fires nothing while there is one and at most one tick per round, and
+    ``max_pending`` caps the runs waiting at once; what they hold back is skipped."""
+    result = Plan()
+    if paused:
+        result.paused = len(due)
+        return result
+    on_time = [tick for tick in due if now - tick <= declared.grace]
+    late = [tick for tick in due if now - tick > declared.grace]
+    catch_ups: list[datetime] = []
+    if declared.catch_up == "latest" and late and not on_time:
+        catch_ups = late[-1:]
+    elif declared.catch_up == "all" and declared.catch_up_window is not None:
+        window = declared.catch_up_window
+        catch_ups = [tick for tick in late if now - tick <= window][-declared.catch_up_max:]
+    result.missed = len(late) - len(catch_ups)
+    wanted = [(tick, True) for tick in catch_ups] + [(tick, False) for tick in on_time]
+    room = len(wanted)
+    if declared.overlap == "skip":
+        room = 0 if running else min(room, 1)
+    if declared.max_pending is not None:
+        room = min(room, max(declared.max_pending - running, 0))
+    # What fits is the most recent: a schedule that fell behind runs its latest work.
+    result.fire = wanted[len(wanted) - room:]
+    result.skipped = len(wanted) - room
+    return result
+
+
+def _running(name: str, now: datetime) -> int:
+    return ScheduleTick.objects.filter(schedule=name, finished_at__isnull=True, lease_until__gt=now).count()
+
+
+def _insert_tick(name: str, fire_at: datetime, *, catch_up: bool, manual: bool, now: datetime) -> int | None:
+    table = connections[DEFAULT_DB_ALIAS].ops.quote_name(ScheduleTick._meta.db_table)
+    with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (schedule, fire_at, manual, catch_up, created_at, lease_until)"
+            " VALUES (%s, %s, %s, %s, %s, %s)"
+            " ON CONFLICT (schedule, fire_at) WHERE NOT manual DO NOTHING RETURNING id",
+            [name, fire_at, manual, catch_up, now, now + PENDING_LEASE])
+        row = cursor.fetchone()
+    return None if row is None else int(row[0])
+
+
+def _publish(declared: Schedule, tick_id: int, fire_at: datetime, *, catch_up: bool, manual: bool) -> None:
+    header = {"name": declared.name, "tick": tick_id, "fire_at": fire_at.isoformat(),
+              "catch_up": catch_up, "manual": manual}
+    publish_with_headers(declared.actor_name, declared.payload, headers={SCHEDULE_HEADER: header})
+
+
+def _count(name: str, outcome: str, amount: int) -> None:
+    if amount:
+        SCHEDULE_TICKS_TOTAL.labels(schedule=name, outcome=outcome).inc(amount)
+
+
+def fire_due(declared: Schedule, clock: Clock = database_now) -> Plan | None:
+    """Fire what is due of ``declared``: None when another scheduler holds it or nothing is due.
+
+    A schedule without a state row starts from now (no backfill on its first deploy)."""
+    with transaction.atomic():
+        now = clock()
+        state = ScheduleState.objects.select_for_update(skip_locked=True).filter(name=declared.name).first()
+        if state is None:
+            # New, or held by another scheduler (then the insert finds its row and does nothing).
+            ScheduleState.objects.bulk_create([ScheduleState(name=declared.name, watermark=now, updated_at=now)],
+                                              ignore_conflicts=True)
+            return None
+        due = list(islice(takewhile(lambda tick: tick <= now, ticks_after(declared, state.watermark)),
+                          MAX_TICKS_PER_ROUND))
+        if not due:
+            return None
+        paused = declared.name in paused_names(Pause.SCHEDULE)
+        running = 0 if paused or (declared.overlap == "allow" and declared.max_pending is None) \
+            else _running(declared.name, now)
+        decided = plan(declared, due, now, paused=paused, running=running)
+        fired = []
+        for fire_at, catch_up in decided.fire:
+            tick_id = _insert_tick(declared.name, fire_at, catch_up=catch_up, manual=False, now=now)
+            if tick_id is None:  # fired already: the constraint, not the lock, has the last word
+                continue
+            _publish(declared, tick_id, fire_at, catch_up=catch_up, manual=False)
+            fired.append((fire_at, catch_up))
+        caught_up = sum(1 for _, catch_up in fired if catch_up)
+        state.watermark = due[-1]
+        state.fired += len(fired) - caught_up
+        state.caught_up += caught_up
+        state.missed += decided.missed
+        state.skipped += decided.skipped
+        state.paused += decided.paused
+        if fired:
+            state.last_fired_at = fired[-1][0]
+        state.updated_at = now
+        state.save()
+    _count(declared.name, "fired", len(fired) - caught_up)
+    _count(declared.name, "caught_up", caught_up)
+    _count(declared.name, "missed", decided.missed)
+    _count(declared.name, "skipped_overlap", decided.skipped)
+    _count(declared.name, "paused", decided.paused)
+    for fire_at, _ in fired:
+        SCHEDULE_LAG_SECONDS.labels(schedule=declared.name).observe(max((now - fire_at).total_seconds(), 0.0))
+    if decided.missed or decided.paused or decided.skipped:
+        log.warning("schedule ticks not fired", schedule=declared.name, missed=decided.missed,
+                    skipped_overlap=decided.skipped, paused=decided.paused, through=due[-1].isoformat())
+    for fire_at, catch_up in fired:
+        log.info("schedule fired", schedule=declared.name, fire_at=fire_at.isoformat(), catch_up=catch_up,
+                 lag_s=round((now - fire_at).total_seconds(), 3))
+    _set_next_fire(declared, due[-1])
+    return decided
+
+
+def _set_next_fire(declared: Schedule, after: datetime) -> None:
+    try:
+        upcoming = next_tick(declared, after)
+    except StopIteration:
+        return
+    SCHEDULE_NEXT_FIRE_TIMESTAMP.labels(schedule=declared.name).set(upcoming.timestamp())
+
+
+def run_now(declared: Schedule, *, clock: Clock = database_now) -> int:
+    """Fire a manual run of ``declared`` now: its own tick row (``manual``), so it neither
+    suppresses nor is suppressed by a regular tick. Returns the tick's id."""
+    with transaction.atomic():
+        now = clock().replace(microsecond=0)
+        tick_id = _insert_tick(declared.name, now, catch_up=False, manual=True, now=now)
+        assert tick_id is not None  # manual ticks are outside the unique constraint
+        _publish(declared, tick_id, now, catch_up=False, manual=True)
+    _count(declared.name, "manual", 1)
+    log.info("schedule run by hand", schedule=declared.name, fire_at=now.isoformat())
+    return tick_id

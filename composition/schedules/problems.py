@@ -1,0 +1,76 @@
+"""What is wrong with a declared schedule, in words: ``problems(schedule)``."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from cronsim import CronSim, CronSimError
+
+from composition.errors import described
+from composition.schedules.declaration import CATCH_UP, OVERLAP, Schedule
+from composition.schedules.ticks import schedule_zone
+
+__all__ = ["problems"]
+
+
+def _timing(declared: Schedule) -> list[str]:
+    if (declared.cron is None) == (declared.every is None):
+        return ["give exactly one of cron= and every="]
+    if declared.every is not None:
+        if not isinstance(declared.every, timedelta):
+            return [f"every= must be a timedelta, got {declared.every!r}"]
+        seconds = declared.every.total_seconds()
+        if seconds < 1 or seconds != int(seconds):
+            return [f"every= must be a whole number of seconds, at least 1, got {declared.every!r}"]
+        if declared.start is not None and (not isinstance(declared.start, datetime) or declared.start.tzinfo is None):
+            return [f"start= must be an aware datetime, got {declared.start!r}"]
+        return []
+    if not isinstance(declared.cron, str) or len(declared.cron.split()) != 5:
+        return [f"cron= must be a five-field cron expression, got {declared.cron!r}"]
+    try:
+        zone = schedule_zone(declared.tz)
+    except Exception:
+        return [f"unknown time zone tz={declared.tz!r} (zones come from the tzdata package)"]
+    try:
+        CronSim(declared.cron, datetime.now(UTC).astimezone(zone))
+    except (CronSimError, ValueError, KeyError) as exc:
+        return [f"bad cron expression {declared.cron!r}: {exc}"]
+    return []
+
+
+def _policies(declared: Schedule) -> list[str]:
+    found = []
+    if declared.catch_up not in CATCH_UP:
+        found.append(f"catch_up= must be one of {', '.join(CATCH_UP)}, got {declared.catch_up!r}")
+    elif declared.catch_up == "all" and not (isinstance(declared.catch_up_window, timedelta)
+                                            and declared.catch_up_window > timedelta(0)):
+        found.append("catch_up='all' needs catch_up_window= (a positive timedelta)")
+    if not isinstance(declared.catch_up_max, int) or declared.catch_up_max < 1:
+        found.append(f"catch_up_max= must be a positive integer, got {declared.catch_up_max!r}")
+    if declared.overlap not in OVERLAP:
+        found.append(f"overlap= must be one of {', '.join(OVERLAP)}, got {declared.overlap!r}")
+    if declared.max_pending is not None and (not isinstance(declared.max_pending, int) or declared.max_pending < 1):
+        found.append(f"max_pending= must be a positive integer or None, got {declared.max_pending!r}")
+    if not isinstance(declared.grace, timedelta) or declared.grace < timedelta(0):
+        found.append(f"grace= must be a timedelta of zero or more, got {declared.grace!r}")
+    if declared.tz != "UTC" and declared.every is not None:
+        found.append("tz= applies to cron= only: every= ticks are counted in UTC")
+    return found
+
+
+def _payload(declared: Schedule) -> list[str]:
+    # The same checks publish() makes, so the first tick cannot fail on them.
+    from composition.outbox.publish import declared_actor, fitting_payload
+
+    try:
+        fitting_payload(declared_actor(declared.actor_name), declared.payload)
+    except (ValueError, TypeError) as exc:
+        return [f"the payload does not fit {declared.actor_name}: {described(exc)}"]
+    return []
+
+
+def problems(declared: Schedule) -> list[str]:
+    """Each problem of ``declared`` as a sentence; empty when it can run."""
+    if not isinstance(declared.name, str) or not declared.name or len(declared.name) > 200:
+        return [f"name= must be a non-empty string of at most 200 characters, got {declared.name!r}"]
+    return _timing(declared) + _policies(declared) + _payload(declared)

@@ -1,0 +1,57 @@
+"""What ``schedules list`` (and the operations page) shows of each schedule: ``schedule_rows()``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from composition.pauses import Pause
+from composition.schedules.declaration import declared
+from composition.schedules.firing import database_now
+from composition.schedules.models import ScheduleState
+from composition.schedules.problems import problems
+from composition.schedules.ticks import next_tick
+
+__all__ = ["ScheduleRow", "schedule_rows"]
+
+
+@dataclass(frozen=True)
+class ScheduleRow:
+    name: str
+    job: str
+    expression: str  # "cron 30 2 * * *" or "every 30s"
+    tz: str
+    last_fired_at: datetime | None
+    next_fire_at: datetime | None
+    # How far the schedule is behind: now minus the oldest tick not yet evaluated (0 when none is due).
+    lag_s: float
+    fired: int
+    caught_up: int
+    missed: int
+    skipped: int
+    paused_ticks: int
+    paused: Pause | None
+    problems: tuple[str, ...]
+
+
+def schedule_rows() -> list[ScheduleRow]:
+    now = database_now()
+    states = {state.name: state for state in ScheduleState.objects.all()}
+    pauses = {pause.name: pause for pause in Pause.objects.filter(kind=Pause.SCHEDULE, paused=True)}
+    rows = []
+    for name, entry in sorted(declared().items()):
+        found = tuple(problems(entry))
+        state = states.get(name)
+        upcoming = lag_s = None
+        if not found:
+            upcoming = next_tick(entry, state.watermark if state else now)
+            lag_s = max((now - upcoming).total_seconds(), 0.0)
+        expression = f"cron {entry.cron}" if entry.cron else f"every {int(entry.every.total_seconds())}s" \
+            if entry.every else "?"
+        rows.append(ScheduleRow(
+            name=name, job=entry.actor_name, expression=expression, tz=entry.tz,
+            last_fired_at=state.last_fired_at if state else None, next_fire_at=upcoming, lag_s=lag_s or 0.0,
+            fired=state.fired if state else 0, caught_up=state.caught_up if state else 0,
+            missed=state.missed if state else 0, skipped=state.skipped if state else 0,
+            paused_ticks=state.paused if state else 0, paused=pauses.get(name), problems=found))
+    return rows

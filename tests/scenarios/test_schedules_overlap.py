@@ -1,0 +1,42 @@
+"""``overlap="skip"`` with real processes: a job of 2.5 s on an every-second schedule never runs
+twice at once; the ticks it held back are counted as skipped; two hosts run the scheduler."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+import pytest
+
+from composition.outbox.relay import RELAY_QUEUE_NAME
+from composition.schedules.models import ScheduleState, ScheduleTick
+from composition.testing import wait_until
+from tests.jobsapp import jobs
+from tests.jobsapp.models import Effect
+
+pytestmark = [pytest.mark.slow, pytest.mark.empty_queues(jobs.SCHEDULE_QUEUE, RELAY_QUEUE_NAME)]
+
+NAME = "overlap"  # tests/jobsapp/schedules.py, under JOBSAPP_SCHEDULES=overlap
+
+
+def test_a_run_longer_than_its_period_never_overlaps_and_held_back_ticks_are_skipped(
+        transactional_db: None, worker_processes) -> None:
+    ScheduleState.objects.filter(name=NAME).delete()
+    ScheduleTick.objects.filter(schedule=NAME).delete()
+    Effect.objects.filter(key__startswith=f"{NAME}|").delete()
+    args = ["--threads", "4", "--queues", f"{jobs.SCHEDULE_QUEUE},{RELAY_QUEUE_NAME}"]
+    hosts = [worker_processes.spawn(args, JOBSAPP_SCHEDULES=NAME) for _ in range(2)]
+    wait_until(lambda: Effect.objects.filter(key__startswith=f"{NAME}|end|").count() >= 3, timeout_s=40)
+    for host in hosts:
+        host.terminate()
+    marks = {effect.key: effect.created_at for effect in Effect.objects.filter(key__startswith=f"{NAME}|")}
+    runs = sorted((marks[key], marks.get(key.replace("|start|", "|end|")))
+                  for key in marks if "|start|" in key)
+    for (_, first_end), (second_start, _) in pairwise(runs):
+        assert first_end is not None and first_end <= second_start, runs
+    state = ScheduleState.objects.get(name=NAME)
+    assert state.skipped >= len(runs), (state.skipped, len(runs))  # ~2 ticks skipped per 2.5 s run
+    assert state.missed == 0
+    # Every tick that fired has ended (its run reported back through job_run_ended), but for the
+    # last: with overlap="skip" only it can still have been waiting when the hosts stopped.
+    assert not ScheduleTick.objects.filter(schedule=NAME, finished_at__isnull=True).exclude(
+        fire_at=ScheduleTick.objects.filter(schedule=NAME).order_by("-fire_at").values("fire_at")[:1])

@@ -1,0 +1,211 @@
+"""Firing with the database's clock driven by the test: no backfill, catch-up policies after an
+outage, pauses, manual runs, the tick's unique row, and schedulers whose host clocks disagree."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+
+from composition.outbox import OutboxMessage
+from composition.pauses import Pause, pause, resume
+from composition.schedules import Schedule
+from composition.schedules.component import SchedulerComponent
+from composition.schedules.firing import fire_due, run_now
+from composition.schedules.models import ScheduleState, ScheduleTick
+from composition.testing import metric_value
+from tests.helpers import unique
+from tests.jobsapp import jobs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+T0 = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
+PERIOD = timedelta(seconds=10)
+
+
+class DbClock:
+    """The database's clock as the test sets it."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+@pytest.fixture
+def name() -> Iterator[str]:
+    yield unique("sched")
+
+
+def _every(name: str, **options: Any) -> Schedule:
+    options.setdefault("grace", timedelta(seconds=2))
+    return Schedule(name=name, actor_name=jobs.scheduled_effect.actor_name, every=PERIOD,
+                    payload={"label": name}, **options)
+
+
+def _ticks(name: str) -> list[tuple[datetime, bool]]:
+    return [(tick.fire_at, tick.catch_up)
+            for tick in ScheduleTick.objects.filter(schedule=name, manual=False).order_by("fire_at")]
+
+
+def _published(name: str) -> list[dict[str, Any]]:
+    rows = OutboxMessage.objects.filter(actor_name=jobs.scheduled_effect.actor_name).order_by("id")
+    return [row.headers["schedule"] for row in rows if row.headers.get("schedule", {}).get("name") == name]
+
+
+def _run_through(declared: Schedule, clock: DbClock, until: datetime, step: timedelta = PERIOD) -> None:
+    while clock.now < until:
+        clock.now = min(clock.now + step, until)
+        fire_due(declared, clock)
+
+
+def test_a_new_schedule_starts_from_now_and_then_fires_each_tick_once(name: str) -> None:
+    declared, clock = _every(name), DbClock(T0 + timedelta(seconds=3))
+    assert fire_due(declared, clock) is None  # creates the state: nothing before now fires
+    assert ScheduleState.objects.get(name=name).watermark == clock.now
+    _run_through(declared, clock, T0 + timedelta(seconds=33), step=timedelta(seconds=1))
+    assert _ticks(name) == [(T0 + PERIOD * k, False) for k in (1, 2, 3)]
+    headers = _published(name)
+    assert [header["fire_at"] for header in headers] == [(T0 + PERIOD * k).isoformat() for k in (1, 2, 3)]
+    assert all(header["catch_up"] is False and header["manual"] is False for header in headers)
+    assert metric_value("composition_schedule_ticks_total", schedule=name, outcome="fired") == 3
+
+
+@pytest.mark.parametrize(("catch_up", "fired"), [
+    ("skip", []),
+    ("latest", [10]),
+    ("all", list(range(1, 11))),
+])
+def test_after_an_outage_of_10_5_periods_the_catch_up_policy_decides(name: str, catch_up: str,
+                                                                    fired: list[int]) -> None:
+    extra = {"catch_up_window": PERIOD * 15} if catch_up == "all" else {}
+    declared, clock = _every(name, catch_up=catch_up, **extra), DbClock(T0)
+    fire_due(declared, clock)
+    clock.now = T0 + PERIOD * 10.5  # every scheduler was down from T0 until now
+    fire_due(declared, clock)
+    assert _ticks(name) == [(T0 + PERIOD * k, True) for k in fired]  # oldest first, each a catch-up
+    state = ScheduleState.objects.get(name=name)
+    assert (state.caught_up, state.missed, state.watermark) == (len(fired), 10 - len(fired), T0 + PERIOD * 10)
+    assert metric_value("composition_schedule_ticks_total", schedule=name, outcome="missed") == 10 - len(fired)
+    # The tick due after the restart fires normally.
+    clock.now = T0 + PERIOD * 11 + timedelta(seconds=1)
+    fire_due(declared, clock)
+    assert _ticks(name)[-1] == (T0 + PERIOD * 11, False)
+
+
+def test_catch_up_all_fires_only_inside_its_window_and_at_most_its_cap(name: str) -> None:
+    declared = _every(name, catch_up="all", catch_up_window=PERIOD * 6, catch_up_max=4)
+    clock = DbClock(T0)
+    fire_due(declared, clock)
+    clock.now = T0 + PERIOD * 10.5
+    fire_due(declared, clock)
+    # Inside the window: ticks 5..10 (6 of them); the cap keeps the 4 most recent, oldest first.
+    assert _ticks(name) == [(T0 + PERIOD * k, True) for k in (7, 8, 9, 10)]
+    assert ScheduleState.objects.get(name=name).missed == 6
+
+
+def test_a_tick_late_by_less_than_the_grace_fires_on_time(name: str) -> None:
+    declared, clock = _every(name, catch_up="skip", grace=timedelta(seconds=25)), DbClock(T0)
+    fire_due(declared, clock)
+    clock.now = T0 + PERIOD * 3 + timedelta(seconds=1)  # ticks 1 (21 s late), 2 (11 s) and 3 (1 s)
+    fire_due(declared, clock)
+    assert _ticks(name) == [(T0 + PERIOD * k, False) for k in (1, 2, 3)]
+
+
+def test_ticks_due_while_paused_are_counted_and_never_caught_up_and_resume_fires_the_next(name: str) -> None:
+    declared, clock = _every(name, catch_up="all", catch_up_window=PERIOD * 100), DbClock(T0)
+    fire_due(declared, clock)
+    pause(Pause.SCHEDULE, name, by="test", reason="maintenance")
+    _run_through(declared, clock, T0 + PERIOD * 5 + timedelta(seconds=1))
+    assert _ticks(name) == []
+    assert ScheduleState.objects.get(name=name).paused == 5
+    assert metric_value("composition_schedule_ticks_total", schedule=name, outcome="paused") == 5
+    resume(Pause.SCHEDULE, name, by="test")
+    _run_through(declared, clock, T0 + PERIOD * 6 + timedelta(seconds=1))
+    assert _ticks(name) == [(T0 + PERIOD * 6, False)]
+
+
+def test_a_manual_run_has_its_own_row_and_does_not_suppress_the_regular_tick(name: str) -> None:
+    declared, clock = _every(name), DbClock(T0)
+    fire_due(declared, clock)
+    clock.now = T0 + PERIOD
+    run_now(declared, clock=clock)
+    fire_due(declared, clock)
+    rows = list(ScheduleTick.objects.filter(schedule=name).order_by("id").values_list("fire_at", "manual"))
+    assert rows == [(T0 + PERIOD, True), (T0 + PERIOD, False)]
+    assert [header["manual"] for header in _published(name)] == [True, False]
+
+
+def test_the_database_refuses_a_second_row_for_one_tick(name: str) -> None:
+    ScheduleTick.objects.create(schedule=name, fire_at=T0, created_at=T0)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        ScheduleTick.objects.create(schedule=name, fire_at=T0, created_at=T0)
+    ScheduleTick.objects.create(schedule=name, fire_at=T0, created_at=T0, manual=True)  # a run by hand may
+
+
+def test_overlap_skip_fires_nothing_while_a_run_is_pending_and_max_pending_bounds_the_queue(name: str) -> None:
+    declared, clock = _every(name, overlap="skip"), DbClock(T0)
+    fire_due(declared, clock)
+    _run_through(declared, clock, T0 + PERIOD * 3 + timedelta(seconds=1))
+    assert _ticks(name) == [(T0 + PERIOD, False)]  # ticks 2 and 3: the first run is still pending
+    assert ScheduleState.objects.get(name=name).skipped == 2
+    ScheduleTick.objects.filter(schedule=name).update(finished_at=clock.now)
+    _run_through(declared, clock, T0 + PERIOD * 4 + timedelta(seconds=1))
+    assert _ticks(name)[-1] == (T0 + PERIOD * 4, False)
+
+    bounded, clock = _every(name + "-b", max_pending=2), DbClock(T0)
+    fire_due(bounded, clock)
+    _run_through(bounded, clock, T0 + PERIOD * 4 + timedelta(seconds=1))
+    assert [tick for tick, _ in _ticks(name + "-b")] == [T0 + PERIOD, T0 + PERIOD * 2]
+
+
+def test_schedulers_whose_host_clocks_differ_by_30_s_fire_each_tick_once(name: str) -> None:
+    """Two schedulers race on real threads and connections; their host clocks are 30 s apart,
+    and ticks follow the database's clock (driven here), so each tick fires once."""
+    declared, clock = _every(name), DbClock(T0)
+    fire_due(declared, clock)
+    schedulers = [SchedulerComponent([declared], clock=clock, host_clock=lambda skew=skew: clock.now + skew)
+                  for skew in (timedelta(0), timedelta(seconds=30))]
+    errors: list[BaseException] = []
+
+    def race(scheduler: SchedulerComponent, rounds: int) -> None:
+        try:
+            for _ in range(rounds):
+                scheduler.tick()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    for _ in range(20):
+        clock.now += timedelta(seconds=5)
+        threads = [threading.Thread(target=race, args=(scheduler, 3)) for scheduler in schedulers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert not errors
+    fired = [tick for tick, _ in _ticks(name)]
+    assert fired == [T0 + PERIOD * k for k in range(1, 11)]
+    assert len(_published(name)) == 10
+
+
+def test_retention_prunes_old_ticks_whose_run_ended_and_keeps_a_pending_one(name: str) -> None:
+    from django.utils import timezone
+
+    from composition.retention import schedule_ticks_older_than
+
+    old = timezone.now() - timedelta(days=8)
+    ended = ScheduleTick.objects.create(schedule=name, fire_at=old, created_at=old, finished_at=old)
+    pending = ScheduleTick.objects.create(schedule=name, fire_at=old + PERIOD, created_at=old,
+                                          lease_until=timezone.now() + timedelta(hours=1))
+    recent = ScheduleTick.objects.create(schedule=name, fire_at=timezone.now(), created_at=timezone.now(),
+                                         finished_at=timezone.now())
+    doomed = set(schedule_ticks_older_than(7 * 86_400).filter(schedule=name).values_list("pk", flat=True))
+    assert doomed == {ended.pk}
+    assert {pending.pk, recent.pk}.isdisjoint(doomed)
