@@ -3,8 +3,11 @@ database holds the facts."""
 
 from __future__ import annotations
 
+from django.utils import timezone
+
 from billing.wiring import default_service
 from composition.jobs import current_message, job
+from composition.schedules import current_fire_at
 
 
 # Retries sized for an email outage: the breaker fails them fast, the backoff spaces them out
@@ -21,6 +24,15 @@ def send_invoice_reminder(invoice_id: int) -> None:
     """Email a reminder of an invoice that is still open."""
     message = current_message()
     default_service().send_reminder(invoice_id, reference=message.message_id if message else f"invoice-{invoice_id}")
+
+
+# On a schedule (billing/schedules.py). Idempotent: the ledger row commits with the reminders it
+# queues, so a redelivered tick queues nothing more; the tick, not the clock, says what is
+# overdue, so a retry or a late catch-up picks the same invoices.
+@job(queue="reminders", idempotent=True, max_attempts=5, initial_delay_s=5, max_delay_s=300)
+def send_overdue_reminders(overdue_days: int) -> None:
+    """Queue a reminder of every invoice open for more than ``overdue_days``."""
+    default_service().remind_overdue(overdue_days=overdue_days, as_of=current_fire_at() or timezone.now())
 
 
 @job(queue="default")

@@ -1,8 +1,8 @@
 """Billing's business rules, as ``InvoiceService``: the source document's
 ``createInvoiceService({ db, cache, lock, logger, metrics })``. What it is given are the
 library's own objects, not wrappers of ours: a cache-aside object (``composition.cache``), the
-row lock (``composition.locks.row_lock``), ``composition.outbox.publish``, Prometheus counters,
-a structlog logger and the email sender. ``billing.wiring`` builds the default one.
+row lock (``composition.locks.row_lock``), ``composition.outbox.publish`` and ``publish_many``,
+Prometheus counters, a structlog logger and the email sender. ``billing.wiring`` builds the default one.
 
 The database is the source of truth: the lock keeps two payers of one invoice from
 interleaving, the unique constraints make a duplicate impossible, the outbox row commits with
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
@@ -63,6 +64,7 @@ class InvoiceService:
     cache: CacheAside  # composition.cache.get_cache_aside(alias)
     lock: Callable[..., Any]  # composition.locks.row_lock
     publish: Callable[..., Any]  # composition.outbox.publish
+    publish_many: Callable[..., Any]  # composition.outbox.publish_many
     metrics: BillingMetrics
     log: Any  # a structlog logger
     mail: EmailSender
@@ -219,6 +221,19 @@ class InvoiceService:
         # Reminders are the work to shed first, so their queue has a backlog limit of its own.
         admit(configured_broker().get_actor(self.reminder_job).queue_name)
         self.publish(self.reminder_job, {"invoice_id": invoice.pk})
+
+    def remind_overdue(self, *, overdue_days: int, as_of: datetime) -> int:
+        """Queue a reminder of every open invoice with an address created more than
+        ``overdue_days`` before ``as_of`` (the scheduled sweep's body); returns how many. Run in
+        the sweep job's transaction, so its reminders are queued once per tick."""
+        cutoff = as_of - timedelta(days=overdue_days)
+        overdue = list(Invoice.objects.filter(status=Invoice.Status.OPEN, created_at__lt=cutoff)
+                       .exclude(email="").order_by("pk").values_list("pk", flat=True))
+        if overdue:
+            self.publish_many(self.reminder_job, [{"invoice_id": invoice_id} for invoice_id in overdue])
+        self.log.info("overdue invoices reminded", count=len(overdue), overdue_days=overdue_days,
+                      as_of=as_of.isoformat())
+        return len(overdue)
 
     def send_reminder(self, invoice_id: int, *, reference: str) -> bool:
         """The job's body: email the reminder if the invoice is still open and has an address;

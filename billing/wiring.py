@@ -16,6 +16,7 @@ a receipt job on another queue or another email backend.
         "CACHE_ALIAS": None,                    # None: COMPOSITION["CACHE_ALIAS"]
         "INVOICE_TTL_S": 300.0,
         "LOCK_TIMEOUT_S": 2.0,
+        "REMINDER_AFTER_DAYS": 14,              # open this long: reminded by the morning sweep
     }
 """
 
@@ -35,9 +36,9 @@ from billing.services import InvoiceService
 from composition.breaker import CircuitBreaker
 from composition.cache import get_cache_aside
 from composition.locks import row_lock
-from composition.outbox import publish
+from composition.outbox import publish, publish_many
 
-__all__ = ["DEFAULTS", "build_service", "default_service", "email_sender"]
+__all__ = ["DEFAULTS", "build_service", "default_service", "email_sender", "setting"]
 
 DEFAULTS: dict[str, Any] = {
     "FROM_EMAIL": "billing@example.com",
@@ -48,6 +49,7 @@ DEFAULTS: dict[str, Any] = {
     "CACHE_ALIAS": None,
     "INVOICE_TTL_S": 300.0,
     "LOCK_TIMEOUT_S": 2.0,
+    "REMINDER_AFTER_DAYS": 14,
 }
 
 
@@ -57,6 +59,11 @@ def _settings() -> dict[str, Any]:
     if unknown:
         raise ValueError(f"unknown BILLING setting(s): {', '.join(sorted(unknown))}")
     return {**DEFAULTS, **configured}
+
+
+def setting(name: str) -> Any:
+    """One key of ``settings.BILLING``, or its default."""
+    return _settings()[name]
 
 
 def email_sender(*, backend: str | None = None, **backend_options: Any) -> EmailSender:
@@ -79,6 +86,7 @@ def build_service(**fields: Any) -> InvoiceService:
         "cache": lambda: get_cache_aside(options["CACHE_ALIAS"]),
         "lock": lambda: row_lock,
         "publish": lambda: publish,
+        "publish_many": lambda: publish_many,
         "metrics": lambda: METRICS,
         "log": lambda: structlog.get_logger("billing"),
         "mail": email_sender,

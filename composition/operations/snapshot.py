@@ -1,7 +1,8 @@
 """What the operations page shows, gathered from the functions the commands use: the outbox
 backlog per queue and its totals (``backlog_by_queue`` and ``backlog_totals``, which
 ``outbox status`` reports too), the broker's counts (backpressure's ``queue_depth``), failure
-groups (``deadletters list``), worker heartbeats (``health workers``) and circuit breakers.
+groups (``deadletters list``), worker heartbeats (``health workers``), circuit breakers and the
+schedules (``schedules list``).
 
 Every figure costs a fixed number of queries and round trips, whatever the size of the tables:
 aggregates over partial indexes, and per queue one broker round trip.
@@ -24,6 +25,7 @@ from composition.jobs.middleware.in_flight import RUNS_WINDOW_S
 from composition.jobs.models import DeadLetter
 from composition.outbox.maintenance import backlog_by_queue, backlog_totals
 from composition.sampling.queues import declared_queues, sample_queues
+from composition.schedules.status import ScheduleRow, schedule_rows
 
 __all__ = ["OperationsSnapshot", "QueueRow", "WorkerRow", "operations_snapshot"]
 
@@ -75,6 +77,7 @@ class OperationsSnapshot:
     breakers_here: dict[str, str]
     relay_lag_s: float
     outbox_pending: int
+    schedules: list[ScheduleRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
@@ -128,4 +131,4 @@ def operations_snapshot(*, window_s: float = RUNS_WINDOW_S) -> OperationsSnapsho
         failure_groups=failure_groups(open_letters, limit=FAILURE_GROUPS_SHOWN),
         failure_group_count=group_count(open_letters), workers=workers,
         stale_workers=stale, workers_error=workers_error, breakers_here=breaker_states(),
-        relay_lag_s=relay_lag_s, outbox_pending=outbox_pending)
+        relay_lag_s=relay_lag_s, outbox_pending=outbox_pending, schedules=schedule_rows())

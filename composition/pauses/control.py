@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import structlog
+from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import transaction
 from django.db.models.functions import Now
 
@@ -22,7 +25,7 @@ def _kind(kind: str) -> str:
     return kind
 
 
-def _change(kind: str, name: str, *, paused: bool, by: str, reason: str) -> tuple[Pause, bool]:
+def _change(kind: str, name: str, *, paused: bool, by: str, reason: str, user: Any) -> tuple[Pause, bool]:
     with transaction.atomic():
         row, _ = Pause.objects.select_for_update().get_or_create(
             kind=_kind(kind), name=name,
@@ -32,21 +35,29 @@ def _change(kind: str, name: str, *, paused: bool, by: str, reason: str) -> tupl
             row.paused, row.changed_by, row.reason, row.changed_at = paused, by, reason, Now()
             row.save(update_fields=["paused", "changed_by", "reason", "changed_at"])
             row.refresh_from_db(fields=["changed_at"])
+            if user is not None:
+                # The admin's history of the row: who did what, as for any admin change.
+                action = "Paused" if paused else "Resumed"
+                LogEntry.objects.log_actions(user.pk, [row], CHANGE,
+                                             change_message=f"{action}{': ' + reason if reason else ''}",
+                                             single_object=True)
     if changed:
         log.warning(f"{kind} {'paused' if paused else 'resumed'}", kind=kind, name=name, by=by, reason=reason)
     return row, changed
 
 
-def pause(kind: str, name: str, *, by: str, reason: str = "") -> tuple[Pause, bool]:
+def pause(kind: str, name: str, *, by: str, reason: str = "", user: Any = None) -> tuple[Pause, bool]:
     """Pause ``name`` of ``kind`` (``Pause.SCHEDULE`` or ``Pause.QUEUE``) for every host, durably.
 
-    Returns the row and whether this call changed it (False: it was paused already)."""
-    return _change(kind, name, paused=True, by=by, reason=reason)
+    ``by`` says who, on the row and in the log; with a ``user`` (a Django user) the change is in
+    the admin's history of the row too. Returns the row and whether this call changed it (False:
+    it was paused already)."""
+    return _change(kind, name, paused=True, by=by, reason=reason, user=user)
 
 
-def resume(kind: str, name: str, *, by: str, reason: str = "") -> tuple[Pause, bool]:
+def resume(kind: str, name: str, *, by: str, reason: str = "", user: Any = None) -> tuple[Pause, bool]:
     """Undo ``pause()``; the row and whether this call changed it."""
-    return _change(kind, name, paused=False, by=by, reason=reason)
+    return _change(kind, name, paused=False, by=by, reason=reason, user=user)
 
 
 def paused_names(kind: str) -> frozenset[str]:

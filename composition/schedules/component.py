@@ -1,8 +1,8 @@
 """``SchedulerComponent``: fires every declared schedule's due ticks, on every ``runworkers``.
 
-There is no leader: each host's scheduler tries every schedule each round, and the state row's
-lock and the tick's unique constraint make each tick fire once (``firing``). Rounds run when the
-next tick is due (at least every second, so a pause or a new state is seen promptly).
+There is no leader: each host's scheduler reads every schedule's watermark each round and fires
+what is due; the state row's lock and the tick's unique constraint make each tick fire once
+(``firing``). Rounds run when the next tick is due, at least every second.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from django.db import close_old_connections
 
 from composition.errors import described
 from composition.lifecycle.periodic import PeriodicComponent
-from composition.metrics import SCHEDULER_CLOCK_SKEW_SECONDS
+from composition.metrics import SCHEDULE_NEXT_FIRE_TIMESTAMP, SCHEDULER_CLOCK_SKEW_SECONDS
 from composition.schedules.declaration import Schedule, declared
 from composition.schedules.firing import Clock, database_now, fire_due
+from composition.schedules.models import ScheduleState
 from composition.schedules.problems import problems
 from composition.schedules.ticks import next_tick
 
@@ -86,28 +87,33 @@ class SchedulerComponent(PeriodicComponent):
         if not self.active():
             return False  # nothing declared: no round, no query
         close_old_connections()
-        host_before = self.host_clock()
+        host_now, now = self.host_clock(), self.clock()
+        SCHEDULER_CLOCK_SKEW_SECONDS.set((host_now - now).total_seconds())
+        # One query for every watermark: a schedule takes its lock and transaction only when a
+        # tick of it is due (or it has no state yet).
+        watermarks = dict(ScheduleState.objects.filter(name__in=[entry.name for entry in self.active()])
+                          .values_list("name", "watermark"))
+        upcoming: list[datetime] = []
         for entry in self.active():
             if self.stopping():
                 return False
+            mark = watermarks.get(entry.name)
+            if mark is not None:
+                try:
+                    due_at = next_tick(entry, mark)
+                except StopIteration:  # an expression with no tick left
+                    continue
+                if due_at > now:
+                    upcoming.append(due_at)
+                    SCHEDULE_NEXT_FIRE_TIMESTAMP.labels(schedule=entry.name).set(due_at.timestamp())
+                    continue
             try:
                 fire_due(entry, self.clock)
             except Exception as exc:  # one schedule's failure must not hold up the others
                 log.warning("schedule round failed", schedule=entry.name, error=described(exc))
-        now = self.clock()
-        SCHEDULER_CLOCK_SKEW_SECONDS.set((host_before - now).total_seconds())
-        self._wait_s = self._until_next(now)
-        return False
-
-    def _until_next(self, now: datetime) -> float:
-        upcoming = []
-        for entry in self.active():
-            try:
-                upcoming.append(next_tick(entry, now))
-            except StopIteration:
                 continue
-        if not upcoming:
-            return MAX_WAIT_S
-        # A little past the tick, so the round finds it due.
-        wait_s = (min(upcoming) - now).total_seconds() + 0.005
-        return min(max(wait_s, MIN_WAIT_S), MAX_WAIT_S)
+            upcoming.append(now)  # fired or held elsewhere: look again soon
+        # Until the next tick (a little past it, so the round finds it due), at most MAX_WAIT_S.
+        wait_s = (min(upcoming) - now).total_seconds() + 0.005 if upcoming else MAX_WAIT_S
+        self._wait_s = min(max(wait_s, MIN_WAIT_S), MAX_WAIT_S)
+        return False

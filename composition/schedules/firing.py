@@ -132,6 +132,8 @@ def fire_due(declared: Schedule, clock: Clock = database_now) -> Plan | None:
         due = list(islice(takewhile(lambda tick: tick <= now, ticks_after(declared, state.watermark)),
                           MAX_TICKS_PER_ROUND))
         if not due:
+            # Still set here: a scheduler that started after the last tick has not set it yet.
+            _set_next_fire(declared, state.watermark)
             return None
         paused = declared.name in paused_names(Pause.SCHEDULE)
         running = 0 if paused or (declared.overlap == "allow" and declared.max_pending is None) \

@@ -52,6 +52,40 @@ def test_promtool_accepts_the_alert_rules() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+# promtool's unit test of ScheduleNotFiring: a schedule whose next tick was at t=120 s, and no
+# scheduler left to move it; time() is the evaluation time, in seconds from 0.
+SCHEDULE_ALERT_TEST = """
+rule_files: [{rules}]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'composition_schedule_next_fire_timestamp_seconds{{schedule="nightly", instance="w1"}}'
+        values: '120x20'
+      - series: 'composition_schedule_next_fire_timestamp_seconds{{schedule="busy", instance="w1"}}'
+        values: '60+60x20'
+    alert_rule_test:
+      - eval_time: 6m
+        alertname: ScheduleNotFiring
+        exp_alerts: []
+      - eval_time: 10m
+        alertname: ScheduleNotFiring
+        exp_alerts:
+          - exp_labels: {{severity: page, schedule: nightly}}
+            exp_annotations:
+              summary: "Schedule nightly is 8m 0s past its tick"
+              runbook: "docs/operations.md#schedule-not-firing"
+"""
+
+
+def test_schedule_not_firing_fires_when_every_scheduler_stopped_and_not_while_one_runs(tmp_path: Path) -> None:
+    promtool = _promtool()
+    test_file = tmp_path / "schedule_alert_test.yml"
+    test_file.write_text(SCHEDULE_ALERT_TEST.format(rules=DOCKER / "alerts.yml"))
+    result = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_the_alerts_are_loaded_name_catalogued_metrics_and_link_a_runbook() -> None:
     prometheus = yaml.safe_load((DOCKER / "prometheus.yml").read_text())
     compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
@@ -114,7 +148,7 @@ def test_every_dashboard_panel_queries_catalogued_metrics(tmp_path: Path) -> Non
 
 # -- the runbooks -------------------------------------------------------------------------------
 RUNBOOKS = ("Queue piling up", "Too many dead letters", "Low cache hit rate", "Lock time-outs",
-            "Database out of connections")
+            "Database out of connections", "Schedule not firing")
 PARTS = ("**Symptom.**", "**Alert and metric.**", "**Command.**", "**Admin screen.**", "**Fix.**")
 
 

@@ -19,7 +19,7 @@ from prometheus_client.samples import Sample
 from billing.jobs import send_invoice_reminder
 from composition.broker.configured import configured_broker
 from composition.db.budget import connections_per_process
-from composition.lifecycle.workers import BACKGROUND_DB_THREADS
+from composition.lifecycle.workers import BACKGROUND_DB_THREADS, SCHEDULER_DB_THREADS
 from composition.prometheus import LockedMultiProcessCollector
 from composition.prometheus.directory import process_files
 from composition.testing import free_port, wait_until
@@ -185,7 +185,7 @@ def test_a_runworkers_scrape_holds_the_families_only_runworkers_sets_and_its_sam
     assert _value(samples, "composition_component_start_seconds_count", component="metrics-sampler") == 1
     # The sampled gauges are this system's readings.
     assert _value(samples, "composition_db_connection_budget", role="worker") == \
-        connections_per_process(threads, BACKGROUND_DB_THREADS)
+        connections_per_process(threads, BACKGROUND_DB_THREADS + SCHEDULER_DB_THREADS)
     assert (_value(samples, "composition_db_connections_in_use") or 0) >= 1  # the sampler's own at least
     assert (_value(samples, "composition_db_connections_max") or 0) > 0
     assert _value(samples, "composition_db_deadlocks_detected") is not None

@@ -4,10 +4,12 @@ of reminders with 503 and Retry-After while the payments sent meanwhile all succ
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -141,3 +143,31 @@ def test_a_flood_of_reminders_is_shed_with_503_while_concurrent_pays_all_succeed
                message="an email was not sent")
     assert receipts.terminate(20) == 0 and later.terminate(20) == 0
     assert emails_by_message_id(mail_dir) == expected
+
+
+def test_the_scheduled_sweep_reminds_each_overdue_invoice_once_per_tick(  # type: ignore[no-untyped-def]
+        worker_processes, tmp_path: Path) -> None:
+    """billing/schedules.py's morning sweep, fired twice by hand (``schedules run``, two ticks):
+    each tick emails every invoice open for over REMINDER_AFTER_DAYS once, and no other."""
+    from django.core.management import call_command
+    from django.utils import timezone
+
+    mail_dir = tmp_path / "mail"
+    overdue = open_invoice("INV-S1", email="ada@example.com")
+    recent = open_invoice("INV-S2", email="bob@example.com")
+    paid = open_invoice("INV-S3", email="cy@example.com")
+    default_service().pay_invoice(paid.pk, payment_id="pay-s3", amount_cents=500)
+    weeks_ago = timezone.now() - timedelta(days=15)
+    Invoice.objects.filter(pk__in=[overdue.pk, paid.pk]).update(created_at=weeks_ago)
+
+    worker = worker_processes.spawn(["--threads", "2", "--queues", "reminders"], **_mail_only(mail_dir))
+    for _ in range(2):
+        call_command("schedules", "run", "send_overdue_reminders", stdout=io.StringIO())
+    wait_until(lambda: len(emails(mail_dir)) >= 2 and _drained("reminders"), 30,
+               message="the scheduled sweep sent no reminders")
+    assert worker.terminate(20) == 0
+    sent = emails(mail_dir)
+    assert [message["To"] for message in sent] == ["ada@example.com", "ada@example.com"]
+    assert len(set(emails_by_message_id(mail_dir))) == 2  # one per tick, each its own Message-ID
+    assert recent.pk not in {row.payload["invoice_id"] for row in OutboxMessage.objects.filter(queue_name="reminders")
+                             if "invoice_id" in row.payload}

@@ -1,4 +1,4 @@
-"""``overlap="skip"`` with real processes: a job of 2.5 s on an every-second schedule never runs
+"""``overlap="skip"`` with real processes: a job of 2 s on an every-second schedule never runs
 twice at once; the ticks it held back are counted as skipped; two hosts run the scheduler."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def test_a_run_longer_than_its_period_never_overlaps_and_held_back_ticks_are_ski
     Effect.objects.filter(key__startswith=f"{NAME}|").delete()
     args = ["--threads", "4", "--queues", f"{jobs.SCHEDULE_QUEUE},{RELAY_QUEUE_NAME}"]
     hosts = [worker_processes.spawn(args, JOBSAPP_SCHEDULES=NAME) for _ in range(2)]
-    wait_until(lambda: Effect.objects.filter(key__startswith=f"{NAME}|end|").count() >= 3, timeout_s=40)
+    wait_until(lambda: Effect.objects.filter(key__startswith=f"{NAME}|end|").count() >= 2, timeout_s=40)
     for host in hosts:
         host.terminate()
     marks = {effect.key: effect.created_at for effect in Effect.objects.filter(key__startswith=f"{NAME}|")}
@@ -34,7 +34,8 @@ def test_a_run_longer_than_its_period_never_overlaps_and_held_back_ticks_are_ski
     for (_, first_end), (second_start, _) in pairwise(runs):
         assert first_end is not None and first_end <= second_start, runs
     state = ScheduleState.objects.get(name=NAME)
-    assert state.skipped >= len(runs), (state.skipped, len(runs))  # ~2 ticks skipped per 2.5 s run
+    ended = sum(1 for _, end in runs if end is not None)
+    assert state.skipped >= ended, (state.skipped, runs)  # the tick a second into each run, at least
     assert state.missed == 0
     # Every tick that fired has ended (its run reported back through job_run_ended), but for the
     # last: with overlap="skip" only it can still have been waiting when the hosts stopped.

@@ -209,3 +209,28 @@ def test_retention_prunes_old_ticks_whose_run_ended_and_keeps_a_pending_one(name
     doomed = set(schedule_ticks_older_than(7 * 86_400).filter(schedule=name).values_list("pk", flat=True))
     assert doomed == {ended.pk}
     assert {pending.pk, recent.pk}.isdisjoint(doomed)
+
+
+@pytest.mark.parametrize(("cron", "day", "expected"), [
+    # Hand-written from the transitions (docs/schedules.md has the same table).
+    ("30 2 * * *", "2026-03-28 23:00", ["2026-03-29 01:00"]),
+    ("30 2 * * *", "2026-10-24 22:00", ["2026-10-25 00:30"]),
+    ("*/15 2 * * *", "2026-03-28 23:00", []),
+    ("*/15 2 * * *", "2026-10-24 22:00", ["2026-10-25 00:00", "2026-10-25 00:15", "2026-10-25 00:30",
+                                          "2026-10-25 00:45", "2026-10-25 01:00", "2026-10-25 01:15",
+                                          "2026-10-25 01:30", "2026-10-25 01:45"]),
+    ("0 */2 * * *", "2026-10-24 22:00", ["2026-10-24 22:00", "2026-10-25 00:00", "2026-10-25 01:00",
+                                         "2026-10-25 03:00", "2026-10-25 05:00", "2026-10-25 07:00",
+                                         "2026-10-25 09:00", "2026-10-25 11:00", "2026-10-25 13:00",
+                                         "2026-10-25 15:00", "2026-10-25 17:00", "2026-10-25 19:00",
+                                         "2026-10-25 21:00"]),
+])
+def test_a_scheduler_driven_through_a_berlin_dst_day_fires_at_the_hand_written_instants(
+        name: str, cron: str, day: str, expected: list[str]) -> None:
+    declared = Schedule(name=name, actor_name=jobs.scheduled_effect.actor_name, cron=cron, tz="Europe/Berlin",
+                        payload={"label": name}, grace=timedelta(minutes=10))
+    start = datetime.fromisoformat(day).replace(tzinfo=UTC)
+    clock = DbClock(start - timedelta(seconds=1))
+    fire_due(declared, clock)
+    _run_through(declared, clock, start + timedelta(hours=24, seconds=-1), step=timedelta(minutes=5))
+    assert [tick.strftime("%Y-%m-%d %H:%M") for tick, _ in _ticks(name)] == expected

@@ -8,6 +8,7 @@ from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from composition.management.database_errors import database_must_answer
@@ -40,7 +41,9 @@ class Command(BaseCommand):
         parser.add_argument("action", choices=["list", "pause", "resume", "run"])
         parser.add_argument("name", nargs="?", help="the schedule (pause, resume, run)")
         parser.add_argument("--reason", default="", help="pause/resume: why, shown with the pause")
-        parser.add_argument("--by", default=None, help="pause/resume: who (default: the login name)")
+        parser.add_argument("--by", default=None,
+                            help="pause/resume: who (default: the login name); a Django username puts the "
+                                 "change in the admin's history of the pause too")
         parser.add_argument("--json", action="store_true", help="list: machine-readable output")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -61,11 +64,12 @@ class Command(BaseCommand):
             known = ", ".join(sorted(declared())) or "none is declared"
             raise CommandError(f"no schedule named {name!r} ({known})")
         by = options["by"] or _login()
+        user = _user(options["by"])
         if action == "pause":
-            _, changed = pause(Pause.SCHEDULE, name, by=by, reason=options["reason"])
+            _, changed = pause(Pause.SCHEDULE, name, by=by, reason=options["reason"], user=user)
             self.stdout.write(f"schedule {name} paused" if changed else f"schedule {name} was paused already")
         elif action == "resume":
-            _, changed = resume(Pause.SCHEDULE, name, by=by, reason=options["reason"])
+            _, changed = resume(Pause.SCHEDULE, name, by=by, reason=options["reason"], user=user)
             self.stdout.write(f"schedule {name} resumed: the next tick fires" if changed
                               else f"schedule {name} was not paused")
         else:
@@ -97,6 +101,13 @@ class Command(BaseCommand):
         for line in table:
             self.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=False))
                               + "  " + line[-1])
+
+
+def _user(username: str | None) -> Any:
+    if not username:
+        return None
+    model = get_user_model()
+    return model.objects.filter(**{model.USERNAME_FIELD: username}).first()
 
 
 def _login() -> str:
