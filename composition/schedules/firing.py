@@ -9,10 +9,11 @@ advance the watermark. The tick rows, the outbox rows and the watermark commit t
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from itertools import islice, takewhile
+from itertools import takewhile
 
 import structlog
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
@@ -24,12 +25,12 @@ from composition.schedules.declaration import SCHEDULE_HEADER, Schedule
 from composition.schedules.models import ScheduleState, ScheduleTick
 from composition.schedules.ticks import next_tick, ticks_after
 
-__all__ = ["SCHEDULE_HEADER", "Clock", "Plan", "database_now", "fire_due", "plan", "run_now"]
+__all__ = ["MAX_TICKS_PER_ROUND", "Clock", "Plan", "database_now", "fire_due", "plan", "run_now"]
 
 log = structlog.get_logger("composition.schedules")
 
-# The most ticks one round looks at for one schedule: a long outage of an every-second schedule
-# is worked through a bounded slice at a time (the watermark moves on each round).
+# The most recent due ticks one round keeps to decide on (catch_up_max is at most this); older
+# ones, after a long outage of a frequent schedule, are only counted.
 MAX_TICKS_PER_ROUND = 10_000
 # How long a fired tick whose run has not started counts as pending (overlap="skip",
 # max_pending): past it a lost run no longer holds the schedule back.
@@ -129,8 +130,14 @@ def fire_due(declared: Schedule, clock: Clock = database_now) -> Plan | None:
             ScheduleState.objects.bulk_create([ScheduleState(name=declared.name, watermark=now, updated_at=now)],
                                               ignore_conflicts=True)
             return None
-        due = list(islice(takewhile(lambda tick: tick <= now, ticks_after(declared, state.watermark)),
-                          MAX_TICKS_PER_ROUND))
+        # After a long outage only the most recent ticks can fire (on time, or caught up): the
+        # older ones are counted as missed without being kept.
+        due: deque[datetime] = deque(maxlen=MAX_TICKS_PER_ROUND)
+        evaluated = 0
+        for tick in takewhile(lambda tick: tick <= now, ticks_after(declared, state.watermark)):
+            due.append(tick)
+            evaluated += 1
+        older = evaluated - len(due)
         if not due:
             # Still set here: a scheduler that started after the last tick has not set it yet.
             _set_next_fire(declared, state.watermark)
@@ -138,7 +145,11 @@ def fire_due(declared: Schedule, clock: Clock = database_now) -> Plan | None:
         paused = declared.name in paused_names(Pause.SCHEDULE)
         running = 0 if paused or (declared.overlap == "allow" and declared.max_pending is None) \
             else _running(declared.name, now)
-        decided = plan(declared, due, now, paused=paused, running=running)
+        decided = plan(declared, list(due), now, paused=paused, running=running)
+        if paused:
+            decided.paused += older
+        else:
+            decided.missed += older
         fired = []
         for fire_at, catch_up in decided.fire:
             tick_id = _insert_tick(declared.name, fire_at, catch_up=catch_up, manual=False, now=now)
@@ -164,9 +175,13 @@ def fire_due(declared: Schedule, clock: Clock = database_now) -> Plan | None:
     _count(declared.name, "paused", decided.paused)
     for fire_at, _ in fired:
         SCHEDULE_LAG_SECONDS.labels(schedule=declared.name).observe(max((now - fire_at).total_seconds(), 0.0))
-    if decided.missed or decided.paused or decided.skipped:
-        log.warning("schedule ticks not fired", schedule=declared.name, missed=decided.missed,
-                    skipped_overlap=decided.skipped, paused=decided.paused, through=due[-1].isoformat())
+    # Paused ticks are not logged: the pause was, and they are counted.
+    if decided.missed:
+        log.warning("schedule ticks missed", schedule=declared.name, missed=decided.missed,
+                    policy=declared.catch_up, through=due[-1].isoformat())
+    if decided.skipped:
+        log.info("schedule ticks skipped", schedule=declared.name, skipped=decided.skipped,
+                 overlap=declared.overlap, max_pending=declared.max_pending)
     for fire_at, catch_up in fired:
         log.info("schedule fired", schedule=declared.name, fire_at=fire_at.isoformat(), catch_up=catch_up,
                  lag_s=round((now - fire_at).total_seconds(), 3))

@@ -8,6 +8,7 @@ from cronsim import CronSim, CronSimError
 
 from composition.errors import described
 from composition.schedules.declaration import CATCH_UP, OVERLAP, Schedule
+from composition.schedules.firing import MAX_TICKS_PER_ROUND
 from composition.schedules.ticks import schedule_zone
 
 __all__ = ["problems"]
@@ -45,8 +46,8 @@ def _policies(declared: Schedule) -> list[str]:
     elif declared.catch_up == "all" and not (isinstance(declared.catch_up_window, timedelta)
                                             and declared.catch_up_window > timedelta(0)):
         found.append("catch_up='all' needs catch_up_window= (a positive timedelta)")
-    if not isinstance(declared.catch_up_max, int) or declared.catch_up_max < 1:
-        found.append(f"catch_up_max= must be a positive integer, got {declared.catch_up_max!r}")
+    if not isinstance(declared.catch_up_max, int) or not 1 <= declared.catch_up_max <= MAX_TICKS_PER_ROUND:
+        found.append(f"catch_up_max= must be an integer from 1 to {MAX_TICKS_PER_ROUND}, got {declared.catch_up_max!r}")
     if declared.overlap not in OVERLAP:
         found.append(f"overlap= must be one of {', '.join(OVERLAP)}, got {declared.overlap!r}")
     if declared.max_pending is not None and (not isinstance(declared.max_pending, int) or declared.max_pending < 1):

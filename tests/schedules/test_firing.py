@@ -234,3 +234,18 @@ def test_a_scheduler_driven_through_a_berlin_dst_day_fires_at_the_hand_written_i
     fire_due(declared, clock)
     _run_through(declared, clock, start + timedelta(hours=24, seconds=-1), step=timedelta(minutes=5))
     assert [tick.strftime("%Y-%m-%d %H:%M") for tick, _ in _ticks(name)] == expected
+
+
+def test_after_an_outage_longer_than_a_round_keeps_latest_still_fires_one_catch_up(name: str) -> None:
+    """12,000 missed ticks of an every-second schedule, more than one round keeps (10,000): one
+    catch-up, the newest, and the rest counted as missed, in one round."""
+    declared = Schedule(name=name, actor_name=jobs.scheduled_effect.actor_name, every=timedelta(seconds=1),
+                        payload={"label": name}, grace=timedelta(0))
+    clock = DbClock(T0)
+    fire_due(declared, clock)
+    clock.now = T0 + timedelta(seconds=12_000, milliseconds=500)
+    fire_due(declared, clock)
+    assert _ticks(name) == [(T0 + timedelta(seconds=12_000), True)]
+    state = ScheduleState.objects.get(name=name)
+    assert (state.fired, state.caught_up, state.missed) == (0, 1, 11_999)
+    assert state.watermark == T0 + timedelta(seconds=12_000)
