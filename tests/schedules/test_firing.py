@@ -249,3 +249,38 @@ def test_after_an_outage_longer_than_a_round_keeps_latest_still_fires_one_catch_
     state = ScheduleState.objects.get(name=name)
     assert (state.fired, state.caught_up, state.missed) == (0, 1, 11_999)
     assert state.watermark == T0 + timedelta(seconds=12_000)
+
+
+def test_a_run_that_started_and_never_reported_back_frees_its_schedule_when_its_lease_ends(name: str) -> None:
+    """The run signals keep a tick's lease: started (the job's time limit plus a margin), retried
+    (plus the backoff), ended (finished). A run killed without a word holds until its lease ends."""
+    from django.utils import timezone
+    from dramatiq import Message
+    from dramatiq.broker import MessageProxy
+
+    from composition.broker.configured import configured_broker
+    from composition.schedules.runs import RUN_LEASE_MARGIN, mark_run_ended, mark_run_started
+
+    declared, clock = _every(name, overlap="skip"), DbClock(timezone.now().replace(microsecond=0))
+    fire_due(declared, clock)
+    clock.now += PERIOD
+    fire_due(declared, clock)
+    (tick,) = ScheduleTick.objects.filter(schedule=name)
+    row = OutboxMessage.objects.get(headers__schedule__tick=tick.pk)
+    message = MessageProxy(Message(queue_name=jobs.SCHEDULE_QUEUE, actor_name=row.actor_name, args=(),
+                                   kwargs=row.payload, options={"composition": row.headers}))
+    broker = configured_broker()
+    limit = timedelta(milliseconds=broker.get_actor(row.actor_name).options["time_limit"])
+    mark_run_started(None, broker=broker, message=message)  # then the worker is SIGKILLed
+    tick.refresh_from_db()
+    lease_end = tick.lease_until
+    assert abs(lease_end - (timezone.now() + limit + RUN_LEASE_MARGIN)) < timedelta(seconds=5)
+    clock.now = lease_end - timedelta(seconds=1)
+    fire_due(declared, clock)
+    assert len(_ticks(name)) == 1  # still held
+    clock.now = lease_end + timedelta(seconds=1)
+    fire_due(declared, clock)
+    assert len(_ticks(name)) == 2  # the lease ended: the schedule is free
+    mark_run_ended(None, broker=broker, message=message, outcome="dead")
+    tick.refresh_from_db()
+    assert tick.finished_at is not None

@@ -1,9 +1,9 @@
 """The job middleware, one concern per module, in the order ``stack.job_middleware()`` builds
 them around Dramatiq's own: ``message_context`` (connections, log context), ``unknown_actors``,
-``run_ended`` (the ``job_run_ended`` signal), ``dead_letters``, ``job_metrics``, ``in_flight``
-(the registry the heartbeat and the drain read), ``retries`` (backoff and shutdown requeue) and
-``interrupted_queries``. Invariant: every way a job ends passes through them, so it is counted,
-logged and, failed for good, dead-lettered.
+``run_signals`` (``job_run_started``, ``job_run_ended``), ``dead_letters``, ``job_metrics``,
+``in_flight`` (the registry the heartbeat and the drain read), ``retries`` (backoff and shutdown
+requeue) and ``interrupted_queries``. Invariant: every way a job ends passes through them, so it
+is counted, logged and, failed for good, dead-lettered.
 """
 
 from composition.jobs.middleware.dead_letters import DeadLetters
@@ -12,9 +12,10 @@ from composition.jobs.middleware.interrupted_queries import InterruptedQueries
 from composition.jobs.middleware.job_metrics import JobMetrics
 from composition.jobs.middleware.message_context import MessageContext
 from composition.jobs.middleware.retries import JobRetries
-from composition.jobs.middleware.run_ended import RunEnded, job_run_ended
+from composition.jobs.middleware.run_signals import RunSignals, job_run_ended, job_run_started
 from composition.jobs.middleware.stack import find_in_flight, job_middleware
 from composition.jobs.middleware.unknown_actors import UnknownActors
 
 __all__ = ["DeadLetters", "InFlight", "InFlightRegistry", "InterruptedQueries", "JobMetrics", "JobRetries",
-           "MessageContext", "RunEnded", "UnknownActors", "find_in_flight", "job_middleware", "job_run_ended"]
+           "MessageContext", "RunSignals", "UnknownActors", "find_in_flight", "job_middleware", "job_run_ended",
+           "job_run_started"]

@@ -2,7 +2,8 @@
 
 In place of ``Retries``, ``job_middleware()`` puts, in this order (before-hooks run in list order,
 after-hooks in reverse): ``CurrentMessage``, ``MessageContext`` (log context around all below),
-``UnknownActors``, ``RunEnded`` (the ``job_run_ended`` signal, once the dead letter is written),
+``UnknownActors``, ``RunSignals`` (``job_run_started``; ``job_run_ended`` once the dead letter is
+written),
 ``DeadLetters`` (after the outcome is decided and counted), ``JobMetrics``,
 ``InFlightRegistry`` (so the drain never interrupts a dead-letter write), ``JobRetries`` (decides
 first). ``JobShutdownNotifications`` replaces Dramatiq's; ``InterruptedQueries`` and ``JobTimeLimit``
@@ -30,7 +31,7 @@ from composition.jobs.middleware.interrupted_queries import InterruptedQueries
 from composition.jobs.middleware.job_metrics import JobMetrics
 from composition.jobs.middleware.message_context import MessageContext
 from composition.jobs.middleware.retries import JobRetries
-from composition.jobs.middleware.run_ended import RunEnded
+from composition.jobs.middleware.run_signals import RunSignals
 from composition.jobs.middleware.unknown_actors import UnknownActors
 
 __all__ = ["find_in_flight", "find_middleware", "job_middleware"]
@@ -44,7 +45,7 @@ def job_middleware() -> list[Middleware]:
     for middleware_class in default_middleware:
         if middleware_class is Retries:
             in_flight = InFlightRegistry()
-            stack += [CurrentMessage(), MessageContext(), UnknownActors(), RunEnded(), DeadLetters(in_flight),
+            stack += [CurrentMessage(), MessageContext(), UnknownActors(), RunSignals(), DeadLetters(in_flight),
                       JobMetrics(in_flight), in_flight, JobRetries()]
         elif middleware_class is TimeLimit:
             continue  # JobTimeLimit goes last, so its after-hook disarms the limit first
