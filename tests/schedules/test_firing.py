@@ -278,7 +278,7 @@ def test_a_run_that_started_and_never_reported_back_frees_its_schedule_when_its_
     clock.now = lease_end - timedelta(seconds=1)
     fire_due(declared, clock)
     assert len(_ticks(name)) == 1  # still held
-    clock.now = lease_end + timedelta(seconds=1)
+    clock.now = lease_end + PERIOD  # a tick is due after the lease's end, whatever its phase
     fire_due(declared, clock)
     assert len(_ticks(name)) == 2  # the lease ended: the schedule is free
     mark_run_ended(None, broker=broker, message=message, outcome="dead")

@@ -14,18 +14,19 @@ __all__ = ["RunSignals", "job_run_ended", "job_run_started"]
 
 # Both are sent with ``broker`` and ``message`` (the MessageProxy); ``job_run_ended`` with
 # ``outcome`` too. A receiver's exception is logged by Dramatiq and changes nothing of the run.
-job_run_started = Signal()
-job_run_ended = Signal()
+# Sent twice per job: the receivers are looked up once (one sender, use_caching).
+job_run_started = Signal(use_caching=True)
+job_run_ended = Signal(use_caching=True)
 
 
 class RunSignals(Middleware):
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
-        if job_run_started.has_listeners():
+        if job_run_started.has_listeners(RunSignals):
             job_run_started.send(sender=RunSignals, broker=broker, message=message)
 
     def after_process_message(self, broker: Broker, message: MessageProxy, *, result: Any = None,
                               exception: BaseException | None = None) -> None:
-        if not job_run_ended.has_listeners():
+        if not job_run_ended.has_listeners(RunSignals):
             return
         if exception is None:
             outcome = "dead" if message.failed else "success"
