@@ -18,6 +18,7 @@ from itertools import takewhile
 import structlog
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
+from composition.jobs.middleware.run_signals import FOLLOW_RUNS_HEADER
 from composition.metrics import SCHEDULE_LAG_SECONDS, SCHEDULE_NEXT_FIRE_TIMESTAMP, SCHEDULE_TICKS_TOTAL
 from composition.outbox.publish import publish_with_headers
 from composition.pauses import Pause, paused_names
@@ -110,7 +111,10 @@ def _insert_tick(name: str, fire_at: datetime, *, catch_up: bool, manual: bool, 
 def _publish(declared: Schedule, tick_id: int, fire_at: datetime, *, catch_up: bool, manual: bool) -> None:
     header = {"name": declared.name, "tick": tick_id, "fire_at": fire_at.isoformat(),
               "catch_up": catch_up, "manual": manual}
-    publish_with_headers(declared.actor_name, declared.payload, headers={SCHEDULE_HEADER: header})
+    # Its runs signalled (started, ended) only where the overlap rule needs them.
+    follow = declared.overlap == "skip" or declared.max_pending is not None
+    publish_with_headers(declared.actor_name, declared.payload,
+                         headers={SCHEDULE_HEADER: header, **({FOLLOW_RUNS_HEADER: True} if follow else {})})
 
 
 def _count(name: str, outcome: str, amount: int) -> None:

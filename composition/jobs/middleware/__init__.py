@@ -12,10 +12,10 @@ from composition.jobs.middleware.interrupted_queries import InterruptedQueries
 from composition.jobs.middleware.job_metrics import JobMetrics
 from composition.jobs.middleware.message_context import MessageContext
 from composition.jobs.middleware.retries import JobRetries
-from composition.jobs.middleware.run_signals import RunSignals, job_run_ended, job_run_started
+from composition.jobs.middleware.run_signals import FOLLOW_RUNS_HEADER, RunSignals, job_run_ended, job_run_started
 from composition.jobs.middleware.stack import find_in_flight, job_middleware
 from composition.jobs.middleware.unknown_actors import UnknownActors
 
-__all__ = ["DeadLetters", "InFlight", "InFlightRegistry", "InterruptedQueries", "JobMetrics", "JobRetries",
-           "MessageContext", "RunSignals", "UnknownActors", "find_in_flight", "job_middleware", "job_run_ended",
-           "job_run_started"]
+__all__ = ["FOLLOW_RUNS_HEADER", "DeadLetters", "InFlight", "InFlightRegistry", "InterruptedQueries", "JobMetrics",
+           "JobRetries", "MessageContext", "RunSignals", "UnknownActors", "find_in_flight", "job_middleware",
+           "job_run_ended", "job_run_started"]

@@ -1,6 +1,7 @@
 """``RunSignals`` sends ``job_run_started`` before a run's body and ``job_run_ended`` once its
-outcome is decided (``success``, ``retry`` or ``dead``), for code above the jobs layer that follows
-runs (the schedules' overlap rule). With no receiver connected it costs one check per hook."""
+outcome is decided (``success``, ``retry`` or ``dead``), for the messages published with the
+``FOLLOW_RUNS_HEADER`` header, for code above the jobs layer that follows their runs (the
+schedules' overlap rule). Any other message costs one dictionary lookup per hook."""
 
 from __future__ import annotations
 
@@ -10,23 +11,31 @@ from django.dispatch import Signal
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import Middleware, Shutdown
 
-__all__ = ["RunSignals", "job_run_ended", "job_run_started"]
+__all__ = ["FOLLOW_RUNS_HEADER", "RunSignals", "job_run_ended", "job_run_started"]
+
+# A header (in options["composition"]) a publisher sets to true to have the message's runs signalled.
+FOLLOW_RUNS_HEADER = "follow_runs"
 
 # Both are sent with ``broker`` and ``message`` (the MessageProxy); ``job_run_ended`` with
 # ``outcome`` too. A receiver's exception is logged by Dramatiq and changes nothing of the run.
-# Sent twice per job: the receivers are looked up once (one sender, use_caching).
+# The receivers are looked up once (one sender, use_caching).
 job_run_started = Signal(use_caching=True)
 job_run_ended = Signal(use_caching=True)
 
 
+def _followed(message: MessageProxy) -> bool:
+    headers = message.options.get("composition")
+    return isinstance(headers, dict) and headers.get(FOLLOW_RUNS_HEADER) is True
+
+
 class RunSignals(Middleware):
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
-        if job_run_started.has_listeners(RunSignals):
+        if _followed(message):
             job_run_started.send(sender=RunSignals, broker=broker, message=message)
 
     def after_process_message(self, broker: Broker, message: MessageProxy, *, result: Any = None,
                               exception: BaseException | None = None) -> None:
-        if not job_run_ended.has_listeners(RunSignals):
+        if not _followed(message):
             return
         if exception is None:
             outcome = "dead" if message.failed else "success"
