@@ -14,4 +14,4 @@ if os.environ.get("JOBSAPP_SCHEDULES") == "every-second":
              payload={"label": "every-second"})
 elif os.environ.get("JOBSAPP_SCHEDULES") == "overlap":
     schedule(jobs.scheduled_slow, every=timedelta(seconds=1), name="overlap", overlap="skip",
-             payload={"label": "overlap", "seconds": 2.0})
+             payload={"label": "overlap", "seconds": 1.5})
