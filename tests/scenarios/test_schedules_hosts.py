@@ -6,6 +6,7 @@ the full minute (every 10 s)."""
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from datetime import timedelta
@@ -107,3 +108,18 @@ def test_a_pause_holds_across_a_restart_of_every_host_and_resume_fires_only_the_
     assert first is not None and first.fire_at > paused_through and not first.catch_up
     # Nothing due while paused fired: the first tick is the one after the resume (within a second).
     assert first.fire_at >= resumed - timedelta(seconds=1)
+
+
+@pytest.mark.usefixtures("fresh_schedule")
+def test_under_processes_n_the_supervisor_runs_the_host_s_one_scheduler(worker_processes) -> None:
+    args = ["--processes", "2", "--threads", "2", "--queues", f"{jobs.SCHEDULE_QUEUE},{RELAY_QUEUE_NAME}"]
+    host = worker_processes.spawn(args, JOBSAPP_SCHEDULES=NAME)
+    wait_until(lambda: ScheduleTick.objects.filter(schedule=NAME).count() >= 2, timeout_s=40)
+    wanted = {f"{NAME}|{tick.fire_at.isoformat()}|on-time" for tick in ScheduleTick.objects.filter(schedule=NAME)}
+    wait_until(lambda: wanted <= set(Effect.objects.values_list("key", flat=True)), timeout_s=30)
+    assert host.terminate() == 0
+    # One scheduler for the host: the supervisor's; its two children (their logs are in the same
+    # output: two worker components started) were started without one.
+    output = host.output()
+    assert len(re.findall(r'"component": "workers", .*"event": "component started"', output)) == 2, output[-3000:]
+    assert output.count("scheduler started") == 1, output[-3000:]
