@@ -25,15 +25,24 @@ def _kind(kind: str) -> str:
     return kind
 
 
-def _change(kind: str, name: str, *, paused: bool, by: str, reason: str, user: Any) -> tuple[Pause, bool]:
+def _change(kind: str, name: str, *, paused: bool, by: str, reason: str, user: Any) -> tuple[Pause | None, bool]:
     with transaction.atomic():
-        row, _ = Pause.objects.select_for_update().get_or_create(
-            kind=_kind(kind), name=name,
-            defaults={"paused": not paused, "changed_by": by, "changed_at": Now()})
-        changed = row.paused != paused
-        if changed:
+        row = Pause.objects.select_for_update().filter(kind=_kind(kind), name=name).first()
+        if row is None and not paused:
+            return None, False  # never paused: nothing to resume, nothing to record
+        if row is None:
+            # The first pause of this name (the unique constraint settles two at once).
+            row, changed = Pause.objects.get_or_create(kind=kind, name=name, defaults={
+                "paused": True, "changed_by": by, "reason": reason, "changed_at": Now()})
+            if not changed:
+                row = Pause.objects.select_for_update().get(pk=row.pk)
+        else:
+            changed = False
+        if not changed and row.paused != paused:
             row.paused, row.changed_by, row.reason, row.changed_at = paused, by, reason, Now()
             row.save(update_fields=["paused", "changed_by", "reason", "changed_at"])
+            changed = True
+        if changed:
             row.refresh_from_db(fields=["changed_at"])
             if user is not None:
                 # The admin's history of the row: who did what, as for any admin change.
@@ -52,11 +61,13 @@ def pause(kind: str, name: str, *, by: str, reason: str = "", user: Any = None) 
     ``by`` says who, on the row and in the log; with a ``user`` (a Django user) the change is in
     the admin's history of the row too. Returns the row and whether this call changed it (False:
     it was paused already)."""
-    return _change(kind, name, paused=True, by=by, reason=reason, user=user)
+    row, changed = _change(kind, name, paused=True, by=by, reason=reason, user=user)
+    assert row is not None  # a pause always has its row
+    return row, changed
 
 
-def resume(kind: str, name: str, *, by: str, reason: str = "", user: Any = None) -> tuple[Pause, bool]:
-    """Undo ``pause()``; the row and whether this call changed it."""
+def resume(kind: str, name: str, *, by: str, reason: str = "", user: Any = None) -> tuple[Pause | None, bool]:
+    """Undo ``pause()``; the row (None when it was never paused) and whether this call changed it."""
     return _change(kind, name, paused=False, by=by, reason=reason, user=user)
 
 

@@ -47,6 +47,13 @@ class Schedule:
     start: datetime | None = None
     grace: timedelta = DEFAULT_GRACE
 
+    @property
+    def when(self) -> str:
+        """``"cron 30 2 * * *"`` or ``"every 30s"``, as ``schedules list`` shows it."""
+        if self.cron is not None:
+            return f"cron {self.cron}"
+        return f"every {self.every.total_seconds():g}s" if self.every is not None else "-"
+
 
 def schedule(job: Any, *, cron: str | None = None, every: timedelta | None = None, tz: str = "UTC",
              catch_up: str = "latest", overlap: str = "allow", payload: Mapping[str, Any] | None = None,

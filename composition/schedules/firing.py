@@ -142,9 +142,7 @@ def fire_due(declared: Schedule, clock: Clock = database_now) -> Plan | None:
             due.append(tick)
             evaluated += 1
         older = evaluated - len(due)
-        if not due:
-            # Still set here: a scheduler that started after the last tick has not set it yet.
-            _set_next_fire(declared, state.watermark)
+        if not due:  # another scheduler fired it between this one's read and its lock
             return None
         paused = declared.name in paused_names(Pause.SCHEDULE)
         running = 0 if paused or (declared.overlap == "allow" and declared.max_pending is None) \

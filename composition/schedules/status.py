@@ -46,10 +46,8 @@ def schedule_rows() -> list[ScheduleRow]:
         if not found:
             upcoming = next_tick(entry, state.watermark if state else now)
             lag_s = max((now - upcoming).total_seconds(), 0.0)
-        expression = f"cron {entry.cron}" if entry.cron else f"every {int(entry.every.total_seconds())}s" \
-            if entry.every else "?"
         rows.append(ScheduleRow(
-            name=name, job=entry.actor_name, expression=expression, tz=entry.tz,
+            name=name, job=entry.actor_name, expression=entry.when, tz=entry.tz,
             last_fired_at=state.last_fired_at if state else None, next_fire_at=upcoming, lag_s=lag_s or 0.0,
             fired=state.fired if state else 0, caught_up=state.caught_up if state else 0,
             missed=state.missed if state else 0, skipped=state.skipped if state else 0,

@@ -87,6 +87,8 @@ def test_the_command_lists_pauses_resumes_and_runs_a_schedule(declared_names: li
         "cron 30 2 * * *", "Europe/Berlin", None, [])
     assert row["next_fire_at"].endswith(("00:30:00+00:00", "01:30:00+00:00"))  # 02:30 Berlin, CEST or CET
 
+    assert "was not paused" in _command("resume", name)  # never paused: no row, nothing recorded
+    assert not Pause.objects.filter(name=name).exists()
     assert "paused" in _command("pause", name, "--reason", "month-end freeze", "--by", "alice")
     assert "was paused already" in _command("pause", name, "--by", "alice")
     pause_row = Pause.objects.get(kind=Pause.SCHEDULE, name=name)
