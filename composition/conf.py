@@ -95,6 +95,9 @@ DEFAULTS: dict[str, Any] = {
     "WORKER_STALE_AFTER_S": 30.0,
     # A worker holding one job longer than this (for a job without its own time limit) is stuck.
     "WORKER_STUCK_AFTER_S": 600.0,
+    # Every worker process reads which queues are paused (`manage.py queues pause`) this often:
+    # no job of a queue starts later than this (and one query) after its pause returns.
+    "QUEUE_PAUSE_REFRESH_S": 0.5,
     # runworkers serves Prometheus /metrics on this port (None: off; `--metrics-port` overrides),
     # bound to WORKER_METRICS_ADDRESS. With PROMETHEUS_MULTIPROC_DIR set it serves the whole
     # directory: every process of the host (or container) that writes there.

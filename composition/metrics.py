@@ -169,6 +169,11 @@ QUEUE_DEPTH = Gauge(
     "composition_queue_depth_messages", "Backlog of a queue: pending outbox rows plus broker messages.", ["queue"],
     multiprocess_mode="livemax",
 )
+QUEUE_PAUSED = Gauge(
+    "composition_queue_paused", "1 while a queue is paused (no job of it starts), as the worker processes "
+    "last read it; 0 once resumed.", ["queue"],
+    multiprocess_mode="livemax",
+)
 BACKPRESSURE_REJECTIONS_TOTAL = Counter(
     "composition_backpressure_rejections_total", "Work refused because its queue was full.", ["queue"],
 )
@@ -179,7 +184,8 @@ CIRCUIT_STATE = Gauge(
 CIRCUIT_REJECTIONS_TOTAL = Counter(
     "composition_circuit_rejections_total", "Calls refused by an open circuit.", ["name"],
 )
-__all__ += ["BACKPRESSURE_REJECTIONS_TOTAL", "CIRCUIT_REJECTIONS_TOTAL", "CIRCUIT_STATE", "QUEUE_DEPTH"]
+__all__ += ["BACKPRESSURE_REJECTIONS_TOTAL", "CIRCUIT_REJECTIONS_TOTAL", "CIRCUIT_STATE", "QUEUE_DEPTH",
+            "QUEUE_PAUSED"]
 
 # --- retention (composition.retention) ---------------------------------------------------------
 # Labelled by database table (a handful, fixed by the models): the inbox ledger, sent outbox rows

@@ -51,3 +51,22 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def staff_client(*codenames: str, username: str | None = None) -> Client:
+    """A logged-in test client of a new staff user holding the permissions ``codenames``."""
+    from django.contrib.auth.models import Permission, User
+    from django.test import Client
+
+    user = User.objects.create_user(username or unique("op"), password="x", is_staff=True)
+    user.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def table_row(html: str, attribute: str, value: str) -> str:
+    """The inner HTML of the page's table row whose ``attribute`` is ``value``."""
+    match = re.search(rf'<tr {attribute}="{re.escape(value)}">(.*?)</tr>', html, re.S)
+    assert match, f"no row with {attribute}={value!r}"
+    return match.group(1)

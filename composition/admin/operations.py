@@ -1,9 +1,11 @@
 """The operations page in the admin: one screen for the night a queue piles up (see
-``composition.operations.snapshot`` for where each figure comes from). It refreshes itself with a meta
-refresh, every ``REFRESH_S`` seconds unless paused: no JavaScript."""
+``composition.operations.snapshot`` for where each figure comes from). It reloads itself with a meta
+refresh, every ``REFRESH_S`` seconds unless turned off (``?refresh=off``): no JavaScript. Who may
+pause pauses and resumes queues and schedules from it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin, messages
@@ -16,7 +18,9 @@ from composition.admin.dead_letters import ReadOnlyRows
 from composition.jobs.replay import REPLAY_PERMISSION
 from composition.operations.models import Operations
 from composition.operations.snapshot import operations_snapshot
+from composition.outbox.relay import RELAY_QUEUE_NAME
 from composition.pauses import PAUSE_PERMISSION, Pause, pause, resume
+from composition.queues import QueueNotPausable, pause_queue, resume_queue
 from composition.schedules import declared
 
 __all__ = ["OperationsAdmin"]
@@ -29,43 +33,74 @@ class OperationsAdmin(ReadOnlyRows, admin.ModelAdmin):
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
-        paused = request.GET.get("refresh") == "off"
+        reload_off = request.GET.get("refresh") == "off"
         dead_letters = reverse("admin:composition_deadletter_changelist")
         context = {
             **self.admin_site.each_context(request),
             "title": "Operations",
             "opts": self.model._meta,
             "snapshot": operations_snapshot(),
-            "refresh_s": None if paused else REFRESH_S,
+            "refresh_s": None if reload_off else REFRESH_S,
+            "default_refresh_s": REFRESH_S,
             "dead_letters_url": dead_letters,
             # Replay buttons only for who may replay (the action would refuse the others anyway).
             "can_replay": request.user.has_perm(REPLAY_PERMISSION),
             "can_pause": request.user.has_perm(PAUSE_PERMISSION),
             "schedule_url": reverse("admin:composition_operations_schedule"),
+            "queue_url": reverse("admin:composition_operations_queue"),
+            "relay_queue": RELAY_QUEUE_NAME,
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/composition/operations.html", context)
 
     def get_urls(self) -> list[URLPattern]:
         own = [path("schedule/", self.admin_site.admin_view(self.schedule_view),
-                    name="composition_operations_schedule")]
+                    name="composition_operations_schedule"),
+               path("queue/", self.admin_site.admin_view(self.queue_view), name="composition_operations_queue")]
         return own + super().get_urls()
 
     def schedule_view(self, request: HttpRequest) -> HttpResponse:
-        """Pause or resume a schedule (POST ``name``, ``action``, ``reason``), for every host; the
-        change goes in the admin's history of its ``Pause`` row."""
+        """Pause or resume a schedule (POST ``name``, ``action``, ``reason``) for every host."""
+
+        def change(action: str, name: str, **who: Any) -> bool:
+            if name not in declared():
+                raise PauseRefused(f"No schedule {name!r} to {action}.")
+            return (pause if action == "pause" else resume)(Pause.SCHEDULE, name, **who)[1]
+
+        return self._pause_view(request, "Schedule", change)
+
+    def queue_view(self, request: HttpRequest) -> HttpResponse:
+        """Pause or resume a queue (POST ``name``, ``action``, ``reason``) for every worker host."""
+
+        def change(action: str, name: str, **who: Any) -> bool:
+            try:
+                return (pause_queue if action == "pause" else resume_queue)(name, **who)[1]
+            except QueueNotPausable as exc:
+                raise PauseRefused(str(exc)) from exc
+
+        return self._pause_view(request, "Queue", change)
+
+    def _pause_view(self, request: HttpRequest, what: str, change: Callable[..., bool]) -> HttpResponse:
+        """A POST of ``name``, ``action`` (pause or resume) and ``reason`` from the page, for who
+        may pause; the change goes in the admin's history of its ``Pause`` row."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         if not request.user.has_perm(PAUSE_PERMISSION):
             raise PermissionDenied
-        name, action = request.POST.get("name", ""), request.POST.get("action")
+        name, action = request.POST.get("name", ""), request.POST.get("action", "")
         page = reverse("admin:composition_operations_changelist")
-        if name not in declared() or action not in ("pause", "resume"):
-            messages.error(request, f"No schedule {name!r} to {action or 'change'}.")
+        try:
+            if action not in ("pause", "resume"):
+                raise PauseRefused(f"No action {action!r} for {what.lower()} {name!r}.")
+            changed = change(action, name, by=request.user.get_username(),
+                             reason=request.POST.get("reason", "").strip()[:500], user=request.user)
+        except PauseRefused as exc:
+            messages.error(request, str(exc))
             return HttpResponseRedirect(page)
-        change = pause if action == "pause" else resume
-        _, changed = change(Pause.SCHEDULE, name, by=request.user.get_username(),
-                            reason=request.POST.get("reason", "").strip()[:500], user=request.user)
         done = "paused" if action == "pause" else "resumed"
-        messages.success(request, f"Schedule {name} {done}." if changed else f"Schedule {name} was {done} already.")
+        messages.success(request, f"{what} {name} {done}." if changed else f"{what} {name} was {done} already.")
         return HttpResponseRedirect(page)
+
+
+class PauseRefused(Exception):
+    """What the page says when a pause or resume cannot be done."""

@@ -1,9 +1,12 @@
 """The Dramatiq broker: the configured one, built from settings, never a default
 (``configured``); Redis whose idle consumers wake when a message arrives (``redis``,
-``redis_consumer``); job time limits, shared by the workers and the relay's batches
-(``time_limits``). Invariant: the configured broker is set before any actor is declared.
+``redis_consumer``); RabbitMQ whose consumers unsubscribe from a paused queue (``rabbitmq``); the
+process's paused queues and handing a message back (``pausing``); job time limits, shared by the
+workers and the relay's batches (``time_limits``). Invariant: the configured broker is set before any actor is declared.
 """
 
 from composition.broker.configured import JOB_MIDDLEWARE, broker_kind, build_broker, configured_broker, reset_broker
+from composition.broker.pausing import hand_back, paused_queues
 
-__all__ = ["JOB_MIDDLEWARE", "broker_kind", "build_broker", "configured_broker", "reset_broker"]
+__all__ = ["JOB_MIDDLEWARE", "broker_kind", "build_broker", "configured_broker", "hand_back", "paused_queues",
+           "reset_broker"]

@@ -58,7 +58,9 @@ def build_broker(url: str, *, heartbeat_timeout_s: float, maintenance_chance: in
     worker for as long as the client's default allows. The Redis broker is
     ``composition.broker.redis.WakingRedisBroker``, whose idle consumers wait for a message in
     ``BLPOP`` instead of sleeping between polls; a wait lasts one idle poll at most, and never
-    more than half of ``socket_timeout_s``, so short timeouts stay safe for it.
+    more than half of ``socket_timeout_s``, so short timeouts stay safe for it. The RabbitMQ broker
+    is ``composition.broker.rabbitmq.PausableRabbitmqBroker``. Both stop a paused queue's
+    deliveries (``composition.broker.pausing``).
     """
     stack = list(middleware) if middleware is not None else import_string(JOB_MIDDLEWARE)()
     kind = broker_kind(url)
@@ -73,7 +75,7 @@ def build_broker(url: str, *, heartbeat_timeout_s: float, maintenance_chance: in
             maintenance_chance=maintenance_chance,
         )
     try:
-        from dramatiq.brokers.rabbitmq import RabbitmqBroker
+        from composition.broker.rabbitmq import PausableRabbitmqBroker
     except ImportError as exc:  # pika is the optional "rabbitmq" extra
         raise BrokerConfigurationError(
             "an amqp:// BROKER_URL needs the rabbitmq extra (from a clone: "
@@ -85,7 +87,7 @@ def build_broker(url: str, *, heartbeat_timeout_s: float, maintenance_chance: in
     # actor.send() a second on localhost); the outbox relay publishes its batches on a confirm
     # channel of its own, one round trip per batch (composition.outbox.rabbitmq; measured
     # against actor.send() by bench/bench_rabbitmq_relay.py).
-    broker = RabbitmqBroker(url=url, middleware=stack, confirm_delivery=True)
+    broker = PausableRabbitmqBroker(url=url, middleware=stack, confirm_delivery=True)
     for parameters in broker.parameters if isinstance(broker.parameters, list) else [broker.parameters]:
         bound_pika_waits(parameters, url, socket_timeout_s=socket_timeout_s, connect_timeout_s=connect_timeout_s)
     return broker

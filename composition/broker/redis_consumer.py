@@ -1,7 +1,9 @@
 """The consumer of ``composition.broker.redis.WakingRedisBroker`` (that module's doc says what
 it adds to Dramatiq's): it waits on a wake list instead of sleeping on an empty queue, raises a
 Redis that stops answering as a lost connection, and leaves the delayed messages it fetched to
-be handed back, not dropped, when its connection is lost."""
+be handed back, not dropped, when its connection is lost. While its queue is paused
+(``composition.broker.pausing``) it fetches nothing, and a message marked ``hand_back()`` goes back
+to the queue instead of being acknowledged."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from dramatiq.broker import MessageProxy
 from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
 from dramatiq.common import q_name
 from dramatiq.errors import ConnectionClosed
+
+from composition.broker.pausing import handed_back, paused_queues
 
 if TYPE_CHECKING:
     from composition.broker.redis import WakingRedisBroker
@@ -86,7 +90,10 @@ class WakingRedisConsumer(_RedisConsumer):
 
     def ack(self, message: MessageProxy) -> None:
         try:
-            super().ack(message)
+            if handed_back(message):
+                self._hand_back(message)
+            else:
+                super().ack(message)
         except _LOST as exc:
             raise ConnectionClosed(exc) from None
         if self._delayed:
@@ -99,6 +106,14 @@ class WakingRedisConsumer(_RedisConsumer):
             raise ConnectionClosed(exc) from None
         if self._delayed:
             self._delayed.pop(message.options["redis_message_id"], None)
+
+    def _hand_back(self, message: MessageProxy) -> None:
+        """Back to the end of its queue, by its Redis id (only while still unacknowledged here),
+        in place of the acknowledgement."""
+        try:
+            self.broker.do_requeue(self.queue_name, message.options["redis_message_id"])
+        finally:
+            self.queued_message_ids.discard(message.message_id)
 
     def requeue(self, messages: Iterable[MessageProxy]) -> None:
         handed = list(messages)  # the thread's delay queue, drained by the generator
@@ -115,6 +130,11 @@ class WakingRedisConsumer(_RedisConsumer):
     def _next(self) -> MessageProxy | None:
         # Dramatiq's own path whenever it would not sleep on an empty queue: messages in the
         # cache, a full prefetch (it sleeps, but a token could not be used), or a delay queue.
+        if self._wakes and self.queue_name in paused_queues and not self.message_cache:
+            # Paused: fetch nothing; what was fetched before goes on to the worker threads, which
+            # hand it back. Woken by a resume, or after one idle poll to check the stop flag.
+            paused_queues.wait(self.broker.wait_s(self.timeout))
+            return None
         if not self._wakes or self.message_cache or self.outstanding_message_count >= self.prefetch:
             return super().__next__()
         # As Dramatiq fetches: dispatch.lua's fetch moves the ids into the unacked set. (A lost

@@ -14,6 +14,7 @@ from dramatiq.broker import Broker
 
 from composition.breaker import breaker_states
 from composition.broker.configured import configured_broker
+from composition.broker.pausing import paused_queues
 from composition.health import heartbeats, probes
 from composition.jobs.middleware.stack import find_in_flight
 from composition.lifecycle import pids
@@ -32,7 +33,8 @@ class HeartbeatComponent(PeriodicComponent):
 
     ``state`` adds fields to each beat; by default the jobs in flight and since when, from the
     job middleware of ``broker`` (the configured broker when not given), the runs per queue over
-    the last minutes, and the states of this process's circuit breakers.
+    the last minutes, the states of this process's circuit breakers and the queues it has read
+    as paused.
     """
 
     name = "heartbeat"
@@ -51,7 +53,9 @@ class HeartbeatComponent(PeriodicComponent):
     def _jobs_state(self) -> dict[str, Any]:
         registry = find_in_flight(self.broker or configured_broker())
         jobs = registry.state() if registry is not None else {}
-        return {**jobs, "breakers": breaker_states()}
+        # The queues this process has read as paused: `health workers` shows whether every
+        # worker has seen a pause, and a paused queue's idle workers for what they are.
+        return {**jobs, "breakers": breaker_states(), "paused_queues": sorted(paused_queues.names)}
 
     def start(self) -> None:
         self._register()

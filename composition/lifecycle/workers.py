@@ -1,6 +1,7 @@
 """The worker side as a composed system: what ``manage.py runworkers`` runs.
 
-One process: logging → metrics (→ metrics server) → database → cache → broker → worker threads →
+One process: logging → metrics (→ metrics server) → database → cache → broker → queue pauses →
+worker threads →
 relay sweeper → invalidation replay → retention → metrics sampler → scheduler → heartbeat.
 Several: a supervisor of the metrics directory's upkeep, the scheduler, and child processes that
 each run the one-process system without a scheduler of their own. This is the top of the
@@ -36,6 +37,7 @@ from composition.lifecycle.worker_threads import WorkerComponent
 from composition.outbox.sweeper import RelaySweeperComponent
 from composition.prometheus.archive import archive_reaped_child
 from composition.prometheus.server import MetricsServerComponent
+from composition.queues.refresher import QueuePauseRefresher
 from composition.retention import RetentionComponent
 from composition.sampling import MetricsSamplerComponent
 from composition.schedules.component import SchedulerComponent
@@ -46,9 +48,9 @@ __all__ = ["BACKGROUND_DB_THREADS", "SCHEDULER_DB_THREADS", "WorkerOptions", "bu
 # Threads besides the worker threads that may hold a database connection in a worker process,
 # counted in the connection budget: the outbox relay sweeper, the deferred cache invalidation
 # replay, the cache breaker's recovery probe (it replays deferred invalidations too), the
-# retention pruner and the metrics sampler. A web process has none: its request threads send
+# retention pruner, the metrics sampler and the queue pause refresher. A web process has none: its request threads send
 # what they publish after COMMIT themselves.
-BACKGROUND_DB_THREADS = 5
+BACKGROUND_DB_THREADS = 6
 # And one per host for the scheduler: in the worker process, or under --processes N in the
 # supervisor (its children run none).
 SCHEDULER_DB_THREADS = 1
@@ -91,6 +93,8 @@ def worker_components(options: WorkerOptions) -> list[Component]:
         DatabaseComponent(),
         CacheComponent(conf.CACHE_ALIAS),
         BrokerComponent(broker),
+        # Before the worker threads: a pause set before a restart holds from the first message.
+        QueuePauseRefresher(),
         WorkerComponent(broker, queues=options.queues, threads=options.threads,
                         idle_poll_ms=int(conf.WORKER_IDLE_POLL_MS)),
         RelaySweeperComponent(broker),

@@ -1,6 +1,6 @@
-"""What the operations page shows, gathered from the functions the commands use: the outbox
-backlog per queue and its totals (``backlog_by_queue`` and ``backlog_totals``, which
-``outbox status`` reports too), the broker's counts (backpressure's ``queue_depth``), failure
+"""What the operations page shows, gathered from the functions the commands use: each queue
+(``queues list``'s rows: outbox backlog, broker counts, pause), the outbox totals
+(``backlog_totals``, which ``outbox status`` reports too), failure
 groups (``deadletters list``), worker heartbeats (``health workers``), circuit breakers and the
 schedules (``schedules list``).
 
@@ -16,40 +16,21 @@ from typing import Any
 
 import structlog
 
-from composition.backpressure.depth import BrokerCounts, backlog
 from composition.breaker import breaker_states
-from composition.broker.configured import configured_broker
 from composition.health import checks as health
 from composition.jobs.failure_groups import failure_groups, group_count
 from composition.jobs.middleware.in_flight import RUNS_WINDOW_S
 from composition.jobs.models import DeadLetter
 from composition.outbox.maintenance import backlog_by_queue, backlog_totals
-from composition.sampling.queues import declared_queues, sample_queues
+from composition.queues.status import QueueRow, queue_rows
 from composition.schedules.status import ScheduleRow, schedule_rows
 
-__all__ = ["OperationsSnapshot", "QueueRow", "WorkerRow", "operations_snapshot"]
+__all__ = ["OperationsSnapshot", "WorkerRow", "operations_snapshot"]
 
 log = structlog.get_logger("composition.operations")
 
 # The failure groups listed; the rest are counted and reachable from the dead letters list.
 FAILURE_GROUPS_SHOWN = 50
-
-
-@dataclass(frozen=True)
-class QueueRow:
-    name: str
-    outbox_pending: int
-    oldest_pending_age_s: float
-    broker: BrokerCounts | None  # None when the broker could not be asked
-    broker_error: str | None
-    broker_oldest_age_s: float | None  # the oldest ready message's wait (Redis only)
-    enqueued_per_min: float  # rows relayed to the broker, over the window
-    processed_per_min: float | None  # runs ended, summed over the workers' heartbeats
-
-    @property
-    def depth(self) -> int | None:
-        """``backpressure.depth.backlog``, or None (unknown) when the broker could not be asked."""
-        return None if self.broker is None else backlog(self.outbox_pending, self.broker)
 
 
 @dataclass(frozen=True)
@@ -61,6 +42,7 @@ class WorkerRow:
     oldest_job_age_s: float | None
     stuck: bool
     breakers: dict[str, str]
+    paused_queues: list[str]  # as this process last read them
 
 
 @dataclass(frozen=True)
@@ -95,7 +77,8 @@ def _workers(now: float) -> tuple[list[WorkerRow], list[dict[str, Any]], str | N
             worker=beat["worker"], beat_age_s=max(0.0, now - beat["beat_at"]),
             jobs_in_flight=int(beat.get("jobs_in_flight", 0)), oldest_job=oldest,
             oldest_job_age_s=max(0.0, now - oldest["started_at"]) if oldest else None,
-            stuck=beat["worker"] in stuck, breakers=dict(beat.get("breakers") or {})))
+            stuck=beat["worker"] in stuck, breakers=dict(beat.get("breakers") or {}),
+            paused_queues=list(beat.get("paused_queues") or [])))
         for queue, count in (beat.get("runs_by_queue") or {}).items():
             runs[queue] = runs.get(queue, 0) + int(count)
     stale = [{**row, "age_s": max(0.0, now - row["beat_at"])} for row in report.detail.get("stale", [])]
@@ -108,22 +91,7 @@ def operations_snapshot(*, window_s: float = RUNS_WINDOW_S) -> OperationsSnapsho
     now = time.time()
     backlog = backlog_by_queue(window_s)
     workers, stale, workers_error, runs = _workers(now)
-    broker = configured_broker()
-    names = sorted(set(declared_queues(broker)) | set(backlog) | set(runs))
-    queues = []
-    # The metrics sampler's own reading of the broker (one round trip per queue, and none after
-    # the broker has failed once).
-    for sample in sample_queues(broker, names):
-        name, outbox = sample.queue, backlog.get(sample.queue)
-        if sample.error:
-            log.warning("operations page: broker counts unavailable", queue=name, error=sample.error)
-        queues.append(QueueRow(
-            name=name, outbox_pending=outbox.pending if outbox else 0,
-            oldest_pending_age_s=outbox.oldest_pending_age_s if outbox else 0.0,
-            broker=sample.broker, broker_error=sample.error.split(":", 1)[0] if sample.error else None,
-            broker_oldest_age_s=sample.oldest_age_s,
-            enqueued_per_min=(outbox.relayed_recently if outbox else 0) * 60.0 / window_s,
-            processed_per_min=None if workers_error else runs.get(name, 0) * 60.0 / RUNS_WINDOW_S))
+    queues = queue_rows(window_s=window_s, runs=None if workers_error else runs, outbox=backlog)
     open_letters = DeadLetter.objects.filter(status=DeadLetter.Status.DEAD)
     outbox_pending, relay_lag_s = backlog_totals(backlog)  # `outbox status`'s pending and oldest age
     return OperationsSnapshot(

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 import redis
 from django.conf import settings
-from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.db import connection
 from django.template.defaultfilters import floatformat
@@ -32,9 +31,11 @@ from composition.jobs.middleware.in_flight import RUNS_WINDOW_S
 from composition.jobs.models import DeadLetter
 from composition.outbox import OutboxMessage, publish
 from composition.outbox.relay import RELAY_QUEUE_NAME
+from tests.helpers import staff_client, table_row
 from tests.jobsapp import jobs
 
 URL = "/admin/composition/operations/"
+DASH = "\N{EN DASH}"  # the page's "nothing to show"
 
 
 def bulk_dead_letters(count: int, *, groups: int = 3, actor: str = "charge") -> None:
@@ -54,15 +55,6 @@ def bulk_dead_letters(count: int, *, groups: int = 3, actor: str = "charge") -> 
     DeadLetter.objects.bulk_create(rows, batch_size=2000)
 
 
-def _staff(name: str, *codenames: str) -> Client:
-    user = User.objects.create_user(name, password="pw", is_staff=True)
-    for codename in codenames:
-        user.user_permissions.add(Permission.objects.get(codename=codename))
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 # -- who may see it --------------------------------------------------------------------------------
 @pytest.mark.django_db
 def test_anonymous_callers_are_sent_to_the_login_page() -> None:
@@ -73,8 +65,8 @@ def test_anonymous_callers_are_sent_to_the_login_page() -> None:
 
 @pytest.mark.django_db
 def test_staff_need_the_view_permission() -> None:
-    assert _staff("no-perm").get(URL).status_code == 403
-    allowed = _staff("viewer", "view_operations")
+    assert staff_client(username="no-perm").get(URL).status_code == 403
+    allowed = staff_client("view_operations", username="viewer")
     page = allowed.get(URL)
     assert page.status_code == 200
     assert b'id="ops-queues"' in page.content
@@ -136,15 +128,13 @@ def test_more_groups_than_shown_are_counted_and_only_replayers_see_replay_button
     assert f"The {FAILURE_GROUPS_SHOWN} largest of {FAILURE_GROUPS_SHOWN + 5} groups" in " ".join(
         page.content.decode().split())
     assert page.content.count(b"Replay group") == FAILURE_GROUPS_SHOWN
-    viewer = _staff("ops-viewer", "view_operations").get(URL)
+    viewer = staff_client("view_operations", username="ops-viewer").get(URL)
     assert viewer.status_code == 200 and b"Replay group" not in viewer.content
 
 
 def _row(html: str, attribute: str, value: str) -> str:
     """The text of the page's table row whose ``attribute`` is ``value``, tags stripped."""
-    match = re.search(rf'<tr {attribute}="{re.escape(value)}">(.*?)</tr>', html, re.S)
-    assert match, f"no row with {attribute}={value!r}"
-    return " ".join(re.sub(r"<[^>]+>", " ", match.group(1)).split())
+    return " ".join(re.sub(r"<[^>]+>", " ", table_row(html, attribute, value)).split())
 
 
 def _outbox_rows(queue: str, *, pending_age_s: float, pending: int, sent_ago_s: list[float]) -> None:
@@ -198,8 +188,8 @@ def test_rates_and_relay_lag_are_the_outbox_rows_and_the_heartbeats_runs(admin_c
     # The relay lag is the oldest pending row of any queue: behind's, not busy's, not a sum.
     assert 100 <= snapshot.relay_lag_s < 110
     html = page.content.decode()
-    assert _row(html, "data-queue", busy).endswith(" 2.0 9.0")  # enqueued / min, processed / min
-    assert _row(html, "data-queue", behind).endswith(" 0.0 0.0")
+    assert _row(html, "data-queue", busy).endswith(" 2.0 9.0 running")  # enqueued / min, processed / min
+    assert _row(html, "data-queue", behind).endswith(" 0.0 0.0 running")
     lag = re.search(r'id="ops-relay-lag"><strong[^>]*>([^<]*)</strong>', html)
     assert lag and lag.group(1) == f"{floatformat(snapshot.relay_lag_s, 1)} s"
 
@@ -257,10 +247,9 @@ def test_a_workers_row_is_its_heartbeat_with_stuck_and_stale_ones_marked(admin_c
         row = rows[worker]
         assert _row(html, "data-worker", worker) == (
             f"{worker} {floatformat(row.beat_age_s, 1)} s {row.jobs_in_flight} charge (attempt 1), "
-            f"{floatformat(row.oldest_job_age_s, 1)} s {state}")
-    dash = "\N{EN DASH}"  # the page's "nothing to show"
+            f"{floatformat(row.oldest_job_age_s, 1)} s {state} {DASH}")  # sees no paused queue
     assert _row(html, "data-worker", gone) == \
-        f"{gone} {floatformat(stale['age_s'], 1)} s {dash} {dash} stale: no heartbeat"
+        f"{gone} {floatformat(stale['age_s'], 1)} s {DASH} {DASH} stale: no heartbeat {DASH}"
     assert re.search(rf"<td>{re.escape(healthy)}</td><td>email</td><td class=\"ops-bad\">open</td>", html)
 
 

@@ -4,19 +4,17 @@ change in the admin's history of its ``Pause`` row; the command line's by a name
 from __future__ import annotations
 
 import io
-import re
 from collections.abc import Iterator
 
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.core.management import call_command
-from django.test import Client
 
 from composition.pauses import Pause
 from composition.schedules import schedule
 from composition.schedules.declaration import forget
-from tests.helpers import unique
+from tests.helpers import staff_client, table_row, unique
 from tests.jobsapp import jobs
 
 pytestmark = pytest.mark.django_db
@@ -33,28 +31,14 @@ def nightly() -> Iterator[str]:
     forget(name)
 
 
-def _staff(*permissions: str) -> Client:
-    user = User.objects.create_user(unique("op"), password="x", is_staff=True)
-    user.user_permissions.add(*Permission.objects.filter(codename__in=["view_operations", *permissions]))
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-def _row(html: str, name: str) -> str:
-    match = re.search(rf'<tr data-schedule="{re.escape(name)}">(.*?)</tr>', html, re.S)
-    assert match, html[:2000]
-    return match.group(1)
-
-
 def test_an_operator_who_may_pauses_and_resumes_a_schedule_from_the_page(nightly: str) -> None:
-    client = _staff("change_pauses")
-    row = _row(client.get(PAGE).content.decode(), nightly)
+    client = staff_client("view_operations", "change_pauses")
+    row = table_row(client.get(PAGE).content.decode(), "data-schedule", nightly)
     assert "cron 30 2 * * *" in row and "Europe/Berlin" in row and "running" in row and 'value="Pause"' in row
 
     answer = client.post(POST, {"name": nightly, "action": "pause", "reason": "month-end freeze"}, follow=True)
     assert f"Schedule {nightly} paused." in answer.content.decode()
-    row = _row(answer.content.decode(), nightly)
+    row = table_row(answer.content.decode(), "data-schedule", nightly)
     assert "paused by" in row and "month-end freeze" in row and 'value="Resume"' in row
     pause_row = Pause.objects.get(kind=Pause.SCHEDULE, name=nightly)
     client.post(POST, {"name": nightly, "action": "resume"})
@@ -65,17 +49,18 @@ def test_an_operator_who_may_pauses_and_resumes_a_schedule_from_the_page(nightly
 
 
 def test_without_the_permission_there_is_no_button_and_a_post_is_refused(nightly: str) -> None:
-    client = _staff()
-    assert 'value="Pause"' not in _row(client.get(PAGE).content.decode(), nightly)
+    client = staff_client("view_operations")
+    assert 'value="Pause"' not in table_row(client.get(PAGE).content.decode(), "data-schedule", nightly)
     assert client.post(POST, {"name": nightly, "action": "pause"}).status_code == 403
     assert not Pause.objects.filter(name=nightly).exists()
 
 
 def test_an_unknown_schedule_or_action_changes_nothing(nightly: str) -> None:
-    client = _staff("change_pauses")
-    for data in ({"name": "nope", "action": "pause"}, {"name": nightly, "action": "explode"}):
+    client = staff_client("view_operations", "change_pauses")
+    for data, says in (({"name": "nope", "action": "pause"}, "No schedule &#x27;nope&#x27; to pause"),
+                       ({"name": nightly, "action": "explode"}, "No action &#x27;explode&#x27;")):
         answer = client.post(POST, data, follow=True)
-        assert "No schedule" in answer.content.decode()
+        assert says in answer.content.decode()
     assert not Pause.objects.exists()
     assert client.get(POST).status_code == 405
 

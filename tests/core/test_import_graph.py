@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("outbox and jobs", ("composition.outbox", "composition.jobs")),
     ("schedules", ("composition.schedules",)),
     ("operations", ("composition.health", "composition.backpressure", "composition.operations",
-                    "composition.sampling")),
+                    "composition.sampling", "composition.queues")),
     ("wiring", ("composition.lifecycle.workers", "composition.lifecycle.components",
                 "composition.lifecycle.worker_threads", "composition.lifecycle.heartbeat", "composition.checks",
                 "composition.retention", "composition.tasks")),

@@ -52,3 +52,15 @@ def test_dramatiq_s_enqueue_and_dispatch_script_are_as_the_waking_broker_extends
     assert b"for i=9,#ARGV do" in source
     assert b"local message_data = ARGS[2]" in source
     assert "do_enqueue" in RedisBroker.enqueue.__code__.co_names
+
+
+def test_dramatiq_s_consumers_have_what_the_pausable_ones_use() -> None:
+    from dramatiq.brokers.rabbitmq import RabbitmqBroker, _RabbitmqConsumer
+    from dramatiq.brokers.redis import _RedisConsumer
+
+    redis_init = _RedisConsumer.__init__.__code__.co_names
+    assert {"message_cache", "queued_message_ids"} <= set(redis_init)
+    assert isinstance(_RedisConsumer.outstanding_message_count, property)
+    rabbit_init = _RabbitmqConsumer.__init__.__code__.co_names
+    assert {"connection", "channel", "iterator", "known_tags"} <= set(rabbit_init)
+    assert isinstance(RabbitmqBroker.consumer_class, property)

@@ -78,12 +78,59 @@ tests:
 """
 
 
-def test_schedule_not_firing_fires_when_every_scheduler_stopped_and_not_while_one_runs(tmp_path: Path) -> None:
+def _promtool_unit_test(tmp_path: Path, template: str) -> None:
+    """Run ``promtool test rules`` on ``template`` (its ``{rules}``: docker/alerts.yml)."""
     promtool = _promtool()
-    test_file = tmp_path / "schedule_alert_test.yml"
-    test_file.write_text(SCHEDULE_ALERT_TEST.format(rules=DOCKER / "alerts.yml"))
+    test_file = tmp_path / "alerts_test.yml"
+    test_file.write_text(template.format(rules=DOCKER / "alerts.yml"))
     result = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_schedule_not_firing_fires_when_every_scheduler_stopped_and_not_while_one_runs(tmp_path: Path) -> None:
+    _promtool_unit_test(tmp_path, SCHEDULE_ALERT_TEST)
+
+
+# promtool's unit test of the queue alerts: two queues whose oldest message has waited 10 minutes
+# and whose backlog grew by 2,000; one of them paused since the start.
+QUEUE_ALERTS_TEST = """
+rule_files: [{rules}]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'composition_broker_oldest_message_age_seconds{{queue="stuck", instance="w1"}}'
+        values: '600+60x30'
+      - series: 'composition_broker_oldest_message_age_seconds{{queue="held", instance="w1"}}'
+        values: '600+60x30'
+      - series: 'composition_queue_depth_messages{{queue="stuck", instance="w1"}}'
+        values: '1100+150x30'
+      - series: 'composition_queue_depth_messages{{queue="held", instance="w1"}}'
+        values: '1100+150x30'
+      - series: 'composition_queue_paused{{queue="stuck", instance="w1"}}'
+        values: '0x30'
+      - series: 'composition_queue_paused{{queue="held", instance="w1"}}'
+        values: '1x30'
+    alert_rule_test:
+      - eval_time: 27m
+        alertname: BrokerOldestMessageTooOld
+        exp_alerts:
+          - exp_labels: {{severity: page, queue: stuck}}
+            exp_annotations:
+              summary: "Queue stuck: oldest message waiting 37m 0s"
+              runbook: "docs/operations.md#queue-piling-up"
+      - eval_time: 27m
+        alertname: QueueDepthGrowing
+        exp_alerts:
+          - exp_labels: {{severity: warning, queue: stuck}}
+            exp_annotations:
+              summary: "Queue stuck is piling up (5150 messages)"
+              runbook: "docs/operations.md#queue-piling-up"
+"""
+
+
+def test_the_queue_alerts_leave_a_paused_queue_out(tmp_path: Path) -> None:
+    _promtool_unit_test(tmp_path, QUEUE_ALERTS_TEST)
 
 
 def test_the_alerts_are_loaded_name_catalogued_metrics_and_link_a_runbook() -> None:
@@ -147,7 +194,7 @@ def test_every_dashboard_panel_queries_catalogued_metrics(tmp_path: Path) -> Non
 
 
 # -- the runbooks -------------------------------------------------------------------------------
-RUNBOOKS = ("Queue piling up", "Too many dead letters", "Low cache hit rate", "Lock time-outs",
+RUNBOOKS = ("Queue piling up", "Pausing a queue", "Too many dead letters", "Low cache hit rate", "Lock time-outs",
             "Database out of connections", "Schedule not firing")
 PARTS = ("**Symptom.**", "**Alert and metric.**", "**Command.**", "**Admin screen.**", "**Fix.**")
 

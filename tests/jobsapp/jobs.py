@@ -275,3 +275,34 @@ def scheduled_slow(label: str, seconds: float) -> None:
     Effect.objects.create(key=f"{label}|start|{tick}")
     time.sleep(seconds)
     Effect.objects.create(key=f"{label}|end|{tick}")
+
+
+PAUSE_QUEUE = "jobs_pause"
+# Redis list of "<key> <unix time>" per run's start, written outside the job's transaction: a
+# run that started and was rolled back, or ran twice, still shows.
+PAUSE_STARTS_KEY = "tests:pause-starts"
+
+
+def pause_starts_client():  # type: ignore[no-untyped-def]
+    import redis
+    from django.conf import settings
+
+    return redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
+
+
+@job(queue=PAUSE_QUEUE, idempotent=True, max_attempts=3, initial_delay_s=0.05, max_delay_s=0.2)
+def pause_effect(key: str, hold_s: float) -> None:
+    """Notes its start in Redis at once, holds ``hold_s``, then its effect (once, by the ledger)."""
+    with pause_starts_client() as client:
+        client.rpush(PAUSE_STARTS_KEY, f"{key} {time.time()}")
+    time.sleep(hold_s)
+    Effect.objects.create(key=key)
+
+
+@job(queue=PAUSE_QUEUE, max_attempts=1)
+def pause_run(key: str, hold_s: float) -> None:
+    """``pause_effect`` without the ledger: a message delivered twice runs twice, and shows."""
+    with pause_starts_client() as client:
+        client.rpush(PAUSE_STARTS_KEY, f"{key} {time.time()}")
+    time.sleep(hold_s)
+    Effect.objects.create(key=key)

@@ -1,6 +1,7 @@
 """The broker's middleware stack: Dramatiq's defaults with the job middleware in place.
 
-In place of ``Retries``, ``job_middleware()`` puts, in this order (before-hooks run in list order,
+First comes ``PausedQueues``, which hands back a paused queue's message before anything else runs
+for it. In place of ``Retries``, ``job_middleware()`` puts, in this order (before-hooks run in list order,
 after-hooks in reverse): ``CurrentMessage``, ``MessageContext`` (log context around all below),
 ``UnknownActors``, ``RunSignals`` (``job_run_started``; ``job_run_ended`` once the dead letter is
 written),
@@ -30,6 +31,7 @@ from composition.jobs.middleware.in_flight import InFlightRegistry
 from composition.jobs.middleware.interrupted_queries import InterruptedQueries
 from composition.jobs.middleware.job_metrics import JobMetrics
 from composition.jobs.middleware.message_context import MessageContext
+from composition.jobs.middleware.paused_queues import PausedQueues
 from composition.jobs.middleware.retries import JobRetries
 from composition.jobs.middleware.run_signals import RunSignals
 from composition.jobs.middleware.unknown_actors import UnknownActors
@@ -41,7 +43,7 @@ M = TypeVar("M", bound=Middleware)
 
 def job_middleware() -> list[Middleware]:
     """A new middleware list for one broker, in the order the module doc explains."""
-    stack: list[Middleware] = []
+    stack: list[Middleware] = [PausedQueues()]
     for middleware_class in default_middleware:
         if middleware_class is Retries:
             in_flight = InFlightRegistry()

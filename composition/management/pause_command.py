@@ -1,0 +1,112 @@
+"""``PauseCommand``: what ``manage.py schedules`` and ``manage.py queues`` share: ``list`` (a
+table, or ``--json``), ``pause NAME`` and ``resume NAME`` with ``--reason`` and ``--by`` (who:
+the login name by default; a Django username puts the change in the admin's history too), and
+one line instead of a traceback when the database does not answer."""
+
+from __future__ import annotations
+
+import getpass
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, ClassVar
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from composition.management.database_errors import database_must_answer
+from composition.pauses import Pause
+
+__all__ = ["PauseCommand", "moment", "operator_name", "operator_user", "pause_json", "paused_state"]
+
+
+def operator_name(by: str | None) -> str:
+    """``by`` when given, else the login name (marked as from manage.py)."""
+    if by:
+        return by
+    try:
+        return f"{getpass.getuser()} (manage.py)"
+    except Exception:  # no login name (a container without a passwd entry)
+        return "manage.py"
+
+
+def operator_user(by: str | None) -> Any:
+    """The Django user named ``by``, or None."""
+    if not by:
+        return None
+    model = get_user_model()
+    return model.objects.filter(**{model.USERNAME_FIELD: by}).first()
+
+
+def moment(at: datetime | None) -> str:
+    return at.strftime("%Y-%m-%d %H:%M:%SZ") if at else "-"
+
+
+def paused_state(pause: Pause | None) -> str:
+    """``running``, or who paused it, since when and why."""
+    if pause is None:
+        return "running"
+    return f"paused by {pause.changed_by} since {moment(pause.changed_at)}" + (
+        f" ({pause.reason})" if pause.reason else "")
+
+
+def pause_json(pause: Pause | None) -> dict[str, str] | None:
+    """``--json``'s view of a pause: who, since when (ISO 8601), why; None when not paused."""
+    if pause is None:
+        return None
+    return {"by": pause.changed_by, "since": pause.changed_at.isoformat(), "reason": pause.reason}
+
+
+class PauseCommand(BaseCommand):
+    """A subclass names what it pauses (``thing``), may add ``extra_actions``, and implements
+    ``list_rows``, ``pause_one``, ``resume_one`` (and ``other_action`` for its extra ones)."""
+
+    thing: ClassVar[str]
+    extra_actions: ClassVar[tuple[str, ...]] = ()
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        actions = ["list", "pause", "resume", *self.extra_actions]
+        parser.add_argument("action", choices=actions)
+        parser.add_argument("name", nargs="?", help=f"the {self.thing} ({', '.join(actions[1:])})")
+        parser.add_argument("--reason", default="", help="pause/resume: why, shown with the pause")
+        parser.add_argument("--by", default=None,
+                            help="pause/resume: who (default: the login name); a Django username puts the "
+                                 "change in the admin's history of the pause too")
+        parser.add_argument("--json", action="store_true", help="list: machine-readable output")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        with database_must_answer():
+            action, name = options["action"], options["name"]
+            if action == "list":
+                if name:
+                    raise CommandError("list takes no name")
+                self.list_rows(options["json"])
+                return
+            if not name:
+                raise CommandError(f"{action} needs a {self.thing}'s name ({self.thing}s list shows them)")
+            if action not in ("pause", "resume"):
+                self.other_action(action, name)
+                return
+            by, user = operator_name(options["by"]), operator_user(options["by"])
+            change = self.pause_one if action == "pause" else self.resume_one
+            self.stdout.write(change(name, by=by, reason=options["reason"], user=user))
+
+    def write_table(self, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+        """Columns padded to their widest cell; the last one, free text, left as it is."""
+        table = [tuple(header), *(tuple(row) for row in rows)]
+        widths = [max(len(line[column]) for line in table) for column in range(len(header) - 1)]
+        for line in table:
+            self.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=False))
+                              + "  " + line[-1])
+
+    def list_rows(self, as_json: bool) -> None:
+        raise NotImplementedError
+
+    def pause_one(self, name: str, *, by: str, reason: str, user: Any) -> str:
+        """Pause ``name``; the line to print. Raise CommandError for a name it cannot pause."""
+        raise NotImplementedError
+
+    def resume_one(self, name: str, *, by: str, reason: str, user: Any) -> str:
+        raise NotImplementedError
+
+    def other_action(self, action: str, name: str) -> None:
+        raise NotImplementedError

@@ -1,0 +1,59 @@
+"""The queues on the operations page: each one's state, and pause and resume for who may, each
+change in the admin's history of its ``Pause`` row; the relay's queue has no button."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.contrib.admin.models import LogEntry
+
+from composition.outbox.relay import RELAY_QUEUE_NAME
+from composition.pauses import Pause
+from tests.helpers import staff_client, table_row
+from tests.jobsapp import jobs
+
+pytestmark = pytest.mark.django_db
+
+PAGE = "/admin/composition/operations/"
+POST = "/admin/composition/operations/queue/"
+QUEUE = jobs.PAUSE_QUEUE
+
+
+def test_an_operator_who_may_pauses_and_resumes_a_queue_from_the_page() -> None:
+    client = staff_client("view_operations", "change_pauses")
+    page = client.get(PAGE).content.decode()
+    row = table_row(page, "data-queue", QUEUE)
+    assert "running" in row and 'value="Pause"' in row
+    # The page's own reload switch does not read like a queue's state.
+    assert "Paused." not in page and "Stop reloading" in page
+
+    answer = client.post(POST, {"name": QUEUE, "action": "pause", "reason": "provider outage"}, follow=True)
+    assert f"Queue {QUEUE} paused." in answer.content.decode()
+    row = table_row(answer.content.decode(), "data-queue", QUEUE)
+    assert "paused by" in row and "provider outage" in row and 'value="Resume"' in row
+    pause_row = Pause.objects.get(kind=Pause.QUEUE, name=QUEUE)
+    client.post(POST, {"name": QUEUE, "action": "resume"})
+    assert not Pause.objects.get(pk=pause_row.pk).paused
+    history = list(LogEntry.objects.filter(object_id=str(pause_row.pk)).order_by("pk")
+                   .values_list("change_message", flat=True))
+    assert history == ["Paused: provider outage", "Resumed"]
+
+
+def test_without_the_permission_there_is_no_button_and_a_post_is_refused() -> None:
+    client = staff_client("view_operations")
+    assert 'value="Pause"' not in table_row(client.get(PAGE).content.decode(), "data-queue", QUEUE)
+    assert client.post(POST, {"name": QUEUE, "action": "pause"}).status_code == 403
+    assert not Pause.objects.filter(kind=Pause.QUEUE).exists()
+
+
+def test_an_unknown_queue_the_relay_s_queue_or_an_unknown_action_changes_nothing() -> None:
+    client = staff_client("view_operations", "change_pauses")
+    for data, says in (({"name": "nope", "action": "pause"}, "no queue named &#x27;nope&#x27;"),
+                       ({"name": RELAY_QUEUE_NAME, "action": "pause"}, "outbox relay"),
+                       ({"name": QUEUE, "action": "explode"}, "No action")):
+        answer = client.post(POST, data, follow=True)
+        html = answer.content.decode()
+        assert says.lower() in html.lower(), re.findall(r'<ul class="messagelist">.*?</ul>', html, re.S)
+    assert not Pause.objects.exists()
+    assert client.get(POST).status_code == 405

@@ -1,0 +1,82 @@
+"""``pause_queue`` / ``resume_queue`` and ``manage.py queues``: what they accept, what they refuse
+and say, and what ``list`` shows (depth, oldest waiting work, who paused it, when and why)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import User
+from django.core.management import CommandError, call_command
+from django.db import transaction
+
+from composition.outbox import publish
+from composition.outbox.relay import RELAY_QUEUE_NAME
+from composition.pauses import Pause
+from composition.queues import QueueNotPausable, known_queues, pause_queue, paused_queue_names, resume_queue
+from composition.testing import left_to_the_relay
+from tests.jobsapp import jobs
+
+pytestmark = [pytest.mark.django_db, pytest.mark.empty_queues(jobs.PAUSE_QUEUE)]
+
+QUEUE = jobs.PAUSE_QUEUE
+
+
+def _run(*args: str) -> str:
+    out = io.StringIO()
+    call_command("queues", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_pause_and_resume_change_the_row_once_and_say_so() -> None:
+    assert QUEUE in known_queues()
+    row, changed = pause_queue(QUEUE, by="ops", reason="provider outage")
+    assert changed and row.paused and row.reason == "provider outage"
+    assert paused_queue_names() == {QUEUE}
+    assert pause_queue(QUEUE, by="ops")[1] is False  # paused already: nothing recorded again
+    assert resume_queue(QUEUE, by="ops")[1] is True
+    assert resume_queue(QUEUE, by="ops")[1] is False
+    assert paused_queue_names() == frozenset()
+
+
+def test_a_name_that_is_no_queue_and_the_relay_s_queue_are_refused_with_the_reason() -> None:
+    with pytest.raises(QueueNotPausable, match=r"no queue named 'jobs_nope' \(the queues: .*jobs_pause"):
+        pause_queue("jobs_nope", by="ops")
+    with pytest.raises(QueueNotPausable, match="outbox relay's queue"):
+        pause_queue(RELAY_QUEUE_NAME, by="ops")
+    with pytest.raises(CommandError, match="no queue named 'jobs_nope'"):
+        _run("pause", "jobs_nope")
+    with pytest.raises(CommandError, match="pause needs a queue's name"):
+        _run("pause")
+    with pytest.raises(CommandError, match="list takes no name"):
+        _run("list", QUEUE)
+    assert not Pause.objects.exists()
+
+
+def test_a_queue_paused_before_its_jobs_were_removed_can_still_be_resumed() -> None:
+    Pause.objects.create(kind=Pause.QUEUE, name="jobs_removed_by_a_deploy", changed_by="ops",
+                         changed_at="2026-01-01T00:00:00Z")
+    assert "resumed" in _run("resume", "jobs_removed_by_a_deploy")
+
+
+def test_list_shows_depth_oldest_wait_and_who_paused_it_when_and_why() -> None:
+    with left_to_the_relay(), transaction.atomic():
+        for index in range(3):
+            publish("pause_effect", {"key": f"list-{index}", "hold_s": 0.0})
+    User.objects.create_user("alice", password="x")
+    assert "paused: no job of it starts" in _run("pause", QUEUE, "--by", "alice", "--reason", "deploy")
+    pause_row = Pause.objects.get(kind=Pause.QUEUE, name=QUEUE)
+    assert [entry.change_message for entry in LogEntry.objects.filter(object_id=str(pause_row.pk))] == [
+        "Paused: deploy"]
+
+    table = _run("list")
+    line = next(line for line in table.splitlines() if line.startswith(QUEUE + " "))
+    assert line.split()[1] == "3" and "paused by alice since" in line and "(deploy)" in line
+    listed = {row["name"]: row for row in json.loads(_run("list", "--json"))["queues"]}
+    assert listed[QUEUE]["depth"] == 3 and listed[QUEUE]["oldest_age_s"] >= 0
+    assert listed[QUEUE]["paused"]["by"] == "alice" and listed[QUEUE]["paused"]["reason"] == "deploy"
+    assert listed[jobs.NOOP_QUEUE]["paused"] is None
+    assert "was paused already" in _run("pause", QUEUE)
+    assert "resumed: its waiting jobs run" in _run("resume", QUEUE)
