@@ -211,8 +211,8 @@ class InvoiceService:
     # -- reminders ---------------------------------------------------------------------------
     def remind(self, invoice_id: int) -> None:
         """Queue a reminder of an open invoice. Reminders are the first work to shed: raises
-        ``composition.backpressure.admission.Backpressure`` when their queue is full, InvoiceNotFound or
-        InvoiceNotOpen."""
+        ``composition.backpressure.admission.Backpressure`` when their queue is full or shed,
+        InvoiceNotFound or InvoiceNotOpen."""
         invoice = Invoice.objects.filter(pk=invoice_id).first()
         if invoice is None:
             raise InvoiceNotFound(f"invoice {invoice_id} does not exist")

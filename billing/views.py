@@ -121,8 +121,9 @@ def void_invoice(request: HttpRequest, invoice_id: int) -> JsonResponse:
 
 
 def remind_invoice(request: HttpRequest, invoice_id: int) -> JsonResponse:
-    """Queue a reminder: 202, or 503 with Retry-After when the reminders' queue is full (the
-    payment endpoints keep working: they publish to another queue)."""
+    """Queue a reminder: 202, or 503 with Retry-After when the reminders' queue is full or shed
+    while payments are behind (the payment endpoints keep working: they publish to another
+    queue)."""
     if request.content_type == "application/json" and request.body:  # in this order: see void_invoice
         parse_json_body(request, {})
     try:
@@ -130,7 +131,8 @@ def remind_invoice(request: HttpRequest, invoice_id: int) -> JsonResponse:
     except errors.BillingError as exc:
         raise _business_error(exc) from exc
     except Backpressure as exc:
-        raise ApiError(503, "overloaded", "reminders are not being taken now: their queue is full; retry later",
+        why = "payments come first while they are behind" if exc.shed else "their queue is full"
+        raise ApiError(503, "overloaded", f"reminders are not being taken now: {why}; retry later",
                        retry_after_s=max(1, math.ceil(exc.retry_after_s))) from exc
     return JsonResponse({"invoice_id": invoice_id, "queued": True}, status=202)
 

@@ -119,6 +119,20 @@ DEFAULTS: dict[str, Any] = {
     # How often a process re-measures a queue's depth, and what Retry-After tells callers.
     "BACKPRESSURE_CACHE_S": 0.5,
     "BACKPRESSURE_RETRY_AFTER_S": 5.0,
+    # Shedding (docs/backpressure.md): the non-essential queues in SHED_QUEUES pause on their own
+    # while a pressure signal of SHED_WHEN is at or over its limit (a limit of None turns that
+    # signal off), and resume once every signal has stayed below SHED_RESUME_BELOW of its limit
+    # for SHED_RESUME_AFTER_S. While shed, admit() refuses them. The pressure is that of
+    # SHED_ESSENTIAL_QUEUES (None: every declared queue but the shed ones and the relay's),
+    # measured by each runworkers process every SHED_INTERVAL_S. The signals: oldest_wait_s, the
+    # oldest ready message's wait (Redis only); ready_messages, messages ready on the broker
+    # (both brokers: RabbitMQ's signal); db_latency_ms, a trivial query's round trip.
+    "SHED_QUEUES": [],
+    "SHED_ESSENTIAL_QUEUES": None,
+    "SHED_WHEN": {"oldest_wait_s": 30.0, "ready_messages": None, "db_latency_ms": None},
+    "SHED_RESUME_BELOW": 0.5,
+    "SHED_RESUME_AFTER_S": 10.0,
+    "SHED_INTERVAL_S": 0.5,
     # Retention: runworkers prunes old rows this often (one process of the cluster at a time,
     # RETENTION_BATCH_SIZE rows per short transaction). Each *_RETENTION_S may be None: keep forever.
     "RETENTION_INTERVAL_S": 3600.0,

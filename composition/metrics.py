@@ -174,6 +174,15 @@ QUEUE_PAUSED = Gauge(
     "last read it; 0 once resumed.", ["queue"],
     multiprocess_mode="livemax",
 )
+QUEUE_SHEDS_TOTAL = Counter(
+    "composition_queue_sheds_total", "Non-essential queues paused by the shedding controller, by the signal over "
+    "its limit (the first one, when several were).", ["queue", "signal"],
+)
+SHEDDING_PRESSURE_RATIO = Gauge(
+    "composition_shedding_pressure_ratio", "Each shedding signal's last reading divided by its limit (1 or more: "
+    "the non-essential queues are shed), as the worker processes measure it every SHED_INTERVAL_S.", ["signal"],
+    multiprocess_mode="livemax",
+)
 BACKPRESSURE_REJECTIONS_TOTAL = Counter(
     "composition_backpressure_rejections_total", "Work refused because its queue was full.", ["queue"],
 )
@@ -185,7 +194,7 @@ CIRCUIT_REJECTIONS_TOTAL = Counter(
     "composition_circuit_rejections_total", "Calls refused by an open circuit.", ["name"],
 )
 __all__ += ["BACKPRESSURE_REJECTIONS_TOTAL", "CIRCUIT_REJECTIONS_TOTAL", "CIRCUIT_STATE", "QUEUE_DEPTH",
-            "QUEUE_PAUSED"]
+            "QUEUE_PAUSED", "QUEUE_SHEDS_TOTAL", "SHEDDING_PRESSURE_RATIO"]
 
 # --- retention (composition.retention) ---------------------------------------------------------
 # Labelled by database table (a handful, fixed by the models): the inbox ledger, sent outbox rows

@@ -105,6 +105,12 @@ COMPOSITION = {
     "BACKPRESSURE_QUEUES": {"billing": int(os.environ.get("BILLING_QUEUE_LIMIT", "10000")),
                             "reminders": int(os.environ.get("REMINDERS_QUEUE_LIMIT", "1000"))},
     "BACKPRESSURE_PATHS": {"/api/invoices": "billing"},
+    # And shed whole while payments' receipts wait: reminders pause on their own (and the remind
+    # endpoint answers 503) once the oldest billing message has waited 30 s (Redis) or 5,000
+    # are ready (RabbitMQ), and resume once both are below half that for 10 s.
+    "SHED_QUEUES": ["reminders"],
+    "SHED_ESSENTIAL_QUEUES": ["billing"],
+    "SHED_WHEN": {"oldest_wait_s": 30.0, "ready_messages": 5000},
     # `manage.py drain` (the pre-stop step) marks the web server of this PORT draining here.
     "HEALTH_DRAIN_FILE": str(drain_file(DATA_DIR)),
     "HEALTH_DRAIN_WAIT_S": float(os.environ.get("DRAIN_WAIT_S", "5")),

@@ -14,8 +14,8 @@ __all__ = ["PauseAdmin"]
 
 @admin.register(Pause)
 class PauseAdmin(ReadOnlyRows, admin.ModelAdmin):
-    list_display = ("kind", "name", "paused", "changed_by", "changed_at", "reason")
-    list_filter = ("kind", "paused")
+    list_display = ("kind", "name", "paused", "shed", "changed_by", "changed_at", "reason")
+    list_filter = ("kind", "paused", "shed")
     search_fields = ("name",)
     ordering = ("kind", "name")
     readonly_fields = list_display

@@ -1,10 +1,12 @@
 """Backpressure: refuse new work before the queues overflow.
 
 ``admit(queue)`` raises ``Backpressure`` (with ``.retry_after_s``) once the queue's depth
-(``composition.backpressure.depth``) reaches its limit in ``COMPOSITION["BACKPRESSURE_QUEUES"]``;
-``BackpressureMiddleware`` answers unsafe requests under ``BACKPRESSURE_PATHS`` with 503 and
-``Retry-After``. The depth is measured at most every ``BACKPRESSURE_CACHE_S`` per process, so
-admission costs nothing on the hot path.
+(``composition.backpressure.depth``) reaches its limit in ``COMPOSITION["BACKPRESSURE_QUEUES"]``,
+or while the queue is shed (one of ``SHED_QUEUES`` the shedding controller paused under
+pressure: ``composition.queues.shedding``); ``BackpressureMiddleware`` answers unsafe requests
+under ``BACKPRESSURE_PATHS`` with 503 and ``Retry-After``. Both are read at most every
+``BACKPRESSURE_CACHE_S`` per process, so admission costs nothing on the hot path. A queue an
+operator paused is admitted as usual: its publishes wait on the broker.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import structlog
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from composition.backpressure.depth import QueueDepths
+from composition.backpressure.shed import ShedQueues
 from composition.conf import conf
 from composition.errors import CompositionError
 from composition.logging import already_logged
@@ -29,25 +32,35 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 
 
 class Backpressure(CompositionError):
-    """The queue is full: try again after ``retry_after_s`` seconds."""
+    """The queue is full, or shed (``shed``, then ``depth`` and ``limit`` are None): try again
+    after ``retry_after_s`` seconds."""
 
-    def __init__(self, queue: str, depth: int, limit: int, retry_after_s: float) -> None:
-        super().__init__(f"queue {queue!r} holds {depth} messages (limit {limit}); retry after {retry_after_s:g}s")
+    def __init__(self, queue: str, depth: int | None, limit: int | None, retry_after_s: float, *,
+                 shed: bool = False) -> None:
+        why = ("is shed while essential work is under pressure" if shed
+               else f"holds {depth} messages (limit {limit})")
+        super().__init__(f"queue {queue!r} {why}; retry after {retry_after_s:g}s")
         self.queue = queue
         self.depth = depth
         self.limit = limit
         self.retry_after_s = retry_after_s
+        self.shed = shed
 
 
-# Per-process measurements (a plain object, no I/O until the first admit).
+# Per-process measurements (plain objects, no I/O until the first admit).
 _depths = QueueDepths()
+_shed = ShedQueues()
 
 
 def admit(queue: str) -> None:
-    """Raise ``Backpressure`` when ``queue`` is at its limit; return when it may take more work.
-
-    A queue without a limit in ``BACKPRESSURE_QUEUES`` is always admitted.
+    """Raise ``Backpressure`` when ``queue`` is at its limit or shed; return when it may take
+    more work. A queue without a limit in ``BACKPRESSURE_QUEUES`` and not in ``SHED_QUEUES`` is
+    always admitted.
     """
+    shed_queues = conf.SHED_QUEUES or ()
+    if queue in shed_queues and queue in _shed.get(shed_queues, max_age_s=float(conf.BACKPRESSURE_CACHE_S)):
+        BACKPRESSURE_REJECTIONS_TOTAL.labels(queue).inc()
+        raise Backpressure(queue, None, None, float(conf.BACKPRESSURE_RETRY_AFTER_S), shed=True)
     limit = (conf.BACKPRESSURE_QUEUES or {}).get(queue)
     if limit is None:
         return
@@ -63,7 +76,7 @@ class BackpressureMiddleware:
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
         # At 0 from the start (once per process): a series first seen at 1 has no increase().
-        for queue in (conf.BACKPRESSURE_QUEUES or {}):
+        for queue in {*(conf.BACKPRESSURE_QUEUES or {}), *(conf.SHED_QUEUES or ())}:
             BACKPRESSURE_REJECTIONS_TOTAL.labels(queue)
 
     def _queue_for(self, request: HttpRequest) -> str | None:
@@ -80,7 +93,8 @@ class BackpressureMiddleware:
             try:
                 admit(queue)
             except Backpressure as exc:
-                log.warning("request shed: queue full", queue=queue, depth=exc.depth, limit=exc.limit)
+                log.warning("request shed: queue shed under pressure" if exc.shed else "request shed: queue full",
+                            queue=queue, depth=exc.depth, limit=exc.limit)
                 retry_after = max(1, math.ceil(exc.retry_after_s))
                 # The shape of any JSON API error (a stable code, a sentence for people). Not the
                 # queue, its depth or its limit: this runs before authentication, so anyone could

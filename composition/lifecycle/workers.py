@@ -1,8 +1,8 @@
 """The worker side as a composed system: what ``manage.py runworkers`` runs.
 
 One process: logging → metrics (→ metrics server) → database → cache → broker → queue pauses →
-worker threads →
-relay sweeper → invalidation replay → retention → metrics sampler → scheduler → heartbeat.
+worker threads → relay sweeper → invalidation replay → retention → shedding → metrics sampler →
+scheduler → heartbeat.
 Several: a supervisor of the metrics directory's upkeep, the scheduler, and child processes that
 each run the one-process system without a scheduler of their own. This is the top of the
 lifecycle package: nothing below it imports it.
@@ -38,6 +38,7 @@ from composition.outbox.sweeper import RelaySweeperComponent
 from composition.prometheus.archive import archive_reaped_child
 from composition.prometheus.server import MetricsServerComponent
 from composition.queues.refresher import QueuePauseRefresher
+from composition.queues.shedding import ShedController
 from composition.retention import RetentionComponent
 from composition.sampling import MetricsSamplerComponent
 from composition.schedules.component import SchedulerComponent
@@ -48,9 +49,10 @@ __all__ = ["BACKGROUND_DB_THREADS", "SCHEDULER_DB_THREADS", "WorkerOptions", "bu
 # Threads besides the worker threads that may hold a database connection in a worker process,
 # counted in the connection budget: the outbox relay sweeper, the deferred cache invalidation
 # replay, the cache breaker's recovery probe (it replays deferred invalidations too), the
-# retention pruner, the metrics sampler and the queue pause refresher. A web process has none: its request threads send
+# retention pruner, the metrics sampler, the queue pause refresher and the shedding controller. A
+# web process has none: its request threads send
 # what they publish after COMMIT themselves.
-BACKGROUND_DB_THREADS = 6
+BACKGROUND_DB_THREADS = 7
 # And one per host for the scheduler: in the worker process, or under --processes N in the
 # supervisor (its children run none).
 SCHEDULER_DB_THREADS = 1
@@ -100,6 +102,7 @@ def worker_components(options: WorkerOptions) -> list[Component]:
         RelaySweeperComponent(broker),
         InvalidationReplayComponent(alias=conf.CACHE_ALIAS),
         RetentionComponent(),
+        ShedController(),
         MetricsSamplerComponent(broker, connection_budget=connections_per_process(
             options.threads, BACKGROUND_DB_THREADS + (SCHEDULER_DB_THREADS if options.schedules else 0))),
         *([SchedulerComponent()] if options.schedules else []),

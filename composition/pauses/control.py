@@ -25,22 +25,27 @@ def _kind(kind: str) -> str:
     return kind
 
 
-def _change(kind: str, name: str, *, paused: bool, by: str, reason: str, user: Any) -> tuple[Pause | None, bool]:
+def _change(kind: str, name: str, *, paused: bool, by: str, reason: str, user: Any,
+            shed: bool) -> tuple[Pause | None, bool]:
     with transaction.atomic():
         row = Pause.objects.select_for_update().filter(kind=_kind(kind), name=name).first()
         if row is None and not paused:
             return None, False  # never paused: nothing to resume, nothing to record
+        if shed and not paused and row is not None and not row.shed:
+            return row, False  # the controller resumes only its own pauses, never an operator's
         if row is None:
             # The first pause of this name (the unique constraint settles two at once).
             row, changed = Pause.objects.get_or_create(kind=kind, name=name, defaults={
-                "paused": True, "changed_by": by, "reason": reason, "changed_at": Now()})
+                "paused": True, "changed_by": by, "reason": reason, "changed_at": Now(), "shed": shed})
             if not changed:
                 row = Pause.objects.select_for_update().get(pk=row.pk)
         else:
             changed = False
-        if not changed and row.paused != paused:
-            row.paused, row.changed_by, row.reason, row.changed_at = paused, by, reason, Now()
-            row.save(update_fields=["paused", "changed_by", "reason", "changed_at"])
+        # An operator pausing what the shedding controller paused makes it theirs (it then
+        # stays paused when the pressure ends).
+        if not changed and (row.paused != paused or (paused and row.shed and not shed)):
+            row.paused, row.changed_by, row.reason, row.changed_at, row.shed = paused, by, reason, Now(), shed
+            row.save(update_fields=["paused", "changed_by", "reason", "changed_at", "shed"])
             changed = True
         if changed:
             row.refresh_from_db(fields=["changed_at"])
@@ -51,24 +56,27 @@ def _change(kind: str, name: str, *, paused: bool, by: str, reason: str, user: A
                                              change_message=f"{action}{': ' + reason if reason else ''}",
                                              single_object=True)
     if changed:
-        log.warning(f"{kind} {'paused' if paused else 'resumed'}", kind=kind, name=name, by=by, reason=reason)
+        event = ("shed" if paused else "unshed") if shed else ("paused" if paused else "resumed")
+        log.warning(f"{kind} {event}", kind=kind, name=name, by=by, reason=reason)
     return row, changed
 
 
-def pause(kind: str, name: str, *, by: str, reason: str = "", user: Any = None) -> tuple[Pause, bool]:
+def pause(kind: str, name: str, *, by: str, reason: str = "", user: Any = None,
+          shed: bool = False) -> tuple[Pause, bool]:
     """Pause ``name`` of ``kind`` (``Pause.SCHEDULE`` or ``Pause.QUEUE``) for every host, durably.
 
     ``by`` says who, on the row and in the log; with a ``user`` (a Django user) the change is in
-    the admin's history of the row too. Returns the row and whether this call changed it (False:
-    it was paused already)."""
-    row, changed = _change(kind, name, paused=True, by=by, reason=reason, user=user)
+    the admin's history of the row too; ``shed`` marks the shedding controller's pause. Returns
+    the row and whether this call changed it (False: it was paused already)."""
+    row, changed = _change(kind, name, paused=True, by=by, reason=reason, user=user, shed=shed)
     assert row is not None  # a pause always has its row
     return row, changed
 
 
-def resume(kind: str, name: str, *, by: str, reason: str = "", user: Any = None) -> tuple[Pause | None, bool]:
+def resume(kind: str, name: str, *, by: str, reason: str = "", user: Any = None,
+           shed: bool = False) -> tuple[Pause | None, bool]:
     """Undo ``pause()``; the row (None when it was never paused) and whether this call changed it."""
-    return _change(kind, name, paused=False, by=by, reason=reason, user=user)
+    return _change(kind, name, paused=False, by=by, reason=reason, user=user, shed=shed)
 
 
 def paused_names(kind: str) -> frozenset[str]:

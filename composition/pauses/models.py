@@ -9,7 +9,9 @@ class Pause(models.Model):
     """Whether ``name`` of ``kind`` is paused; the last change's author, time and reason.
 
     A resume keeps the row (``paused`` False), so the page and ``list`` can say who resumed it
-    and when; the admin's history keeps every change made there."""
+    and when; the admin's history keeps every change made there. ``shed`` marks a change made by
+    the shedding controller (``composition.queues.shedding``): it resumes only what it paused,
+    and an operator's change takes the mark off."""
 
     SCHEDULE = "schedule"
     QUEUE = "queue"
@@ -21,6 +23,8 @@ class Pause(models.Model):
     reason = models.TextField(blank=True, default="")
     changed_by = models.CharField(max_length=150, help_text="who paused or resumed it last")
     changed_at = models.DateTimeField()
+    shed = models.BooleanField(default=False,
+                               help_text="the last change was the shedding controller's, not an operator's")
 
     class Meta:
         app_label = "composition"

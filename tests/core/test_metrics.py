@@ -32,6 +32,8 @@ from composition.jobs.deadletters import record_dead_letter
 from composition.jobs.middleware.dead_letters import write_dead_letter
 from composition.locks import LockNotAcquired, StaleFence, acquire_redis_lock, fenced_write, redis_lock
 from composition.outbox.maintenance import prune_sent
+from composition.pauses import Pause
+from composition.queues import QueuePauseRefresher, ShedController, pause_queue
 from composition.sampling import MetricsSamplerComponent
 from composition.schedules import Schedule
 from composition.schedules.component import SchedulerComponent
@@ -133,6 +135,17 @@ def test_a_scrape_after_real_work_holds_every_family_and_counters_moved_exactly(
     scheduler.tick()  # the schedule's state, from now
     clock[0] += timedelta(seconds=10)
     scheduler.tick()  # its tick at 12:00:10
+    # One queue paused as a worker reads it, and one shedding round over a limit (a query always
+    # takes longer than a nanosecond).
+    pause_queue(jobs.PAUSE_QUEUE, by="catalogue")
+    refresher = QueuePauseRefresher(interval_s=60)
+    refresher.start()
+    refresher.stop(5)
+    with override_settings(COMPOSITION={**settings.COMPOSITION, "SHED_QUEUES": [jobs.SHED_OPTIONAL_QUEUE],
+                                        "SHED_ESSENTIAL_QUEUES": [jobs.SHED_ESSENTIAL_QUEUE],
+                                        "SHED_WHEN": {"db_latency_ms": 1e-6}}):
+        ShedController().tick()
+    assert Pause.objects.get(kind=Pause.QUEUE, name=jobs.SHED_OPTIONAL_QUEUE).shed
     # One sampling round, as runworkers runs it.
     sample = MetricsSamplerComponent(configured_broker(), connection_budget=9).sample()
     assert sample.errors == {}

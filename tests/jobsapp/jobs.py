@@ -306,3 +306,19 @@ def pause_run(key: str, hold_s: float) -> None:
         client.rpush(PAUSE_STARTS_KEY, f"{key} {time.time()}")
     time.sleep(hold_s)
     Effect.objects.create(key=key)
+
+
+SHED_ESSENTIAL_QUEUE = "jobs_shed_essential"
+SHED_OPTIONAL_QUEUE = "jobs_shed_optional"
+
+
+@job(queue=SHED_ESSENTIAL_QUEUE, max_attempts=1)
+def shed_essential(key: str) -> None:
+    """Essential work: its queue's pressure sheds the optional one."""
+    Effect.objects.create(key=key)
+
+
+@job(queue=SHED_OPTIONAL_QUEUE, max_attempts=1)
+def shed_optional(key: str) -> None:
+    """Non-essential work: shed while the essential queue is behind; its Effect's time is its start."""
+    Effect.objects.create(key=key)
