@@ -204,7 +204,8 @@ def check_shedding_settings(app_configs: Any = None, **_: Any) -> list[CheckMess
     merged = _merged()
     if merged is None:
         return []
-    messages = _not_positive_seconds(merged, ("SHED_INTERVAL_S",), "composition.E130")
+    messages = _not_positive_seconds(merged, ("SHED_INTERVAL_S", "QUEUE_PAUSE_REFRESH_S", "QUEUE_HISTORY_BUCKET_S"),
+                                     "composition.E130")
     after = merged["SHED_RESUME_AFTER_S"]
     if isinstance(after, bool) or not isinstance(after, int | float) or after < 0:
         messages.append(Error(f"COMPOSITION['SHED_RESUME_AFTER_S'] must be a number of seconds >= 0, got {after!r}.",
@@ -251,7 +252,8 @@ def check_shedding_settings(app_configs: Any = None, **_: Any) -> list[CheckMess
 
 
 # --- retention ----------------------------------------------------------------------------------
-RETENTION_PERIODS = ("INBOX_RETENTION_S", "OUTBOX_RETENTION_S", "DEAD_LETTER_RETENTION_S", "SCHEDULE_TICK_RETENTION_S")
+RETENTION_PERIODS = ("INBOX_RETENTION_S", "OUTBOX_RETENTION_S", "DEAD_LETTER_RETENTION_S", "SCHEDULE_TICK_RETENTION_S",
+                     "QUEUE_HISTORY_RETENTION_S")
 
 
 @register("composition")

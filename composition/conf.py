@@ -98,6 +98,9 @@ DEFAULTS: dict[str, Any] = {
     # Every worker process reads which queues are paused (`manage.py queues pause`) this often:
     # no job of a queue starts later than this (and one query) after its pause returns.
     "QUEUE_PAUSE_REFRESH_S": 0.5,
+    # The operations page charts each queue over its last 60 buckets of this many seconds (an
+    # hour): the depth, runs ended and failed, pauses; runworkers adds to them as it samples.
+    "QUEUE_HISTORY_BUCKET_S": 60.0,
     # runworkers serves Prometheus /metrics on this port (None: off; `--metrics-port` overrides),
     # bound to WORKER_METRICS_ADDRESS. With PROMETHEUS_MULTIPROC_DIR set it serves the whole
     # directory: every process of the host (or container) that writes there.
@@ -149,6 +152,8 @@ DEFAULTS: dict[str, Any] = {
     # Fired schedule ticks (ScheduleTick) older than this go, once their run ended or its lease
     # did. A schedule's watermark, not its old ticks, keeps a tick from firing twice.
     "SCHEDULE_TICK_RETENTION_S": 7 * 86_400.0,
+    # Queue history buckets (the operations page's charts) older than this go.
+    "QUEUE_HISTORY_RETENTION_S": 86_400.0,
     # Deprecated, read by nothing (check W003 says so when set): logging is Django's LOGGING,
     # e.g. composition.logging.logging_config("json", "INFO"). Still known keys, so settings
     # that have them do not fail with E002 (unknown key).

@@ -7,4 +7,5 @@ from composition.locks.models import LockFence  # noqa: F401
 from composition.operations.models import Operations  # noqa: F401
 from composition.outbox.models import OutboxMessage  # noqa: F401
 from composition.pauses.models import Pause  # noqa: F401
+from composition.queues.models import QueueBucket  # noqa: F401
 from composition.schedules.models import ScheduleState, ScheduleTick  # noqa: F401

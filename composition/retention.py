@@ -4,8 +4,9 @@ In small batches: the inbox ledger after ``INBOX_RETENTION_S``, but never while 
 still be redelivered (``redelivery_window_s``) or a dead letter with its key is unresolved or was
 recently replayed, or its effects could run twice; sent outbox rows after ``OUTBOX_RETENTION_S``;
 resolved dead letters after ``DEAD_LETTER_RETENTION_S``; schedule ticks whose run is over after
-``SCHEDULE_TICK_RETENTION_S``. ``RetentionComponent`` prunes every
-``RETENTION_INTERVAL_S`` in each worker process; an advisory lock lets one prune at a time.
+``SCHEDULE_TICK_RETENTION_S``; the queues' history buckets after ``QUEUE_HISTORY_RETENTION_S``.
+``RetentionComponent`` prunes every ``RETENTION_INTERVAL_S`` in each worker process; an advisory
+lock lets one prune at a time.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ __all__ = [
     "longest_redelivery_window",
     "prune_dead_letters",
     "prune_expired",
+    "queue_buckets_older_than",
     "redelivery_window_s",
 ]
 
@@ -136,6 +138,13 @@ def schedule_ticks_older_than(older_than_s: float) -> QuerySet[Any]:
         Q(finished_at__isnull=False) | Q(lease_until__lt=timezone.now()))
 
 
+def queue_buckets_older_than(older_than_s: float) -> QuerySet[Any]:
+    """The queues' history buckets that started more than ``older_than_s`` seconds ago."""
+    from composition.queues.models import QueueBucket
+
+    return QueueBucket.objects.filter(started_at__lt=_before(older_than_s))
+
+
 def _batch_size(batch_size: int | None) -> int:
     return int(conf.RETENTION_BATCH_SIZE) if batch_size is None else batch_size
 
@@ -159,6 +168,8 @@ def _expired() -> Iterator[tuple[str, QuerySet[Any]]]:
         yield "resolved dead letters", dead_letters_older_than(float(conf.DEAD_LETTER_RETENTION_S))
     if conf.SCHEDULE_TICK_RETENTION_S is not None:
         yield "schedule ticks", schedule_ticks_older_than(float(conf.SCHEDULE_TICK_RETENTION_S))
+    if conf.QUEUE_HISTORY_RETENTION_S is not None:
+        yield "queue history", queue_buckets_older_than(float(conf.QUEUE_HISTORY_RETENTION_S))
 
 
 @contextmanager

@@ -14,13 +14,16 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
+from composition.admin.charts import latest, queue_chart
 from composition.admin.dead_letters import ReadOnlyRows
+from composition.conf import conf
 from composition.jobs.replay import REPLAY_PERMISSION
 from composition.operations.models import Operations
 from composition.operations.snapshot import operations_snapshot
 from composition.outbox.relay import RELAY_QUEUE_NAME
 from composition.pauses import PAUSE_PERMISSION, Pause, pause, resume
 from composition.queues import QueueNotPausable, pause_queue, resume_queue
+from composition.queues.history import HISTORY_BUCKETS
 from composition.schedules import declared
 
 __all__ = ["OperationsAdmin"]
@@ -35,11 +38,16 @@ class OperationsAdmin(ReadOnlyRows, admin.ModelAdmin):
             raise PermissionDenied
         reload_off = request.GET.get("refresh") == "off"
         dead_letters = reverse("admin:composition_deadletter_changelist")
+        snapshot = operations_snapshot()
         context = {
             **self.admin_site.each_context(request),
             "title": "Operations",
             "opts": self.model._meta,
-            "snapshot": operations_snapshot(),
+            "snapshot": snapshot,
+            "charts": [(name, queue_chart(name, buckets), latest(buckets))
+                       for name, buckets in snapshot.history.items()],
+            "bucket_s": float(conf.QUEUE_HISTORY_BUCKET_S),
+            "history_minutes": HISTORY_BUCKETS * float(conf.QUEUE_HISTORY_BUCKET_S) / 60,
             "refresh_s": None if reload_off else REFRESH_S,
             "default_refresh_s": REFRESH_S,
             "dead_letters_url": dead_letters,

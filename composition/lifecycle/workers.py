@@ -37,6 +37,7 @@ from composition.lifecycle.worker_threads import WorkerComponent
 from composition.outbox.sweeper import RelaySweeperComponent
 from composition.prometheus.archive import archive_reaped_child
 from composition.prometheus.server import MetricsServerComponent
+from composition.queues.history import HistoryRecorder
 from composition.queues.refresher import QueuePauseRefresher
 from composition.queues.shedding import ShedController
 from composition.retention import RetentionComponent
@@ -104,7 +105,8 @@ def worker_components(options: WorkerOptions) -> list[Component]:
         RetentionComponent(),
         ShedController(),
         MetricsSamplerComponent(broker, connection_budget=connections_per_process(
-            options.threads, BACKGROUND_DB_THREADS + (SCHEDULER_DB_THREADS if options.schedules else 0))),
+            options.threads, BACKGROUND_DB_THREADS + (SCHEDULER_DB_THREADS if options.schedules else 0)),
+            on_sample=HistoryRecorder(broker)),
         *([SchedulerComponent()] if options.schedules else []),
         HeartbeatComponent(float(conf.WORKER_HEARTBEAT_S), broker=broker),
     ]

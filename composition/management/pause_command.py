@@ -42,18 +42,21 @@ def moment(at: datetime | None) -> str:
 
 
 def paused_state(pause: Pause | None) -> str:
-    """``running``, or who paused it, since when and why."""
+    """``running``, or who paused it (or that it was shed), since when and why."""
     if pause is None:
         return "running"
-    return f"paused by {pause.changed_by} since {moment(pause.changed_at)}" + (
+    who = "shed under pressure" if pause.shed else f"paused by {pause.changed_by}"
+    return f"{who} since {moment(pause.changed_at)}" + (
         f" ({pause.reason})" if pause.reason else "")
 
 
-def pause_json(pause: Pause | None) -> dict[str, str] | None:
-    """``--json``'s view of a pause: who, since when (ISO 8601), why; None when not paused."""
+def pause_json(pause: Pause | None) -> dict[str, str | bool] | None:
+    """``--json``'s view of a pause: who, since when (ISO 8601), why, and whether the shedding
+    controller made it; None when not paused."""
     if pause is None:
         return None
-    return {"by": pause.changed_by, "since": pause.changed_at.isoformat(), "reason": pause.reason}
+    return {"by": pause.changed_by, "since": pause.changed_at.isoformat(), "reason": pause.reason,
+            "shed": pause.shed}
 
 
 class PauseCommand(BaseCommand):

@@ -1,8 +1,8 @@
 """What the operations page shows, gathered from the functions the commands use: each queue
-(``queues list``'s rows: outbox backlog, broker counts, pause), the outbox totals
-(``backlog_totals``, which ``outbox status`` reports too), failure
-groups (``deadletters list``), worker heartbeats (``health workers``), circuit breakers and the
-schedules (``schedules list``).
+(``queues list``'s rows: outbox backlog, broker counts, pause) and its last hour
+(``composition.queues.history``), the outbox totals (``backlog_totals``, which ``outbox status``
+reports too), failure groups (``deadletters list``), worker heartbeats (``health workers``),
+circuit breakers and the schedules (``schedules list``).
 
 Every figure costs a fixed number of queries and round trips, whatever the size of the tables:
 aggregates over partial indexes, and per queue one broker round trip.
@@ -22,6 +22,7 @@ from composition.jobs.failure_groups import failure_groups, group_count
 from composition.jobs.middleware.in_flight import RUNS_WINDOW_S
 from composition.jobs.models import DeadLetter
 from composition.outbox.maintenance import backlog_by_queue, backlog_totals
+from composition.queues.history import Bucket, recent_buckets
 from composition.queues.status import QueueRow, queue_rows
 from composition.schedules.status import ScheduleRow, schedule_rows
 
@@ -60,6 +61,8 @@ class OperationsSnapshot:
     relay_lag_s: float
     outbox_pending: int
     schedules: list[ScheduleRow] = field(default_factory=list)
+    # queue → its last HISTORY_BUCKETS buckets (composition.queues.history), oldest first.
+    history: dict[str, list[Bucket | None]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
 
@@ -99,4 +102,5 @@ def operations_snapshot(*, window_s: float = RUNS_WINDOW_S) -> OperationsSnapsho
         failure_groups=failure_groups(open_letters, limit=FAILURE_GROUPS_SHOWN),
         failure_group_count=group_count(open_letters), workers=workers,
         stale_workers=stale, workers_error=workers_error, breakers_here=breaker_states(),
-        relay_lag_s=relay_lag_s, outbox_pending=outbox_pending, schedules=schedule_rows())
+        relay_lag_s=relay_lag_s, outbox_pending=outbox_pending, schedules=schedule_rows(),
+        history=recent_buckets(queue.name for queue in queues))

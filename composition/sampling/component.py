@@ -1,8 +1,10 @@
 """``MetricsSamplerComponent``: runworkers' periodic sampling, and the only writer of the gauges
-that the samplers' values feed."""
+that the samplers' values feed; each round's readings also go to ``on_sample`` (runworkers
+records the queues' history there: ``composition.queues.history``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
@@ -58,12 +60,13 @@ class MetricsSamplerComponent(PeriodicComponent):
     logger = log
 
     def __init__(self, broker: Broker, *, connection_budget: int, interval_s: float | None = None,
-                 alias: str = DEFAULT_DB_ALIAS) -> None:
+                 alias: str = DEFAULT_DB_ALIAS, on_sample: Callable[[Sample], None] | None = None) -> None:
         super().__init__(interval_s=interval_s)
         self.broker = broker
         self.connection_budget = connection_budget
         self.alias = alias
         self._labels_set: dict[Gauge, set[tuple[str, ...]]] = {}
+        self.on_sample = on_sample
 
     def start(self) -> None:
         DB_CONNECTION_BUDGET.labels("worker").set(self.connection_budget)
@@ -71,7 +74,9 @@ class MetricsSamplerComponent(PeriodicComponent):
 
     def tick(self) -> None:
         close_old_connections()
-        self.sample()
+        sample = self.sample()
+        if self.on_sample is not None:
+            self.on_sample(sample)
 
     def sample(self) -> Sample:
         """One round on the calling thread: read every source, set the gauges, return the readings."""

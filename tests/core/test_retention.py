@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from io import StringIO
@@ -26,6 +27,8 @@ from composition.jobs.models import DeadLetter, ProcessedMessage
 from composition.jobs.policy import JobPolicy
 from composition.locks import advisory_key
 from composition.outbox.models import OutboxMessage
+from composition.queues.history import record_buckets
+from composition.queues.models import QueueBucket
 from composition.retention import (
     LOCK_KEY,
     LOCK_NAMESPACE,
@@ -135,13 +138,16 @@ def test_defaults_prune_old_rows_of_each_table_and_keep_the_rest() -> None:
                     dead_letter(29 * DAY_S, "discarded", "young")}
     dead_letter(31 * DAY_S, "replayed", "old")
     dead_letter(31 * DAY_S, "discarded", "old")
+    for age_s in (2 * DAY_S, 3600):  # the queues' history: a day's worth is kept
+        record_buckets({"retained": 1}, {}, now_s=time.time() - age_s)
 
     results = prune_expired(batch_size=2)
 
     assert results is not None
     assert {result.table: result.deleted for result in results} == {
         "composition_processedmessage": 3, "composition_outboxmessage": 3, "composition_deadletter": 2,
-        "composition_scheduletick": 0}
+        "composition_scheduletick": 0, "composition_queuebucket": 1}
+    assert QueueBucket.objects.filter(queue="retained").count() == 1
     assert set(ProcessedMessage.objects.values_list("pk", flat=True)) == set(keep_ledger)
     assert set(OutboxMessage.objects.values_list("pk", flat=True)) == set(keep_outbox)
     assert set(DeadLetter.objects.values_list("pk", flat=True)) == keep_letters
@@ -181,7 +187,8 @@ def test_none_keeps_a_table_forever() -> None:
     ledger_rows(1000 * DAY_S, 2, "ancient")
     outbox_rows(1000 * DAY_S, 2)
     with override_settings(COMPOSITION={**settings.COMPOSITION, "INBOX_RETENTION_S": None,
-                                        "OUTBOX_RETENTION_S": None, "SCHEDULE_TICK_RETENTION_S": None}):
+                                        "OUTBOX_RETENTION_S": None, "SCHEDULE_TICK_RETENTION_S": None,
+                                        "QUEUE_HISTORY_RETENTION_S": None}):
         results = prune_expired()
     assert results is not None and [result.table for result in results] == ["composition_deadletter"]
     assert (ProcessedMessage.objects.count(), OutboxMessage.objects.count()) == (2, 2)

@@ -322,3 +322,13 @@ def shed_essential(key: str) -> None:
 def shed_optional(key: str) -> None:
     """Non-essential work: shed while the essential queue is behind; its Effect's time is its start."""
     Effect.objects.create(key=key)
+
+
+CHART_QUEUE = "jobs_chart"
+
+
+@job(queue=CHART_QUEUE, max_attempts=1)
+def chart_step(key: str, hold_s: float) -> None:
+    """A step of a queue that drains at a known pace, for the operations page's charts."""
+    time.sleep(hold_s)
+    Effect.objects.create(key=key)

@@ -85,6 +85,11 @@ def _logs(hosts: list[WorkerProcess]) -> str:
     return "\n".join(host.output()[-1500:] for host in hosts)
 
 
+def _every_host_beats_with_the_pause(hosts: list[WorkerProcess]) -> bool:
+    beats = {int(beat["worker"].rsplit(":", 1)[1]): beat for beat in health.workers().detail.get("workers", [])}
+    return all(beats.get(host.pid, {}).get("paused_queues") == [jobs.PAUSE_QUEUE] for host in hosts)
+
+
 def _wait_for_starts(starts: Any, count: int, hosts: list[WorkerProcess]) -> None:
     wait_until(lambda: len(starts.read()) >= count, timeout_s=30, message=_logs(hosts))
 
@@ -132,10 +137,9 @@ def test_a_paused_queue_starts_nothing_on_any_host_within_a_second_and_loses_not
     assert not any(key in starts.read() for key in after_restart), _logs(hosts)
     assert all(at < restarted_at for times in starts.values() for at in times)
     # Idle on purpose, not stuck: healthy, and every host says it has read the pause.
+    wait_until(lambda: _every_host_beats_with_the_pause(hosts), timeout_s=30, message=str(health.workers().as_dict()))
     report = health.workers()
-    beats = {int(beat["worker"].rsplit(":", 1)[1]): beat for beat in report.detail["workers"]}
     assert report.ok and report.detail["stuck"] == [], report.as_dict()
-    assert all(beats[host.pid]["paused_queues"] == [jobs.PAUSE_QUEUE] for host in hosts), report.as_dict()
     _resume()
     _wait_for_effects(run, published, hosts)
     for host in hosts:

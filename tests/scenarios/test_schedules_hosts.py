@@ -117,9 +117,12 @@ def test_under_processes_n_the_supervisor_runs_the_host_s_one_scheduler(worker_p
     wait_until(lambda: ScheduleTick.objects.filter(schedule=NAME).count() >= 2, timeout_s=40)
     wanted = {f"{NAME}|{tick.fire_at.isoformat()}|on-time" for tick in ScheduleTick.objects.filter(schedule=NAME)}
     wait_until(lambda: wanted <= set(Effect.objects.values_list("key", flat=True)), timeout_s=30)
+    # Both children up (their logs are in the same output: two worker components started); on a
+    # slow machine the second may still be starting when the first has run the ticks.
+    workers_started = r'"component": "workers", .*"event": "component started"'
+    wait_until(lambda: len(re.findall(workers_started, host.output())) == 2, timeout_s=30,
+               message=host.output()[-3000:])
     assert host.terminate() == 0
-    # One scheduler for the host: the supervisor's; its two children (their logs are in the same
-    # output: two worker components started) were started without one.
+    # One scheduler for the host: the supervisor's; its two children were started without one.
     output = host.output()
-    assert len(re.findall(r'"component": "workers", .*"event": "component started"', output)) == 2, output[-3000:]
     assert output.count("scheduler started") == 1, output[-3000:]

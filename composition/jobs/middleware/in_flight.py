@@ -2,19 +2,22 @@
 
 ``InFlightRegistry`` enters a job just before it runs and takes it off as soon as it ends, before
 any dead letter is written: the drain interrupts only threads found in ``in_flight()``. It feeds
-the heartbeat (``state()``, runs per queue over ``RUNS_WINDOW_S``) and the
-``composition_jobs_in_progress`` gauge; later after-hooks read the ended run with ``finished(message)``.
+the heartbeat (``state()``, runs per queue over ``RUNS_WINDOW_S``), the
+``composition_jobs_in_progress`` gauge and the queues' history (``ended_totals()``, runs ended
+per queue, failed or not, since the process started); later after-hooks read the ended run with
+``finished(message)``.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from dramatiq.broker import Broker, MessageProxy
-from dramatiq.middleware import Middleware
+from dramatiq.middleware import Middleware, Shutdown
 
 from composition.jobs.current import attempt_of
 from composition.jobs.recent_counts import RecentCounts
@@ -46,6 +49,7 @@ class InFlightRegistry(Middleware):
         # Per worker thread: the entry taken off last, for the after-hooks that run later.
         self._finished = threading.local()
         self._runs = RecentCounts(RUNS_WINDOW_S)
+        self._ended: Counter[tuple[str, bool]] = Counter()
         self._in_progress = LabelledChildren(JOBS_IN_PROGRESS)
 
     def in_flight(self) -> dict[int, InFlight]:
@@ -89,15 +93,24 @@ class InFlightRegistry(Middleware):
 
     def after_process_message(self, broker: Broker, message: MessageProxy, *, result: Any = None,
                               exception: BaseException | None = None) -> None:
-        self._finished.job = self._take(message)
+        # A run a drain interrupted is handed back, not failed: counted as neither.
+        failed = None if isinstance(exception, Shutdown) else exception is not None
+        self._finished.job = self._take(message, failed)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
-        self._finished.job = self._take(message)
+        self._finished.job = self._take(message, None)
 
-    def _take(self, message: MessageProxy) -> InFlight | None:
+    def _take(self, message: MessageProxy, failed: bool | None) -> InFlight | None:
         with self._lock:
             job = self._in_flight.pop(threading.get_ident(), None)
+            if job is not None and failed is not None:
+                self._ended[(message.queue_name, failed)] += 1
         if job is not None:
             self._in_progress(job.actor).dec()
             self._runs.add(message.queue_name)
         return job
+
+    def ended_totals(self) -> dict[tuple[str, bool], int]:
+        """(queue, failed) → runs ended since this process started (a retry counts as failed)."""
+        with self._lock:
+            return dict(self._ended)
