@@ -61,9 +61,13 @@ check: venv
 	$(PY) manage.py check --fail-level WARNING
 	$(PY) manage.py makemigrations --check --dry-run
 
-# The main cell: every test but the soak tests, which `make soak` runs (docs/testing.md).
+# The main cell: every test but the soak tests, which `make soak` runs (docs/testing.md), in two
+# shards side by side (tools/run_shards.py): these paths, and the rest. The ones that start the
+# embedded servers in .data (./run, the install guide, tests/project) are all here.
+SHARD_FIRST := tests/scenarios tests/project tests/docs tests/billing tests/admin tests/backpressure tests/deploy
 pytest: venv browser promtool nginx
-	$(VENV)/bin/pytest -m "not soak" --durations=15 $(PYTEST_ARGS)
+	$(PY) tools/run_shards.py --pytest $(VENV)/bin/pytest --first "$(SHARD_FIRST)" -- \
+	  -m "not soak" --durations=15 $(PYTEST_ARGS)
 
 # The soak tests alone, never part of `make test`: the scenarios that take minutes by nature at
 # full size (the chaos soak, the SIGKILL storm, a 35 s migration). The gate runs a short version of

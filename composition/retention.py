@@ -43,6 +43,7 @@ __all__ = [
     "longest_redelivery_window",
     "prune_dead_letters",
     "prune_expired",
+    "pruning_lock_id",
     "queue_buckets_older_than",
     "redelivery_window_s",
 ]
@@ -172,16 +173,23 @@ def _expired() -> Iterator[tuple[str, QuerySet[Any]]]:
         yield "queue history", queue_buckets_older_than(float(conf.QUEUE_HISTORY_RETENTION_S))
 
 
+def pruning_lock_id(using: str = DEFAULT_DB_ALIAS) -> int:
+    """The advisory lock one pruner of a database holds: keyed by the database's name too, as
+    advisory locks are server-wide and another project's (another database's) pruner on the same
+    server must not keep this one from pruning."""
+    return advisory_key(LOCK_NAMESPACE, f"{LOCK_KEY}:{connections[using].settings_dict['NAME']}")
+
+
 @contextmanager
 def _sole_pruner(using: str = DEFAULT_DB_ALIAS) -> Iterator[bool]:
-    """Yields True when this process holds the cluster's pruning lock (until the block ends),
+    """Yields True when this process holds the database's pruning lock (until the block ends),
     False at once when another process does.
 
     A session-level lock, not ``composition.locks.advisory_lock``: that one lasts one transaction,
     and pruning is many short transactions on purpose.
     """
     connection = connections[using]
-    lock_id = advisory_key(LOCK_NAMESPACE, LOCK_KEY)
+    lock_id = pruning_lock_id(using)
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_lock(%s)", [lock_id])
         held = bool(cursor.fetchone()[0])

@@ -35,10 +35,16 @@ def _with_db(url: str, db: int) -> str:
 # none of them. The tests flush theirs, empty its broker keys and read its heartbeats, so a
 # ./run beside them (on the configured databases) loses nothing to them and never takes their
 # messages. PostgreSQL is apart already: pytest-django's test_<name>.
+#
+# The main cell runs in shards side by side (tools/run_shards.py): shard N (TEST_SHARD, inherited
+# by every process a test starts) takes the N-th such offset and test_<name>_<N> (N > 0), so no
+# shard flushes, reads or consumes another's; each has its own temporary directory too (the
+# registry of this host's workers lives there).
+SHARD = int(os.environ.get("TEST_SHARD") or 0)
 CONFIGURED_REDIS_DBS = {db for url in (CACHES["default"]["LOCATION"], COMPOSITION["BROKER_URL"])
                         if (db := _redis_db(url)) is not None}
-_OFFSET = next(k for k in range(1, 16)
-               if CONFIGURED_REDIS_DBS.isdisjoint({(db + k) % 16 for db in CONFIGURED_REDIS_DBS}))
+_OFFSET = [k for k in range(1, 16)
+           if CONFIGURED_REDIS_DBS.isdisjoint({(db + k) % 16 for db in CONFIGURED_REDIS_DBS})][SHARD]
 
 
 def the_gate_s_own(url: str) -> str:
@@ -50,6 +56,9 @@ CACHES = {**CACHES, "default": {**CACHES["default"], "LOCATION": the_gate_s_own(
 COMPOSITION = {**COMPOSITION, "BROKER_URL": the_gate_s_own(COMPOSITION["BROKER_URL"])}
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.outboxapp", "tests.jobsapp"]
+if SHARD:
+    DATABASES = {**DATABASES, "default": {**DATABASES["default"],  # noqa: F405
+                                          "TEST": {"NAME": f"test_{DATABASES['default']['NAME']}_{SHARD}"}}}  # noqa: F405
 
 # django.tasks through the outbox (tests/tasks/test_backend.py): Django 6's own package, else the backport
 # (the "tasks" extra), whose app must be installed; without either, those tests skip.

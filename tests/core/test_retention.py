@@ -25,16 +25,14 @@ from composition.db.pruning import delete_in_batches
 from composition.jobs import job
 from composition.jobs.models import DeadLetter, ProcessedMessage
 from composition.jobs.policy import JobPolicy
-from composition.locks import advisory_key
 from composition.outbox.models import OutboxMessage
 from composition.queues.history import record_buckets
 from composition.queues.models import QueueBucket
 from composition.retention import (
-    LOCK_KEY,
-    LOCK_NAMESPACE,
     ledger_older_than,
     longest_redelivery_window,
     prune_expired,
+    pruning_lock_id,
     redelivery_window_s,
 )
 from composition.testing import current_database_url, metric_value, use_broker, wait_until
@@ -197,7 +195,7 @@ def test_none_keeps_a_table_forever() -> None:
 @pytest.mark.django_db
 def test_only_one_process_prunes_at_a_time() -> None:
     ledger_rows(8 * DAY_S, 2, "old")
-    lock_id = advisory_key(LOCK_NAMESPACE, LOCK_KEY)
+    lock_id = pruning_lock_id()
     with psycopg.connect(current_database_url(), autocommit=True) as other:
         other.execute("SELECT pg_advisory_lock(%s)", [lock_id])
         assert prune_expired() is None
