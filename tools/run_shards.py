@@ -50,7 +50,10 @@ def main() -> int:
     with ExitStack() as stack:
         runs = []
         for index, command in enumerate(commands):
-            tmp = tempfile.mkdtemp(prefix=f"composition-shard{index}-")
+            # Short (a server's Unix socket path under it must stay within 107 bytes) and open to
+            # every user as /tmp is (embedded PostgreSQL's initdb runs as another user than root).
+            tmp = tempfile.mkdtemp(prefix=f"shard{index}-")
+            os.chmod(tmp, 0o1777)
             stack.callback(shutil.rmtree, tmp, ignore_errors=True)
             log = stack.enter_context(tempfile.TemporaryFile(mode="w+"))
             env = {**os.environ, "TEST_SHARD": str(index), "TMPDIR": tmp}
