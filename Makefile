@@ -64,7 +64,7 @@ check: venv
 # The main cell: every test but the soak tests, which `make soak` runs (docs/testing.md), in two
 # shards side by side (tools/run_shards.py): these paths, and the rest. The ones that start the
 # embedded servers in .data (./run, the install guide, tests/project) are all here.
-SHARD_FIRST := tests/scenarios tests/project tests/docs tests/billing tests/admin tests/backpressure tests/deploy
+SHARD_FIRST := tests/scenarios tests/project tests/docs tests/admin tests/backpressure tests/deploy
 pytest: venv browser promtool nginx
 	$(PY) tools/run_shards.py --pytest $(VENV)/bin/pytest --first "$(SHARD_FIRST)" -- \
 	  -m "not soak" --durations=15 $(PYTEST_ARGS)
@@ -142,7 +142,14 @@ test:
 	$(PYTHON) tools/listening_ports.py check "$$before" || status=1; \
 	rm -f "$$before"; exit $$status
 
-gate: lint typecheck check pytest matrix
+# The matrix cell runs beside the others (its own test database, Redis databases and temporary
+# directory: TEST_SHARD=2, as the main cell's shards have), its output printed after theirs.
+gate:
+	@log=$$(mktemp); tmp=$$(mktemp -d /tmp/shard2-XXXXXX); chmod 1777 "$$tmp"; \
+	TEST_SHARD=2 TMPDIR="$$tmp" $(MAKE) --no-print-directory matrix >"$$log" 2>&1 & matrix=$$!; \
+	$(MAKE) --no-print-directory lint typecheck check pytest; status=$$?; \
+	wait $$matrix; matrix_status=$$?; cat "$$log"; rm -rf "$$log" "$$tmp"; \
+	[ $$status -eq 0 ] && [ $$matrix_status -eq 0 ]
 
 bench: venv
 	$(PY) -m pip install -q -e '.[bench]'
