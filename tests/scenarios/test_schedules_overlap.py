@@ -35,7 +35,9 @@ def test_a_run_longer_than_its_period_never_overlaps_and_held_back_ticks_are_ski
         assert first_end is not None and first_end <= second_start, runs
     state = ScheduleState.objects.get(name=NAME)
     ended = sum(1 for _, end in runs if end is not None)
-    assert state.skipped >= ended, (state.skipped, runs)  # the tick during each run, at least
+    # The tick during each run, at least; but the last run may end after the schedulers stopped
+    # evaluating ticks (the hosts stop while it runs), and its tick is then never counted.
+    assert state.skipped >= ended - 1 >= 1, (state.skipped, runs)
     assert state.missed == 0
     # Every tick that fired has ended (its run reported back through job_run_ended), but for the
     # last: with overlap="skip" only it can still have been waiting when the hosts stopped.
