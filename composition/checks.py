@@ -196,9 +196,6 @@ def check_backpressure_settings(app_configs: Any = None, **_: Any) -> list[Check
 
 
 # --- shedding -----------------------------------------------------------------------------------
-SHED_SIGNALS = ("oldest_wait_s", "ready_messages", "db_latency_ms")  # composition.queues.pressure.SIGNALS
-
-
 @register("composition")
 def check_shedding_settings(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
     merged = _merged()
@@ -225,6 +222,7 @@ def check_shedding_settings(app_configs: Any = None, **_: Any) -> list[CheckMess
                               id="composition.E132"))
         essential = None
     from composition.outbox.relay import RELAY_QUEUE_NAME
+    from composition.queues.pressure import SIGNALS
 
     if RELAY_QUEUE_NAME in shed:
         messages.append(Error(f"COMPOSITION['SHED_QUEUES'] names {RELAY_QUEUE_NAME!r}, the outbox relay's queue: "
@@ -233,10 +231,10 @@ def check_shedding_settings(app_configs: Any = None, **_: Any) -> list[CheckMess
         messages.append(Error(f"COMPOSITION: {sorted(set(shed) & set(essential))} are in both SHED_QUEUES and "
                               "SHED_ESSENTIAL_QUEUES: a queue cannot shed itself.", id="composition.E132"))
     when = merged["SHED_WHEN"]
-    if not isinstance(when, dict) or any(signal not in SHED_SIGNALS for signal in when) or any(
+    if not isinstance(when, dict) or any(signal not in SIGNALS for signal in when) or any(
             limit is not None and (isinstance(limit, bool) or not isinstance(limit, int | float) or limit <= 0)
             for limit in when.values()):
-        messages.append(Error(f"COMPOSITION['SHED_WHEN'] must map signals of {list(SHED_SIGNALS)} to positive limits "
+        messages.append(Error(f"COMPOSITION['SHED_WHEN'] must map signals of {list(SIGNALS)} to positive limits "
                               "(or None: that signal off).", id="composition.E133"))
     elif shed:
         measurable = {signal for signal, limit in when.items() if limit is not None}
