@@ -18,8 +18,10 @@ def send_payment_receipt(payment_id: int) -> None:
     default_service().send_receipt(payment_id)
 
 
-# A queue of their own, with a backlog limit of its own: the work shed first under load.
-@job(queue="reminders", max_attempts=5, initial_delay_s=5, max_delay_s=300)
+# A queue of their own, with a backlog limit of its own: the work shed first under load. The
+# mail provider takes so many sends per second from us; the morning sweep queues thousands at
+# once, so the rate keeps them to its pace across every worker (docs/limits.md).
+@job(queue="reminders", max_attempts=5, initial_delay_s=5, max_delay_s=300, rate="20/1s")
 def send_invoice_reminder(invoice_id: int) -> None:
     """Email a reminder of an invoice that is still open."""
     message = current_message()

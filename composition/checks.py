@@ -13,6 +13,7 @@ from composition.broker.configured import broker_kind
 from composition.cache.serializers import load_serializer
 from composition.conf import DEFAULTS, conf
 from composition.errors import BrokerConfigurationError
+from composition.jobs.queue_order import QueueOrder
 from composition.prometheus.access import parse_networks
 from composition.prometheus.errors import MetricsAccessConfigurationError
 from composition.retention import longest_redelivery_window
@@ -21,7 +22,7 @@ POSITIVE_NUMBERS = (
     "BROKER_HEARTBEAT_TIMEOUT_S", "BROKER_SOCKET_TIMEOUT_S", "BROKER_CONNECT_TIMEOUT_S",
     "DB_STATEMENT_TIMEOUT_S", "DB_IDLE_IN_TRANSACTION_TIMEOUT_S",
     "HEALTH_DEADLINE_S", "HEALTH_CACHE_S", "SHUTDOWN_TIMEOUT_S", "WORKER_HEARTBEAT_S",
-    "WORKER_STALE_AFTER_S", "WORKER_STUCK_AFTER_S",
+    "WORKER_STALE_AFTER_S", "WORKER_STUCK_AFTER_S", "LIMIT_SLOT_TTL_S", "LIMIT_MAX_DELAY_S",
 )
 POSITIVE_INTEGERS = ("WORKER_PROCESSES", "WORKER_THREADS", "WORKER_IDLE_POLL_MS")
 DEPENDENCY_LEVELS = ("critical", "degraded", "ignore")
@@ -96,6 +97,11 @@ def check_settings(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
                               f"got {wait_s!r}.", id="composition.E009"))
     if merged["HEALTH_DRAIN_FILE"] is not None and not isinstance(merged["HEALTH_DRAIN_FILE"], str | PathLike):
         messages.append(Error("COMPOSITION['HEALTH_DRAIN_FILE'] must be a path or None.", id="composition.E010"))
+    if merged["WORKER_QUEUES"] is not None:
+        try:
+            QueueOrder.parse(merged["WORKER_QUEUES"])
+        except ValueError as exc:
+            messages.append(Error(f"COMPOSITION['WORKER_QUEUES']: {exc}", id="composition.E012"))
     alias = merged["CACHE_ALIAS"]
     caches = getattr(settings, "CACHES", {})
     if alias not in caches:

@@ -95,6 +95,12 @@ DEFAULTS: dict[str, Any] = {
     "WORKER_STALE_AFTER_S": 30.0,
     # A worker holding one job longer than this (for a job without its own time limit) is stuck.
     "WORKER_STUCK_AFTER_S": 600.0,
+    # Job limits (docs/limits.md): a concurrency slot is a lease on the cache's Redis that its
+    # worker process renews every third of LIMIT_SLOT_TTL_S while the job runs; a SIGKILLed
+    # worker's slots come back within it. A job over a limit goes back to its queue's delay
+    # queue for at most LIMIT_MAX_DELAY_S at a time (its turn in the limit's waiting line).
+    "LIMIT_SLOT_TTL_S": 15.0,
+    "LIMIT_MAX_DELAY_S": 30.0,
     # Every worker process reads which queues are paused (`manage.py queues pause`) this often:
     # no job of a queue starts later than this (and one query) after its pause returns.
     "QUEUE_PAUSE_REFRESH_S": 0.5,

@@ -135,6 +135,22 @@ __all__ += ["JOB_TIMEOUTS_TOTAL"]
 JOB_TIMEOUTS_TOTAL = Counter("composition_job_timeouts_total",
                              "Job runs interrupted by their time limit (timeout_s), by actor.", ["actor"])
 DEAD_LETTERS_TOTAL = Counter("composition_dead_letters_total", "Messages dead-lettered, by actor.", ["actor"])
+__all__ += ["JOB_LIMIT", "JOB_LIMIT_DELAYS_TOTAL", "JOB_LIMIT_SLOTS_HELD"]
+JOB_LIMIT = Gauge(
+    "composition_job_limit", "A job's declared limit across the cluster: kind=concurrency, runs at once; "
+    "kind=rate, starts per second (the rate's starts divided by its window).", ["actor", "kind"],
+    multiprocess_mode="livemax",
+)
+JOB_LIMIT_SLOTS_HELD = Gauge(
+    "composition_job_limit_slots_held", "Concurrency slots of a job held in the whole cluster, as the worker "
+    "processes sample them every METRICS_SAMPLE_INTERVAL_S.", ["actor"],
+    multiprocess_mode="livemax",
+)
+JOB_LIMIT_DELAYS_TOTAL = Counter(
+    "composition_job_limit_delays_total", "Starts put back to wait because a job was at its limit (kind: "
+    "concurrency, rate, or unreachable when the limits' Redis could not be asked); not failures, not retries.",
+    ["actor", "kind"],
+)
 __all__ += ["DEAD_LETTER_RECORD_FAILURES_TOTAL"]
 DEAD_LETTER_RECORD_FAILURES_TOTAL = Counter(
     "composition_dead_letter_record_failures_total",

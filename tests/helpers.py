@@ -70,3 +70,21 @@ def table_row(html: str, attribute: str, value: str) -> str:
     match = re.search(rf'<tr {attribute}="{re.escape(value)}">(.*?)</tr>', html, re.S)
     assert match, f"no row with {attribute}={value!r}"
     return match.group(1)
+
+
+def delete_rabbitmq_queue(queue: str, url: str | None = None) -> None:
+    """``queue`` and its delay and dead-letter queues deleted from RabbitMQ (``RABBITMQ_URL``):
+    what an earlier run left there would run in a test's hosts."""
+    import os
+
+    import pika
+    from dramatiq.common import dq_name, xq_name
+
+    url = url or os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        channel = connection.channel()
+        for name in (queue, dq_name(queue), xq_name(queue)):
+            channel.queue_delete(name)
+    finally:
+        connection.close()

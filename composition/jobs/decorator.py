@@ -26,6 +26,7 @@ from composition.jobs.current import current_message
 from composition.jobs.inbox import ledger_key, record_processed
 from composition.jobs.policy import JobPolicy
 from composition.jobs.schema import PayloadSchema
+from composition.limits.declared import JobLimits
 
 __all__ = ["job", "run_idempotently"]
 
@@ -66,7 +67,8 @@ def run_idempotently(actor_name: str, message: MessageProxy, fn: Callable[..., R
 def job(*, queue: str = "default", max_attempts: int = 5, initial_delay_s: float = 10,
         max_delay_s: float = 900, timeout_s: float = 120,
         permanent: Sequence[type[BaseException]] = (), idempotent: bool = False,
-        priority: int = 0, actor_name: str | None = None) -> Callable[[Callable[..., R]], Actor[Any, R]]:
+        priority: int = 0, actor_name: str | None = None, concurrency: int | None = None,
+        rate: str | None = None) -> Callable[[Callable[..., R]], Actor[Any, R]]:
     """Declare the decorated function as a job; returns its Dramatiq ``Actor``.
 
     ``max_attempts`` counts runs (1 = never retried). Retries wait ``initial_delay_s`` doubling up
@@ -76,12 +78,16 @@ def job(*, queue: str = "default", max_attempts: int = 5, initial_delay_s: float
     With ``idempotent=True`` the function's database effects commit in one transaction with the
     inbox ledger row of the message id (for a replayed dead letter, the original message's id),
     so a redelivered or replayed message has no second effect (the function must not commit on
-    its own). The actor binds to ``composition.broker.configured.configured_broker()``
-    at decoration time; the actor name defaults to the function's name.
+    its own). ``concurrency=N`` allows at most N runs at once in the whole cluster, ``rate="100/10s"``
+    at most 100 starts in any 10 s (docs/limits.md); a run over a limit waits in its queue's delay
+    queue, not in a worker thread, and is neither a failure nor a retry. The actor binds to
+    ``composition.broker.configured.configured_broker()`` at decoration time; the actor name
+    defaults to the function's name.
 
     Raises ValueError/TypeError for an inconsistent policy, and Dramatiq's ValueError when the
     actor name is taken.
     """
+    limits = JobLimits.of(concurrency, rate)
     policy = JobPolicy(queue=queue, max_attempts=max_attempts, initial_delay_s=float(initial_delay_s),
                        max_delay_s=float(max_delay_s), timeout_s=float(timeout_s),
                        permanent=tuple(permanent), idempotent=idempotent, priority=priority)
@@ -110,6 +116,7 @@ def job(*, queue: str = "default", max_attempts: int = 5, initial_delay_s: float
             throws=(PermanentError, *policy.permanent),
             job_policy=policy,
             payload_schema=schema,  # publish() checks payloads with it (PAYLOAD_SCHEMA_OPTION)
+            job_limits=limits,  # LimitedStarts reads it (None: no limit, nothing to do)
         )
         # The wrapper returns None for a skipped redelivery, hence the cast back to the job's type.
         return cast("Actor[Any, R]", declare(cast("Callable[..., Any]", run)))

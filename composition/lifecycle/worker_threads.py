@@ -1,33 +1,40 @@
-"""Dramatiq worker threads as a component: consume, drain on the first signal, hand back the rest."""
+"""Dramatiq worker threads as a component: consume in the queue order given, drain on the first
+signal, hand back the rest."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
 
+import structlog
 from dramatiq import Worker
 from dramatiq.broker import Broker
 
 from composition.broker.time_limits import boot_worker_process
+from composition.jobs.queue_order import OrderedWorkQueue, QueueOrder
 from composition.jobs.runtime import BrokerKeepalive, drain_worker, stop_intake
 
 __all__ = ["WorkerComponent"]
+
+log = structlog.get_logger("composition.components")
 
 
 class WorkerComponent:
     """Dramatiq worker threads. ``begin_drain`` stops consumption at once; ``drain`` lets running
     jobs finish until the deadline, interrupts the rest (requeued without using an attempt) and
     hands every unfinished message back to the broker (``composition.jobs.runtime``). While
-    started, a keepalive keeps the Redis broker from taking this process for a dead worker."""
+    started, a keepalive keeps the Redis broker from taking this process for a dead worker.
+    With more than one queue in ``queue_order`` besides the relay's, the threads take work in
+    that order (``OrderedWorkQueue``); otherwise in Dramatiq's own."""
 
     name = "workers"
     depends_on = ("database", "broker")
 
-    def __init__(self, broker: Broker, *, queues: Sequence[str] | None, threads: int,
+    def __init__(self, broker: Broker, *, queue_order: QueueOrder | None, threads: int,
                  idle_poll_ms: int) -> None:
         self.broker = broker
-        self.queues = set(queues) if queues else None
+        self.queue_order = queue_order
+        self.queues = set(queue_order.queues) if queue_order is not None else None
         self.threads = threads
         self.idle_poll_ms = idle_poll_ms
         self.worker: Worker | None = None
@@ -42,6 +49,14 @@ class WorkerComponent:
         boot_worker_process(self.broker)
         self.worker = Worker(self.broker, queues=self.queues, worker_threads=self.threads,
                              worker_timeout=self.idle_poll_ms)
+        order = self.queue_order
+        # Only where there is an order to keep: otherwise Dramatiq's one PriorityQueue, which
+        # costs nothing more. Before start(), which hands the queue to consumers and threads.
+        if order is not None and order.orders_several:
+            self.worker.work_queue = OrderedWorkQueue(order, threads=self.threads)
+            log.info("worker threads take work in queue order", queues=str(order),
+                     mode="strict" if order.weights is None else "weighted", threads=self.threads,
+                     reserved_for_first_queue=order.reserved_threads(self.threads))
         self.worker.start()
         self.keepalive.start()
 

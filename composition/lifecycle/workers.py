@@ -1,7 +1,7 @@
 """The worker side as a composed system: what ``manage.py runworkers`` runs.
 
 One process: logging → metrics (→ metrics server) → database → cache → broker → queue pauses →
-worker threads → relay sweeper → invalidation replay → retention → shedding → metrics sampler →
+limit slots → worker threads → relay sweeper → invalidation replay → retention → shedding → metrics sampler →
 scheduler → heartbeat.
 Several: a supervisor of the metrics directory's upkeep, the scheduler, and child processes that
 each run the one-process system without a scheduler of their own. This is the top of the
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -21,7 +20,9 @@ from composition.broker.configured import configured_broker
 from composition.cache import InvalidationReplayComponent
 from composition.conf import conf
 from composition.db.budget import connections_per_process
+from composition.errors import ConfigurationError
 from composition.health import draining
+from composition.jobs.queue_order import QueueOrder
 from composition.lifecycle.base import Component
 from composition.lifecycle.components import (
     BrokerComponent,
@@ -34,6 +35,7 @@ from composition.lifecycle.heartbeat import HeartbeatComponent
 from composition.lifecycle.processes import ProcessComponent
 from composition.lifecycle.system import System
 from composition.lifecycle.worker_threads import WorkerComponent
+from composition.limits import SlotRenewer
 from composition.outbox.sweeper import RelaySweeperComponent
 from composition.prometheus.archive import archive_reaped_child
 from composition.prometheus.server import MetricsServerComponent
@@ -63,7 +65,8 @@ SCHEDULER_DB_THREADS = 1
 class WorkerOptions:
     processes: int = 1
     threads: int = 8
-    queues: Sequence[str] | None = None
+    # The queues to consume, in order (None: every declared queue, in Dramatiq's own order).
+    queue_order: QueueOrder | None = None
     shutdown_timeout_s: float = 30.0
     # Serve /metrics on this port (None: not served by this process).
     metrics_port: int | None = None
@@ -73,9 +76,15 @@ class WorkerOptions:
 
     @classmethod
     def from_settings(cls) -> WorkerOptions:
+        """Raises ``ConfigurationError`` for a ``WORKER_QUEUES`` that ``QueueOrder.parse`` refuses."""
         port = conf.WORKER_METRICS_PORT
+        queues = conf.WORKER_QUEUES
+        try:
+            queue_order = None if queues is None else QueueOrder.parse(queues)
+        except ValueError as exc:
+            raise ConfigurationError(f"COMPOSITION['WORKER_QUEUES']: {exc}") from exc
         return cls(processes=int(conf.WORKER_PROCESSES), threads=int(conf.WORKER_THREADS),
-                   queues=conf.WORKER_QUEUES, shutdown_timeout_s=float(conf.SHUTDOWN_TIMEOUT_S),
+                   queue_order=queue_order, shutdown_timeout_s=float(conf.SHUTDOWN_TIMEOUT_S),
                    metrics_port=None if port is None else int(port),
                    metrics_address=str(conf.WORKER_METRICS_ADDRESS))
 
@@ -98,7 +107,9 @@ def worker_components(options: WorkerOptions) -> list[Component]:
         BrokerComponent(broker),
         # Before the worker threads: a pause set before a restart holds from the first message.
         QueuePauseRefresher(),
-        WorkerComponent(broker, queues=options.queues, threads=options.threads,
+        # Before the worker threads, so a running job's concurrency slot is renewed until its end.
+        SlotRenewer(),
+        WorkerComponent(broker, queue_order=options.queue_order, threads=options.threads,
                         idle_poll_ms=int(conf.WORKER_IDLE_POLL_MS)),
         RelaySweeperComponent(broker),
         InvalidationReplayComponent(alias=conf.CACHE_ALIAS),
@@ -121,8 +132,8 @@ def child_argv(options: WorkerOptions) -> list[str]:
     argv = [sys.executable, "-m", "django", "runworkers", "--processes", "1",
             "--threads", str(options.threads), "--shutdown-timeout", str(options.shutdown_timeout_s),
             "--settings", settings.SETTINGS_MODULE]
-    if options.queues:
-        argv += ["--queues", ",".join(options.queues)]
+    if options.queue_order is not None:
+        argv += ["--queues", str(options.queue_order)]
     # The supervisor serves the whole multiprocess directory; a child serving too would only
     # compete for the port.
     argv += ["--metrics-port", "off"]

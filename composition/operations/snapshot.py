@@ -2,7 +2,7 @@
 (``queues list``'s rows: outbox backlog, broker counts, pause) and its last hour
 (``composition.queues.history``), the outbox totals (``backlog_totals``, which ``outbox status``
 reports too), failure groups (``deadletters list``), worker heartbeats (``health workers``),
-circuit breakers and the schedules (``schedules list``).
+circuit breakers, the schedules (``schedules list``) and the job limits (``queues limits``).
 
 Every figure costs a fixed number of queries and round trips, whatever the size of the tables:
 aggregates over partial indexes, and per queue one broker round trip.
@@ -17,6 +17,7 @@ from typing import Any
 import structlog
 
 from composition.breaker import breaker_states
+from composition.broker.configured import configured_broker
 from composition.health import checks as health
 from composition.jobs.failure_groups import failure_groups, group_count
 from composition.jobs.middleware.in_flight import RUNS_WINDOW_S
@@ -24,6 +25,7 @@ from composition.jobs.models import DeadLetter
 from composition.outbox.maintenance import backlog_by_queue, backlog_totals
 from composition.queues.history import Bucket, recent_buckets
 from composition.queues.status import QueueRow, queue_rows
+from composition.sampling.limits import LimitSample, sample_limits
 from composition.schedules.status import ScheduleRow, schedule_rows
 
 __all__ = ["OperationsSnapshot", "WorkerRow", "operations_snapshot"]
@@ -63,6 +65,7 @@ class OperationsSnapshot:
     schedules: list[ScheduleRow] = field(default_factory=list)
     # queue → its last HISTORY_BUCKETS buckets (composition.queues.history), oldest first.
     history: dict[str, list[Bucket | None]] = field(default_factory=dict)
+    limits: list[LimitSample] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
@@ -103,4 +106,4 @@ def operations_snapshot(*, window_s: float = RUNS_WINDOW_S) -> OperationsSnapsho
         failure_group_count=group_count(open_letters), workers=workers,
         stale_workers=stale, workers_error=workers_error, breakers_here=breaker_states(),
         relay_lag_s=relay_lag_s, outbox_pending=outbox_pending, schedules=schedule_rows(),
-        history=recent_buckets(queue.name for queue in queues))
+        history=recent_buckets(queue.name for queue in queues), limits=sample_limits(configured_broker()))

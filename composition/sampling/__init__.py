@@ -1,7 +1,8 @@
 """What no single call can count, sampled by ``runworkers`` every ``METRICS_SAMPLE_INTERVAL_S``.
 
 Modules: ``database`` (connections by state, deadlocks), ``queues`` (depths, broker counts, the
-oldest message's age, open dead letters) and ``component`` (the periodic component that sets the
+oldest message's age, open dead letters), ``limits`` (each limited job's slots and starts) and
+``component`` (the periodic component that sets the
 gauges). Each sampler only reads and returns a value, so the operations page, a command or a test
 can call it too; only the component writes gauges.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from composition.sampling.component import MetricsSamplerComponent, Sample
 from composition.sampling.database import CONNECTION_STATES, DatabaseSample, sample_database
+from composition.sampling.limits import LimitSample, limited_jobs, sample_limits
 from composition.sampling.queues import (
     QueueSample,
     declared_queues,
@@ -21,12 +23,15 @@ from composition.sampling.queues import (
 __all__ = [
     "CONNECTION_STATES",
     "DatabaseSample",
+    "LimitSample",
     "MetricsSamplerComponent",
     "QueueSample",
     "Sample",
     "declared_queues",
+    "limited_jobs",
     "oldest_ready_age_s",
     "open_dead_letters_by_actor",
     "sample_database",
+    "sample_limits",
     "sample_queues",
 ]

@@ -22,9 +22,12 @@ from composition.metrics import (
     DB_CONNECTIONS_MAX,
     DB_DEADLOCKS_DETECTED,
     DEAD_LETTERS_OPEN,
+    JOB_LIMIT,
+    JOB_LIMIT_SLOTS_HELD,
     QUEUE_DEPTH,
 )
 from composition.sampling.database import DatabaseSample, sample_database
+from composition.sampling.limits import LimitSample, sample_limits
 from composition.sampling.queues import QueueSample, open_dead_letters_by_actor, sample_queues
 
 __all__ = ["MetricsSamplerComponent", "Sample"]
@@ -39,11 +42,12 @@ class Sample:
     database: DatabaseSample | None = None
     queues: list[QueueSample] | None = None
     dead_letters: dict[str, int] | None = None
+    limits: list[LimitSample] | None = None
     errors: dict[str, str] = field(default_factory=dict)
 
 
 class MetricsSamplerComponent(PeriodicComponent):
-    """Samples the database, the queues and the dead letters at start and then every
+    """Samples the database, the queues, the dead letters and the job limits at start and then every
     ``interval_s`` (default ``METRICS_SAMPLE_INTERVAL_S``) on a thread that holds one database
     connection, and sets the gauges. ``connection_budget`` is this process's share of the
     ``manage.py system`` budget (``composition.db.budget.connections_per_process``), exported as is.
@@ -93,6 +97,10 @@ class MetricsSamplerComponent(PeriodicComponent):
             sample.queues = sample_queues(self.broker)  # broker errors are per queue, in the sample
         except Exception as exc:
             sample.errors["queues"] = described(exc)
+        sample.limits = sample_limits(self.broker)  # a Redis error is per job, in the sample
+        for limit in sample.limits:
+            if limit.error is not None:
+                sample.errors[f"limits:{limit.actor}"] = limit.error
         for queue in sample.queues or ():
             if queue.error is not None:
                 sample.errors[f"broker:{queue.queue}"] = queue.error
@@ -109,6 +117,13 @@ class MetricsSamplerComponent(PeriodicComponent):
             DB_DEADLOCKS_DETECTED.set(sample.database.deadlocks)
         if sample.dead_letters is not None:
             self._set_all(DEAD_LETTERS_OPEN, {(actor,): count for actor, count in sample.dead_letters.items()})
+        for limit in sample.limits or ():
+            if limit.limits.concurrency is not None:
+                JOB_LIMIT.labels(limit.actor, "concurrency").set(limit.limits.concurrency)
+                if limit.state is not None:
+                    JOB_LIMIT_SLOTS_HELD.labels(limit.actor).set(limit.state.slots_held)
+            if limit.limits.rate is not None:
+                JOB_LIMIT.labels(limit.actor, "rate").set(limit.limits.rate.starts / limit.limits.rate.window_s)
         if sample.queues is None:
             return
         depths: dict[tuple[str, ...], float] = {}

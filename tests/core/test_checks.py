@@ -23,6 +23,10 @@ def test_each_mistake_has_its_own_id() -> None:
     assert _ids(BROKER_URL="kafka://localhost") == {"composition.E003"}
     assert _ids(HEALTH_DEADLINE_S=0) == {"composition.E004"}
     assert _ids(SHUTDOWN_TIMEOUT_S="30") == {"composition.E004"}
+    assert _ids(LIMIT_SLOT_TTL_S=0) == {"composition.E004"}
+    assert _ids(LIMIT_MAX_DELAY_S=-1) == {"composition.E004"}
+    assert _ids(WORKER_QUEUES="critical=4,bulk") == {"composition.E012"}
+    assert _ids(WORKER_QUEUES=["critical=4", "bulk=1"]) == set()
     assert _ids(WORKER_THREADS=0) == {"composition.E005"}
     assert _ids(HEALTH_DEPENDENCIES={"cache": "sometimes"}) == {"composition.E006"}
     assert _ids(CACHE_ALIAS="nope") == {"composition.E007"}

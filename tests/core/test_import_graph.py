@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                 "composition.logging", "composition.health.draining", "composition.lifecycle.pids")),
     ("primitives", ("composition.breaker", "composition.db", "composition.cache", "composition.locks",
                     "composition.prometheus", "composition.lifecycle", "composition.jobs.recent_counts",
-                    "composition.pauses")),
+                    "composition.pauses", "composition.limits")),
     ("broker", ("composition.broker",)),
     ("outbox and jobs", ("composition.outbox", "composition.jobs")),
     ("schedules", ("composition.schedules",)),

@@ -17,6 +17,7 @@ from django.db import DataError, connection, transaction
 from django.test import Client, override_settings
 from dramatiq import Message
 from dramatiq.broker import MessageProxy
+from dramatiq.middleware import SkipMessage
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -29,7 +30,9 @@ from composition.conf import conf
 from composition.errors import PermanentError
 from composition.health.checks import reset_readiness_cache
 from composition.jobs.deadletters import record_dead_letter
+from composition.jobs.middleware import LimitedStarts
 from composition.jobs.middleware.dead_letters import write_dead_letter
+from composition.limits import limit_store
 from composition.locks import LockNotAcquired, StaleFence, acquire_redis_lock, fenced_write, redis_lock
 from composition.outbox.maintenance import prune_sent
 from composition.pauses import Pause
@@ -93,7 +96,8 @@ def no_slow_queries() -> Iterator[None]:
 
 
 @pytest.mark.django_db(transaction=True)  # the outbox send and the invalidation run after COMMIT
-@pytest.mark.empty_queues("billing")  # the receipt, left for no other test's workers
+# The receipt and the put-back limited job, left for no other test's workers.
+@pytest.mark.empty_queues("billing", jobs.LIMIT_QUEUE)
 @pytest.mark.usefixtures("no_cached_invoices", "no_slow_queries")
 def test_a_scrape_after_real_work_holds_every_family_and_counters_moved_exactly(api_client: Client) -> None:
     actor = f"catalogue_{uuid.uuid4().hex[:8]}"
@@ -146,6 +150,16 @@ def test_a_scrape_after_real_work_holds_every_family_and_counters_moved_exactly(
                                         "SHED_WHEN": {"db_latency_ms": 1e-6}}):
         ShedController().tick()
     assert Pause.objects.get(kind=Pause.QUEUE, name=jobs.SHED_OPTIONAL_QUEUE).shed
+    # One start over a limit, put back as a worker puts it back: the rate's window is full.
+    limits = jobs.rated_call.options["job_limits"]
+    store = limit_store()
+    store.client.delete(*(f"{store.prefix}rated_call:{name}" for name in ("starts", "meta")))
+    for index in range(limits.rate.starts):
+        assert store.admit("rated_call", limits, f"catalogue-{index}").started
+    with pytest.raises(SkipMessage):
+        LimitedStarts().before_process_message(configured_broker(), MessageProxy(Message(
+            queue_name=jobs.LIMIT_QUEUE, actor_name="rated_call", args=(), kwargs={"key": "c", "hold_s": 0.0},
+            options={})))
     # One sampling round, as runworkers runs it.
     sample = MetricsSamplerComponent(configured_broker(), connection_budget=9).sample()
     assert sample.errors == {}
@@ -187,6 +201,11 @@ def test_a_scrape_after_real_work_holds_every_family_and_counters_moved_exactly(
     assert moved("composition_lock_lost", "composition_lock_lost_total", kind="redis", name=lock_name) == 1
     assert moved("composition_db_slow_queries", "composition_db_slow_queries_total", alias="default") == 1
     assert moved("composition_dead_letters", "composition_dead_letters_total", actor=actor) == 1
+    assert moved("composition_job_limit_delays", "composition_job_limit_delays_total",
+                 actor="rated_call", kind="rate") == 1
+    assert _value(middle, "composition_job_limit", "composition_job_limit", actor="rated_call", kind="rate") == 10
+    assert _value(middle, "composition_job_limit", "composition_job_limit", actor="limited_call",
+                  kind="concurrency") == jobs.LIMIT_CONCURRENCY
     assert moved("composition_schedule_ticks", "composition_schedule_ticks_total",
                  schedule=schedule_name, outcome="fired") == 1
     assert _value(middle, "composition_schedule_next_fire_timestamp_seconds",

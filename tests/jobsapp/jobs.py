@@ -332,3 +332,74 @@ def chart_step(key: str, hold_s: float) -> None:
     """A step of a queue that drains at a known pace, for the operations page's charts."""
     time.sleep(hold_s)
     Effect.objects.create(key=key)
+
+
+# Limits (tests/scenarios/test_job_limits.py): each run notes itself in the cache's Redis, on
+# the Redis server's clock, outside the job's transaction.
+LIMIT_QUEUE = "jobs_limits"
+LIMIT_CONCURRENCY = 5
+LIMIT_RATE = "50/5s"
+# A set of "<pid>:<key>" while a run holds its body, and a list of "<key> <server time> <retries>"
+# per start.
+LIMIT_RUNNING_KEY = "tests:limit-running"
+LIMIT_STARTS_KEY = "tests:limit-starts"
+
+
+def _server_time(client) -> float:  # type: ignore[no-untyped-def]
+    seconds, micros = client.time()
+    return seconds + micros / 1e6
+
+
+def _limited_body(key: str, hold_s: float) -> None:
+    message = current_message()
+    retries = int(message.options.get("retries", 0)) if message else 0
+    member = f"{os.getpid()}:{key}"
+    with pause_starts_client() as client:
+        client.sadd(LIMIT_RUNNING_KEY, member)
+        client.rpush(LIMIT_STARTS_KEY, f"{key} {_server_time(client)} {retries}")
+    try:
+        time.sleep(hold_s)
+        Effect.objects.create(key=key)
+    finally:
+        with pause_starts_client() as client:
+            client.srem(LIMIT_RUNNING_KEY, member)
+
+
+@job(queue=LIMIT_QUEUE, concurrency=LIMIT_CONCURRENCY, idempotent=True, max_attempts=1)
+def limited_call(key: str, hold_s: float) -> None:
+    """At most LIMIT_CONCURRENCY at once in the cluster."""
+    _limited_body(key, hold_s)
+
+
+@job(queue=LIMIT_QUEUE, idempotent=True, max_attempts=1)
+def unlimited_call(key: str, hold_s: float) -> None:
+    """``limited_call`` without its limit: the baseline."""
+    _limited_body(key, hold_s)
+
+
+@job(queue=LIMIT_QUEUE, rate=LIMIT_RATE, idempotent=True, max_attempts=1)
+def rated_call(key: str, hold_s: float) -> None:
+    """At most 50 starts in any 5 s of the Redis server's clock."""
+    _limited_body(key, hold_s)
+
+
+# Priorities (tests/scenarios/test_queue_priorities.py): a critical job notes how long after its
+# publication it started; bulk jobs hold a thread.
+CRITICAL_QUEUE = "jobs_critical"
+BULK_QUEUE = "jobs_bulk"
+PRIORITY_STARTS_KEY = "tests:priority-starts"
+
+
+@job(queue=CRITICAL_QUEUE, max_attempts=1)
+def critical_step(key: str, published_at: float) -> None:
+    with pause_starts_client() as client:
+        client.rpush(PRIORITY_STARTS_KEY, f"critical {key} {time.time() - published_at}")
+    Effect.objects.create(key=key)
+
+
+@job(queue=BULK_QUEUE, max_attempts=1)
+def bulk_step(key: str, hold_s: float) -> None:
+    with pause_starts_client() as client:
+        client.rpush(PRIORITY_STARTS_KEY, f"bulk {key} {time.time()}")
+    time.sleep(hold_s)
+    Effect.objects.create(key=key)

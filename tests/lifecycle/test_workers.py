@@ -60,9 +60,9 @@ def test_sigterm_drains_and_exits_zero_within_the_shutdown_timeout(worker_proces
     assert took < SHUTDOWN_TIMEOUT_S, output
     started = _component_lines(output, "component started")
     stopped = _component_lines(output, "component stopped")
-    assert started == ["logging", "metrics", "database", "cache", "broker", "queue-pauses", "workers", "outbox-relay",
-                       "cache-invalidation-replay", "retention", "shedding", "metrics-sampler", "scheduler",
-                       "heartbeat"]
+    assert started == ["logging", "metrics", "database", "cache", "broker", "queue-pauses", "limit-slots", "workers",
+                       "outbox-relay", "cache-invalidation-replay", "retention", "shedding", "metrics-sampler",
+                       "scheduler", "heartbeat"]
     assert stopped == list(reversed(started))
     # The heartbeat is withdrawn on a clean stop, so health does not count a dead worker.
     assert not any(beat["worker"].endswith(f":{process.pid}") for beat in _heartbeats())

@@ -26,6 +26,7 @@ from composition.outbox.models import message_id_for
 from composition.outbox.relay import RELAY_QUEUE_NAME
 from composition.pauses import Pause
 from composition.testing import WorkerProcess, wait_until
+from tests.helpers import delete_rabbitmq_queue
 from tests.jobsapp import jobs
 from tests.jobsapp.models import Effect
 
@@ -155,23 +156,9 @@ def test_a_paused_queue_starts_nothing_on_any_host_within_a_second_and_loses_not
 
 @pytest.fixture
 def empty_rabbitmq_queue() -> Iterator[None]:
-    """The pause queue and its delay queue on RabbitMQ, deleted before and after (what an earlier
-    run left there would run in this test's hosts)."""
-    import pika
-    from dramatiq.common import dq_name, xq_name
-
-    def delete() -> None:
-        connection = pika.BlockingConnection(pika.URLParameters(RABBITMQ_URL))
-        try:
-            channel = connection.channel()
-            for queue in (jobs.PAUSE_QUEUE, dq_name(jobs.PAUSE_QUEUE), xq_name(jobs.PAUSE_QUEUE)):
-                channel.queue_delete(queue)
-        finally:
-            connection.close()
-
-    delete()
+    delete_rabbitmq_queue(jobs.PAUSE_QUEUE)
     yield
-    delete()
+    delete_rabbitmq_queue(jobs.PAUSE_QUEUE)
 
 
 @pytest.mark.rabbitmq

@@ -1,11 +1,12 @@
 """The broker's middleware stack: Dramatiq's defaults with the job middleware in place.
 
 First comes ``PausedQueues``, which hands back a paused queue's message before anything else runs
-for it. In place of ``Retries``, ``job_middleware()`` puts, in this order (before-hooks run in list order,
-after-hooks in reverse): ``CurrentMessage``, ``MessageContext`` (log context around all below),
+for it, then ``LimitedStarts``, which starts a limited job only within its limits (or puts it
+back to wait); neither's skip is logged as a warning (``quiet_skips``). In place of ``Retries``,
+``job_middleware()`` puts, in this order (before-hooks run in list order, after-hooks in
+reverse): ``CurrentMessage``, ``MessageContext`` (log context around all below),
 ``UnknownActors``, ``RunSignals`` (``job_run_started``; ``job_run_ended`` once the dead letter is
-written),
-``DeadLetters`` (after the outcome is decided and counted), ``JobMetrics``,
+written), ``DeadLetters`` (after the outcome is decided and counted), ``JobMetrics``,
 ``InFlightRegistry`` (so the drain never interrupts a dead-letter write), ``JobRetries`` (decides
 first). ``JobShutdownNotifications`` replaces Dramatiq's; ``InterruptedQueries`` and ``JobTimeLimit``
 go last, so the limit is armed after every other before-hook and disarmed before any after-hook.
@@ -30,8 +31,10 @@ from composition.jobs.middleware.dead_letters import DeadLetters
 from composition.jobs.middleware.in_flight import InFlightRegistry
 from composition.jobs.middleware.interrupted_queries import InterruptedQueries
 from composition.jobs.middleware.job_metrics import JobMetrics
+from composition.jobs.middleware.limited_starts import LimitedStarts
 from composition.jobs.middleware.message_context import MessageContext
 from composition.jobs.middleware.paused_queues import PausedQueues
+from composition.jobs.middleware.quiet_skips import quiet_put_backs
 from composition.jobs.middleware.retries import JobRetries
 from composition.jobs.middleware.run_signals import RunSignals
 from composition.jobs.middleware.unknown_actors import UnknownActors
@@ -43,7 +46,8 @@ M = TypeVar("M", bound=Middleware)
 
 def job_middleware() -> list[Middleware]:
     """A new middleware list for one broker, in the order the module doc explains."""
-    stack: list[Middleware] = [PausedQueues()]
+    quiet_put_backs()
+    stack: list[Middleware] = [PausedQueues(), LimitedStarts()]
     for middleware_class in default_middleware:
         if middleware_class is Retries:
             in_flight = InFlightRegistry()

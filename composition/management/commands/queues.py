@@ -1,4 +1,4 @@
-"""``manage.py queues list | pause NAME | resume NAME``."""
+"""``manage.py queues list | pause NAME | resume NAME | limits``."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
+from composition.broker.configured import configured_broker
 from composition.management.pause_command import PauseCommand, pause_json, paused_state
 from composition.queues import QueueNotPausable, QueueRow, pause_queue, queue_rows, resume_queue
+from composition.sampling.limits import LimitSample, sample_limits
 
 
 def _json_row(row: QueueRow) -> dict[str, Any]:
@@ -21,11 +23,54 @@ def _json_row(row: QueueRow) -> dict[str, Any]:
     }
 
 
+def _json_limit(sample: LimitSample) -> dict[str, Any]:
+    limits, state = sample.limits, sample.state
+    return {
+        "job": sample.actor, "queue": sample.queue, "concurrency": limits.concurrency,
+        "rate": None if limits.rate is None else {"starts": limits.rate.starts, "window_s": limits.rate.window_s},
+        "slots_held": None if state is None else state.slots_held,
+        "starts_in_window": None if state is None else state.starts_in_window,
+        "delayed": None if state is None else {"concurrency": state.delayed_by_concurrency,
+                                               "rate": state.delayed_by_rate},
+        "mean_run_s": None if state is None else state.mean_run_s, "error": sample.error,
+    }
+
+
+def _limit_line(sample: LimitSample) -> tuple[str, str, str, str, str]:
+    limits, state = sample.limits, sample.state
+    if state is None:
+        return sample.actor, sample.queue, limits.describe(), "?", f"limits' Redis unavailable: {sample.error}"
+    now = []
+    if limits.concurrency is not None:
+        now.append(f"{state.slots_held}/{limits.concurrency} running")
+    if limits.rate is not None:
+        now.append(f"{state.starts_in_window}/{limits.rate.starts} started in the window")
+    delayed = f"{state.delayed_by_concurrency} by concurrency, {state.delayed_by_rate} by rate"
+    return sample.actor, sample.queue, limits.describe(), ", ".join(now), delayed
+
+
 class Command(PauseCommand):
     help = ("List the queues (depth, oldest waiting work, paused or not, by whom, since when, why), or pause "
-            "or resume one for every worker host, durably. A paused queue starts no job; running ones finish, "
+            "or resume one for every worker host, durably; `limits` lists the jobs' concurrency and rate limits "
+            "and how the cluster stands against them. A paused queue starts no job; running ones finish, "
             "its messages wait on the broker, and publishing into it goes on.")
     thing = "queue"
+    extra_actions = ("limits",)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["action"] != "limits":
+            super().handle(*args, **options)
+            return
+        if options["name"]:
+            raise CommandError("limits takes no name")
+        samples = sample_limits(configured_broker())
+        if options["json"]:
+            self.stdout.write(json.dumps({"limits": [_json_limit(sample) for sample in samples]}, indent=2))
+        elif not samples:
+            self.stdout.write("no job declares a limit")
+        else:
+            self.write_table(("job", "queue", "limit", "now", "starts put back to wait (all time)"),
+                             [_limit_line(sample) for sample in samples])
 
     def pause_one(self, name: str, *, by: str, reason: str, user: Any) -> str:
         try:

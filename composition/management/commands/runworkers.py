@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from composition.conf import conf
 from composition.errors import SystemStartError
+from composition.jobs.queue_order import QueueOrder
 from composition.lifecycle.workers import WorkerOptions, build_supervisor, build_worker_system
 from composition.prometheus.directory import multiproc_dir
 
@@ -51,11 +52,12 @@ def _seconds(value: str) -> float:
     return seconds
 
 
-def _queue_names(value: str) -> list[str]:
-    names = [name.strip() for name in value.split(",") if name.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError(f"{value!r} names no queue (leave --queues out to consume every queue)")
-    return names
+def _queue_order(value: str) -> QueueOrder:
+    """``--queues``: ``a,b,c`` (strict order) or ``a=4,b=2,c=1`` (weighted), see ``QueueOrder``."""
+    try:
+        return QueueOrder.parse(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _option_or(options: dict[str, Any], name: str, default: Any) -> Any:
@@ -72,8 +74,9 @@ class Command(BaseCommand):
         parser.add_argument("--processes", type=_at_least_one, default=None,
                             help="worker processes (default from settings)")
         parser.add_argument("--threads", type=_at_least_one, default=None, help="worker threads per process")
-        parser.add_argument("--queues", type=_queue_names, default=None,
-                            help="comma-separated queue names (default: all)")
+        parser.add_argument("--queues", type=_queue_order, default=None,
+                            help="queues in the order threads take from them: a,b,c (strict) or a=4,b=2,c=1 "
+                                 "(weighted; the first queue keeps some threads) (default: all, unordered)")
         parser.add_argument("--shutdown-timeout", type=_seconds, default=None, dest="shutdown_timeout",
                             help="seconds to drain after the first signal")
         parser.add_argument("--metrics-port", type=_metrics_port, default=None, dest="metrics_port",
@@ -87,7 +90,7 @@ class Command(BaseCommand):
         worker_options = WorkerOptions(
             processes=_option_or(options, "processes", defaults.processes),
             threads=_option_or(options, "threads", defaults.threads),
-            queues=options["queues"] or defaults.queues,
+            queue_order=options["queues"] or defaults.queue_order,
             shutdown_timeout_s=_option_or(options, "shutdown_timeout", float(conf.SHUTDOWN_TIMEOUT_S)),
             metrics_port=None if options["metrics_port"] == "off" else _option_or(
                 options, "metrics_port", defaults.metrics_port),
