@@ -175,6 +175,9 @@ def test_health_command_readiness_exit_codes_for_up_closed_and_frozen(
     # words its socket time-out two ways ("from socket" in its parsers, "from <host>:<port>" in
     # the connection), depending on where the read was when the time ran out.
     assert "no answer within" in out or "Timeout reading from " in out, out
+    # Starting manage.py is measured again around the run: beside the gate's other shards it can
+    # take three times what it took a moment before.
+    startup_s = max(startup_s, _settled_start_cost())
     assert took < 3 + startup_s, (took, startup_s)
 
     for url in (up, closed):
