@@ -7,7 +7,8 @@ from os import PathLike
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Warning, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.db import DEFAULT_DB_ALIAS
 
 from composition.broker.configured import broker_kind
 from composition.cache.serializers import load_serializer
@@ -342,3 +343,18 @@ def check_schedules(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
             f"catch_up_window ({window_s:g} s): its caught-up ticks would be pruned while still inside it.",
             hint="Raise SCHEDULE_TICK_RETENTION_S above the largest catch-up window.", id="composition.W122"))
     return messages
+
+
+@register(Tags.database)
+def check_queued_work(app_configs: Any = None, databases: Any = None, **_: Any) -> list[CheckMessage]:
+    """Queued work the running code cannot run (``manage.py jobs check-compat``'s database part),
+    only under ``check --database default``: it reads the outbox and the dead letters."""
+    if not databases or DEFAULT_DB_ALIAS not in databases:
+        return []
+    from composition.broker.configured import configured_broker
+    from composition.jobs.compatibility import queued_problems
+
+    return [Error(f"{problem.count} {problem.source} of {problem.actor} (e.g. id {problem.example_id}): "
+                  f"{problem.reason}.", hint="manage.py jobs check-compat lists them; docs/deployment.md says what "
+                  "to do before deploying.", id="composition.E140")
+            for problem in queued_problems(configured_broker())]
