@@ -22,7 +22,7 @@ from composition.jobs.models import DeadLetter
 from composition.outbox.models import OutboxMessage
 from composition.outbox.publish import PAYLOAD_SCHEMA_OPTION
 
-__all__ = ["GONE", "Problem", "queued_problems"]
+__all__ = ["GONE", "Problem", "queued_problems", "reads_tables"]
 
 GONE = "no job of this name in the running code (removed, or renamed without an alias)"
 
@@ -42,6 +42,11 @@ class Problem:
     reason: str
     count: int
     example_id: int
+
+
+def reads_tables() -> tuple[str, ...]:
+    """The tables ``queued_problems`` reads."""
+    return OutboxMessage._meta.db_table, DeadLetter._meta.db_table
 
 
 def _groups(sql: str, params: list[Any], alias: str) -> list[tuple[str, int, int]]:
