@@ -20,8 +20,12 @@ from tests.helpers import unique
 
 @pytest.fixture
 def store() -> Iterator[LimitStore]:
+    """The limits' store; the keys of this module's jobs (all named ``limit...``) deleted after."""
     store = limit_store()
     yield store
+    keys = list(store.client.scan_iter(match=f"{store.prefix}limit*", count=1000))
+    if keys:
+        store.client.delete(*keys)
 
 
 def _server_now(store: LimitStore) -> float:
