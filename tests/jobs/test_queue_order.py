@@ -8,7 +8,7 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -32,6 +32,13 @@ def _item(queue_name: str, priority: int = 0, tag: str = "") -> _WorkQueueItem:
 def _queue_of(item: _WorkQueueItem) -> str:
     return str(item.message.queue_name)
 
+
+
+def _wait_for(done: Callable[[], bool], *, timeout_s: float, poll_s: float) -> None:
+    """Poll ``done`` until it holds or ``timeout_s`` passes; the test's own asserts say which."""
+    deadline = time.monotonic() + timeout_s
+    while not done() and time.monotonic() < deadline:
+        time.sleep(poll_s)
 
 class Threads:
     """``count`` worker threads: each takes an item, holds it ``hold_s`` (counting how many of
@@ -182,9 +189,7 @@ def test_strict_a_free_thread_takes_from_the_first_non_empty_queue(started: list
     assert work.qsize() == 17
     pool = Threads(work, count=1, hold_s=0.0)
     started.append(pool.start())
-    deadline = time.monotonic() + 5
-    while len(pool.taken) < 17 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _wait_for(lambda: len(pool.taken) >= 17, timeout_s=5, poll_s=0.01)
     pool.stop()
     order = [name for name, _ in pool.taken]
     assert order == [RELAY_QUEUE_NAME] * 3 + ["a"] * 4 + ["b", "b", "b", dq_name("b")] + ["c"] * 3 + ["unlisted"] * 3
@@ -205,9 +210,7 @@ def test_weighted_shares_follow_the_weights_when_every_queue_is_full(started: li
             work.put(_item(name))
     pool = Threads(work, count=8, hold_s=0.002)
     started.append(pool.start())
-    deadline = time.monotonic() + 20
-    while len(pool.taken) < 350 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _wait_for(lambda: len(pool.taken) >= 350, timeout_s=20, poll_s=0.01)
     pool.stop()
     shares = Counter(name for name, _ in pool.taken[:350])
     assert shares["a"] / 350 == pytest.approx(4 / 7, abs=0.06), shares
@@ -224,9 +227,7 @@ def test_with_the_first_queue_empty_at_most_threads_minus_k_run_the_others(start
         work.put(_item("c"))
     pool = Threads(work, count=8, hold_s=0.01)
     started.append(pool.start())
-    deadline = time.monotonic() + 20
-    while len(pool.taken) < 120 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _wait_for(lambda: len(pool.taken) >= 120, timeout_s=20, poll_s=0.01)
     pool.stop()
     assert len(pool.taken) == 120
     # b and c together, never more than 8 - 4 at once, and the 4 are used.
@@ -239,16 +240,12 @@ def test_a_first_queue_item_is_taken_at_once_while_the_others_hold_their_threads
         work.put(_item("bulk"))
     pool = Threads(work, count=8, hold_s=0.6)
     started.append(pool.start())
-    deadline = time.monotonic() + 5
-    while pool.held_others() < 4 and time.monotonic() < deadline:
-        time.sleep(0.005)
+    _wait_for(lambda: pool.held_others() >= 4, timeout_s=5, poll_s=0.005)
     time.sleep(0.1)  # the four free threads have seen the bulk work and wait
     assert pool.held_others() == 4
     put_at = time.monotonic()
     work.put(_item("critical"))
-    deadline = time.monotonic() + 5
-    while not any(name == "critical" for name, _ in pool.taken) and time.monotonic() < deadline:
-        time.sleep(0.001)
+    _wait_for(lambda: any(name == "critical" for name, _ in pool.taken), timeout_s=5, poll_s=0.001)
     taken_at = next(at for name, at in pool.taken if name == "critical")
     assert taken_at - put_at < TAKEN_AT_ONCE_S
     assert pool.held_others() == 4
@@ -286,9 +283,7 @@ def test_at_stop_every_item_left_comes_out_once_no_job_runs(started: list[Thread
         work.put(_item("unlisted", tag=f"unlisted-{index}"))
     pool = Threads(work, count=4, hold_s=0.01)
     started.append(pool.start())
-    deadline = time.monotonic() + 5
-    while len(pool.taken) < 10 and time.monotonic() < deadline:
-        time.sleep(0.001)
+    _wait_for(lambda: len(pool.taken) >= 10, timeout_s=5, poll_s=0.001)
     pool.stop()
     work.put(_item(RELAY_QUEUE_NAME, tag="relay"))
     left = work.qsize()
