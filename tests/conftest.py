@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from composition.testing import ThrowawayRedis, WorkerProcess, empty_queues, subprocess_env, throwaway_redis
+from tests.helpers import delete_rabbitmq_queue
 
 
 def _roomy_live_server() -> None:
@@ -108,14 +109,21 @@ def worker_processes(transactional_db: None) -> Iterator[list[WorkerProcess]]:
 def _queues_emptied(request: pytest.FixtureRequest) -> Iterator[None]:
     """``@pytest.mark.empty_queues("a", "b")`` on a test, a class or a module: those queues of the
     test broker (every queue, when none is named) are empty before the test and after it, so no
-    message of one test runs in another's workers."""
+    message of one test runs in another's workers. With ``rabbitmq=True`` the named queues are
+    deleted from RabbitMQ (``RABBITMQ_URL``) instead, with their delay and dead-letter queues."""
     marker = request.node.get_closest_marker("empty_queues")
     if marker is None:
         yield
         return
-    empty_queues(*marker.args)
+    empty = _rabbitmq_queues_deleted if marker.kwargs.get("rabbitmq") else empty_queues
+    empty(*marker.args)
     yield
-    empty_queues(*marker.args)
+    empty(*marker.args)
+
+
+def _rabbitmq_queues_deleted(*queue_names: str) -> None:
+    for name in queue_names:
+        delete_rabbitmq_queue(name)
 
 
 @pytest.fixture

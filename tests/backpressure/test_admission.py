@@ -64,17 +64,9 @@ def test_admit_counts_outbox_backlog_and_broker_messages() -> None:
     admit("a-queue-without-limit")
 
 
-@pytest.fixture
-def empty_billing_queue() -> Iterator[None]:
-    from composition.broker.configured import configured_broker
-
-    configured_broker().flush("billing")
-    yield
-    configured_broker().flush("billing")
-
-
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.usefixtures("nudge_only", "empty_billing_queue")
+@pytest.mark.empty_queues("billing")
+@pytest.mark.usefixtures("nudge_only")
 def test_middleware_sheds_unsafe_requests_with_503_and_retry_after(api_client: Client,
                                                                    caplog: pytest.LogCaptureFixture) -> None:
     client = api_client

@@ -25,7 +25,6 @@ from composition.limits import limit_store
 from composition.outbox import publish
 from composition.outbox.relay import RELAY_QUEUE_NAME
 from composition.testing import WorkerProcess, wait_until
-from tests.helpers import delete_rabbitmq_queue
 from tests.jobsapp import jobs
 from tests.jobsapp.models import Effect
 
@@ -184,16 +183,10 @@ def test_no_window_of_the_redis_clock_holds_more_starts_than_the_rate_and_the_ra
         assert used >= 0.9 * allowed * seconds / window_s, used
 
 
-@pytest.fixture
-def empty_rabbitmq_limit_queue() -> Iterator[None]:
-    delete_rabbitmq_queue(jobs.LIMIT_QUEUE)
-    yield
-    delete_rabbitmq_queue(jobs.LIMIT_QUEUE)
-
-
 @pytest.mark.rabbitmq
 # nudge_only: the hosts relay over RabbitMQ; this process's broker is Redis.
-@pytest.mark.usefixtures("nudge_only", "empty_rabbitmq_limit_queue")
+@pytest.mark.empty_queues(jobs.LIMIT_QUEUE, rabbitmq=True)
+@pytest.mark.usefixtures("nudge_only")
 def test_on_rabbitmq_the_limit_holds_and_the_waiting_ones_come_back_through_its_delay_queue(
         worker_processes, notes) -> None:  # type: ignore[no-untyped-def]
     args = ["--threads", "4", "--queues", f"{jobs.LIMIT_QUEUE},{RELAY_QUEUE_NAME}"]

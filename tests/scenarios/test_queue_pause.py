@@ -26,7 +26,6 @@ from composition.outbox.models import message_id_for
 from composition.outbox.relay import RELAY_QUEUE_NAME
 from composition.pauses import Pause
 from composition.testing import WorkerProcess, wait_until
-from tests.helpers import delete_rabbitmq_queue
 from tests.jobsapp import jobs
 from tests.jobsapp.models import Effect
 
@@ -154,16 +153,10 @@ def test_a_paused_queue_starts_nothing_on_any_host_within_a_second_and_loses_not
     assert ProcessedMessage.objects.filter(message_id__in=message_ids).count() == len(published)
 
 
-@pytest.fixture
-def empty_rabbitmq_queue() -> Iterator[None]:
-    delete_rabbitmq_queue(jobs.PAUSE_QUEUE)
-    yield
-    delete_rabbitmq_queue(jobs.PAUSE_QUEUE)
-
-
 @pytest.mark.rabbitmq
 # nudge_only: the hosts relay over RabbitMQ; this process's broker is Redis.
-@pytest.mark.usefixtures("nudge_only", "empty_rabbitmq_queue")
+@pytest.mark.empty_queues(jobs.PAUSE_QUEUE, rabbitmq=True)
+@pytest.mark.usefixtures("nudge_only")
 def test_on_rabbitmq_a_job_running_at_the_pause_runs_once_and_the_rest_wait(
         worker_processes, starts) -> None:  # type: ignore[no-untyped-def]
     args = ["--threads", "2", "--queues", f"{jobs.PAUSE_QUEUE},{RELAY_QUEUE_NAME}", "--shutdown-timeout", "10"]
