@@ -92,10 +92,11 @@ def check_settings(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
         elif unknown := sorted(set(levels) - set(DEPENDENCIES)):
             messages.append(Error(f"COMPOSITION[{key!r}] names unknown dependencies {unknown}; "
                                   f"expected some of {DEPENDENCIES}.", id="composition.E006"))
-    wait_s = merged["HEALTH_DRAIN_WAIT_S"]
-    if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or wait_s < 0:
-        messages.append(Error(f"COMPOSITION['HEALTH_DRAIN_WAIT_S'] must be a number of seconds >= 0, "
-                              f"got {wait_s!r}.", id="composition.E009"))
+    for key in ("HEALTH_DRAIN_WAIT_S", "DEPLOY_WINDOW_S"):
+        wait_s = merged[key]
+        if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or wait_s < 0:
+            messages.append(Error(f"COMPOSITION[{key!r}] must be a number of seconds >= 0, got {wait_s!r}.",
+                                  id="composition.E009"))
     if merged["HEALTH_DRAIN_FILE"] is not None and not isinstance(merged["HEALTH_DRAIN_FILE"], str | PathLike):
         messages.append(Error("COMPOSITION['HEALTH_DRAIN_FILE'] must be a path or None.", id="composition.E010"))
     if merged["WORKER_QUEUES"] is not None:

@@ -101,6 +101,10 @@ DEFAULTS: dict[str, Any] = {
     # queue for at most LIMIT_MAX_DELAY_S at a time (its turn in the limit's waiting line).
     "LIMIT_SLOT_TTL_S": 15.0,
     "LIMIT_MAX_DELAY_S": 30.0,
+    # A message the running code cannot run (its job unknown here, a newer version, arguments
+    # that do not fit) goes back to wait this long, for the rest of a rolling deploy to reach
+    # its worker, before it is parked as a dead letter (docs/deployment.md); 0: parked at once.
+    "DEPLOY_WINDOW_S": 300.0,
     # Every worker process reads which queues are paused (`manage.py queues pause`) this often:
     # no job of a queue starts later than this (and one query) after its pause returns.
     "QUEUE_PAUSE_REFRESH_S": 0.5,

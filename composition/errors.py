@@ -22,6 +22,7 @@ __all__ = [
     "CompositionError",
     "ConfigurationError",
     "DeadLetterStateError",
+    "IncompatibleMessageError",
     "JobError",
     "PayloadValidationError",
     "PermanentError",
@@ -78,6 +79,18 @@ class TransientError(JobError):
 
 class PayloadValidationError(PermanentError):
     """A message's payload does not fit the job's declared arguments (names or simple types)."""
+
+
+class IncompatibleMessageError(PayloadValidationError):
+    """A queued message the running code cannot run: its job is unknown here, it is of another
+    version than the job's upgrades cover, or its arguments do not fit. Parked as a dead letter
+    once the deploy window has passed (``DEPLOY_WINDOW_S``), in a group of its own."""
+
+    PREFIX = "incompatible with the running code: "
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(self.PREFIX + reason)
+        self.reason = reason
 
 
 class AmbiguousFingerprintError(CompositionError, ValueError):

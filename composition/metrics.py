@@ -151,6 +151,12 @@ JOB_LIMIT_DELAYS_TOTAL = Counter(
     "concurrency, rate, or unreachable when the limits' Redis could not be asked); not failures, not retries.",
     ["actor", "kind"],
 )
+__all__ += ["INCOMPATIBLE_MESSAGES_TOTAL"]
+INCOMPATIBLE_MESSAGES_TOTAL = Counter(
+    "composition_incompatible_messages_total", "Messages the running code could not run (job unknown here, "
+    "another version, arguments that do not fit), by what became of them: waiting (put back within "
+    "DEPLOY_WINDOW_S) or parked (dead-lettered as incompatible).", ["actor", "outcome"],
+)
 __all__ += ["DEAD_LETTER_RECORD_FAILURES_TOTAL"]
 DEAD_LETTER_RECORD_FAILURES_TOTAL = Counter(
     "composition_dead_letter_record_failures_total",

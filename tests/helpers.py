@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import uuid
 from pathlib import Path
@@ -14,6 +15,8 @@ if TYPE_CHECKING:
     from billing.models import Invoice
 
 ROOT = Path(__file__).resolve().parents[1]
+# The RabbitMQ the rabbitmq-marked tests use.
+RABBITMQ_URL = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 """The checkout: where ``manage.py``, the README and ``docs/`` are."""
 
 
@@ -75,12 +78,10 @@ def table_row(html: str, attribute: str, value: str) -> str:
 def delete_rabbitmq_queue(queue: str, url: str | None = None) -> None:
     """``queue`` and its delay and dead-letter queues deleted from RabbitMQ (``RABBITMQ_URL``):
     what an earlier run left there would run in a test's hosts."""
-    import os
-
     import pika
     from dramatiq.common import dq_name, xq_name
 
-    url = url or os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+    url = url or RABBITMQ_URL
     connection = pika.BlockingConnection(pika.URLParameters(url))
     try:
         channel = connection.channel()

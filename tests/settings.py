@@ -81,7 +81,8 @@ if importlib.util.find_spec("django.tasks") or importlib.util.find_spec("django_
 CACHES = {**CACHES, "alternate": {**CACHES["default"], "KEY_PREFIX": "alternate"}}
 ROOT_URLCONF = "tests.urls"
 # No host-wide drain mark unless a test sets its own: a test's mark must not drain the others.
-COMPOSITION = {**COMPOSITION, "HEALTH_DRAIN_FILE": None,
+# A message the code cannot run is parked at once: the tests that watch a deploy window set one.
+COMPOSITION = {**COMPOSITION, "HEALTH_DRAIN_FILE": None, "DEPLOY_WINDOW_S": 0,
                **json.loads(os.environ.get("COMPOSITION_TEST_OVERRIDES") or "{}")}
 # Nothing is collected for the tests; WhiteNoise then has no directory to serve (and says so).
 STATIC_ROOT = None

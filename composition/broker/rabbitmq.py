@@ -23,6 +23,7 @@ from dramatiq.common import q_name
 from dramatiq.errors import ConnectionClosed
 
 from composition.broker.pausing import handed_back, paused_queues
+from composition.broker.stand_ins import StandIns
 
 __all__ = ["PAUSED_WAIT_S", "PausableRabbitmqBroker", "PausableRabbitmqConsumer"]
 
@@ -85,7 +86,7 @@ class PausableRabbitmqConsumer(_RabbitmqConsumer):
             pass
 
 
-class PausableRabbitmqBroker(RabbitmqBroker):
+class PausableRabbitmqBroker(StandIns, RabbitmqBroker):
     """Dramatiq's ``RabbitmqBroker`` whose consumers are ``PausableRabbitmqConsumer``."""
 
     @property

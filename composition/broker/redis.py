@@ -23,6 +23,7 @@ from dramatiq.message import Message
 
 from composition.broker.keys import acks_key, messages_key, queue_key
 from composition.broker.redis_consumer import WakingRedisConsumer, has_wake_list, wake_key
+from composition.broker.stand_ins import StandIns
 from composition.errors import described
 
 __all__ = ["WAKE_LUA", "WAKE_TOKENS_MAX", "WAKE_TTL_MS", "WakingRedisBroker", "requeue_as_new", "wake_args"]
@@ -129,7 +130,7 @@ def requeue_as_new(broker: RedisBroker, redis_message_id: str, message: Message[
 
 # Relies on Dramatiq internals (dramatiq>=2.2,<3): scripts["dispatch"] and its arguments, the
 # do_<command> methods, dispatch.lua's key names; docs/architecture.md lists them.
-class WakingRedisBroker(RedisBroker):
+class WakingRedisBroker(StandIns, RedisBroker):
     """Dramatiq's ``RedisBroker`` whose idle consumers wait for a wake token (see module doc).
 
     Takes ``RedisBroker``'s arguments. Its client's ``socket_timeout``, when set, bounds how long

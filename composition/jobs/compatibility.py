@@ -1,47 +1,88 @@
-"""Which queued work the running code cannot run (``queued_problems``), for ``manage.py jobs
-check-compat`` before a deploy: run it with the new code against the live database.
+"""Which queued work the running code cannot run, for ``manage.py jobs check-compat`` before a
+deploy: run it with the new code against the live database and broker.
 
-Pending outbox rows and open dead letters are grouped by shape in SQL (the job's name, the
-positional arguments' JSON types, each keyword's JSON type), and each distinct shape is bound
-once, on its first row, with the checker ``publish()`` and the workers use (``PayloadSchema``):
-a job that is gone, a required argument added, an argument removed, a value of another JSON type
-than its annotation. It only reads, two grouped queries and one row per shape, and takes no lock
-a running system needs.
+Every message that could still run is grouped by shape (its job's name, the version it was
+published at, the JSON types of its positional and keyword arguments, and for a ``django.tasks``
+row its task path and its arguments' types) and each distinct shape is bound once, on one
+example, with the check the worker makes (``runnable``): its job gone (removed, or renamed
+without an alias), a version no upgrade covers, a required argument added, an argument removed,
+a value of another JSON type than its annotation. It reads only, and takes no lock a running
+system needs.
+
+- The database (``queued_problems``; also ``manage.py check``'s W140): pending outbox rows and
+  open dead letters (a replay would run them), grouped in SQL.
+- The Redis broker (``broker_problems``): every queue's ready and delayed messages, read with
+  ``HSCAN`` in batches and grouped here.
+- RabbitMQ cannot be read without side effects, and what running workers prefetched (every
+  delayed retry) is invisible: there, the outbox rows sent within the retry horizon stand for the
+  broker (a superset: "may have run"), and each queue's message count is reported.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 from dramatiq.broker import Broker
+from dramatiq.brokers.redis import RedisBroker
 
-from composition.errors import PayloadValidationError
+from composition.errors import IncompatibleMessageError, PayloadValidationError, described
 from composition.jobs.models import DeadLetter
+from composition.jobs.versions import message_version
 from composition.outbox.models import OutboxMessage
-from composition.outbox.publish import PAYLOAD_SCHEMA_OPTION
+from composition.outbox.publish import PAYLOAD_SCHEMA_OPTION, VERSION_HEADER, VERSIONS_OPTION
 
-__all__ = ["GONE", "Problem", "queued_problems", "reads_tables"]
+__all__ = ["GONE", "PAYLOAD_CHECK_OPTION", "Problem", "Report", "broker_problems", "queued_problems",
+           "reads_tables", "runnable"]
 
 GONE = "no job of this name in the running code (removed, or renamed without an alias)"
+# An actor option: a further check of its payloads, raising IncompatibleMessageError (the
+# django.tasks actors resolve the task and bind its arguments).
+PAYLOAD_CHECK_OPTION = "payload_check"
+# Messages read from Redis per HSCAN call.
+SCAN_BATCH = 1000
 
 # A JSON object's keys and each value's JSON type, as one jsonb value: equal shapes group.
-_KWARGS_SHAPE = ("(SELECT coalesce(jsonb_object_agg(key, jsonb_typeof({column} -> key)), '{{}}'::jsonb) "
+_OBJECT_SHAPE = ("(SELECT coalesce(jsonb_object_agg(key, jsonb_typeof({column} -> key)), '{{}}'::jsonb) "
                  "FROM jsonb_object_keys({column}) AS key)")
-_ARGS_SHAPE = ("(SELECT coalesce(jsonb_agg(jsonb_typeof(value) ORDER BY position), '[]'::jsonb) "
-               "FROM jsonb_array_elements({column}) WITH ORDINALITY AS element(value, position))")
+_ARRAY_SHAPE = ("(SELECT coalesce(jsonb_agg(jsonb_typeof(value) ORDER BY position), '[]'::jsonb) "
+                "FROM jsonb_array_elements({column}) WITH ORDINALITY AS element(value, position))")
+
+
+def _task_shape(column: str) -> str:
+    """A django.tasks payload (``{"task": path, "args": [...], "kwargs": {...}}``) groups by its
+    task and its arguments' types too; for any other payload this is null."""
+    args, kwargs = f"({column} -> 'args')", f"({column} -> 'kwargs')"
+    return (f"CASE WHEN jsonb_typeof({column} -> 'task') = 'string' AND jsonb_typeof({args}) = 'array' "
+            f"AND jsonb_typeof({kwargs}) = 'object' THEN jsonb_build_array({column} -> 'task', "
+            f"{_ARRAY_SHAPE.format(column=args)}, {_OBJECT_SHAPE.format(column=kwargs)}) END")
 
 
 @dataclass(frozen=True)
 class Problem:
     """``count`` messages of ``actor`` in ``source`` the running code would refuse, for ``reason``."""
 
-    source: str  # "outbox" (pending rows) or "dead letters" (open ones, which a replay would run)
+    # "outbox" (pending rows), "dead letters" (open ones), "broker" (Redis: ready and delayed),
+    # "outbox, sent (may have run)" (RabbitMQ: rows sent within the retry horizon)
+    source: str
     actor: str
     reason: str
     count: int
-    example_id: int
+    example_id: int | str  # a row's id, or a broker message's id
+
+
+@dataclass
+class Report:
+    """What ``broker_problems`` found: the problems, how many messages it read, and RabbitMQ's
+    message count per queue (None on Redis, where every message was read)."""
+
+    problems: list[Problem] = field(default_factory=list)
+    messages_read: int = 0
+    queue_counts: dict[str, int] | None = None
 
 
 def reads_tables() -> tuple[str, ...]:
@@ -49,59 +90,199 @@ def reads_tables() -> tuple[str, ...]:
     return OutboxMessage._meta.db_table, DeadLetter._meta.db_table
 
 
-def _groups(sql: str, params: list[Any], alias: str) -> list[tuple[str, int, int]]:
-    with connections[alias].cursor() as cursor:
-        cursor.execute(sql, params)
-        return [(actor, int(count), int(first)) for actor, _, _, count, first in cursor.fetchall()]
-
-
-def _outbox_groups(alias: str) -> list[tuple[str, int, int]]:
-    table = OutboxMessage._meta.db_table
-    sql = (f"SELECT actor_name, '[]'::jsonb, {_KWARGS_SHAPE.format(column='payload')}, count(*), min(id) "
-           f"FROM {table} WHERE status = %s AND jsonb_typeof(payload) = 'object' GROUP BY 1, 2, 3")
-    return _groups(sql, [OutboxMessage.Status.PENDING], alias)
-
-
-def _dead_letter_groups(alias: str) -> list[tuple[str, int, int]]:
-    table = DeadLetter._meta.db_table
-    sql = (f"SELECT actor, {_ARGS_SHAPE.format(column='args')}, {_KWARGS_SHAPE.format(column='payload')}, "
-           f"count(*), min(id) FROM {table} WHERE status = %s AND jsonb_typeof(payload) = 'object' "
-           f"AND jsonb_typeof(args) = 'array' GROUP BY 1, 2, 3")
-    return _groups(sql, [DeadLetter.Status.DEAD], alias)
-
-
-def _reason(broker: Broker, actor_name: str, args: list[Any], kwargs: dict[str, Any]) -> str | None:
-    """Why the running code would refuse this payload, or None when it would run it."""
+def runnable(broker: Broker, actor_name: str, args: Sequence[Any], kwargs: Mapping[str, Any],
+             version: Any = 1) -> str | None:
+    """Why the running code would refuse this message, or None when it would run it: the
+    worker's own checks (``JobVersions.fit``, an actor's ``PAYLOAD_CHECK_OPTION``)."""
     actor = broker.actors.get(actor_name)
     if actor is None:
         return GONE
     schema = actor.options.get(PAYLOAD_SCHEMA_OPTION)
-    if schema is None:  # a plain Dramatiq actor: nothing declared to check against
-        return None
+    versions = actor.options.get(VERSIONS_OPTION)
+    extra_check = actor.options.get(PAYLOAD_CHECK_OPTION)
     try:
-        schema.validate(args, kwargs)
+        if versions is not None:
+            args, kwargs = versions.fit(schema, args, kwargs, version)
+        elif schema is not None:  # a plain Dramatiq actor has neither: nothing declared to check
+            schema.validate(args, kwargs)
+        if extra_check is not None:
+            extra_check(args, kwargs)
+    except IncompatibleMessageError as exc:
+        return exc.reason
     except PayloadValidationError as exc:
         return str(exc)
+    except Exception as exc:  # an upgrade that raises: the worker would fail the same way
+        return f"its upgrade raised {described(exc)}"
     return None
 
 
+# -- the database -----------------------------------------------------------------------------------
 def queued_problems(broker: Broker, *, alias: str = DEFAULT_DB_ALIAS) -> list[Problem]:
-    """Every group of queued work in the database the running code cannot run, largest first."""
-    found: dict[tuple[str, str, str], list[int]] = {}
-    for source, groups in (("outbox", _outbox_groups(alias)), ("dead letters", _dead_letter_groups(alias))):
-        for actor_name, count, first in groups:
-            args: list[Any]
-            kwargs: dict[str, Any]
-            if source == "outbox":
-                args, kwargs = [], OutboxMessage.objects.using(alias).values_list("payload", flat=True).get(pk=first)
-            else:
-                args, kwargs = DeadLetter.objects.using(alias).values_list("args", "payload").get(pk=first)
-            reason = _reason(broker, actor_name, list(args), dict(kwargs))
-            if reason is None:
-                continue
-            tally = found.setdefault((source, actor_name, reason), [0, first])
+    """Every group of pending outbox rows and open dead letters the running code cannot run,
+    largest first: two grouped queries and one to read an example of each shape."""
+    table = OutboxMessage._meta.db_table
+    outbox = _grouped(alias, table, "actor_name", "'[]'::jsonb", "payload",
+                      "status = %s", [OutboxMessage.Status.PENDING])
+    table = DeadLetter._meta.db_table
+    dead = _grouped(alias, table, "actor", "args", "payload", "status = %s AND jsonb_typeof(args) = 'array'",
+                    [DeadLetter.Status.DEAD])
+    problems = _bound(broker, "outbox", outbox, _examples(alias, OutboxMessage, outbox, "actor_name", None))
+    problems += _bound(broker, "dead letters", dead, _examples(alias, DeadLetter, dead, "actor", "args"))
+    return _largest_first(problems)
+
+
+def sent_problems(broker: Broker, since: datetime, *, alias: str = DEFAULT_DB_ALIAS) -> list[Problem]:
+    """The outbox rows sent since ``since`` that the running code cannot run: on RabbitMQ, what may
+    still wait on the broker (or may have run)."""
+    groups = _grouped(alias, OutboxMessage._meta.db_table, "actor_name", "'[]'::jsonb", "payload",
+                      "status = %s AND sent_at >= %s", [OutboxMessage.Status.SENT, since])
+    return _bound(broker, "outbox, sent (may have run)", groups,
+                  _examples(alias, OutboxMessage, groups, "actor_name", None))
+
+
+# (actor, version, count, first id) per shape
+_Group = tuple[str, Any, int, int]
+
+
+def _grouped(alias: str, table: str, actor: str, args: str, payload: str, where: str,
+             params: list[Any]) -> list[_Group]:
+    shape = (f"{actor}, {_ARRAY_SHAPE.format(column=args)}, {_OBJECT_SHAPE.format(column=payload)}, "
+             f"headers -> '{VERSION_HEADER}', {_task_shape(payload)}")
+    sql = (f"SELECT {actor}, headers -> '{VERSION_HEADER}', count(*), min(id) FROM {table} "
+           f"WHERE {where} AND jsonb_typeof({payload}) = 'object' GROUP BY {shape}")
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql, params)
+        return [(name, _version(version), int(count), int(first)) for name, version, count, first in cursor]
+
+
+def _version(value: Any) -> Any:
+    """A version header as read from jsonb (psycopg hands jsonb back decoded, or as text)."""
+    if value is None:
+        return 1
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _examples(alias: str, model: Any, groups: list[_Group], actor: str, args: str | None) -> dict[int, tuple[Any, Any]]:
+    """(args, kwargs) of each group's first row, in one query."""
+    fields = [args, "payload"] if args is not None else ["payload"]
+    rows = model.objects.using(alias).filter(pk__in=[first for *_, first in groups]).values_list("pk", *fields)
+    if args is None:
+        return {pk: ([], payload) for pk, payload in rows}
+    return {pk: (list(found_args), payload) for pk, found_args, payload in rows}
+
+
+def _bound(broker: Broker, source: str, groups: Iterable[_Group],
+           examples: Mapping[int, tuple[Any, Any]]) -> list[Problem]:
+    found: dict[tuple[str, str], list[int]] = {}
+    for actor_name, version, count, first in groups:
+        args, kwargs = examples[first]
+        reason = runnable(broker, actor_name, args, dict(kwargs), version)
+        if reason is not None:
+            tally = found.setdefault((actor_name, reason), [0, first])
             tally[0] += count
             tally[1] = min(tally[1], first)
-    problems = [Problem(source, actor, reason, count, example)
-                for (source, actor, reason), (count, example) in found.items()]
-    return sorted(problems, key=lambda problem: (-problem.count, problem.source, problem.actor))
+    return [Problem(source, actor, reason, count, example) for (actor, reason), (count, example) in found.items()]
+
+
+def _largest_first(problems: list[Problem]) -> list[Problem]:
+    return sorted(problems, key=lambda problem: (-problem.count, problem.source, problem.actor, problem.reason))
+
+
+# -- the broker -------------------------------------------------------------------------------------
+def broker_problems(broker: Broker, *, sent_since: datetime, alias: str = DEFAULT_DB_ALIAS) -> Report:
+    """What waits on the broker that the running code cannot run (see the module doc):
+    ``sent_since`` bounds the outbox rows that stand for RabbitMQ's messages."""
+    if isinstance(broker, RedisBroker):
+        return _redis_report(broker)
+    return Report(sent_problems(broker, sent_since, alias=alias), 0, _queue_counts(broker))
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    return "null" if value is None else "number"
+
+
+def _shape(actor: str, args: list[Any], kwargs: dict[str, Any], version: Any) -> tuple[Any, ...]:
+    """What ``_grouped`` groups by, for a message read from Redis."""
+    shape: tuple[Any, ...] = (actor, tuple(map(_json_type, args)),
+                              tuple(sorted((key, _json_type(value)) for key, value in kwargs.items())),
+                              json.dumps(version))
+    task, task_args, task_kwargs = kwargs.get("task"), kwargs.get("args"), kwargs.get("kwargs")
+    if isinstance(task, str) and isinstance(task_args, list) and isinstance(task_kwargs, dict):
+        shape += (task, tuple(map(_json_type, task_args)),
+                  tuple(sorted((key, _json_type(value)) for key, value in task_kwargs.items())))
+    return shape
+
+
+def _redis_messages(broker: RedisBroker) -> Iterator[bytes]:
+    """The body of every message of every queue (ready and delayed, the ones workers hold
+    included), not of Dramatiq's expiring dead-letter queues."""
+    client = broker.client
+    for key in client.scan_iter(f"{broker.namespace}:*.msgs", count=SCAN_BATCH):
+        name = key.decode() if isinstance(key, bytes) else str(key)
+        if name.endswith(".XQ.msgs"):
+            continue
+        for _, body in client.hscan_iter(name, count=SCAN_BATCH):
+            yield body
+
+
+def _redis_report(broker: RedisBroker) -> Report:
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    read = 0
+    for body in _redis_messages(broker):
+        read += 1
+        try:
+            message = json.loads(body)
+            actor, args, kwargs = message["actor_name"], message.get("args") or [], message.get("kwargs") or {}
+            version = message_version(message.get("options") or {})
+            shape = _shape(actor, list(args), dict(kwargs), version)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            shape = ("(unreadable)",)
+            actor, args, kwargs, version = "(unreadable)", [], {}, 1
+            message = {"message_id": "?"}
+        group = groups.get(shape)
+        if group is None:
+            groups[shape] = [1, message.get("message_id", "?"), actor, args, kwargs, version]
+        else:
+            group[0] += 1
+    found: dict[tuple[str, str], list[Any]] = {}
+    for count, example, actor, args, kwargs, version in groups.values():
+        reason = ("not a Dramatiq message" if actor == "(unreadable)"
+                  else runnable(broker, actor, list(args), dict(kwargs), version))
+        if reason is not None:
+            tally = found.setdefault((actor, reason), [0, example])
+            tally[0] += count
+    problems = [Problem("broker", actor, reason, count, example) for (actor, reason), (count, example) in found.items()]
+    return Report(_largest_first(problems), read, None)
+
+
+def _queue_counts(broker: Broker) -> dict[str, int]:
+    """Each declared queue's and delay queue's message count, read with a passive declare on a
+    connection of its own (a queue that does not exist counts 0: it was never declared)."""
+    import pika
+    from dramatiq.common import dq_name
+
+    parameters = getattr(broker, "parameters", None)
+    if isinstance(parameters, list):
+        parameters = parameters[0]
+    counts: dict[str, int] = {}
+    connection = pika.BlockingConnection(parameters)
+    try:
+        channel = connection.channel()
+        for queue in sorted(broker.get_declared_queues()):
+            for name in (queue, dq_name(queue)):
+                try:
+                    counts[name] = int(channel.queue_declare(name, passive=True).method.message_count)
+                except pika.exceptions.ChannelClosedByBroker:  # 404: never declared
+                    counts[name] = 0
+                    channel = connection.channel()
+    finally:
+        connection.close()
+    return counts

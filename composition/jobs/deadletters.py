@@ -14,6 +14,7 @@ from django.utils import timezone
 from dramatiq.broker import MessageProxy
 
 from composition.metrics import DEAD_LETTERS_TOTAL
+from composition.outbox.publish import VERSION_HEADER
 
 __all__ = ["Failure", "error_class_name", "fingerprint", "normalise_message", "record_dead_letter"]
 
@@ -132,6 +133,8 @@ def record_dead_letter(message: MessageProxy, exception: BaseException | Failure
     failure = exception if isinstance(exception, Failure) else Failure.of(exception)
     now = timezone.now()
     headers = message.options.get("composition")
+    if not isinstance(headers, dict) and VERSION_HEADER in message.options:
+        headers = {VERSION_HEADER: message.options[VERSION_HEADER]}  # a direct send's (VersionStamps)
     fields = {
         "actor": message.actor_name,
         "queue": message.queue_name,

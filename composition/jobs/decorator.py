@@ -3,14 +3,17 @@
 Everything that Dramatiq already does is configured, not rewritten: ``max_retries``
 (``max_attempts - 1``), ``min_backoff``/``max_backoff`` (read by ``JobRetries``), ``time_limit``
 (``TimeLimit``) and ``throws`` (``PermanentError`` and the job's own permanent types, which
-Retries never retries). The function itself is wrapped only to validate the payload against its
-signature and, for ``idempotent=True``, to run it in one transaction with the inbox ledger.
+Retries never retries). The function itself is wrapped only to fit the payload to its signature
+(upgraded from an older version, ``composition.jobs.versions``; one that cannot be fitted waits
+for the deploy, then is parked: ``composition.jobs.deploy_window``) and, for ``idempotent=True``,
+to run it in one transaction with the inbox ledger. Aliases are more names for the same actor in
+the broker's registry, which Dramatiq's consumer reads before any middleware runs.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 import dramatiq
@@ -21,11 +24,13 @@ from dramatiq.broker import MessageProxy
 
 from composition.broker.configured import configured_broker
 from composition.broker.time_limits import INTERRUPTS, disarm_time_limit
-from composition.errors import PermanentError
+from composition.errors import IncompatibleMessageError, PermanentError
 from composition.jobs.current import current_message
+from composition.jobs.deploy_window import refuse
 from composition.jobs.inbox import ledger_key, record_processed
 from composition.jobs.policy import JobPolicy
 from composition.jobs.schema import PayloadSchema
+from composition.jobs.versions import JobVersions, Upgrade, message_version
 from composition.limits.declared import JobLimits
 
 __all__ = ["job", "run_idempotently"]
@@ -68,7 +73,8 @@ def job(*, queue: str = "default", max_attempts: int = 5, initial_delay_s: float
         max_delay_s: float = 900, timeout_s: float = 120,
         permanent: Sequence[type[BaseException]] = (), idempotent: bool = False,
         priority: int = 0, actor_name: str | None = None, concurrency: int | None = None,
-        rate: str | None = None) -> Callable[[Callable[..., R]], Actor[Any, R]]:
+        rate: str | None = None, aliases: Sequence[str] | Mapping[str, str] = (), version: int = 1,
+        upgrade: Mapping[int, Upgrade] | None = None) -> Callable[[Callable[..., R]], Actor[Any, R]]:
     """Declare the decorated function as a job; returns its Dramatiq ``Actor``.
 
     ``max_attempts`` counts runs (1 = never retried). Retries wait ``initial_delay_s`` doubling up
@@ -84,28 +90,45 @@ def job(*, queue: str = "default", max_attempts: int = 5, initial_delay_s: float
     ``composition.broker.configured.configured_broker()`` at decoration time; the actor name
     defaults to the function's name.
 
+    Deploys (docs/deployment.md): ``aliases=["old_name"]`` runs messages published under the old
+    names (``{"old_name": "old_queue"}`` when it lived on another queue, which is then declared
+    and consumed too); ``version=2, upgrade={1: fn}`` changes the arguments: ``fn`` turns the
+    keyword arguments of a version-1 message into those of version 2 before the call.
+
     Raises ValueError/TypeError for an inconsistent policy, and Dramatiq's ValueError when the
-    actor name is taken.
+    actor name, or an alias, is taken.
     """
     limits = JobLimits.of(concurrency, rate)
+    versions = JobVersions.of(version, upgrade)
     policy = JobPolicy(queue=queue, max_attempts=max_attempts, initial_delay_s=float(initial_delay_s),
                        max_delay_s=float(max_delay_s), timeout_s=float(timeout_s),
                        permanent=tuple(permanent), idempotent=idempotent, priority=priority)
+    old_names = _aliases(aliases, queue)
 
     def decorate(fn: Callable[..., R]) -> Actor[Any, R]:
         name = actor_name or fn.__name__
         schema = PayloadSchema.of(fn, name)
+        broker = configured_broker()
 
         @functools.wraps(fn)
         def run(*args: Any, **kwargs: Any) -> R | None:
-            schema.validate(args, kwargs)
             message = current_message()
-            if not policy.idempotent or message is None:
+            if message is None:
+                schema.validate(args, kwargs)
+                return _body(fn, args, kwargs)
+            try:
+                args, kwargs = versions.fit(schema, args, kwargs, message_version(message.options))  # type: ignore[assignment]
+            except IncompatibleMessageError as exc:
+                refuse(broker, message, exc)
+            if not policy.idempotent:
                 return _body(fn, args, kwargs)
             return run_idempotently(name, message, fn, args, kwargs)
 
+        for old_name in old_names:
+            if old_name == name or old_name in broker.actors:
+                raise ValueError(f"alias {old_name!r} of job {name!r} is taken")
         declare = dramatiq.actor(
-            broker=configured_broker(),
+            broker=broker,
             actor_name=name,
             queue_name=queue,
             priority=priority,
@@ -117,8 +140,27 @@ def job(*, queue: str = "default", max_attempts: int = 5, initial_delay_s: float
             job_policy=policy,
             payload_schema=schema,  # publish() checks payloads with it (PAYLOAD_SCHEMA_OPTION)
             job_limits=limits,  # LimitedStarts reads it (None: no limit, nothing to do)
+            job_versions=versions,  # publish() and VersionStamps stamp messages with it
         )
         # The wrapper returns None for a skipped redelivery, hence the cast back to the job's type.
-        return cast("Actor[Any, R]", declare(cast("Callable[..., Any]", run)))
+        actor = cast("Actor[Any, R]", declare(cast("Callable[..., Any]", run)))
+        for old_name, old_queue in old_names.items():
+            broker.actors[old_name] = actor
+            if old_queue != queue:
+                broker.declare_queue(old_queue)
+        return actor
 
     return decorate
+
+
+def _aliases(aliases: Sequence[str] | Mapping[str, str], queue: str) -> dict[str, str]:
+    """Each old name with the queue its messages wait on; raises TypeError/ValueError."""
+    if isinstance(aliases, str):
+        raise TypeError(f"aliases must be a list of names (or a dict of name to queue), got {aliases!r}")
+    pairs = aliases.items() if isinstance(aliases, Mapping) else ((name, queue) for name in aliases)
+    found: dict[str, str] = {}
+    for old_name, old_queue in pairs:
+        if not isinstance(old_name, str) or not old_name or not isinstance(old_queue, str) or not old_queue:
+            raise ValueError(f"an alias is a non-empty job name (with a non-empty queue), got {old_name!r}")
+        found[old_name] = old_queue
+    return found

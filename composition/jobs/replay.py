@@ -18,7 +18,6 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
-from dramatiq.errors import ActorNotFound
 
 from composition.broker.configured import configured_broker
 from composition.errors import (
@@ -30,7 +29,7 @@ from composition.errors import (
 from composition.jobs.inbox import IDEMPOTENCY_KEY_HEADER
 from composition.jobs.models import DeadLetter
 from composition.outbox.errors import UnknownActorError
-from composition.outbox.publish import publish_with_headers
+from composition.outbox.publish import VERSION_HEADER, publish_with_headers
 
 __all__ = [
     "DISCARD_PERMISSION",
@@ -95,10 +94,10 @@ def replay_payload(dead_letter: DeadLetter) -> dict[str, Any]:
     payload = dict(dead_letter.payload or {})
     if not dead_letter.args:
         return payload
-    try:
-        fn = configured_broker().get_actor(dead_letter.actor).fn
-    except ActorNotFound:
-        raise UnknownActorError(dead_letter.actor) from None
+    declared = configured_broker().actors.get(dead_letter.actor)
+    if declared is None:
+        raise UnknownActorError(dead_letter.actor)
+    fn = declared.fn
     try:
         bound = inspect.signature(fn).bind_partial(*dead_letter.args)
     except TypeError as exc:
@@ -111,11 +110,12 @@ def replay_payload(dead_letter: DeadLetter) -> dict[str, Any]:
 
 def replay_headers(dead_letter: DeadLetter) -> dict[str, Any]:
     """Headers of the replayed message: the idempotency key of the first message in the chain
-    (a replay of a replay keeps the original's) and the dead letter it replays."""
+    (a replay of a replay keeps the original's), the dead letter it replays, and the job version
+    it was published at (none: 1), so that it is upgraded as the original would have been."""
     headers = dead_letter.headers if isinstance(dead_letter.headers, dict) else {}
     key = headers.get(IDEMPOTENCY_KEY_HEADER)
     return {IDEMPOTENCY_KEY_HEADER: key if isinstance(key, str) and key else dead_letter.message_id,
-            "replay_of": dead_letter.pk}
+            "replay_of": dead_letter.pk, VERSION_HEADER: headers.get(VERSION_HEADER, 1)}
 
 
 def original_key(dead_letter: DeadLetter) -> str | None:

@@ -11,6 +11,7 @@ from dramatiq import Worker
 from dramatiq.broker import Broker
 
 from composition.broker.time_limits import boot_worker_process
+from composition.jobs.deploy_window import accept_unknown_jobs
 from composition.jobs.queue_order import OrderedWorkQueue, QueueOrder
 from composition.jobs.runtime import BrokerKeepalive, drain_worker, stop_intake
 
@@ -47,6 +48,9 @@ class WorkerComponent:
     def start(self) -> None:
         # As Dramatiq's CLI does, once per process before any worker: starts the time limits.
         boot_worker_process(self.broker)
+        # A job this code does not know waits for the deploy, then is parked, rather than being
+        # rejected by Dramatiq's consumer (composition.jobs.deploy_window).
+        accept_unknown_jobs(self.broker)
         self.worker = Worker(self.broker, queues=self.queues, worker_threads=self.threads,
                              worker_timeout=self.idle_poll_ms)
         order = self.queue_order

@@ -24,11 +24,10 @@ import structlog
 from django.db import DEFAULT_DB_ALIAS
 from django.utils import timezone
 from dramatiq.actor import Actor
-from dramatiq.errors import ActorNotFound
 
 from composition.broker.configured import configured_broker
 from composition.conf import conf
-from composition.errors import PayloadValidationError
+from composition.errors import IncompatibleMessageError, PayloadValidationError
 from composition.outbox.after_commit import (
     committing_transaction,
     nudge_after_commit,
@@ -46,8 +45,9 @@ from composition.outbox.errors import (
 )
 from composition.outbox.models import KEY_MAX_LENGTH, OutboxMessage
 
-__all__ = ["PAYLOAD_SCHEMA_OPTION", "checked_delay", "checked_key", "declared_actor", "encode_payload",
-           "fitting_payload", "publish", "publish_headers", "publish_with_headers", "read_back"]
+__all__ = ["PAYLOAD_SCHEMA_OPTION", "VERSIONS_OPTION", "VERSION_HEADER", "checked_delay", "checked_key",
+           "declared_actor", "encode_payload", "fitting_payload", "publish", "publish_headers",
+           "publish_with_headers", "read_back", "version_header"]
 
 # The actor option under which ``@job`` leaves its payload check (``jobs.schema.PayloadSchema``,
 # anything with ``validate(args, kwargs)``): publish() runs it without importing ``jobs``.
@@ -61,6 +61,10 @@ _MAX_DEPTH = 32
 # Set only by composition.testing.left_to_the_relay(): rows are then written unleased and the
 # relay is nudged after COMMIT, for tests that relay them, or watch the relay take them, themselves.
 LEFT_TO_THE_RELAY = threading.Event()
+# Where a message says the job version its publisher's code declared (none: 1), and the actor
+# option holding that job's versions (composition.jobs.versions).
+VERSION_HEADER = "job_version"
+VERSIONS_OPTION = "job_versions"
 # Headers publish() sets itself; extra headers cannot replace them.
 _OWN_HEADERS = frozenset({"request_id", "published_at"})
 # JSON's escape of NUL, not preceded by an escaped backslash (the text "\\u0000" is harmless).
@@ -96,11 +100,12 @@ def publish_with_headers(actor: Any, payload: Mapping[str, Any], *, headers: Map
     """
     declared = declared_actor(actor)
     name = declared.actor_name
-    encoded = fitting_payload(declared, payload)
-    key = checked_key(key)
-    delay_s = checked_delay(delay_s)
     extra = {header: value for header, value in headers.items() if header not in _OWN_HEADERS}
     _check_json(extra, "headers", 0)
+    extra.update(version_header(declared, extra))
+    encoded = fitting_payload(declared, payload, extra.get(VERSION_HEADER))
+    key = checked_key(key)
+    delay_s = checked_delay(delay_s)
     all_headers = publish_headers(extra)
     headers_json = storable_json(all_headers, "headers").decode()
     created_at = timezone.now()
@@ -138,23 +143,40 @@ def declared_actor(actor: Any) -> Actor[..., Any]:
     """The actor declared on the configured broker under ``actor``'s name (``actor`` is an actor,
     anything with an ``actor_name``, or a name); raises ``UnknownActorError``."""
     name = _actor_name(actor)
-    try:
-        return configured_broker().get_actor(name)
-    except ActorNotFound:
-        raise UnknownActorError(name) from None
+    # The registry, not get_actor(): a worker's broker answers unknown names with a stand-in.
+    declared: Actor[..., Any] | None = configured_broker().actors.get(name)
+    if declared is None:
+        raise UnknownActorError(name)
+    return declared
 
 
-def fitting_payload(declared: Actor[..., Any], payload: Any) -> bytes:
-    """``payload`` encoded (``encode_payload``), once it fits ``declared``'s arguments; raises
-    the publish errors, ``PayloadDoesNotFitError`` for a payload that does not fit."""
+def fitting_payload(declared: Actor[..., Any], payload: Any, version: Any = None) -> bytes:
+    """``payload`` encoded (``encode_payload``), once it fits ``declared``'s arguments (at
+    ``version``, upgraded as a worker would, when it is an older one than the job's); raises the
+    publish errors, ``PayloadDoesNotFitError`` for a payload that does not fit."""
     encoded = encode_payload(payload)
     schema = declared.options.get(PAYLOAD_SCHEMA_OPTION)
-    if schema is not None:
-        try:
+    versions = declared.options.get(VERSIONS_OPTION)  # a composition.jobs.versions.JobVersions
+    try:
+        if versions is not None and version is not None:
+            versions.fit(schema, (), payload, version)
+        elif schema is not None:
             schema.validate((), payload)
-        except PayloadValidationError as exc:
-            raise PayloadDoesNotFitError(str(exc)) from None
+    except IncompatibleMessageError as exc:
+        raise PayloadDoesNotFitError(exc.reason) from None
+    except PayloadValidationError as exc:
+        raise PayloadDoesNotFitError(str(exc)) from None
     return encoded
+
+
+def version_header(declared: Actor[..., Any], headers: Mapping[str, Any]) -> dict[str, Any]:
+    """The version header a message of ``declared`` is published with: the one in ``headers``
+    (a replay keeps its original's), else the job's own when above 1 (a message saying none is
+    of version 1)."""
+    if VERSION_HEADER in headers:
+        return {VERSION_HEADER: headers[VERSION_HEADER]}
+    versions = declared.options.get(VERSIONS_OPTION)
+    return {VERSION_HEADER: versions.version} if versions is not None and versions.version > 1 else {}
 
 
 def checked_key(key: Any) -> str | None:

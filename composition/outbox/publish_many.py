@@ -37,6 +37,7 @@ from composition.outbox.publish import (
     publish_headers,
     read_back,
     storable_json,
+    version_header,
 )
 
 __all__ = ["INSERT_MANY_SQL", "ROWS_PER_INSERT", "publish_many"]
@@ -93,7 +94,7 @@ def publish_many(actor: Any, payloads: Iterable[Mapping[str, Any]], *, key: str 
     in_transaction = committing_transaction("publish_many()")
     if not listed:
         return []
-    headers = publish_headers({})
+    headers = publish_headers(version_header(declared, {}))
     headers_json = storable_json(headers, "headers").decode()
     created_at = timezone.now()
     send: SendAfterCommit | None = None

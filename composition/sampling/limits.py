@@ -27,7 +27,7 @@ def limited_jobs(broker: Broker) -> dict[str, tuple[str, JobLimits]]:
     found = {}
     for name, actor in broker.actors.items():
         limits = actor.options.get("job_limits")
-        if isinstance(limits, JobLimits):
+        if isinstance(limits, JobLimits) and name == actor.actor_name:  # an alias is no job of its own
             found[name] = (actor.queue_name, limits)
     return dict(sorted(found.items()))
 

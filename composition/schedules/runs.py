@@ -33,10 +33,8 @@ def _tick_id(message: Any) -> int | None:
 
 
 def _time_limit(broker: Any, actor_name: str) -> timedelta:
-    try:
-        limit_ms = broker.get_actor(actor_name).options.get("time_limit")
-    except Exception:  # not declared here: the run is refused anyway
-        limit_ms = None
+    actor = broker.actors.get(actor_name)
+    limit_ms = actor.options.get("time_limit") if actor is not None else None
     return timedelta(milliseconds=limit_ms) if limit_ms else DEFAULT_TIME_LIMIT
 
 

@@ -24,18 +24,18 @@ from django.db.models.functions import Now
 from django.utils import timezone
 from dramatiq import Actor
 from dramatiq.broker import MessageProxy
-from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import Shutdown
 
 from composition.broker.configured import configured_broker
 from composition.broker.time_limits import INTERRUPTS, disarm_time_limit
-from composition.errors import PermanentError, described
+from composition.errors import IncompatibleMessageError, PermanentError, described
 from composition.jobs import current_message, job
+from composition.jobs.compatibility import PAYLOAD_CHECK_OPTION
 from composition.jobs.current import attempt_of
 from composition.jobs.decorator import run_idempotently
+from composition.jobs.deploy_window import refuse
 from composition.jobs.inbox import ledger_key, record_processed
 from composition.tasks._compat import (
-    InvalidTask,
     Task,
     TaskContext,
     TaskError,
@@ -45,7 +45,7 @@ from composition.tasks._compat import (
     task_started,
 )
 from composition.tasks.options import QueuePolicy, actor_name
-from composition.tasks.payload import arguments_schema, resolve_task
+from composition.tasks.payload import fitting_task
 
 __all__ = ["MAX_REPLAYS_FOLLOWED", "WORKER_IDS_HEADER", "declare_task_actor", "replayed_chain", "worker_id"]
 
@@ -72,11 +72,10 @@ def declare_task_actor(alias: str, queue: str, policy: QueuePolicy) -> Actor[...
     broker = configured_broker()
     name = actor_name(alias, queue)
     with _declare_lock:
-        try:
-            actor: Actor[..., None] = broker.get_actor(name)
+        # The registry, not get_actor(): a worker's broker answers unknown names with a stand-in.
+        actor: Actor[..., None] | None = broker.actors.get(name)
+        if actor is not None:
             return actor
-        except ActorNotFound:
-            pass
 
         def run_task(task: str, args: list, kwargs: dict) -> None:
             failed: list[TaskResult[Any, Any]] = []  # a run that failed for good, told once it has rolled back
@@ -97,7 +96,13 @@ def declare_task_actor(alias: str, queue: str, policy: QueuePolicy) -> Actor[...
                       idempotent=False, actor_name=name)
         declared = declare(run_task)
         declared.options["job_policy"] = dataclasses.replace(declared.options["job_policy"], idempotent=policy.atomic)
+        # jobs check-compat binds queued tasks as the worker will (fitting_task).
+        declared.options[PAYLOAD_CHECK_OPTION] = partial(_check_payload, alias, queue)
         return declared
+
+
+def _check_payload(alias: str, queue: str, args: Any, kwargs: Any) -> None:
+    fitting_task(kwargs.get("task"), kwargs.get("args"), kwargs.get("kwargs"), alias=alias, queue=queue)
 
 
 def _run(alias: str, queue: str, policy: QueuePolicy, path: str, args: list[Any], kwargs: dict[str, Any],
@@ -106,11 +111,12 @@ def _run(alias: str, queue: str, policy: QueuePolicy, path: str, args: list[Any]
     the caller to announce once the transaction is over."""
     message = current_message()
     try:
-        task = resolve_task(path, alias=alias, queue=queue)
-    except InvalidTask as exc:
-        raise PermanentError(str(exc)) from exc
-    # Validated at enqueue; checked again because this worker may run another deploy.
-    arguments_schema(task).validate(args, kwargs)
+        # Checked at enqueue; again here, because this worker may run another deploy.
+        task = fitting_task(path, args, kwargs, alias=alias, queue=queue)
+    except IncompatibleMessageError as exc:
+        if message is None:
+            raise
+        refuse(configured_broker(), message, exc)
     if not policy.atomic and message is not None and _processed(message):
         log.info("task already ran, skipped", task=path)
         return

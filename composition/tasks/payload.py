@@ -16,10 +16,11 @@ from typing import Any
 
 from django.utils.module_loading import import_string
 
+from composition.errors import IncompatibleMessageError, PayloadValidationError
 from composition.jobs.schema import PayloadSchema
 from composition.tasks._compat import InvalidTask, Task
 
-__all__ = ["TASK_KEYS", "arguments_schema", "is_importable", "resolve_task", "task_payload"]
+__all__ = ["TASK_KEYS", "arguments_schema", "fitting_task", "is_importable", "resolve_task", "task_payload"]
 
 TASK_KEYS = ("task", "args", "kwargs")
 
@@ -40,6 +41,22 @@ def resolve_task(path: str, *, alias: str, queue: str, run_after: datetime | Non
         raise InvalidTask(f"{path} is not a django.tasks Task (is the function decorated with @task?)")
     # using() validates again, against this backend: a queue it no longer serves is refused.
     return found.using(queue_name=queue, backend=alias, run_after=run_after)
+
+
+def fitting_task(path: Any, args: Any, kwargs: Any, *, alias: str, queue: str) -> Task[Any, Any]:
+    """The task a worker runs for a payload, once its arguments fit; raises
+    ``IncompatibleMessageError`` when the running code has no such task or they do not fit."""
+    if not isinstance(path, str) or not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise IncompatibleMessageError(f"not a task payload ({', '.join(TASK_KEYS)})")
+    try:
+        task = resolve_task(path, alias=alias, queue=queue)
+    except (ImportError, InvalidTask) as exc:
+        raise IncompatibleMessageError(f"task {path}: {exc}") from None
+    try:
+        arguments_schema(task).validate(args, kwargs)
+    except PayloadValidationError as exc:
+        raise IncompatibleMessageError(str(exc)) from None
+    return task
 
 
 def arguments_schema(task: Task[Any, Any]) -> PayloadSchema:

@@ -3,7 +3,6 @@ relay's confirmed, batched publishing (a row is marked sent only once RabbitMQ c
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
@@ -34,6 +33,7 @@ from composition.outbox.enqueue import enqueue_many
 from composition.outbox.rabbitmq import ConfirmTimeout, MessagesRejected
 from composition.outbox.relay import Relay
 from composition.testing import free_port, use_broker, wait_until
+from tests.helpers import RABBITMQ_URL
 from tests.jobsapp.jobs import RABBIT_QUEUE
 from tests.jobsapp.models import Effect
 
@@ -41,7 +41,6 @@ from tests.jobsapp.models import Effect
 # configured (Redis) broker, and these tests relay their rows through a RabbitMQ relay themselves.
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.usefixtures("nudge_only")]
 
-RABBITMQ_URL = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 
 
 @pytest.mark.django_db

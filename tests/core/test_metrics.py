@@ -27,9 +27,10 @@ from composition.cache import cache_aside_result
 from composition.cache.engine import CacheAside, CacheResult
 from composition.cache.serializers import load_serializer
 from composition.conf import conf
-from composition.errors import PermanentError
+from composition.errors import IncompatibleMessageError, PermanentError
 from composition.health.checks import reset_readiness_cache
 from composition.jobs.deadletters import record_dead_letter
+from composition.jobs.deploy_window import refuse
 from composition.jobs.middleware import LimitedStarts
 from composition.jobs.middleware.dead_letters import write_dead_letter
 from composition.limits import limit_store
@@ -160,6 +161,11 @@ def test_a_scrape_after_real_work_holds_every_family_and_counters_moved_exactly(
         LimitedStarts().before_process_message(configured_broker(), MessageProxy(Message(
             queue_name=jobs.LIMIT_QUEUE, actor_name="rated_call", args=(), kwargs={"key": "c", "hold_s": 0.0},
             options={})))
+    # One message a worker's code cannot run, parked (its deploy window is 0 in the tests).
+    with pytest.raises(IncompatibleMessageError):
+        refuse(configured_broker(), MessageProxy(Message(queue_name=jobs.CHECK_QUEUE, actor_name="removed_job",
+                                                         args=(), kwargs={}, options={})),
+               IncompatibleMessageError("catalogue"))
     # One sampling round, as runworkers runs it.
     sample = MetricsSamplerComponent(configured_broker(), connection_budget=9).sample()
     assert sample.errors == {}

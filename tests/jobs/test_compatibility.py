@@ -1,27 +1,40 @@
-"""``manage.py jobs check-compat`` against the test database: queued work that the running code
-would refuse is reported per job and problem with its count and an example id, grouped by shape
-(one bind per distinct shape), and the command exits 1; work that fits is not reported, and with
-none of the other kind it exits 0."""
+"""``manage.py jobs check-compat`` against the test database and broker: queued work that the
+running code would refuse is reported per job and problem with its count and an example id,
+grouped by shape (one bind per distinct shape), and the command exits 1; work that fits is not
+reported, and with none of the other kind it exits 0. The ten code changes of the deploy issue
+run the command as a deploy would: a child process on the new code (``COMPAT_CODE``)."""
 
 from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 import uuid
+from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from dramatiq.message import Message
 
 from composition.broker.configured import configured_broker
-from composition.jobs.compatibility import GONE, queued_problems
+from composition.jobs.compatibility import GONE, broker_problems, queued_problems
 from composition.jobs.models import DeadLetter
 from composition.outbox.models import OutboxMessage
+from composition.testing import subprocess_env
+from tests.helpers import RABBITMQ_URL, ROOT
 from tests.jobsapp import jobs
+from tests.jobsapp import tasks as jobs_tasks
+from tests.jobsapp.compat_work import clear_compat_work, expected_problems, queue_compat_work
+from tests.jobsapp.deploys import BREAKING, COMPAT_CODES, COMPAT_QUEUE
 
-pytestmark = pytest.mark.django_db
+# Messages per source (outbox, dead letters, broker) in the gate; bench_check_compat.py writes 100,000.
+PER_SOURCE = 400
+
+pytestmark = [pytest.mark.django_db, pytest.mark.empty_queues()]
 
 
 def _pending(actor: str, payload: dict[str, object], count: int = 1) -> list[int]:
@@ -60,8 +73,8 @@ def test_work_the_running_code_would_refuse_is_counted_per_job_and_problem_and_e
 
     with CaptureQueriesContext(connection) as queries:
         problems = queued_problems(configured_broker())
-    # Two grouped queries, then one row per distinct shape (5 outbox shapes, 2 dead-letter ones).
-    assert len(queries) == 2 + 5 + 2, [query["sql"][:80] for query in queries]
+    # A grouped query and one reading an example of each shape, per source.
+    assert len(queries) == 2 + 2, [query["sql"][:80] for query in queries]
     found = {(p.source, p.actor, p.count, p.example_id): p.reason for p in problems}
     assert set(found) == {("outbox", "pause_effect", 4, unexpected[0]), ("outbox", "pause_effect", 2, missing[0]),
                           ("outbox", "a_job_since_removed", 2, gone[0]), ("outbox", "pause_effect", 1, wrong_type[0]),
@@ -83,4 +96,108 @@ def test_with_only_work_that_fits_it_says_so_and_exits_0() -> None:
     _pending("pause_effect", {"key": "fits", "hold_s": 1.0}, count=2)
     _pending("pause_effect", {"key": "sent already", "hold_s": "not a number"})
     OutboxMessage.objects.filter(payload__key="sent already").update(status=OutboxMessage.Status.SENT)
-    assert _check() == (0, "every pending outbox row and open dead letter fits the running code\n")
+    code, out = _check()
+    assert code == 0, out
+    assert out.startswith("every queued message fits the running code\nread 0 messages on the broker"), out
+
+
+def test_the_redis_broker_s_ready_and_delayed_messages_are_read_and_bound() -> None:
+    broker = configured_broker()
+    bad = Message(queue_name=COMPAT_QUEUE, actor_name="compat_job", args=(), kwargs={"invoice_id": "7"}, options={})
+    gone = Message(queue_name=COMPAT_QUEUE, actor_name="a_job_since_removed", args=(), kwargs={}, options={})
+    fine = Message(queue_name=COMPAT_QUEUE, actor_name="compat_job", args=(), kwargs={"invoice_id": 7}, options={})
+    newer = Message(queue_name=COMPAT_QUEUE, actor_name="compat_job", args=(), kwargs={"invoice_id": 7},
+                    options={"composition": {"job_version": 3}})
+    for message, delay_ms in [(bad, None), (bad, None), (bad, 60_000), (gone, 60_000), (fine, None), (fine, 60_000),
+                              (newer, None)]:
+        broker.enqueue(message.copy(message_id=uuid.uuid4().hex), delay=delay_ms)
+    report = broker_problems(broker, sent_since=timezone.now())
+    assert report.messages_read == 7 and report.queue_counts is None
+    found = {(p.source, p.actor, p.count): p.reason for p in report.problems}
+    assert set(found) == {("broker", "compat_job", 3), ("broker", "a_job_since_removed", 1),
+                          ("broker", "compat_job", 1)}
+    assert "argument 'invoice_id' must be int, got str" in found[("broker", "compat_job", 3)]
+    assert found[("broker", "a_job_since_removed", 1)] == GONE
+    assert "published at version 3, newer than this code's 1" in found[("broker", "compat_job", 1)]
+    code, out = _check()
+    assert code == 1 and "broker: 3 of compat_job (e.g. id " in out and "read 7 messages on the broker" in out
+
+
+def test_a_task_row_is_bound_to_its_task_path_and_arguments() -> None:
+    from composition.tasks.options import actor_name
+
+    actor = actor_name("default", jobs_tasks.QUEUE)
+    good = {"task": "tests.jobsapp.tasks.add_effect", "args": ["k"], "kwargs": {}}
+    _pending(actor, good)
+    missing = _pending(actor, {"task": "tests.jobsapp.tasks.no_such_task", "args": [], "kwargs": {}}, count=2)
+    problems = queued_problems(configured_broker())
+    assert [(p.actor, p.count, p.example_id) for p in problems] == [(actor, 2, missing[0])], problems
+    assert "tests.jobsapp.tasks.no_such_task" in problems[0].reason
+
+
+Key = tuple[str, str, str]
+
+
+def _matched(reported: list[dict[str, object]], expected: dict[Key, int]) -> dict[Key, int]:
+    """``reported`` keyed as ``expected`` is: by the expected reason its reason contains."""
+    found: dict[Key, int] = {}
+    for problem in reported:
+        keys = [key for key in expected
+                if key[:2] == (problem["source"], problem["actor"]) and key[2] in str(problem["reason"])]
+        key = keys[0] if len(keys) == 1 else (str(problem["source"]), str(problem["actor"]), str(problem["reason"]))
+        found[key] = int(problem["count"])  # type: ignore[call-overload]
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_ten_code_changes_in_turn_report_every_breaking_one_with_its_counts_and_no_safe_one() -> None:
+    written = queue_compat_work(PER_SOURCE)
+    try:
+        for code in COMPAT_CODES[1:]:
+            done = subprocess.run([sys.executable, str(ROOT / "manage.py"), "jobs", "check-compat", "--json"],
+                                  cwd=ROOT, capture_output=True, text=True, timeout=120,
+                                  env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings", COMPAT_CODE=code))
+            report = json.loads(done.stdout)
+            expected = expected_problems(code, written)
+            assert _matched(report["problems"], expected) == expected, (code, report["problems"])
+            assert done.returncode == (1 if code in BREAKING else 0), (code, done.stderr)
+            assert report["broker_messages_read"] == PER_SOURCE, code
+    finally:
+        clear_compat_work()
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.empty_queues(COMPAT_QUEUE, rabbitmq=True)
+def test_on_rabbitmq_the_rows_sent_within_the_retry_horizon_stand_for_the_broker_and_each_queue_is_counted() -> None:
+    from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
+    waiting = RabbitmqBroker(url=RABBITMQ_URL, middleware=[])
+    waiting.declare_queue(COMPAT_QUEUE)
+    for invoice_id in range(3):  # no consumer runs: they wait on the queue
+        waiting.enqueue(Message(queue_name=COMPAT_QUEUE, actor_name="compat_job", args=(),
+                                kwargs={"invoice_id": invoice_id}, options={}))
+    waiting.close()
+    pending = _pending("compat_job", {"invoice_id": 1}, count=2)
+    sent = _pending("compat_job", {"invoice_id": 2}, count=3)
+    long_ago = _pending("compat_job", {"invoice_id": 3})
+    OutboxMessage.objects.filter(pk__in=sent).update(status=OutboxMessage.Status.SENT, sent_at=timezone.now())
+    OutboxMessage.objects.filter(pk__in=long_ago).update(status=OutboxMessage.Status.SENT,
+                                                         sent_at=timezone.now() - timedelta(days=30))
+    done = subprocess.run([sys.executable, str(ROOT / "manage.py"), "jobs", "check-compat", "--json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings", COMPAT_CODE="add_required",
+                                             BROKER_URL=RABBITMQ_URL))
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    found = {(p["source"], p["actor"], p["count"], p["example_id"]) for p in report["problems"]}
+    assert found == {("outbox", "compat_job", 2, pending[0]), ("outbox, sent (may have run)", "compat_job", 3, sent[0])}
+    assert all("missing a required argument 'currency'" in p["reason"] for p in report["problems"])
+    assert report["queue_counts"][COMPAT_QUEUE] == 3 and report["broker_messages_read"] == 0
+    # The text says what it could not read.
+    text = subprocess.run([sys.executable, str(ROOT / "manage.py"), "jobs", "check-compat"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings", BROKER_URL=RABBITMQ_URL))
+    assert "RabbitMQ cannot be read without side effects" in text.stdout and f"{COMPAT_QUEUE} 3" in text.stdout

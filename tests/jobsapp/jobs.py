@@ -403,3 +403,7 @@ def bulk_step(key: str, hold_s: float) -> None:
         client.rpush(PRIORITY_STARTS_KEY, f"bulk {key} {time.time()}")
     time.sleep(hold_s)
     Effect.objects.create(key=key)
+
+
+# Jobs as deploys change them (chosen per process by environment variables).
+from tests.jobsapp import deploys  # noqa: E402, F401

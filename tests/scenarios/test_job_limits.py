@@ -10,7 +10,6 @@ issue. Throughput against unlimited threads is measured in bench/bench_limits.py
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import uuid
@@ -25,12 +24,12 @@ from composition.limits import limit_store
 from composition.outbox import publish
 from composition.outbox.relay import RELAY_QUEUE_NAME
 from composition.testing import WorkerProcess, wait_until
+from tests.helpers import RABBITMQ_URL
 from tests.jobsapp import jobs
 from tests.jobsapp.models import Effect
 
 pytestmark = [pytest.mark.slow, pytest.mark.empty_queues(jobs.LIMIT_QUEUE, RELAY_QUEUE_NAME)]
 
-RABBITMQ_URL = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 SLOT_TTL_S = 3.0
 HOST_ENV = {"COMPOSITION_TEST_OVERRIDES": json.dumps({"LIMIT_SLOT_TTL_S": SLOT_TTL_S})}
 

@@ -8,7 +8,6 @@ connection and have RabbitMQ redeliver it). The gate pauses 3 times on Redis; ``
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections import Counter
@@ -26,12 +25,12 @@ from composition.outbox.models import message_id_for
 from composition.outbox.relay import RELAY_QUEUE_NAME
 from composition.pauses import Pause
 from composition.testing import WorkerProcess, wait_until
+from tests.helpers import RABBITMQ_URL
 from tests.jobsapp import jobs
 from tests.jobsapp.models import Effect
 
 pytestmark = [pytest.mark.slow, pytest.mark.empty_queues(jobs.PAUSE_QUEUE, RELAY_QUEUE_NAME)]
 
-RABBITMQ_URL = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 # A job's start later than this after `queues pause` returned breaks the promise.
 PAUSE_TAKES_S = 1.0
 

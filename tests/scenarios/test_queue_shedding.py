@@ -8,7 +8,6 @@ controllers made them, and every job published meanwhile runs once."""
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import uuid
@@ -24,14 +23,13 @@ from composition.outbox import publish
 from composition.outbox.relay import RELAY_QUEUE_NAME
 from composition.pauses import Pause
 from composition.testing import WorkerProcess, wait_until
-from tests.helpers import open_invoice
+from tests.helpers import RABBITMQ_URL, open_invoice
 from tests.jobsapp import jobs
 from tests.jobsapp.models import Effect
 
 pytestmark = [pytest.mark.slow, pytest.mark.empty_queues(jobs.SHED_ESSENTIAL_QUEUE, jobs.SHED_OPTIONAL_QUEUE,
                                                          "reminders", RELAY_QUEUE_NAME)]
 
-RABBITMQ_URL = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 SHED = [jobs.SHED_OPTIONAL_QUEUE, "reminders"]
 SHEDDING = {"SHED_QUEUES": SHED, "SHED_ESSENTIAL_QUEUES": [jobs.SHED_ESSENTIAL_QUEUE], "SHED_INTERVAL_S": 0.25,
             "SHED_RESUME_BELOW": 0.5, "SHED_RESUME_AFTER_S": 3.0}

@@ -1,13 +1,14 @@
 """``QuietPutBacks``: Dramatiq's worker warns "Message ... was skipped." for every skipped
-message; one that went back to wait (its queue paused, its job at a limit) is not a problem, and
-a warning per put-back buried the real ones. This filter drops exactly those records."""
+message; one that went back to wait (its queue paused, its job at a limit, its code not yet
+deployed) is not a problem, and a warning per put-back buried the real ones. This filter drops
+exactly those records."""
 
 from __future__ import annotations
 
 import logging
 
 from composition.broker.pausing import handed_back
-from composition.jobs.middleware.limited_starts import put_back
+from composition.jobs.middleware.put_backs import put_back
 
 __all__ = ["DRAMATIQ_WORKER_LOGGER", "QuietPutBacks", "quiet_put_backs"]
 

@@ -4,34 +4,61 @@ cannot run (``composition.jobs.compatibility``); exit 1 when any, so a pipeline 
 from __future__ import annotations
 
 import json
+import time
+from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
+from django.utils import timezone
 
 from composition.broker.configured import configured_broker
-from composition.jobs.compatibility import queued_problems
+from composition.jobs.compatibility import broker_problems, queued_problems
 from composition.management.database_errors import database_must_answer
+from composition.retention import longest_redelivery_window
 
 
 class Command(BaseCommand):
-    help = ("check-compat: bind every pending outbox row and open dead letter to the running code's jobs and "
-            "arguments, grouped by shape; report per job and problem how many would fail, with one example id. "
-            "Exit 1 when any would, 0 otherwise.")
+    help = ("check-compat: bind every message that could still run (pending outbox rows, open dead letters, and the "
+            "broker's messages: on Redis each ready and delayed one, on RabbitMQ the outbox rows sent within the "
+            "retry horizon) to the running code's jobs and arguments, grouped by shape; report per job and problem "
+            "how many would fail, with one example id. Exit 1 when any would, 0 otherwise.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("action", choices=["check-compat"])
         parser.add_argument("--json", action="store_true", help="machine-readable output")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        started = time.monotonic()
+        broker = configured_broker()
+        longest = longest_redelivery_window()
+        horizon_s = longest[1] if longest is not None else 0.0
         with database_must_answer():
-            problems = queued_problems(configured_broker())
+            problems = queued_problems(broker)
+            report = broker_problems(broker, sent_since=timezone.now() - timedelta(seconds=horizon_s))
+        problems += report.problems
+        problems.sort(key=lambda problem: (-problem.count, problem.source, problem.actor, problem.reason))
+        took_s = time.monotonic() - started
         if options["json"]:
-            self.stdout.write(json.dumps({"problems": [problem.__dict__ for problem in problems]}, indent=2))
-        elif not problems:
-            self.stdout.write("every pending outbox row and open dead letter fits the running code")
+            self.stdout.write(json.dumps({"problems": [problem.__dict__ for problem in problems],
+                                          "broker_messages_read": report.messages_read,
+                                          "queue_counts": report.queue_counts, "seconds": round(took_s, 3)},
+                                         indent=2))
         else:
-            for problem in problems:
-                self.stdout.write(f"{problem.source}: {problem.count} of {problem.actor} "
-                                  f"(e.g. id {problem.example_id}): {problem.reason}")
+            self._write_text(problems, report.messages_read, report.queue_counts, horizon_s, took_s)
         if problems:
             raise SystemExit(1)
+
+    def _write_text(self, problems: list[Any], read: int, queue_counts: dict[str, int] | None, horizon_s: float,
+                    took_s: float) -> None:
+        if not problems:
+            self.stdout.write("every queued message fits the running code")
+        for problem in problems:
+            self.stdout.write(f"{problem.source}: {problem.count} of {problem.actor} "
+                              f"(e.g. id {problem.example_id}): {problem.reason}")
+        if queue_counts is None:
+            self.stdout.write(f"read {read} messages on the broker (ready and delayed) in {took_s:.2f} s")
+            return
+        waiting = ", ".join(f"{name} {count}" for name, count in queue_counts.items()) or "none declared"
+        self.stdout.write(f"RabbitMQ cannot be read without side effects: the outbox rows sent in the last "
+                          f"{horizon_s:.0f} s stood for its messages. Messages per queue: {waiting}. "
+                          f"Checked in {took_s:.2f} s")
