@@ -82,8 +82,9 @@ class StandInActor:
         refuse(self.broker, message, error)
 
 
-def accept_unknown_jobs(broker: Broker) -> None:
-    """Have ``broker`` answer unknown job names with a ``StandInActor`` (see module doc); a
-    broker that cannot (not a ``StandIns``) keeps rejecting them (``UnknownActors``)."""
+def accept_unknown_jobs(broker: Broker, accept: bool = True) -> None:
+    """Have ``broker`` answer unknown job names with a ``StandInActor`` (see module doc), or with
+    ``accept=False`` no longer; a broker that cannot (not a ``StandIns``) keeps rejecting them
+    (``UnknownActors``)."""
     if isinstance(broker, StandIns):
-        broker.stand_in = StandInActor
+        broker.stand_in = StandInActor if accept else None

@@ -90,4 +90,5 @@ class WorkerComponent:
             drain_worker(self.worker, deadline)
         finally:
             self.keepalive.stop()
+            accept_unknown_jobs(self.broker, False)
             self._drained.set()

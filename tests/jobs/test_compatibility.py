@@ -201,3 +201,19 @@ def test_on_rabbitmq_the_rows_sent_within_the_retry_horizon_stand_for_the_broker
                           capture_output=True, text=True, timeout=120,
                           env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings", BROKER_URL=RABBITMQ_URL))
     assert "RabbitMQ cannot be read without side effects" in text.stdout and f"{COMPAT_QUEUE} 3" in text.stdout
+
+
+def test_a_schedule_whose_payload_the_code_refuses_is_reported_with_its_name() -> None:
+    from datetime import timedelta as every
+
+    from composition.schedules import schedule
+    from composition.schedules.declaration import forget
+
+    name = f"compat-{uuid.uuid4().hex[:8]}"
+    schedule(jobs.typed, every=every(hours=1), payload={"invoice_id": "not an int"}, name=name)
+    try:
+        code, out = _check()
+    finally:
+        forget(name)
+    assert code == 1
+    assert f"schedules: 1 of typed (e.g. id {name}): the payload does not fit typed" in out, out

@@ -152,7 +152,7 @@ def test_a_worker_s_broker_answers_unknown_names_with_a_stand_in_and_publish_sti
         with pytest.raises(IncompatibleMessageError, match="no job named 'no_such_job_here' here"):
             stand_in(invoice=1)  # outside a worker: no message to put back
     finally:
-        broker.stand_in = None  # type: ignore[attr-defined]
+        accept_unknown_jobs(broker, False)
 
 
 # -- the deploy window ------------------------------------------------------------------------------

@@ -12,16 +12,30 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.utils import timezone
 
 from composition.broker.configured import configured_broker
-from composition.jobs.compatibility import broker_problems, queued_problems
+from composition.jobs.compatibility import Problem, broker_problems, queued_problems
 from composition.management.database_errors import database_must_answer
 from composition.retention import longest_redelivery_window
+from composition.schedules import declared
+from composition.schedules.problems import problems
+
+
+def _schedule_problems() -> list[Problem]:
+    """Each declared schedule the new code cannot fire (its job gone, a payload that no longer fits
+    it): what its next tick would publish."""
+    return [Problem("schedules", entry.actor_name, problem, 1, name)
+            for name, entry in sorted(declared().items()) for problem in problems(entry)]
 
 
 class Command(BaseCommand):
-    help = ("check-compat: bind every message that could still run (pending outbox rows, open dead letters, and the "
+    help = ("check-compat: bind every message that could still run (pending outbox rows, open dead letters, the "
             "broker's messages: on Redis each ready and delayed one, on RabbitMQ the outbox rows sent within the "
-            "retry horizon) to the running code's jobs and arguments, grouped by shape; report per job and problem "
-            "how many would fail, with one example id. Exit 1 when any would, 0 otherwise.")
+            "retry horizon; and each schedule's next tick) to the running code's jobs and arguments, grouped by "
+            "shape; report per job and problem how many would fail, with one example id. Exit 1 when any would, "
+            "0 otherwise.")
+
+    # Its own report, not the system checks': a schedule the new code cannot fire is one of its
+    # findings (composition.E121 would stop the command before it read anything).
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("action", choices=["check-compat"])
@@ -35,7 +49,7 @@ class Command(BaseCommand):
         with database_must_answer():
             problems = queued_problems(broker)
             report = broker_problems(broker, sent_since=timezone.now() - timedelta(seconds=horizon_s))
-        problems += report.problems
+        problems += report.problems + _schedule_problems()
         problems.sort(key=lambda problem: (-problem.count, problem.source, problem.actor, problem.reason))
         took_s = time.monotonic() - started
         if options["json"]:
