@@ -24,7 +24,7 @@ from composition.broker.configured import configured_broker
 from composition.jobs.compatibility import GONE, broker_problems, queued_problems
 from composition.jobs.models import DeadLetter
 from composition.outbox.models import OutboxMessage
-from composition.testing import subprocess_env
+from composition.testing import free_port, subprocess_env
 from tests.helpers import RABBITMQ_URL, ROOT
 from tests.jobsapp import jobs
 from tests.jobsapp import tasks as jobs_tasks
@@ -217,3 +217,13 @@ def test_a_schedule_whose_payload_the_code_refuses_is_reported_with_its_name() -
         forget(name)
     assert code == 1
     assert f"schedules: 1 of typed (e.g. id {name}): the payload does not fit typed" in out, out
+
+
+@pytest.mark.slow
+def test_a_broker_that_does_not_answer_is_an_error_not_a_clean_report() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "manage.py"), "jobs", "check-compat"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings",
+                                             BROKER_URL=f"redis://127.0.0.1:{free_port()}/0"))
+    assert done.returncode == 1 and "every queued message fits" not in done.stdout
+    assert "could not read the broker" in done.stderr and "nothing was checked there" in done.stderr, done.stderr

@@ -8,10 +8,11 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from composition.broker.configured import configured_broker
+from composition.errors import BROKER_FAILURES, described
 from composition.jobs.compatibility import Problem, broker_problems, queued_problems
 from composition.management.database_errors import database_must_answer
 from composition.retention import longest_redelivery_window
@@ -48,7 +49,12 @@ class Command(BaseCommand):
         horizon_s = longest[1] if longest is not None else 0.0
         with database_must_answer():
             problems = queued_problems(broker)
-            report = broker_problems(broker, sent_since=timezone.now() - timedelta(seconds=horizon_s))
+            try:
+                report = broker_problems(broker, sent_since=timezone.now() - timedelta(seconds=horizon_s))
+            except BROKER_FAILURES as exc:
+                # Not "nothing found": a pipeline must not deploy on a check that did not run.
+                raise CommandError(f"could not read the broker ({described(exc)}); nothing was checked "
+                                   "there. Run this again once it answers.") from exc
         problems += report.problems + _schedule_problems()
         problems.sort(key=lambda problem: (-problem.count, problem.source, problem.actor, problem.reason))
         took_s = time.monotonic() - started
