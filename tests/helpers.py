@@ -15,9 +15,9 @@ if TYPE_CHECKING:
     from billing.models import Invoice
 
 ROOT = Path(__file__).resolve().parents[1]
-# The RabbitMQ the rabbitmq-marked tests use.
-RABBITMQ_URL = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 """The checkout: where ``manage.py``, the README and ``docs/`` are."""
+RABBITMQ_URL = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+"""The RabbitMQ the rabbitmq-marked tests use."""
 
 
 def unique(prefix: str = "t") -> str:

@@ -14,8 +14,9 @@ system needs.
 - The Redis broker (``broker_problems``): every queue's ready and delayed messages, read with
   ``HSCAN`` in batches and grouped here.
 - RabbitMQ cannot be read without side effects, and what running workers prefetched (every
-  delayed retry) is invisible: there, the outbox rows sent within the retry horizon stand for the
-  broker (a superset: "may have run"), and each queue's message count is reported.
+  delayed retry) is invisible: there, the outbox rows sent (or, delayed, due) within the retry
+  horizon stand for the broker ("may have run": most did), and each queue's message count is
+  reported. Messages sent straight through Dramatiq have no row, and are not seen.
 """
 
 from __future__ import annotations
@@ -46,10 +47,14 @@ PAYLOAD_CHECK_OPTION = "payload_check"
 # Messages read from Redis per HSCAN call.
 SCAN_BATCH = 1000
 
-# A JSON object's keys and each value's JSON type, as one jsonb value: equal shapes group.
-_OBJECT_SHAPE = ("(SELECT coalesce(jsonb_object_agg(key, jsonb_typeof({column} -> key)), '{{}}'::jsonb) "
-                 "FROM jsonb_object_keys({column}) AS key)")
-_ARRAY_SHAPE = ("(SELECT coalesce(jsonb_agg(jsonb_typeof(value) ORDER BY position), '[]'::jsonb) "
+# A JSON value's type as the payload checks tell them: JSON's own, with a whole number apart from
+# a fraction (an int argument refuses 10.5), as ``_json_type`` says it in Python.
+_TYPE = ("CASE WHEN jsonb_typeof({value}) = 'number' AND ({value})::text ~ '^-?[0-9]+$' THEN 'integer' "
+         "ELSE jsonb_typeof({value}) END")
+# A JSON object's keys and each value's type, as one jsonb value: equal shapes group.
+_OBJECT_SHAPE = ("(SELECT coalesce(jsonb_object_agg(key, " + _TYPE.format(value="{column} -> key")
+                 + "), '{{}}'::jsonb) FROM jsonb_object_keys({column}) AS key)")
+_ARRAY_SHAPE = ("(SELECT coalesce(jsonb_agg(" + _TYPE.format(value="value") + " ORDER BY position), '[]'::jsonb) "
                 "FROM jsonb_array_elements({column}) WITH ORDINALITY AS element(value, position))")
 
 
@@ -132,10 +137,11 @@ def queued_problems(broker: Broker, *, alias: str = DEFAULT_DB_ALIAS) -> list[Pr
 
 
 def sent_problems(broker: Broker, since: datetime, *, alias: str = DEFAULT_DB_ALIAS) -> list[Problem]:
-    """The outbox rows sent since ``since`` that the running code cannot run: on RabbitMQ, what may
-    still wait on the broker (or may have run)."""
+    """The outbox rows sent since ``since``, or due since (a delayed one), that the running code
+    cannot run: on RabbitMQ, what may still wait on the broker (or may have run)."""
     groups = _grouped(alias, OutboxMessage._meta.db_table, "actor_name", "'[]'::jsonb", "payload",
-                      "status = %s AND sent_at >= %s", [OutboxMessage.Status.SENT, since])
+                      "status = %s AND sent_at + make_interval(secs => coalesce(delay_s, 0)) >= %s",
+                      [OutboxMessage.Status.SENT, since])
     return _bound(broker, "outbox, sent (may have run)", groups,
                   _examples(alias, OutboxMessage, groups, "actor_name", None))
 
@@ -198,6 +204,7 @@ def broker_problems(broker: Broker, *, sent_since: datetime, alias: str = DEFAUL
 
 
 def _json_type(value: Any) -> str:
+    """What ``_TYPE`` says in SQL."""
     if isinstance(value, dict):
         return "object"
     if isinstance(value, list):
@@ -206,6 +213,8 @@ def _json_type(value: Any) -> str:
         return "string"
     if isinstance(value, bool):
         return "boolean"
+    if isinstance(value, int):
+        return "integer"
     return "null" if value is None else "number"
 
 

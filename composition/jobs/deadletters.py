@@ -134,7 +134,7 @@ def record_dead_letter(message: MessageProxy, exception: BaseException | Failure
     now = timezone.now()
     headers = message.options.get("composition")
     if not isinstance(headers, dict) and VERSION_HEADER in message.options:
-        headers = {VERSION_HEADER: message.options[VERSION_HEADER]}  # a direct send's (VersionStamps)
+        headers = {VERSION_HEADER: message.options[VERSION_HEADER]}  # a direct send's (VersionedActor)
     fields = {
         "actor": message.actor_name,
         "queue": message.queue_name,

@@ -26,11 +26,11 @@ from composition.broker.configured import configured_broker
 from composition.broker.time_limits import INTERRUPTS, disarm_time_limit
 from composition.errors import IncompatibleMessageError, PermanentError
 from composition.jobs.current import current_message
-from composition.jobs.deploy_window import refuse
+from composition.jobs.deploy_window import INCOMPATIBLE_SINCE_OPTION, refuse
 from composition.jobs.inbox import ledger_key, record_processed
 from composition.jobs.policy import JobPolicy
 from composition.jobs.schema import PayloadSchema
-from composition.jobs.versions import JobVersions, Upgrade, message_version
+from composition.jobs.versions import JobVersions, Upgrade, VersionedActor, message_version
 from composition.limits.declared import JobLimits
 
 __all__ = ["job", "run_idempotently"]
@@ -110,16 +110,22 @@ def job(*, queue: str = "default", max_attempts: int = 5, initial_delay_s: float
         schema = PayloadSchema.of(fn, name)
         broker = configured_broker()
 
+        declared: list[Actor[Any, R]] = []  # this job's actor, once declared
+
         @functools.wraps(fn)
         def run(*args: Any, **kwargs: Any) -> R | None:
             message = current_message()
-            if message is None:
+            if message is None or broker.actors.get(message.actor_name) is not declared[0]:
+                # Called as a function (outside a worker, or from another job's body): the
+                # message being run, if any, is not this job's.
                 schema.validate(args, kwargs)
                 return _body(fn, args, kwargs)
             try:
                 args, kwargs = versions.fit(schema, args, kwargs, message_version(message.options))  # type: ignore[assignment]
             except IncompatibleMessageError as exc:
                 refuse(broker, message, exc)
+            # It fits: a deploy window a refusal started is over (a retry must not carry it on).
+            message.options.pop(INCOMPATIBLE_SINCE_OPTION, None)
             if not policy.idempotent:
                 return _body(fn, args, kwargs)
             return run_idempotently(name, message, fn, args, kwargs)
@@ -140,10 +146,12 @@ def job(*, queue: str = "default", max_attempts: int = 5, initial_delay_s: float
             job_policy=policy,
             payload_schema=schema,  # publish() checks payloads with it (PAYLOAD_SCHEMA_OPTION)
             job_limits=limits,  # LimitedStarts reads it (None: no limit, nothing to do)
-            job_versions=versions,  # publish() and VersionStamps stamp messages with it
+            job_versions=versions,  # publish() and VersionedActor stamp messages with it
+            actor_class=VersionedActor,
         )
         # The wrapper returns None for a skipped redelivery, hence the cast back to the job's type.
         actor = cast("Actor[Any, R]", declare(cast("Callable[..., Any]", run)))
+        declared.append(actor)
         for old_name, old_queue in old_names.items():
             broker.actors[old_name] = actor
             if old_queue != queue:

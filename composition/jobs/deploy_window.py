@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 import structlog
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.common import current_millis
+from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import SkipMessage
 
 from composition.broker.stand_ins import StandIns
@@ -72,6 +73,11 @@ class StandInActor:
         self.queue_name: str | None = None
         # Read by the retry middleware: what it raises is never retried.
         self.options: dict[str, Any] = {"throws": (PermanentError,), "max_retries": 0}
+
+    def send(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise ActorNotFound(self.actor_name)  # Dramatiq's callbacks send to a named actor
+
+    send_with_options = send
 
     def __call__(self, *args: Any, **kwargs: Any) -> NoReturn:
         error = IncompatibleMessageError(f"no job named {self.actor_name!r} here (removed, renamed without "

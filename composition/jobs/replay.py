@@ -29,7 +29,7 @@ from composition.errors import (
 from composition.jobs.inbox import IDEMPOTENCY_KEY_HEADER
 from composition.jobs.models import DeadLetter
 from composition.outbox.errors import UnknownActorError
-from composition.outbox.publish import VERSION_HEADER, publish_with_headers
+from composition.outbox.publish import VERSION_HEADER, VERSIONS_OPTION, publish_with_headers
 
 __all__ = [
     "DISCARD_PERMISSION",
@@ -89,14 +89,20 @@ def _require(user: Any, permission: str) -> None:
 
 def replay_payload(dead_letter: DeadLetter) -> dict[str, Any]:
     """The keyword payload to publish again; positional args (a plain ``actor.send(x)``) are
-    named from the job's current signature. Raises PayloadValidationError when they cannot be,
-    UnknownActorError when no such actor is declared any more (a deploy removed it)."""
+    named from the job's current signature. Raises PayloadValidationError when they cannot be
+    (an older version's: the current signature may order them otherwise), UnknownActorError when
+    no such actor is declared any more (a deploy removed it)."""
     payload = dict(dead_letter.payload or {})
     if not dead_letter.args:
         return payload
     declared = configured_broker().actors.get(dead_letter.actor)
     if declared is None:
         raise UnknownActorError(dead_letter.actor)
+    versions = declared.options.get(VERSIONS_OPTION)
+    published_at = replay_headers(dead_letter)[VERSION_HEADER]
+    if versions is not None and published_at != versions.version:
+        raise PayloadValidationError(f"positional arguments of {dead_letter.actor} version {published_at!r} "
+                                     f"cannot be named by version {versions.version}'s signature")
     fn = declared.fn
     try:
         bound = inspect.signature(fn).bind_partial(*dead_letter.args)

@@ -1,24 +1,30 @@
 """Job versions: ``@job(version=2, upgrade={1: fn})`` changes a job's arguments while messages of
 the old shape are upgraded before the call.
 
-A message carries the version of the code that published it (the ``job_version`` header; none
-means 1). ``upgrade[n]`` takes the keyword arguments of a version-``n`` message and returns those
-of version ``n + 1``; a message of an older version runs every step up to the job's own. What
-cannot be fitted (a newer version, a step missing, arguments that still do not fit) raises
+A message carries the version of the code that published it: the ``job_version`` header, set by
+``publish()``, or for a direct ``send()`` the option of that name, set by ``VersionedActor`` once,
+when the message is made (a retry or a move off a delay queue keeps it); none means 1.
+``upgrade[n]`` takes the keyword arguments of a version-``n`` message and returns those of version
+``n + 1``; a message of an older version runs every step up to the job's own. What cannot be
+fitted (a newer version, a step missing, arguments that still do not fit) raises
 ``IncompatibleMessageError``; the worker and ``jobs check-compat`` ask the same ``fit``.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dramatiq import Actor
+from dramatiq.message import Message
+
 from composition.errors import IncompatibleMessageError, PayloadValidationError
 from composition.jobs.schema import PayloadSchema
-from composition.outbox.publish import VERSION_HEADER
+from composition.outbox.publish import VERSION_HEADER, VERSIONS_OPTION
 
-__all__ = ["JobVersions", "Upgrade", "message_version"]
+__all__ = ["JobVersions", "Upgrade", "VersionedActor", "message_version"]
 
 
 Upgrade = Callable[[dict[str, Any]], dict[str, Any]]
@@ -26,7 +32,7 @@ Upgrade = Callable[[dict[str, Any]], dict[str, Any]]
 
 def message_version(options: Mapping[str, Any]) -> Any:
     """The version a message says it was published at: its composition headers' (an outbox
-    message), else its options' (a direct ``send()``, stamped by ``VersionStamps``), else 1.
+    message), else its options' (a direct ``send()``, stamped by ``VersionedActor``), else 1.
     Not checked: ``JobVersions.fit`` refuses one that is not a positive integer."""
     headers = options.get("composition")
     if isinstance(headers, dict) and VERSION_HEADER in headers:
@@ -78,7 +84,9 @@ class JobVersions:
         if args:
             raise IncompatibleMessageError(f"published at version {version} with positional arguments, "
                                            "which upgrades cannot name")
-        upgraded = dict(kwargs)
+        # A copy all the way down: an upgrade may change nested values in place, and the message's
+        # own arguments must stay as published (its put-back copies and dead letter carry them).
+        upgraded = copy.deepcopy(dict(kwargs))
         for step in range(version, self.version):
             upgrade = self.upgrades.get(step)
             if upgrade is None:
@@ -89,3 +97,15 @@ class JobVersions:
                 raise IncompatibleMessageError(f"upgrade[{step}] returned {type(upgraded).__name__}, not a dict "
                                                "of keyword arguments")
         return upgraded
+
+
+class VersionedActor(Actor[Any, Any]):
+    """The actor ``@job`` declares: a message it makes for a direct send (``send()``,
+    ``send_with_options()``, ``message()``) carries its version when above 1."""
+
+    def message_with_options(self, *, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
+                             **options: Any) -> Message[Any]:
+        versions = self.options.get(VERSIONS_OPTION)
+        if versions is not None and versions.version > 1:
+            options.setdefault(VERSION_HEADER, versions.version)
+        return super().message_with_options(args=args, kwargs=kwargs, **options)

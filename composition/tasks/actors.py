@@ -9,7 +9,9 @@ is sent once the run's transaction has ended, so a listener's queries are never 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import inspect
 import os
 import socket
 import threading
@@ -19,12 +21,14 @@ from functools import partial
 from typing import Any
 
 import structlog
+from asgiref.sync import async_to_sync
 from django.db import transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 from dramatiq import Actor
 from dramatiq.broker import MessageProxy
 from dramatiq.middleware import Shutdown
+from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from composition.broker.configured import configured_broker
 from composition.broker.time_limits import INTERRUPTS, disarm_time_limit
@@ -123,10 +127,8 @@ def _run(alias: str, queue: str, policy: QueuePolicy, path: str, args: list[Any]
     result = _running_result(task, alias, message, args, kwargs)
     task_started.send(sender=type(task.get_backend()), task_result=result)
     try:
-        if task.takes_context:
-            task.call(TaskContext(task_result=result), *args, **kwargs)
-        else:
-            task.call(*args, **kwargs)
+        _call(task, [TaskContext(task_result=result), *args] if task.takes_context else args, kwargs,
+              timeout_s=policy.job.timeout_s)
     except BaseException as exc:
         if message is None or _is_final(exc, message, policy):
             result.errors.append(_task_error(exc))
@@ -150,6 +152,29 @@ def _run(alias: str, queue: str, policy: QueuePolicy, path: str, args: list[Any]
                     _ledger(message).update(**run)
     # After COMMIT of an atomic run (at once otherwise): only then has the task succeeded.
     transaction.on_commit(partial(_finished, result, TaskResultStatus.SUCCESSFUL), robust=True)
+
+
+def _call(task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any], *, timeout_s: float) -> Any:
+    """The task's function called. A coroutine function runs to its end in an event loop of its
+    own (``async_to_sync``, as Django's ``Task.call`` runs it), where the ORM's async calls run
+    back on this worker thread, its connection and its transaction (the ledger's, for an atomic
+    run); and within ``timeout_s``: the job's time limit cannot interrupt a thread that waits for
+    a coroutine, so the coroutine is cancelled at that limit itself (``TimeLimitExceeded``,
+    retried as an overrun is)."""
+    if not inspect.iscoroutinefunction(task.func):
+        return task.func(*args, **kwargs)
+
+    async def bounded() -> Any:
+        # Not wait_for: a TimeoutError of the task's own must stay its own.
+        running = asyncio.ensure_future(task.func(*args, **kwargs))
+        done, _ = await asyncio.wait({running}, timeout=timeout_s)
+        if not done:
+            running.cancel()
+            await asyncio.wait({running})
+            raise TimeLimitExceeded(f"the task ran over its time limit of {timeout_s:g} s")
+        return running.result()
+
+    return async_to_sync(bounded)()
 
 
 def _ledger(message: MessageProxy) -> Any:

@@ -43,12 +43,13 @@ class OutboxBackend(BaseTaskBackend):
     ``QUEUES`` (default ``["default"]``) are Dramatiq queues of the same names; ``OPTIONS`` set the
     run policy, for every queue or per queue (``composition.tasks.options``). Building the backend
     only reads those settings (``@task`` builds it at import); a bad one raises
-    ``InvalidBackendOptions``. Deferred tasks (``run_after``) are supported; priorities and
-    coroutine tasks are not, and ``validate_task`` refuses them.
+    ``InvalidBackendOptions``. Deferred tasks (``run_after``) and coroutine tasks (``async def``,
+    run in an event loop of their own by the worker) are supported; priorities are not, and
+    ``validate_task`` refuses them.
     """
 
     supports_defer = True
-    supports_async_task = False
+    supports_async_task = True
     supports_get_result = True
     supports_priority = False
 

@@ -183,9 +183,11 @@ def test_on_rabbitmq_the_rows_sent_within_the_retry_horizon_stand_for_the_broker
     pending = _pending("compat_job", {"invoice_id": 1}, count=2)
     sent = _pending("compat_job", {"invoice_id": 2}, count=3)
     long_ago = _pending("compat_job", {"invoice_id": 3})
+    due_later = _pending("compat_job", {"invoice_id": 4})  # sent long ago with a delay: still waiting
     OutboxMessage.objects.filter(pk__in=sent).update(status=OutboxMessage.Status.SENT, sent_at=timezone.now())
-    OutboxMessage.objects.filter(pk__in=long_ago).update(status=OutboxMessage.Status.SENT,
-                                                         sent_at=timezone.now() - timedelta(days=30))
+    OutboxMessage.objects.filter(pk__in=long_ago + due_later).update(status=OutboxMessage.Status.SENT,
+                                                                     sent_at=timezone.now() - timedelta(days=30))
+    OutboxMessage.objects.filter(pk__in=due_later).update(delay_s=timedelta(days=40).total_seconds())
     done = subprocess.run([sys.executable, str(ROOT / "manage.py"), "jobs", "check-compat", "--json"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120,
                           env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings", COMPAT_CODE="add_required",
@@ -193,7 +195,7 @@ def test_on_rabbitmq_the_rows_sent_within_the_retry_horizon_stand_for_the_broker
     assert done.returncode == 1, done.stderr
     report = json.loads(done.stdout)
     found = {(p["source"], p["actor"], p["count"], p["example_id"]) for p in report["problems"]}
-    assert found == {("outbox", "compat_job", 2, pending[0]), ("outbox, sent (may have run)", "compat_job", 3, sent[0])}
+    assert found == {("outbox", "compat_job", 2, pending[0]), ("outbox, sent (may have run)", "compat_job", 4, sent[0])}
     assert all("missing a required argument 'currency'" in p["reason"] for p in report["problems"])
     assert report["queue_counts"][COMPAT_QUEUE] == 3 and report["broker_messages_read"] == 0
     # The text says what it could not read.
@@ -227,3 +229,11 @@ def test_a_broker_that_does_not_answer_is_an_error_not_a_clean_report() -> None:
                                              BROKER_URL=f"redis://127.0.0.1:{free_port()}/0"))
     assert done.returncode == 1 and "every queued message fits" not in done.stdout
     assert "could not read the broker" in done.stderr and "nothing was checked there" in done.stderr, done.stderr
+
+
+def test_a_whole_number_and_a_fraction_are_shapes_apart_as_an_int_argument_tells_them() -> None:
+    _pending("typed", {"invoice_id": 7})  # the lowest id: it would be the example of a shared shape
+    fractions = _pending("typed", {"invoice_id": 7.5}, count=2)
+    problems = queued_problems(configured_broker())
+    assert [(p.actor, p.count, p.example_id) for p in problems] == [("typed", 2, fractions[0])]
+    assert "argument 'invoice_id' must be int, got float" in problems[0].reason

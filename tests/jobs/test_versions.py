@@ -14,14 +14,15 @@ from django.test import override_settings
 from dramatiq.broker import MessageProxy
 from dramatiq.errors import ActorNotFound
 from dramatiq.message import Message
-from dramatiq.middleware import SkipMessage
+from dramatiq.middleware import CurrentMessage, SkipMessage
 
 from composition.broker.configured import configured_broker
-from composition.errors import IncompatibleMessageError
+from composition.errors import IncompatibleMessageError, PayloadValidationError
 from composition.jobs import job
 from composition.jobs.deploy_window import INCOMPATIBLE_SINCE_OPTION, StandInActor, accept_unknown_jobs, refuse
 from composition.jobs.middleware.put_backs import put_back
-from composition.jobs.middleware.version_stamps import VersionStamps
+from composition.jobs.models import DeadLetter
+from composition.jobs.replay import replay_payload
 from composition.jobs.schema import PayloadSchema
 from composition.jobs.versions import JobVersions, message_version
 from composition.outbox import publish
@@ -127,16 +128,67 @@ def test_publish_stamps_a_job_s_version_above_1_and_checks_an_older_one_through_
     empty_queues("jobs_check")
 
 
-def test_a_direct_send_to_a_versioned_job_carries_its_version_and_an_outbox_message_keeps_its_own() -> None:
-    name = _unique("sent")
-    job(queue="jobs_check", actor_name=name, version=3, upgrade={1: _rename, 2: _currency})(_invoice)
-    broker, stamps = configured_broker(), VersionStamps()
-    direct = Message(queue_name="jobs_check", actor_name=name, args=(), kwargs={}, options={})
-    stamps.before_enqueue(broker, direct, None)
-    assert direct.options["job_version"] == 3
-    relayed = Message(queue_name="jobs_check", actor_name=name, args=(), kwargs={}, options={"composition": {}})
-    stamps.before_enqueue(broker, relayed, None)
-    assert relayed.options == {"composition": {}}, "a relay must not stamp its own code's version"
+def test_a_direct_send_carries_its_job_s_version_once_and_a_re_enqueue_adds_none() -> None:
+    versioned = job(queue="jobs_check", actor_name=_unique("sent"), version=3,
+                    upgrade={1: _rename, 2: _currency})(_invoice)
+    plain = job(queue="jobs_check", actor_name=_unique("plain"))(_invoice)
+    assert versioned.message(invoice=1, currency="EUR").options == {"job_version": 3}
+    assert versioned.message_with_options(kwargs={}, job_version=1).options == {"job_version": 1}
+    assert plain.message(invoice=1, currency="EUR").options == {}
+    # What a retry or a move off a delay queue does with a version-1 message (an older deploy's
+    # send, before the job had versions): enqueued again, it must stay version 1.
+    broker = configured_broker()
+    empty_queues("jobs_check")
+    old = Message(queue_name="jobs_check", actor_name=versioned.actor_name, args=(), kwargs={"invoice_id": 1},
+                  options={})
+    broker.enqueue(old)
+    broker.enqueue(old, delay=60_000)
+    for body in [*broker.client.hvals(f"{broker.namespace}:jobs_check.msgs"),
+                 *broker.client.hvals(f"{broker.namespace}:jobs_check.DQ.msgs")]:
+        assert message_version(Message.decode(body).options) == 1
+    empty_queues("jobs_check")
+
+
+def _running(message: Message[Any]) -> Any:
+    """Run the next call as a worker thread runs ``message``, through Dramatiq's CurrentMessage."""
+    proxy = MessageProxy(message)
+    CurrentMessage().before_process_message(configured_broker(), proxy)
+    return proxy
+
+
+def test_a_job_called_as_a_function_from_another_job_s_body_fits_its_own_arguments_not_that_message() -> None:
+    called: list[dict[str, Any]] = []
+    inner = job(queue="jobs_check", actor_name=_unique("inner"), version=2, upgrade={1: _currency})(
+        lambda invoice, currency, note="": called.append({"invoice": invoice, "currency": currency}))
+    outer = Message(queue_name="jobs_check", actor_name="typed", args=(), kwargs={"invoice_id": 1}, options={})
+    _running(outer)
+    try:
+        inner(invoice=4, currency="USD")  # the outer message is version 1: no upgrade, no refusal
+    finally:
+        CurrentMessage().after_process_message(configured_broker(), MessageProxy(outer))
+    assert called == [{"invoice": 4, "currency": "USD"}]
+
+
+def test_a_message_that_fits_no_longer_carries_its_deploy_window_into_a_retry() -> None:
+    fits = job(queue="jobs_check", actor_name=_unique("fits"))(lambda invoice, currency, note="": None)
+    message = Message(queue_name="jobs_check", actor_name=fits.actor_name, args=(),
+                      kwargs={"invoice": 1, "currency": "EUR"}, options={INCOMPATIBLE_SINCE_OPTION: 1})
+    proxy = _running(message)
+    try:
+        fits(invoice=1, currency="EUR")
+    finally:
+        CurrentMessage().after_process_message(configured_broker(), proxy)
+    assert INCOMPATIBLE_SINCE_OPTION not in proxy.options
+
+
+def test_a_replay_does_not_name_an_older_version_s_positional_arguments_by_the_new_signature() -> None:
+    name = _unique("positional")
+    job(queue="jobs_check", actor_name=name, version=2, upgrade={1: _currency})(_invoice)
+    letter = DeadLetter(actor=name, args=[4], payload={}, headers={})
+    with pytest.raises(PayloadValidationError, match="version 1 cannot be named by version 2's signature"):
+        replay_payload(letter)
+    assert replay_payload(DeadLetter(actor=name, args=[4], payload={"currency": "EUR"},
+                                     headers={"job_version": 2})) == {"invoice": 4, "currency": "EUR"}
 
 
 def test_a_worker_s_broker_answers_unknown_names_with_a_stand_in_and_publish_still_refuses_them() -> None:
@@ -151,6 +203,8 @@ def test_a_worker_s_broker_answers_unknown_names_with_a_stand_in_and_publish_sti
             publish("no_such_job_here", {})
         with pytest.raises(IncompatibleMessageError, match="no job named 'no_such_job_here' here"):
             stand_in(invoice=1)  # outside a worker: no message to put back
+        with pytest.raises(ActorNotFound):  # what Dramatiq's callbacks would send to
+            stand_in.send(invoice=1)
     finally:
         accept_unknown_jobs(broker, False)
 

@@ -4,6 +4,7 @@ each task by its module path when it runs it."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -113,3 +114,26 @@ def needs_account_in_context(context: TaskContext, key: str) -> None:
     if not Account.objects.filter(name=key).exists():
         raise LookupError(f"no account {key}")
     Effect.objects.create(key=f"{key}:attempt={context.attempt}:id={context.task_result.id}")
+
+
+# Coroutine tasks: run by the worker in an event loop of their own, their ORM calls on the worker
+# thread's connection (inside the ledger's transaction), within the queue's time limit.
+@task(queue_name=QUEUE)
+async def add_effect_async(key: str) -> None:
+    await asyncio.sleep(0.01)
+    await Effect.objects.acreate(key=key)
+
+
+@task(queue_name=QUEUE, takes_context=True)
+async def flaky_async(context: TaskContext, key: str, fail_times: int) -> None:
+    await Effect.objects.acreate(key=f"{key}:tried={context.attempt}")  # rolled back with a failed run
+    if context.attempt <= fail_times:
+        raise ValueError(f"attempt {context.attempt} of {key} fails")
+    await Effect.objects.acreate(key=f"{key}:attempt={context.attempt}")
+
+
+@task(queue_name=QUEUE)
+async def overruns_async(key: str, run_s: float) -> None:
+    """Writes its effect, then awaits past the time limit: the effect must roll back."""
+    await Effect.objects.acreate(key=key)
+    await asyncio.sleep(run_s)

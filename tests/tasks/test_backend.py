@@ -67,10 +67,6 @@ def not_a_task(n: int) -> None:
     """A module-level function that no test decorates at module level."""
 
 
-async def a_coroutine(n: int) -> None:
-    """Coroutine tasks are not supported by the backend."""
-
-
 # -- configuration -----------------------------------------------------------------------------------
 def test_options_are_parsed_per_queue_and_bad_ones_name_the_setting() -> None:
     parsed = BackendOptions.parse("default", ["a", "b"], {
@@ -168,8 +164,6 @@ def test_bad_tasks_and_arguments_are_refused_and_nothing_is_written() -> None:
         task(queue_name="elsewhere")(not_a_task)
     with pytest.raises(InvalidTask, match="priority"):
         task(queue_name=tasks.QUEUE, priority=5)(not_a_task)
-    with pytest.raises(InvalidTask, match="async"):
-        task(queue_name=tasks.QUEUE)(a_coroutine)
     # Decorated under another name: a worker could not find it by its module path.
     misnamed = task(queue_name=tasks.QUEUE)(not_a_task)
     assert isinstance(misnamed, Task)
@@ -409,3 +403,30 @@ def running_pid(worker: Any) -> int:
 def test_the_default_alias_is_the_configured_backend() -> None:
     assert isinstance(task_backends["default"], OutboxBackend)
     assert task_backends["default"].supports_get_result and task_backends["default"].supports_defer
+
+
+def test_coroutine_tasks_run_once_inside_their_ledger_s_transaction_retry_and_keep_the_time_limit(
+        worker_processes) -> None:  # type: ignore[no-untyped-def]
+    """A module of async tasks imports (one used to break every task in its module), and they
+    run as sync ones do: ATOMIC (the ledger row and the effects in one transaction, a failed
+    attempt rolled back), retried, and cut at the queue's time limit; aenqueue/aget_result work."""
+    from asgiref.sync import async_to_sync
+
+    done = async_to_sync(tasks.add_effect_async.aenqueue)("async-done")
+    flaky = tasks.flaky_async.enqueue(key="async-flaky", fail_times=1)
+    over = tasks.overruns_async.enqueue(key="async-over", run_s=30)
+    worker = worker_processes.spawn(["--threads", THREADS, "--queues", QUEUES],
+                                    DJANGO_SETTINGS_MODULE="tests.jobsapp.settings_task_time_limit")
+    wait_until(lambda: async_to_sync(tasks.add_effect_async.aget_result)(done.id).status
+               == TaskResultStatus.SUCCESSFUL, timeout_s=30, message=f"log:\n{worker.output()[-3000:]}")
+    wait_until(lambda: status_of(tasks.flaky_async, flaky.id) == TaskResultStatus.SUCCESSFUL, timeout_s=30)
+    over_id = OutboxMessage.objects.get(pk=over.id).message_id
+    wait_until(lambda: DeadLetter.objects.filter(message_id=over_id).exists(), timeout_s=15,
+               message=f"the overrun was not cut at its 1 s limit; log:\n{worker.output()[-3000:]}")
+    assert list(Effect.objects.filter(key__startswith="async-").order_by("key").values_list("key", flat=True)) == [
+        "async-done", "async-flaky:attempt=2", "async-flaky:tried=2"], "the failed attempt rolled back, once each"
+    dead = DeadLetter.objects.get(message_id=over_id)
+    assert (dead.error_class, dead.attempts) == (f"{TimeLimitExceeded.__module__}.TimeLimitExceeded", 2)
+    assert tasks.flaky_async.get_result(flaky.id).attempts == 2
+    assert not ProcessedMessage.objects.filter(message_id=over_id).exists()
+    assert worker.terminate() == 0

@@ -1,8 +1,7 @@
 """The job middleware, one concern per module, in the order ``stack.job_middleware()`` builds
 them around Dramatiq's own: ``paused_queues`` (first: hands back a paused queue's message),
 ``limited_starts`` (a job's concurrency and rate limits, waiting through ``put_backs``;
-``quiet_skips`` keeps put-backs out of Dramatiq's warnings), ``version_stamps`` (the job version
-of a direct send),
+``quiet_skips`` keeps put-backs out of Dramatiq's warnings),
 ``message_context`` (connections, log context), ``unknown_actors``,
 ``run_signals`` (``job_run_started``, ``job_run_ended``), ``dead_letters``, ``job_metrics``,
 ``in_flight`` (the registry the heartbeat and the drain read), ``retries`` (backoff and shutdown
@@ -21,9 +20,7 @@ from composition.jobs.middleware.retries import JobRetries
 from composition.jobs.middleware.run_signals import FOLLOW_RUNS_HEADER, RunSignals, job_run_ended, job_run_started
 from composition.jobs.middleware.stack import find_in_flight, job_middleware
 from composition.jobs.middleware.unknown_actors import UnknownActors
-from composition.jobs.middleware.version_stamps import VersionStamps
 
 __all__ = ["FOLLOW_RUNS_HEADER", "DeadLetters", "InFlight", "InFlightRegistry", "InterruptedQueries", "JobMetrics",
            "JobRetries", "LimitedStarts", "MessageContext", "PausedQueues", "RunSignals", "UnknownActors",
-           "VersionStamps",
            "find_in_flight", "job_middleware", "job_run_ended", "job_run_started"]

@@ -27,7 +27,7 @@ from composition.broker.redis import requeue_as_new
 from composition.errors import BROKER_FAILURES, described
 from composition.jobs.deadletters import FIRST_FAILED_OPTION
 from composition.jobs.policy import backoff_s
-from composition.outbox.publish import PAYLOAD_SCHEMA_OPTION
+from composition.outbox.publish import PAYLOAD_SCHEMA_OPTION, VERSIONS_OPTION
 
 __all__ = ["BACKOFF_OPTION", "RETRY_ENQUEUE_PAUSES_S", "JobRetries", "requeue_message"]
 
@@ -96,8 +96,8 @@ class JobRetries(Retries):
     @property
     def actor_options(self) -> set[str]:
         # @job stores its JobPolicy on the actor, for retention and operators' tools, and its
-        # payload check, for publish().
-        return {*super().actor_options, "job_policy", PAYLOAD_SCHEMA_OPTION}
+        # payload check and versions, for publish().
+        return {*super().actor_options, "job_policy", PAYLOAD_SCHEMA_OPTION, VERSIONS_OPTION}
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         # Deep: a run may change nested options in place (a task appends its worker id).

@@ -2,8 +2,7 @@
 
 First comes ``PausedQueues``, which hands back a paused queue's message before anything else runs
 for it, then ``LimitedStarts``, which starts a limited job only within its limits (or puts it
-back to wait); neither's skip is logged as a warning (``quiet_skips``). ``VersionStamps`` acts
-only when a message is sent. In place of ``Retries``,
+back to wait); neither's skip is logged as a warning (``quiet_skips``). In place of ``Retries``,
 ``job_middleware()`` puts, in this order (before-hooks run in list order, after-hooks in
 reverse): ``CurrentMessage``, ``MessageContext`` (log context around all below),
 ``UnknownActors``, ``RunSignals`` (``job_run_started``; ``job_run_ended`` once the dead letter is
@@ -39,7 +38,6 @@ from composition.jobs.middleware.quiet_skips import quiet_put_backs
 from composition.jobs.middleware.retries import JobRetries
 from composition.jobs.middleware.run_signals import RunSignals
 from composition.jobs.middleware.unknown_actors import UnknownActors
-from composition.jobs.middleware.version_stamps import VersionStamps
 
 __all__ = ["find_in_flight", "find_middleware", "job_middleware"]
 
@@ -49,7 +47,7 @@ M = TypeVar("M", bound=Middleware)
 def job_middleware() -> list[Middleware]:
     """A new middleware list for one broker, in the order the module doc explains."""
     quiet_put_backs()
-    stack: list[Middleware] = [PausedQueues(), LimitedStarts(), VersionStamps()]
+    stack: list[Middleware] = [PausedQueues(), LimitedStarts()]
     for middleware_class in default_middleware:
         if middleware_class is Retries:
             in_flight = InFlightRegistry()
