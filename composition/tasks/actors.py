@@ -51,7 +51,8 @@ from composition.tasks._compat import (
 from composition.tasks.options import QueuePolicy, actor_name
 from composition.tasks.payload import fitting_task
 
-__all__ = ["MAX_REPLAYS_FOLLOWED", "WORKER_IDS_HEADER", "declare_task_actor", "replayed_chain", "worker_id"]
+__all__ = ["ATTEMPT_STARTED_HEADER", "MAX_REPLAYS_FOLLOWED", "WORKER_IDS_HEADER", "declare_task_actor",
+           "replayed_chain", "worker_id"]
 
 log = structlog.get_logger("composition.tasks")
 
@@ -59,6 +60,9 @@ log = structlog.get_logger("composition.tasks")
 # travel with a retried message and are kept in its dead letter, so a failed task's result
 # still says how many attempts it had and where they ran.
 WORKER_IDS_HEADER = "task_worker_ids"
+# Key in the same headers: when the latest attempt started (Unix seconds), so that a FAILED
+# result, read from its dead letter, says when its last run began, as a SUCCESSFUL one does.
+ATTEMPT_STARTED_HEADER = "task_attempt_started_at"
 # A dead letter replayed, failing again, replayed again...: followed this far at most.
 MAX_REPLAYS_FOLLOWED = 20
 
@@ -210,6 +214,8 @@ def _running_result(task: Task[Any, Any], alias: str, message: MessageProxy | No
             result_id = first_id or result_id
     published = headers.get("published_at")
     now = timezone.now()
+    if message is not None:
+        headers[ATTEMPT_STARTED_HEADER] = now.timestamp()
     worker_ids = headers.get(WORKER_IDS_HEADER)
     return TaskResult(
         task=task, id=result_id, status=TaskResultStatus.RUNNING,

@@ -29,7 +29,7 @@ from composition.tasks._compat import (
     TaskResultDoesNotExist,
     TaskResultStatus,
 )
-from composition.tasks.actors import MAX_REPLAYS_FOLLOWED, WORKER_IDS_HEADER
+from composition.tasks.actors import ATTEMPT_STARTED_HEADER, MAX_REPLAYS_FOLLOWED, WORKER_IDS_HEADER
 from composition.tasks.options import parse_actor_name
 from composition.tasks.payload import resolve_task
 
@@ -103,7 +103,11 @@ def read_result(alias: str, result_id: str) -> TaskResult[Any, Any]:
         last = chain[-1]
         # Every attempt of the task, replays included: its dead letters' workers, oldest first.
         workers = [str(worker) for dead in chain for worker in _workers_of(dead)]
-        fields.update(finished_at=last.last_failed_at, last_attempted_at=last.last_failed_at, worker_ids=workers)
+        # When its last run began (a dead letter written before the header was: when it failed).
+        began = last.headers.get(ATTEMPT_STARTED_HEADER) if isinstance(last.headers, dict) else None
+        started_at = datetime.fromtimestamp(began, tz=UTC) if isinstance(began, int | float) else last.last_failed_at
+        fields.update(started_at=started_at, finished_at=last.last_failed_at, last_attempted_at=started_at,
+                      worker_ids=workers)
     else:
         running = None if row is not None and row.status == OutboxMessage.Status.PENDING and not chain \
             else _running(current)

@@ -4,6 +4,7 @@ state always reported), the usable ceiling as the connection budget reads it, an
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import psycopg
@@ -69,11 +70,18 @@ def test_every_client_connection_of_the_server_is_counted_in_its_state(sessions:
 
 @pytest.mark.django_db
 def test_a_state_with_no_connection_in_it_is_still_reported() -> None:
-    # Nothing here is in another state (none is untracked or in a fast-path call): "other" is
-    # reported all the same, at 0, so a dashboard never keeps a state's last value.
-    sample = sample_database()
-    assert list(sample.connections) == list(CONNECTION_STATES)
-    assert sample.connections["other"] == 0
+    # Nothing here stays in another state (untracked, a fast-path call): "other" is reported all
+    # the same, at 0, so a dashboard never keeps a state's last value. The count is server-wide,
+    # and a connection of another test process that is still starting (no state yet) counts as
+    # "other" for a moment: one of a few samples finds none.
+    samples = []
+    for _ in range(20):
+        samples.append(sample_database())
+        if samples[-1].connections["other"] == 0:
+            break
+        time.sleep(0.1)
+    assert all(list(sample.connections) == list(CONNECTION_STATES) for sample in samples)
+    assert samples[-1].connections["other"] == 0, [sample.connections for sample in samples]
 
 
 @pytest.mark.django_db

@@ -283,6 +283,9 @@ def test_failures_retry_with_backoff_then_dead_letter_and_replay(worker_processe
     assert result.attempts == 3 and all(worker_id.startswith(f"{hostname}:") for worker_id in result.worker_ids)
     assert [error.exception_class for error in result.errors] == [ValueError]
     assert "doomed always fails" in result.errors[0].traceback
+    # It ran: when its last attempt began, before it failed for good.
+    assert result.started_at is not None and result.started_at == result.last_attempted_at
+    assert result.enqueued_at <= result.started_at <= result.finished_at
     dead = DeadLetter.objects.get(message_id=OutboxMessage.objects.get(pk=failing.id).message_id)
     assert (dead.attempts, dead.actor, dead.payload["task"]) == (3, actor_name("default", tasks.QUEUE),
                                                                    "tests.jobsapp.tasks.always_fails")
