@@ -105,6 +105,9 @@ DEFAULTS: dict[str, Any] = {
     # that do not fit) goes back to wait this long, for the rest of a rolling deploy to reach
     # its worker, before it is parked as a dead letter (docs/deployment.md); 0: parked at once.
     "DEPLOY_WINDOW_S": 300.0,
+    # A django.tasks task's return value is kept with its result up to this size (JSON, encoded);
+    # a larger one, or one that is not JSON, fails the run (composition.tasks).
+    "TASK_RETURN_VALUE_MAX_BYTES": 65536,
     # Every worker process reads which queues are paused (`manage.py queues pause`) this often:
     # no job of a queue starts later than this (and one query) after its pause returns.
     "QUEUE_PAUSE_REFRESH_S": 0.5,

@@ -84,6 +84,8 @@ class ProcessedMessage(models.Model):
     # worker of every attempt, replays included, for get_result. NULL for other jobs.
     started_at = models.DateTimeField(null=True, blank=True)
     worker_ids = models.JSONField(null=True, blank=True)
+    # A django.tasks run's JSON return value (TASK_RETURN_VALUE_MAX_BYTES at most); NULL otherwise.
+    return_value = models.JSONField(null=True, blank=True)
 
     class Meta:
         app_label = "composition"

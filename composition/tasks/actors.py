@@ -32,6 +32,7 @@ from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from composition.broker.configured import configured_broker
 from composition.broker.time_limits import INTERRUPTS, disarm_time_limit
+from composition.conf import conf
 from composition.errors import IncompatibleMessageError, PermanentError, described
 from composition.jobs import current_message, job
 from composition.jobs.compatibility import PAYLOAD_CHECK_OPTION
@@ -39,15 +40,18 @@ from composition.jobs.current import attempt_of
 from composition.jobs.decorator import run_idempotently
 from composition.jobs.deploy_window import refuse
 from composition.jobs.inbox import ledger_key, record_processed
+from composition.outbox.publish import storable_json
 from composition.tasks._compat import (
     Task,
     TaskContext,
     TaskError,
     TaskResult,
     TaskResultStatus,
+    normalize_json,
     task_finished,
     task_started,
 )
+from composition.tasks.errors import InvalidTaskReturnValue
 from composition.tasks.options import QueuePolicy, actor_name
 from composition.tasks.payload import fitting_task
 
@@ -131,8 +135,8 @@ def _run(alias: str, queue: str, policy: QueuePolicy, path: str, args: list[Any]
     result = _running_result(task, alias, message, args, kwargs)
     task_started.send(sender=type(task.get_backend()), task_result=result)
     try:
-        _call(task, [TaskContext(task_result=result), *args] if task.takes_context else args, kwargs,
-              timeout_s=policy.job.timeout_s)
+        returned = _kept(path, _call(task, [TaskContext(task_result=result), *args] if task.takes_context else args,
+                                     kwargs, timeout_s=policy.job.timeout_s))
     except BaseException as exc:
         if message is None or _is_final(exc, message, policy):
             result.errors.append(_task_error(exc))
@@ -141,7 +145,7 @@ def _run(alias: str, queue: str, policy: QueuePolicy, path: str, args: list[Any]
     if message is not None:
         # What get_result reports of a success: the run's end (processed_at), its start and the
         # worker of every attempt.
-        run = {"started_at": result.started_at, "worker_ids": list(result.worker_ids)}
+        run = {"started_at": result.started_at, "worker_ids": list(result.worker_ids), "return_value": returned}
         if policy.atomic:
             # The ledger row went in when the run began; its time becomes the run's end. Same
             # transaction: it commits with the effects.
@@ -155,6 +159,7 @@ def _run(alias: str, queue: str, policy: QueuePolicy, path: str, args: list[Any]
                 if record_processed(ledger_key(message), message.actor_name):
                     _ledger(message).update(**run)
     # After COMMIT of an atomic run (at once otherwise): only then has the task succeeded.
+    object.__setattr__(result, "_return_value", returned)
     transaction.on_commit(partial(_finished, result, TaskResultStatus.SUCCESSFUL), robust=True)
 
 
@@ -179,6 +184,22 @@ def _call(task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any], *, time
         return running.result()
 
     return async_to_sync(bounded)()
+
+
+def _kept(path: str, value: Any) -> Any:
+    """``value`` as its result keeps it (JSON, as ``normalize_json`` makes it); raises
+    ``InvalidTaskReturnValue`` for what is not JSON, cannot be stored, or is too large."""
+    try:
+        kept = normalize_json(value)
+        size = len(storable_json(kept, "the return value"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidTaskReturnValue(f"{path} returned {type(value).__name__}, which a result cannot keep: "
+                                     f"{exc}") from None
+    limit = int(conf.TASK_RETURN_VALUE_MAX_BYTES)
+    if size > limit:
+        raise InvalidTaskReturnValue(f"{path} returned {size} bytes of JSON, over TASK_RETURN_VALUE_MAX_BYTES "
+                                     f"({limit})")
+    return kept
 
 
 def _ledger(message: MessageProxy) -> Any:

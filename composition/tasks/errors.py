@@ -6,14 +6,17 @@
 - ``InvalidTaskArguments``: ``enqueue()`` arguments that no run could accept (not JSON, or not
   fitting the function's signature); it is ``django.tasks``' ``InvalidTask`` and a ``TypeError``
   (what Django's own backends raise for arguments that are not JSON). Nothing is written.
+- ``InvalidTaskReturnValue``: a run returned what cannot be kept (not JSON, or over
+  ``TASK_RETURN_VALUE_MAX_BYTES``); a ``PermanentError``, so the run fails for good at once (no
+  retry would return anything else) and, ``ATOMIC``, its effects roll back.
 """
 
 from __future__ import annotations
 
-from composition.errors import CompositionError, ConfigurationError
+from composition.errors import CompositionError, ConfigurationError, PermanentError
 from composition.tasks._compat import InvalidTask, InvalidTaskBackend
 
-__all__ = ["InvalidBackendOptions", "InvalidTaskArguments"]
+__all__ = ["InvalidBackendOptions", "InvalidTaskArguments", "InvalidTaskReturnValue"]
 
 
 class InvalidBackendOptions(ConfigurationError, InvalidTaskBackend):
@@ -26,3 +29,7 @@ class InvalidBackendOptions(ConfigurationError, InvalidTaskBackend):
 
 class InvalidTaskArguments(CompositionError, InvalidTask, TypeError):
     """A task was enqueued with arguments it could never run with; nothing was written."""
+
+
+class InvalidTaskReturnValue(PermanentError):
+    """A task returned a value its result cannot keep (the message says why)."""

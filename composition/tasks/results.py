@@ -3,8 +3,8 @@
 The result id is the outbox row's id; nothing is written for a status. In this order:
 ``SUCCESSFUL`` when the inbox ledger has the message; ``FAILED`` when its dead letter, followed
 through its replays, ended dead or discarded; ``RUNNING`` when a worker heartbeat shows it running;
-else ``READY``. A result is found while its outbox row or dead letter is kept; the task's return
-value is not kept.
+else ``READY``. A result is found while its outbox row or dead letter is kept; a success's return
+value is kept in its ledger row.
 """
 
 from __future__ import annotations
@@ -91,10 +91,11 @@ def read_result(alias: str, result_id: str) -> TaskResult[Any, Any]:
                               "worker_ids": [], "errors": [_task_error(dead) for dead in chain]}
     key = headers.get(IDEMPOTENCY_KEY_HEADER)
     processed = ProcessedMessage.objects.filter(message_id=key if isinstance(key, str) and key else message_id) \
-        .values_list("processed_at", "started_at", "worker_ids").first()
+        .values_list("processed_at", "started_at", "worker_ids", "return_value").first()
+    returned = None
     if processed is not None:
         status = TaskResultStatus.SUCCESSFUL
-        processed_at, started_at, workers = processed
+        processed_at, started_at, workers, returned = processed
         # A row written before the ledger kept the run (migration 0007) knows only its end.
         fields.update(started_at=started_at, finished_at=processed_at, last_attempted_at=started_at or processed_at,
                       worker_ids=[str(worker) for worker in workers] if isinstance(workers, list) else [])
@@ -121,8 +122,11 @@ def read_result(alias: str, result_id: str) -> TaskResult[Any, Any]:
             raise TaskResultDoesNotExist(f"{result_id}: its run ended long enough ago that its record was pruned")
         else:
             status = TaskResultStatus.READY
-    return TaskResult(task=task, id=result_id, status=status, enqueued_at=enqueued_at, args=payload.get("args") or [],
-                      kwargs=payload.get("kwargs") or {}, backend=alias, **fields)
+    result: TaskResult[Any, Any] = TaskResult(
+        task=task, id=result_id, status=status, enqueued_at=enqueued_at, args=payload.get("args") or [],
+        kwargs=payload.get("kwargs") or {}, backend=alias, **fields)
+    object.__setattr__(result, "_return_value", returned)  # as Django's own backends set it
+    return result
 
 
 def _task_or_stand_in(result_id: str, path: str, *, alias: str, queue: str,

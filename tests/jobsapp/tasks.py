@@ -32,7 +32,7 @@ def add_effect(key: str) -> None:
 @task(queue_name=PLAIN_QUEUE)
 def add_effect_plain(key: str) -> str:
     Effect.objects.create(key=key)
-    return key  # not kept: the result's return_value is None
+    return key  # kept: the result's return_value
 
 
 @task(queue_name=QUEUE, takes_context=True)
@@ -137,3 +137,12 @@ async def overruns_async(key: str, run_s: float) -> None:
     """Writes its effect, then awaits past the time limit: the effect must roll back."""
     await Effect.objects.acreate(key=key)
     await asyncio.sleep(run_s)
+
+
+@task(queue_name=QUEUE)
+def returns(key: str, padding: int = 0) -> Any:
+    """Returns JSON (``padding`` characters of it more), or, for ``key`` "a set", a set."""
+    Effect.objects.create(key=key)
+    if key == "a set":
+        return {1, 2}
+    return {"key": key, "padding": "x" * padding, "pair": (1, 2)}

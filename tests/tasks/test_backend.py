@@ -250,9 +250,10 @@ def test_rolled_back_never_runs_and_committed_runs_once(worker_processes) -> Non
     # The run it reports: one attempt, by this worker, started before it finished.
     assert committed.worker_ids == [f"{socket.gethostname()}:{running_pid(worker)}"], committed.worker_ids
     assert committed.enqueued_at <= committed.started_at == committed.last_attempted_at <= committed.finished_at
-    assert committed.return_value is None  # return values are not kept
+    assert committed.return_value is None  # its function returns None
     plain_result = tasks.add_effect_plain.get_result(plain.id)  # ATOMIC False: recorded after the run
     assert plain_result.status == TaskResultStatus.SUCCESSFUL and plain_result.attempts == 1
+    assert plain_result.return_value == "plain"
     assert plain_result.started_at is not None and plain_result.started_at <= plain_result.finished_at
     assert tasks.add_effect.get_result(deferred.id).task.run_after is not None
     assert worker.terminate() == 0
@@ -432,4 +433,27 @@ def test_coroutine_tasks_run_once_inside_their_ledger_s_transaction_retry_and_ke
     assert (dead.error_class, dead.attempts) == (f"{TimeLimitExceeded.__module__}.TimeLimitExceeded", 2)
     assert tasks.flaky_async.get_result(flaky.id).attempts == 2
     assert not ProcessedMessage.objects.filter(message_id=over_id).exists()
+    assert worker.terminate() == 0
+
+
+def test_a_return_value_is_kept_as_json_and_one_that_cannot_be_fails_the_run_rolling_it_back(
+        worker_processes) -> None:  # type: ignore[no-untyped-def]
+    from composition.conf import conf
+
+    kept = tasks.returns.enqueue("kept")
+    too_large = tasks.returns.enqueue("too large", padding=int(conf.TASK_RETURN_VALUE_MAX_BYTES))
+    not_json = tasks.returns.enqueue("a set")
+    worker = worker_processes.spawn(["--threads", THREADS, "--queues", QUEUES])
+    wait_until(lambda: status_of(tasks.returns, kept.id) == TaskResultStatus.SUCCESSFUL
+               and DeadLetter.objects.count() == 2, timeout_s=30, message=f"log:\n{worker.output()[-3000:]}")
+    kept.refresh()
+    assert kept.return_value == {"key": "kept", "padding": "", "pair": [1, 2]}  # a tuple comes back a list
+    for refused, says in ((too_large, "over TASK_RETURN_VALUE_MAX_BYTES"), (not_json, "returned set")):
+        result = tasks.returns.get_result(refused.id)
+        assert result.status == TaskResultStatus.FAILED and result.attempts == 1, "not retried"
+        assert result.errors[0].exception_class.__name__ == "InvalidTaskReturnValue"
+        dead = DeadLetter.objects.get(message_id=OutboxMessage.objects.get(pk=refused.id).message_id)
+        assert says in dead.error_message, dead.error_message
+    # ATOMIC: the failed runs' effects rolled back with them.
+    assert list(Effect.objects.filter(key__in=["kept", "too large", "a set"]).values_list("key", flat=True)) == ["kept"]
     assert worker.terminate() == 0
