@@ -76,7 +76,8 @@ class Command(BaseCommand):
             self.stdout.write(f"{problem.source}: {problem.count} of {problem.actor} "
                               f"(e.g. id {problem.example_id}): {problem.reason}")
         if queue_counts is None:
-            self.stdout.write(f"read {read} messages on the broker (ready and delayed) in {took_s:.2f} s")
+            self.stdout.write(f"read {read} message{'' if read == 1 else 's'} on the broker (ready and delayed) "
+                              f"in {took_s:.2f} s")
             return
         waiting = ", ".join(f"{name} {count}" for name, count in queue_counts.items()) or "none declared"
         self.stdout.write(f"RabbitMQ cannot be read without side effects: the outbox rows sent in the last "
