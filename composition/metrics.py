@@ -154,8 +154,8 @@ JOB_LIMIT_DELAYS_TOTAL = Counter(
 __all__ += ["INCOMPATIBLE_MESSAGES_TOTAL"]
 INCOMPATIBLE_MESSAGES_TOTAL = Counter(
     "composition_incompatible_messages_total", "Messages the running code could not run (job unknown here, "
-    "another version, arguments that do not fit), by what became of them: waiting (put back within "
-    "DEPLOY_WINDOW_S) or parked (dead-lettered as incompatible).", ["actor", "outcome"],
+    "another version, arguments that do not fit): waiting counts each put-back within DEPLOY_WINDOW_S, "
+    "parked each message then dead-lettered as incompatible.", ["actor", "outcome"],
 )
 __all__ += ["DEAD_LETTER_RECORD_FAILURES_TOTAL"]
 DEAD_LETTER_RECORD_FAILURES_TOTAL = Counter(

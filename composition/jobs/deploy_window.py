@@ -54,8 +54,11 @@ def refuse(broker: Broker, message: MessageProxy, error: IncompatibleMessageErro
         wait_s = min(MAX_WAIT_S, max(1.0, window_ms / 1000 / 20), left_ms / 1000)
         if put_back_delayed(broker, message, wait_s, {INCOMPATIBLE_SINCE_OPTION: since}):
             INCOMPATIBLE_MESSAGES_TOTAL.labels(message.actor_name, "waiting").inc()
-        log.warning("the running code cannot run this message; it waits for the deploy", reason=error.reason,
-                    waited_s=round((now - since) / 1000, 1), window_left_s=round(left_ms / 1000, 1))
+        # A warning at its first refusal only: a deploy that strands thousands of messages must
+        # not write a warning per message every few seconds for the whole window.
+        (log.warning if since == now else log.debug)(
+            "the running code cannot run this message; it waits for the deploy", reason=error.reason,
+            waited_s=round((now - since) / 1000, 1), window_left_s=round(left_ms / 1000, 1))
         raise SkipMessage(f"incompatible with the running code, waiting for the deploy: {error.reason}")
     INCOMPATIBLE_MESSAGES_TOTAL.labels(message.actor_name, "parked").inc()
     raise error
