@@ -32,7 +32,7 @@ from django.db import connection  # noqa: E402
 from composition.jobs.models import DeadLetter  # noqa: E402
 from composition.outbox.models import OutboxMessage  # noqa: E402
 from composition.testing import subprocess_env  # noqa: E402
-from tests.jobsapp.compat_work import clear_compat_work, expected_problems, queue_compat_work  # noqa: E402
+from tests.jobsapp.compat_work import clear_compat_work, expected_problems, matched, queue_compat_work  # noqa: E402
 from tests.jobsapp.deploys import BREAKING, COMPAT_CODES  # noqa: E402
 
 MESSAGES = int(os.environ.get("BENCH_MESSAGES", "100000"))
@@ -44,17 +44,6 @@ def _run(*argv: str, **env: str) -> tuple[float, subprocess.CompletedProcess[str
     done = subprocess.run([sys.executable, str(ROOT / "manage.py"), *argv], cwd=ROOT, capture_output=True, text=True,
                           env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings", **env), timeout=300)
     return time.monotonic() - started, done
-
-
-def _matches(reported: list[dict[str, object]], expected: dict[tuple[str, str, str], int]) -> bool:
-    found: dict[tuple[str, str, str], int] = {}
-    for problem in reported:
-        keys = [key for key in expected
-                if key[:2] == (problem["source"], problem["actor"]) and key[2] in str(problem["reason"])]
-        if len(keys) != 1:
-            return False
-        found[keys[0]] = found.get(keys[0], 0) + int(problem["count"])  # type: ignore[call-overload]
-    return found == expected
 
 
 def main() -> int:
@@ -72,7 +61,8 @@ def main() -> int:
         for code in COMPAT_CODES[1:]:
             wall_s, done = _run("jobs", "check-compat", "--json", COMPAT_CODE=code)
             report = json.loads(done.stdout)
-            exact = (_matches(report["problems"], expected_problems(code, written))
+            expected = expected_problems(code, written)
+            exact = (matched(report["problems"], expected) == expected
                      and done.returncode == (1 if code in BREAKING else 0)
                      and report["broker_messages_read"] == per_source)
             ok &= exact and wall_s < GOAL_S

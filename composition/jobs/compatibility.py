@@ -37,8 +37,8 @@ from composition.jobs.versions import message_version
 from composition.outbox.models import OutboxMessage
 from composition.outbox.publish import PAYLOAD_SCHEMA_OPTION, VERSION_HEADER, VERSIONS_OPTION
 
-__all__ = ["GONE", "PAYLOAD_CHECK_OPTION", "Problem", "Report", "broker_problems", "queued_problems",
-           "reads_tables", "runnable"]
+__all__ = ["GONE", "PAYLOAD_CHECK_OPTION", "Problem", "Report", "broker_problems", "largest_first",
+           "queued_problems", "reads_tables", "runnable"]
 
 GONE = "no job of this name in the running code (removed, or renamed without an alias)"
 # An actor option: a further check of its payloads, raising IncompatibleMessageError (the
@@ -133,7 +133,7 @@ def queued_problems(broker: Broker, *, alias: str = DEFAULT_DB_ALIAS) -> list[Pr
                     [DeadLetter.Status.DEAD])
     problems = _bound(broker, "outbox", outbox, _examples(alias, OutboxMessage, outbox, "actor_name", None))
     problems += _bound(broker, "dead letters", dead, _examples(alias, DeadLetter, dead, "actor", "args"))
-    return _largest_first(problems)
+    return largest_first(problems)
 
 
 def sent_problems(broker: Broker, since: datetime, *, alias: str = DEFAULT_DB_ALIAS) -> list[Problem]:
@@ -190,7 +190,8 @@ def _bound(broker: Broker, source: str, groups: Iterable[_Group],
     return [Problem(source, actor, reason, count, example) for (actor, reason), (count, example) in found.items()]
 
 
-def _largest_first(problems: list[Problem]) -> list[Problem]:
+def largest_first(problems: list[Problem]) -> list[Problem]:
+    """``problems`` by count, largest first (then by source, job and reason)."""
     return sorted(problems, key=lambda problem: (-problem.count, problem.source, problem.actor, problem.reason))
 
 
@@ -269,7 +270,7 @@ def _redis_report(broker: RedisBroker) -> Report:
             tally = found.setdefault((actor, reason), [0, example])
             tally[0] += count
     problems = [Problem("broker", actor, reason, count, example) for (actor, reason), (count, example) in found.items()]
-    return Report(_largest_first(problems), read, None)
+    return Report(largest_first(problems), read, None)
 
 
 def _queue_counts(broker: Broker) -> dict[str, int]:

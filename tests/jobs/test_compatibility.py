@@ -28,7 +28,7 @@ from composition.testing import free_port, subprocess_env
 from tests.helpers import RABBITMQ_URL, ROOT
 from tests.jobsapp import jobs
 from tests.jobsapp import tasks as jobs_tasks
-from tests.jobsapp.compat_work import clear_compat_work, expected_problems, queue_compat_work
+from tests.jobsapp.compat_work import clear_compat_work, expected_problems, matched, queue_compat_work
 from tests.jobsapp.deploys import BREAKING, COMPAT_CODES, COMPAT_QUEUE
 
 # Messages per source (outbox, dead letters, broker) in the gate; bench_check_compat.py writes 100,000.
@@ -135,20 +135,6 @@ def test_a_task_row_is_bound_to_its_task_path_and_arguments() -> None:
     assert "tests.jobsapp.tasks.no_such_task" in problems[0].reason
 
 
-Key = tuple[str, str, str]
-
-
-def _matched(reported: list[dict[str, object]], expected: dict[Key, int]) -> dict[Key, int]:
-    """``reported`` keyed as ``expected`` is: by the expected reason its reason contains."""
-    found: dict[Key, int] = {}
-    for problem in reported:
-        keys = [key for key in expected
-                if key[:2] == (problem["source"], problem["actor"]) and key[2] in str(problem["reason"])]
-        key = keys[0] if len(keys) == 1 else (str(problem["source"]), str(problem["actor"]), str(problem["reason"]))
-        found[key] = int(problem["count"])  # type: ignore[call-overload]
-    return found
-
-
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_ten_code_changes_in_turn_report_every_breaking_one_with_its_counts_and_no_safe_one() -> None:
@@ -160,7 +146,7 @@ def test_ten_code_changes_in_turn_report_every_breaking_one_with_its_counts_and_
                                   env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings", COMPAT_CODE=code))
             report = json.loads(done.stdout)
             expected = expected_problems(code, written)
-            assert _matched(report["problems"], expected) == expected, (code, report["problems"])
+            assert matched(report["problems"], expected) == expected, (code, report["problems"])
             assert done.returncode == (1 if code in BREAKING else 0), (code, done.stderr)
             assert report["broker_messages_read"] == PER_SOURCE, code
     finally:

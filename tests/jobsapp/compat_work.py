@@ -20,6 +20,8 @@ from composition.outbox.models import OutboxMessage
 from tests.jobsapp.deploys import COMPAT_QUEUE
 
 SOURCES = ("outbox", "dead letters", "broker")
+# (source, job, reason) of a reported problem
+Key = tuple[str, str, str]
 # What each breaking change reports of a compat_job message, by whether it gives a note.
 REASONS = {
     "remove": (GONE, GONE),
@@ -86,6 +88,19 @@ def expected_problems(code: str, written: Counter[tuple[str, str, bool]]) -> dic
         if actor == "compat_job" and reason is not None:
             expected[(source, actor, reason)] += count
     return dict(expected)
+
+
+def matched(reported: list[dict[str, Any]], expected: dict[Key, int]) -> dict[Key, int]:
+    """A ``check-compat --json`` report's problems keyed as ``expected_problems`` keys them (by the
+    expected reason each one's reason contains; a problem nothing expects keeps its own reason),
+    their counts added up: equal to ``expected`` when the report is exact."""
+    found: dict[Key, int] = {}
+    for problem in reported:
+        keys = [key for key in expected
+                if key[:2] == (problem["source"], problem["actor"]) and key[2] in str(problem["reason"])]
+        key = keys[0] if len(keys) == 1 else (str(problem["source"]), str(problem["actor"]), str(problem["reason"]))
+        found[key] = found.get(key, 0) + int(problem["count"])
+    return found
 
 
 def clear_compat_work() -> None:

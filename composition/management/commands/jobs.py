@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from composition.broker.configured import configured_broker
 from composition.errors import BROKER_FAILURES, described
-from composition.jobs.compatibility import Problem, broker_problems, queued_problems
+from composition.jobs.compatibility import Problem, broker_problems, largest_first, queued_problems
 from composition.management.database_errors import database_must_answer
 from composition.retention import longest_redelivery_window
 from composition.schedules import declared
@@ -55,8 +55,7 @@ class Command(BaseCommand):
                 # Not "nothing found": a pipeline must not deploy on a check that did not run.
                 raise CommandError(f"could not read the broker ({described(exc)}); nothing was checked "
                                    "there. Run this again once it answers.") from exc
-        problems += report.problems + _schedule_problems()
-        problems.sort(key=lambda problem: (-problem.count, problem.source, problem.actor, problem.reason))
+        problems = largest_first(problems + report.problems + _schedule_problems())
         took_s = time.monotonic() - started
         if options["json"]:
             self.stdout.write(json.dumps({"problems": [problem.__dict__ for problem in problems],
