@@ -104,6 +104,11 @@ def check_settings(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
             QueueOrder.parse(merged["WORKER_QUEUES"])
         except ValueError as exc:
             messages.append(Error(f"COMPOSITION['WORKER_QUEUES']: {exc}", id="composition.E012"))
+    max_priority = merged["RABBITMQ_MAX_PRIORITY"]
+    if max_priority is not None and (isinstance(max_priority, bool) or not isinstance(max_priority, int)
+                                     or not 1 <= max_priority <= 255):
+        messages.append(Error(f"COMPOSITION['RABBITMQ_MAX_PRIORITY'] must be None or an int from 1 to 255 "
+                              f"(RabbitMQ's x-max-priority), got {max_priority!r}.", id="composition.E013"))
     alias = merged["CACHE_ALIAS"]
     caches = getattr(settings, "CACHES", {})
     if alias not in caches:
@@ -259,7 +264,7 @@ def check_shedding_settings(app_configs: Any = None, **_: Any) -> list[CheckMess
 
 # --- retention ----------------------------------------------------------------------------------
 RETENTION_PERIODS = ("INBOX_RETENTION_S", "OUTBOX_RETENTION_S", "DEAD_LETTER_RETENTION_S", "SCHEDULE_TICK_RETENTION_S",
-                     "QUEUE_HISTORY_RETENTION_S")
+                     "QUEUE_HISTORY_RETENTION_S", "TASK_RESULT_RETENTION_S")
 
 
 @register("composition")

@@ -28,6 +28,11 @@ DEFAULTS: dict[str, Any] = {
     # the socket timeout also bounds the wait for RabbitMQ's confirms of one relay batch.
     "BROKER_SOCKET_TIMEOUT_S": 2.0,
     "BROKER_CONNECT_TIMEOUT_S": 1.0,
+    # RabbitMQ only: declare every queue with x-max-priority of this many levels (1 to 255; 10 is
+    # RabbitMQ's advice), so messages with a priority (django.tasks) are delivered higher first.
+    # A queue argument: RabbitMQ refuses to change it on a queue that exists (docs/tasks.md). None:
+    # queues without priorities, and django.tasks priorities other than 0 are refused.
+    "RABBITMQ_MAX_PRIORITY": None,
     # Connection settings applied to every new PostgreSQL connection.
     "DB_STATEMENT_TIMEOUT_S": 30.0,
     "DB_IDLE_IN_TRANSACTION_TIMEOUT_S": 60.0,
@@ -167,6 +172,10 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDULE_TICK_RETENTION_S": 7 * 86_400.0,
     # Queue history buckets (the operations page's charts) older than this go.
     "QUEUE_HISTORY_RETENTION_S": 86_400.0,
+    # django.tasks results (TaskRecord) finished longer ago than this (by finished_at) go, with
+    # their return values; one that failed stays while its dead letter is unresolved. After that,
+    # get_result raises TaskResultDoesNotExist.
+    "TASK_RESULT_RETENTION_S": 7 * 86_400.0,
     # Deprecated, read by nothing (check W003 says so when set): logging is Django's LOGGING,
     # e.g. composition.logging.logging_config("json", "INFO"). Still known keys, so settings
     # that have them do not fail with E002 (unknown key).

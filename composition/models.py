@@ -2,7 +2,7 @@
 
 # Each subsystem adds one import line below for its models.
 from composition.cache.models import PendingInvalidation  # noqa: F401
-from composition.jobs.models import DeadLetter, ProcessedMessage  # noqa: F401
+from composition.jobs.models import DeadLetter, ProcessedMessage, TaskRecord  # noqa: F401
 from composition.locks.models import LockFence  # noqa: F401
 from composition.operations.models import Operations  # noqa: F401
 from composition.outbox.models import OutboxMessage  # noqa: F401

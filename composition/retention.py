@@ -4,7 +4,8 @@ In small batches: the inbox ledger after ``INBOX_RETENTION_S``, but never while 
 still be redelivered (``redelivery_window_s``) or a dead letter with its key is unresolved or was
 recently replayed, or its effects could run twice; sent outbox rows after ``OUTBOX_RETENTION_S``;
 resolved dead letters after ``DEAD_LETTER_RETENTION_S``; schedule ticks whose run is over after
-``SCHEDULE_TICK_RETENTION_S``; the queues' history buckets after ``QUEUE_HISTORY_RETENTION_S``.
+``SCHEDULE_TICK_RETENTION_S``; the queues' history buckets after ``QUEUE_HISTORY_RETENTION_S``;
+finished ``django.tasks`` results after ``TASK_RESULT_RETENTION_S``.
 ``RetentionComponent`` prunes every ``RETENTION_INTERVAL_S`` in each worker process; an advisory
 lock lets one prune at a time.
 """
@@ -29,7 +30,7 @@ from composition.conf import conf
 from composition.db.pruning import PruneResult, delete_in_batches
 from composition.errors import described
 from composition.jobs.inbox import IDEMPOTENCY_KEY_HEADER
-from composition.jobs.models import DeadLetter, ProcessedMessage
+from composition.jobs.models import DeadLetter, ProcessedMessage, TaskRecord
 from composition.jobs.policy import JobPolicy, backoff_s
 from composition.lifecycle.periodic import PeriodicComponent
 from composition.locks import advisory_key
@@ -46,6 +47,7 @@ __all__ = [
     "pruning_lock_id",
     "queue_buckets_older_than",
     "redelivery_window_s",
+    "task_results_older_than",
 ]
 
 log = structlog.get_logger("composition.retention")
@@ -146,6 +148,14 @@ def queue_buckets_older_than(older_than_s: float) -> QuerySet[Any]:
     return QueueBucket.objects.filter(started_at__lt=_before(older_than_s))
 
 
+def task_results_older_than(older_than_s: float) -> QuerySet[Any]:
+    """Task results finished more than ``older_than_s`` seconds ago, except a failure whose dead
+    letter is unresolved: its replay would carry on the same result."""
+    unresolved = DeadLetter.objects.filter(status=DeadLetter.Status.DEAD, message_id=OuterRef("message_id"))
+    return TaskRecord.objects.filter(finished_at__lt=_before(older_than_s)).exclude(
+        Q(status=TaskRecord.Status.FAILED) & Exists(unresolved))
+
+
 def _batch_size(batch_size: int | None) -> int:
     return int(conf.RETENTION_BATCH_SIZE) if batch_size is None else batch_size
 
@@ -171,6 +181,8 @@ def _expired() -> Iterator[tuple[str, QuerySet[Any]]]:
         yield "schedule ticks", schedule_ticks_older_than(float(conf.SCHEDULE_TICK_RETENTION_S))
     if conf.QUEUE_HISTORY_RETENTION_S is not None:
         yield "queue history", queue_buckets_older_than(float(conf.QUEUE_HISTORY_RETENTION_S))
+    if conf.TASK_RESULT_RETENTION_S is not None:
+        yield "task results", task_results_older_than(float(conf.TASK_RESULT_RETENTION_S))
 
 
 def pruning_lock_id(using: str = DEFAULT_DB_ALIAS) -> int:

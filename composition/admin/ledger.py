@@ -41,24 +41,14 @@ class EstimatedCountPaginator(Paginator):
 
 @admin.register(ProcessedMessage)
 class ProcessedMessageAdmin(ReadOnlyRows, admin.ModelAdmin):
-    list_display = ("message_id", "actor", "processed", "attempts")
+    list_display = ("message_id", "actor", "processed")
     search_fields = ("=message_id",)
     search_help_text = "The message id, exactly (a dead letter's, a log line's, the broker's)."
     ordering = ("-processed_at",)
     paginator = EstimatedCountPaginator
     show_full_result_count = False
     list_per_page = 50
-    fields = ("message_id", "actor", "processed", "started", "workers")
+    fields = ("message_id", "actor", "processed")
     readonly_fields = fields
 
     processed = moment_column("processed_at", "processed at", sortable=True)
-    started = moment_column("started_at", "started at (django.tasks runs)")
-
-    @admin.display(description="attempts")
-    def attempts(self, obj: ProcessedMessage) -> Any:
-        # Known for django.tasks runs only (their ledger row keeps the worker of each attempt).
-        return len(obj.worker_ids) if isinstance(obj.worker_ids, list) else "-"
-
-    @admin.display(description="workers (one per attempt)")
-    def workers(self, obj: ProcessedMessage) -> str:
-        return ", ".join(map(str, obj.worker_ids)) if isinstance(obj.worker_ids, list) else "-"

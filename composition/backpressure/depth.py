@@ -15,7 +15,7 @@ from dramatiq.broker import Broker
 
 from composition.breaker import CircuitBreaker, CircuitOpen
 from composition.broker.configured import configured_broker
-from composition.broker.keys import dq_name, messages_key, queue_key
+from composition.broker.keys import dq_name, lanes_key, messages_key, queue_key
 from composition.metrics import QUEUE_DEPTH
 
 __all__ = ["BrokerCounts", "QueueDepths", "backlog", "broker_counts", "queue_depth"]
@@ -56,9 +56,11 @@ def broker_counts(queue: str, broker: Broker | None = None) -> BrokerCounts:
         namespace = getattr(broker, "namespace", "dramatiq")
         pipe = client.pipeline(transaction=False)
         pipe.llen(queue_key(namespace, queue))
+        pipe.zcard(lanes_key(namespace, queue))  # ready too, with a priority
         pipe.hlen(messages_key(namespace, queue))  # the ready ones and those taken, not yet acked
         pipe.hlen(messages_key(namespace, dq_name(queue)))
-        ready, bodies, delayed = (int(value) for value in pipe.execute())
+        listed, laned, bodies, delayed = (int(value) for value in pipe.execute())
+        ready = listed + laned
         return BrokerCounts(ready=ready, delayed=delayed, in_flight=max(0, bodies - ready))
     return BrokerCounts(ready=_rabbitmq_count(broker, queue), delayed=_rabbitmq_count(broker, dq_name(queue)),
                         in_flight=None)

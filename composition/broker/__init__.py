@@ -1,9 +1,10 @@
 """The Dramatiq broker: the configured one, built from settings, never a default
 (``configured``); Redis whose idle consumers wake when a message arrives (``redis``,
 ``redis_consumer``); RabbitMQ whose consumers unsubscribe from a paused queue (``rabbitmq``); the
-process's paused queues and handing a message back (``pausing``); a worker's stand-in for a job
-name no actor declares (``stand_ins``); job time limits, shared by the workers and the relay's
-batches (``time_limits``). Invariant: the configured broker is set before any actor is declared.
+process's paused queues and handing a message back (``pausing``); message priorities on both
+brokers (``priorities``); a worker's stand-in for a job name no actor declares (``stand_ins``);
+job time limits, shared by the workers and the relay's batches (``time_limits``). Invariant: the
+configured broker is set before any actor is declared.
 """
 
 from composition.broker.configured import JOB_MIDDLEWARE, broker_kind, build_broker, configured_broker, reset_broker

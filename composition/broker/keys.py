@@ -5,12 +5,18 @@ from __future__ import annotations
 
 from dramatiq.common import dq_name, q_name
 
-__all__ = ["acks_key", "dq_name", "is_work_queue", "messages_key", "queue_key"]
+__all__ = ["acks_key", "dq_name", "is_work_queue", "lanes_key", "messages_key", "queue_key"]
 
 
 def queue_key(namespace: str, queue: str) -> str:
     """The list of ready message ids, oldest first."""
     return f"{namespace}:{queue}"
+
+
+def lanes_key(namespace: str, queue: str) -> str:
+    """The sorted set of ready message ids with a priority (``composition.broker.priorities``);
+    ours, not Dramatiq's, beside it its enqueue counter (``.seq``)."""
+    return f"{namespace}:{queue}.lanes"
 
 
 def messages_key(namespace: str, queue: str) -> str:

@@ -23,6 +23,7 @@ from dramatiq.common import q_name
 from dramatiq.errors import ConnectionClosed
 
 from composition.broker.pausing import handed_back, paused_queues
+from composition.broker.priorities import rabbitmq_priority
 from composition.broker.stand_ins import StandIns
 
 __all__ = ["PAUSED_WAIT_S", "PausableRabbitmqBroker", "PausableRabbitmqConsumer"]
@@ -87,8 +88,16 @@ class PausableRabbitmqConsumer(_RabbitmqConsumer):
 
 
 class PausableRabbitmqBroker(StandIns, RabbitmqBroker):
-    """Dramatiq's ``RabbitmqBroker`` whose consumers are ``PausableRabbitmqConsumer``."""
+    """Dramatiq's ``RabbitmqBroker`` whose consumers are ``PausableRabbitmqConsumer``, and whose
+    messages carry their priority to queues declared with ``x-max-priority``."""
 
     @property
     def consumer_class(self) -> Any:
         return PausableRabbitmqConsumer
+
+    def enqueue(self, message: Any, *, delay: int | None = None) -> Any:
+        # Dramatiq sends options["broker_priority"] as the AMQP priority.
+        priority = rabbitmq_priority(message.options, self.max_priority)
+        if priority is not None:
+            message = message.copy(options={"broker_priority": priority})
+        return super().enqueue(message, delay=delay)

@@ -21,7 +21,8 @@ import structlog
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.message import Message
 
-from composition.broker.keys import acks_key, messages_key, queue_key
+from composition.broker.keys import acks_key, lanes_key, messages_key, queue_key
+from composition.broker.priorities import LANES_LUA, PRIORITY_OPTION
 from composition.broker.redis_consumer import WakingRedisConsumer, has_wake_list, wake_key
 from composition.broker.stand_ins import StandIns
 from composition.errors import described
@@ -83,12 +84,31 @@ _ENQUEUE_WAKE_ARGS_AT = 8 + 2 + 1
 
 
 def _dispatch_and_wake_lua(dispatch_lua: str) -> str:
-    """Dramatiq's ``dispatch.lua`` run as a function so that, whatever it returns, an "enqueue"
-    then pushes the wake tokens given after its own arguments (``wake_args``). pcall: the message
-    is stored by then and a token is only a hint, so a failed push must not fail the send; the
-    push's error is returned instead, to log."""
-    return (WAKE_LUA + "local function dramatiq_dispatch()\n" + dispatch_lua + "\nend\n" + f"""
+    """Dramatiq's ``dispatch.lua`` run as a function, with the priority lanes around it
+    (``composition.broker.priorities``): a "fetch" first moves what the lanes should give it, an
+    "enqueue" of a message with a priority then moves it from the list to the lanes (found by a
+    plain search of its body first, so other messages are not decoded). Whatever it returns, an
+    "enqueue" then pushes the wake tokens given after its own arguments (``wake_args``). pcall:
+    the message is stored by then and a token is only a hint, so a failed push must not fail the
+    send; the push's error is returned instead, to log."""
+    return (WAKE_LUA + LANES_LUA + "local function dramatiq_dispatch()\n" + dispatch_lua + "\nend\n" + f"""
+local queue_full_name = KEYS[1] .. ":" .. ARGV[3]
+if ARGV[1] == "fetch" then
+    from_lanes(queue_full_name, math.min(tonumber(ARGV[9]), tonumber(ARGV[8])))
+end
 local result = dramatiq_dispatch()
+if ARGV[1] == "enqueue" and string.find(ARGV[10], '"{PRIORITY_OPTION}"', 1, true) then
+    local suffix = string.sub(ARGV[3], -3)
+    local decoded, message = pcall(cjson.decode, ARGV[10])
+    if decoded and suffix ~= ".DQ" and suffix ~= ".XQ" and type(message) == "table"
+            and type(message.options) == "table" then
+        local priority = tonumber(message.options["{PRIORITY_OPTION}"])
+        if priority and priority ~= 0 and priority >= -100 and priority <= 100 then
+            redis.call("lrem", queue_full_name, -1, ARGV[9])
+            to_lanes(queue_full_name, ARGV[9], priority)
+        end
+    end
+end
 if ARGV[1] == "enqueue" then
     local woke, err = pcall(push_wake_tokens, {_ENQUEUE_WAKE_ARGS_AT})
     if not woke then
@@ -223,4 +243,5 @@ class WakingRedisBroker(StandIns, RedisBroker):
 
     def flush(self, queue_name: str) -> None:
         super().flush(queue_name)
-        self.client.delete(wake_key(self, queue_name))
+        lanes = lanes_key(self.namespace, queue_name)
+        self.client.delete(wake_key(self, queue_name), lanes, f"{lanes}.seq")

@@ -1,17 +1,23 @@
-"""Dead letters and the inbox ledger, in PostgreSQL.
+"""Dead letters, the inbox ledger and the results of ``django.tasks`` runs, in PostgreSQL.
 
 ``DeadLetter`` is the operator's copy of a message that will not run again by itself (Dramatiq's
 broker-side dead-letter queue expires and is not searchable). ``ProcessedMessage`` records the
 message ids whose database effects have committed, so a redelivered message has no second effect.
+``TaskRecord`` is a ``django.tasks`` result (``composition.tasks``): here, not in that package,
+because the table exists whether or not ``django.tasks`` is installed.
 """
 
 from __future__ import annotations
 
+import uuid
+from typing import ClassVar
+
 from django.conf import settings
 from django.db import models
+from django.db.models import Q
 from django.utils import timezone
 
-__all__ = ["DeadLetter", "ProcessedMessage"]
+__all__ = ["DeadLetter", "ProcessedMessage", "TaskRecord"]
 
 
 class DeadLetter(models.Model):
@@ -80,12 +86,6 @@ class ProcessedMessage(models.Model):
     message_id = models.CharField(max_length=255)
     actor = models.CharField(max_length=255)
     processed_at = models.DateTimeField(default=timezone.now, db_index=True)
-    # A django.tasks run's (composition.tasks): when its successful attempt started and the
-    # worker of every attempt, replays included, for get_result. NULL for other jobs.
-    started_at = models.DateTimeField(null=True, blank=True)
-    worker_ids = models.JSONField(null=True, blank=True)
-    # A django.tasks run's JSON return value (TASK_RETURN_VALUE_MAX_BYTES at most); NULL otherwise.
-    return_value = models.JSONField(null=True, blank=True)
 
     class Meta:
         app_label = "composition"
@@ -96,3 +96,59 @@ class ProcessedMessage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.actor} {self.message_id}"
+
+
+class TaskRecord(models.Model):
+    """A task's result: its id (a random UUID, what ``enqueue`` returns and ``get_result`` takes),
+    what was enqueued, and what its runs have done so far.
+
+    ``enqueue`` inserts it READY in the caller's transaction, beside the outbox row whose payload
+    names it, so a replayed dead letter (same payload) updates the same record. A run marks it
+    RUNNING in its own short transaction before it starts, with a lease (``running_until``) that
+    the worker process renews while the run lasts; the run's end sets SUCCESSFUL in the run's
+    transaction (with the effects, for an ``ATOMIC`` queue), READY again before a retry, or FAILED.
+    A RUNNING record whose lease ran out belongs to a process that died: it reads READY, as its
+    message is redelivered.
+    """
+
+    class Status(models.TextChoices):
+        READY = "READY"
+        RUNNING = "RUNNING"
+        SUCCESSFUL = "SUCCESSFUL"
+        FAILED = "FAILED"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    backend = models.CharField(max_length=255, help_text="The TASKS alias.")
+    queue_name = models.CharField(max_length=255)
+    task_path = models.CharField(max_length=1024, help_text="The task's module path.")
+    priority = models.SmallIntegerField(default=0)
+    args = models.JSONField(default=list, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.READY)
+    enqueued_at = models.DateTimeField(default=timezone.now)
+    run_after = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True, help_text="When its first run began.")
+    last_attempted_at = models.DateTimeField(null=True, blank=True, help_text="When its latest run began.")
+    finished_at = models.DateTimeField(null=True, blank=True)
+    running_until = models.DateTimeField(null=True, blank=True,
+                                         help_text="A RUNNING record's lease, renewed while its run lasts.")
+    worker_ids = models.JSONField(default=list, blank=True, help_text="The worker of every run, oldest first.")
+    errors = models.JSONField(default=list, blank=True,
+                              help_text="One {exception_class_path, traceback} per failure that ended a run for good.")
+    return_value = models.JSONField(null=True, blank=True)
+    message_id = models.CharField(max_length=255, blank=True, default="",
+                                  help_text="The message of its latest run (its dead letter's, if it failed).")
+
+    objects: ClassVar[models.Manager[TaskRecord]] = models.Manager()
+
+    class Meta:
+        app_label = "composition"
+        verbose_name = "task result"
+        indexes = [
+            # Retention finds finished records by age.
+            models.Index(fields=["finished_at"], condition=Q(finished_at__isnull=False),
+                         name="taskrecord_finished_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_path} {self.id} ({self.status})"

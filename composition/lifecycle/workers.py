@@ -52,10 +52,10 @@ __all__ = ["BACKGROUND_DB_THREADS", "SCHEDULER_DB_THREADS", "WorkerOptions", "bu
 # Threads besides the worker threads that may hold a database connection in a worker process,
 # counted in the connection budget: the outbox relay sweeper, the deferred cache invalidation
 # replay, the cache breaker's recovery probe (it replays deferred invalidations too), the
-# retention pruner, the metrics sampler, the queue pause refresher and the shedding controller. A
-# web process has none: its request threads send
-# what they publish after COMMIT themselves.
-BACKGROUND_DB_THREADS = 7
+# retention pruner, the metrics sampler, the queue pause refresher, the shedding controller and the
+# renewer of running tasks' leases. A web process has none: its request threads send what they
+# publish after COMMIT themselves.
+BACKGROUND_DB_THREADS = 8
 # And one per host for the scheduler: in the worker process, or under --processes N in the
 # supervisor (its children run none).
 SCHEDULER_DB_THREADS = 1
@@ -109,6 +109,8 @@ def worker_components(options: WorkerOptions) -> list[Component]:
         QueuePauseRefresher(),
         # Before the worker threads, so a running job's concurrency slot is renewed until its end.
         SlotRenewer(),
+        # Before the worker threads too, so a running task's result stays RUNNING until its end.
+        *_task_components(),
         WorkerComponent(broker, queue_order=options.queue_order, threads=options.threads,
                         idle_poll_ms=int(conf.WORKER_IDLE_POLL_MS)),
         RelaySweeperComponent(broker),
@@ -121,6 +123,20 @@ def worker_components(options: WorkerOptions) -> list[Component]:
         *([SchedulerComponent()] if options.schedules else []),
         HeartbeatComponent(float(conf.WORKER_HEARTBEAT_S), broker=broker),
     ]
+
+
+def _task_components() -> list[Component]:
+    """The renewer of running tasks' leases, in a project whose ``TASKS`` has an ``OutboxBackend``
+    (imported only then: ``composition.tasks`` needs ``django.tasks`` or its backport)."""
+    if not getattr(settings, "TASKS", None):
+        return []
+    from composition.tasks.setup import outbox_aliases
+
+    if not outbox_aliases():
+        return []
+    from composition.tasks.leases import TaskLeaseRenewer
+
+    return [TaskLeaseRenewer()]
 
 
 def build_worker_system(options: WorkerOptions) -> System:

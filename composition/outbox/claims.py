@@ -19,6 +19,7 @@ from typing import Any
 from django.db import connection
 from dramatiq.message import Message
 
+from composition.broker.priorities import PRIORITY_HEADER, PRIORITY_OPTION, message_priority
 from composition.outbox.claim_sql import (
     CLAIM_SQL,
     CONFIRM_SQL,
@@ -60,10 +61,13 @@ class ClaimedMessage:
             if remaining_s > 0:
                 delay_ms = int(remaining_s * 1000)
         headers = {**self.headers, "outbox_id": self.id, "key": self.key}
+        options: dict[str, Any] = {"composition": headers}
+        priority = message_priority({PRIORITY_OPTION: headers.get(PRIORITY_HEADER)})
+        if priority:
+            options[PRIORITY_OPTION] = priority
         message: Message[Any] = Message(
             queue_name=self.queue_name, actor_name=self.actor_name, args=(), kwargs=self.payload,
-            options={"composition": headers}, message_id=message_id_for(self.id),
-            message_timestamp=int(now_s * 1000),
+            options=options, message_id=message_id_for(self.id), message_timestamp=int(now_s * 1000),
         )
         return message, delay_ms
 

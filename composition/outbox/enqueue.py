@@ -19,6 +19,7 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import current_millis, dq_name
 from dramatiq.message import Message
 
+from composition.broker.priorities import LANES_LUA, message_priority
 from composition.broker.redis import WAKE_LUA, wake_args
 from composition.conf import conf
 
@@ -28,23 +29,29 @@ if TYPE_CHECKING:
 __all__ = ["enqueue_many"]
 
 # Kept in the module rather than a .lua file so it ships with the package without package-data.
-_ENQUEUE_MANY_LUA = WAKE_LUA + """
+_ENQUEUE_MANY_LUA = WAKE_LUA + LANES_LUA + """
 -- Enqueue a batch of Dramatiq messages exactly as Dramatiq's own dispatch.lua "enqueue" command
--- does for one: HSET $ns:$queue.msgs <redis_message_id> <data>, then RPUSH $ns:$queue <id>, in
--- batch order; refresh this broker's heartbeat once, as every dispatch call does; then push the
--- batch's wake tokens (composition.broker.redis.WAKE_LUA).
+-- does for one: HSET $ns:$queue.msgs <redis_message_id> <data>, then RPUSH $ns:$queue <id> (or,
+-- with a priority other than 0, into the queue's lanes: composition.broker.priorities), in batch
+-- order; refresh this broker's heartbeat once, as every dispatch call does; then push the batch's
+-- wake tokens (composition.broker.redis.WAKE_LUA).
 --
 -- KEYS = [namespace]
--- ARGV = [timestamp_ms, broker_id, message_count, queue_1, id_1, data_1, queue_2, id_2, data_2, ...,
+-- ARGV = [timestamp_ms, broker_id, message_count, queue_1, id_1, data_1, priority_1, queue_2, ...,
 --         then push_wake_tokens' arguments (composition.broker.redis.wake_args)]
 local namespace = KEYS[1]
 redis.call("zadd", namespace .. ":__heartbeats__", ARGV[1], ARGV[2])
 local count = tonumber(ARGV[3])
-local first_wake_arg = 4 + 3 * count
-for i = 4, first_wake_arg - 1, 3 do
+local first_wake_arg = 4 + 4 * count
+for i = 4, first_wake_arg - 1, 4 do
     local queue_full_name = namespace .. ":" .. ARGV[i]
     redis.call("hset", queue_full_name .. ".msgs", ARGV[i + 1], ARGV[i + 2])
-    redis.call("rpush", queue_full_name, ARGV[i + 1])
+    local priority = tonumber(ARGV[i + 3])
+    if priority == 0 then
+        redis.call("rpush", queue_full_name, ARGV[i + 1])
+    else
+        to_lanes(queue_full_name, ARGV[i + 1], priority)
+    end
 end
 push_wake_tokens(first_wake_arg)
 return count
@@ -99,7 +106,9 @@ def _enqueue_redis(broker: RedisBroker, items: Sequence[tuple[Message[Any], int 
                 options["eta"] = now_ms + delay_ms
             message = message.copy(queue_name=queue_name, options=options)
             broker.emit_before("enqueue", message, delay_ms)
-            args += (queue_name, options["redis_message_id"], message.encode())
+            # A delayed message's priority counts once it is due (moved to its queue then).
+            priority = message_priority(message.options) if delay_ms is None else 0
+            args += (queue_name, options["redis_message_id"], message.encode(), priority)
             chunk.append((message, delay_ms))
         args += wake_args(broker, [message.queue_name for message, _ in chunk])
         script(keys=[broker.namespace], args=args)

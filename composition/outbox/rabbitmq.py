@@ -23,6 +23,7 @@ from dramatiq.common import current_millis, dq_name, q_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.message import Message
 
+from composition.broker.priorities import rabbitmq_priority
 from composition.errors import described
 from composition.outbox.errors import ConfirmTimeout, MessagesRejected
 
@@ -72,7 +73,7 @@ def _publish_chunk(broker: RabbitmqBroker, chunk: Sequence[tuple[Message[Any], s
                    confirm_timeout_s: float) -> None:
     deliveries = [
         (routing_key, message.encode(),
-         pika.BasicProperties(delivery_mode=2, priority=message.options.get("broker_priority")))
+         pika.BasicProperties(delivery_mode=2, priority=rabbitmq_priority(message.options, broker.max_priority)))
         for message, routing_key, _ in chunk
     ]
     queues = dict.fromkeys(q_name(routing_key) for routing_key, _, _ in deliveries)

@@ -1,10 +1,11 @@
 """The workers' side: one ``@job`` actor per backend alias and queue runs the tasks sent to it.
 
-The actor imports each task by the module path in its payload and runs it with the jobs' policy.
-``ATOMIC`` (the default) runs the task in one transaction with its inbox ledger row; with
-``ATOMIC: False`` it runs in autocommit and the row is written after, so a worker dying between the
-two runs it again. The ledger row is how ``get_result`` learns a task succeeded. ``task_finished``
-is sent once the run's transaction has ended, so a listener's queries are never rolled back with it.
+The actor imports each task by the module path in its payload, marks its result RUNNING
+(``records``), and runs it with the jobs' policy. ``ATOMIC`` (the default) runs the task in one
+transaction with its inbox ledger row and its SUCCESSFUL result; with ``ATOMIC: False`` it runs in
+autocommit and both are written after, so a worker dying between the two runs it again.
+``task_finished`` is sent once the run's transaction has ended, so a listener's queries are never
+rolled back with it.
 """
 
 from __future__ import annotations
@@ -16,14 +17,12 @@ import os
 import socket
 import threading
 import traceback
-from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
 import structlog
 from asgiref.sync import async_to_sync
 from django.db import transaction
-from django.db.models.functions import Now
 from django.utils import timezone
 from dramatiq import Actor
 from dramatiq.broker import MessageProxy
@@ -41,6 +40,7 @@ from composition.jobs.decorator import run_idempotently
 from composition.jobs.deploy_window import refuse
 from composition.jobs.inbox import ledger_key, record_processed
 from composition.outbox.publish import storable_json
+from composition.tasks import records
 from composition.tasks._compat import (
     Task,
     TaskContext,
@@ -52,23 +52,13 @@ from composition.tasks._compat import (
     task_started,
 )
 from composition.tasks.errors import InvalidTaskReturnValue
+from composition.tasks.leases import running_records
 from composition.tasks.options import QueuePolicy, actor_name
 from composition.tasks.payload import fitting_task
 
-__all__ = ["ATTEMPT_STARTED_HEADER", "MAX_REPLAYS_FOLLOWED", "WORKER_IDS_HEADER", "declare_task_actor",
-           "replayed_chain", "worker_id"]
+__all__ = ["declare_task_actor", "worker_id"]
 
 log = structlog.get_logger("composition.tasks")
-
-# Key in the message's composition headers listing the worker of each attempt; the headers
-# travel with a retried message and are kept in its dead letter, so a failed task's result
-# still says how many attempts it had and where they ran.
-WORKER_IDS_HEADER = "task_worker_ids"
-# Key in the same headers: when the latest attempt started (Unix seconds), so that a FAILED
-# result, read from its dead letter, says when its last run began, as a SUCCESSFUL one does.
-ATTEMPT_STARTED_HEADER = "task_attempt_started_at"
-# A dead letter replayed, failing again, replayed again...: followed this far at most.
-MAX_REPLAYS_FOLLOWED = 20
 
 _declare_lock = threading.Lock()
 
@@ -89,17 +79,8 @@ def declare_task_actor(alias: str, queue: str, policy: QueuePolicy) -> Actor[...
         if actor is not None:
             return actor
 
-        def run_task(task: str, args: list, kwargs: dict) -> None:
-            failed: list[TaskResult[Any, Any]] = []  # a run that failed for good, told once it has rolled back
-            message = current_message()
-            try:
-                if policy.atomic and message is not None:
-                    run_idempotently(name, message, _run, (alias, queue, policy, task, args, kwargs, failed), {})
-                else:
-                    _run(alias, queue, policy, task, args, kwargs, failed)
-            finally:
-                for result in failed:
-                    _finished(result, TaskResultStatus.FAILED)
+        def run_task(task: str, args: list, kwargs: dict, result: str | None = None) -> None:
+            _run_task(TaskRun(alias, queue, policy, name, task, args, kwargs, result, current_message()))
 
         # The ledger transaction is run_task's own (run_idempotently), so that FAILED goes out
         # after it; the policy on the actor, which operators' tools read, still says idempotent.
@@ -117,50 +98,145 @@ def _check_payload(alias: str, queue: str, args: Any, kwargs: Any) -> None:
     fitting_task(kwargs.get("task"), kwargs.get("args"), kwargs.get("kwargs"), alias=alias, queue=queue)
 
 
-def _run(alias: str, queue: str, policy: QueuePolicy, path: str, args: list[Any], kwargs: dict[str, Any],
-         failed: list[TaskResult[Any, Any]]) -> None:
-    """Run the task; a run that fails for good is appended to ``failed`` (with its error) for
-    the caller to announce once the transaction is over."""
-    message = current_message()
+@dataclasses.dataclass
+class TaskRun:
+    """One run of a task message: what it names, and what the run has learnt so far."""
+
+    alias: str
+    queue: str
+    policy: QueuePolicy
+    actor: str
+    path: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    record_id: str | None  # the result's id (None: a message from before results were kept)
+    message: MessageProxy | None  # None: called in-process, not by a worker
+    outcome: str | None = None  # "succeeded", or "skipped" (a duplicate of a run that did)
+    failure: TaskError | None = None  # the error that ended the task for good
+
+
+def _run_task(run: TaskRun) -> None:
+    message = run.message
     try:
         # Checked at enqueue; again here, because this worker may run another deploy.
-        task = fitting_task(path, args, kwargs, alias=alias, queue=queue)
+        task = fitting_task(run.path, run.args, run.kwargs, alias=run.alias, queue=run.queue)
     except IncompatibleMessageError as exc:
         if message is None:
             raise
-        refuse(configured_broker(), message, exc)
-    if not policy.atomic and message is not None and _processed(message):
-        log.info("task already ran, skipped", task=path)
-        return
-    result = _running_result(task, alias, message, args, kwargs)
+        try:
+            refuse(configured_broker(), message, exc)
+        except IncompatibleMessageError as parked:
+            # Its deploy window is over: parked as a dead letter, the task has failed.
+            run.failure = _task_error(parked)
+            _record_end(run)
+            raise
+    start = None
+    if message is not None and run.record_id is not None:
+        try:
+            start = records.mark_running(run.record_id, alias=run.alias, queue=run.queue, path=run.path,
+                                         args=run.args, kwargs=run.kwargs, worker=worker_id(),
+                                         message_id=message.message_id)
+        except Exception as exc:
+            log.warning("could not mark a task's result RUNNING", result_id=run.record_id, error=described(exc))
+        else:
+            if start is None:
+                log.info("task already succeeded, skipped", task=run.path)
+                return
+            running_records.add(run.record_id)
+    result = _running_result(task, run, start)
     task_started.send(sender=type(task.get_backend()), task_result=result)
     try:
-        returned = _kept(path, _call(task, [TaskContext(task_result=result), *args] if task.takes_context else args,
-                                     kwargs, timeout_s=policy.job.timeout_s))
-    except BaseException as exc:
-        if message is None or _is_final(exc, message, policy):
-            result.errors.append(_task_error(exc))
-            failed.append(result)
-        raise
-    if message is not None:
-        # What get_result reports of a success: the run's end (processed_at), its start and the
-        # worker of every attempt.
-        run = {"started_at": result.started_at, "worker_ids": list(result.worker_ids), "return_value": returned}
-        if policy.atomic:
-            # The ledger row went in when the run began; its time becomes the run's end. Same
-            # transaction: it commits with the effects.
-            _ledger(message).update(processed_at=Now(), **run)
+        if run.policy.atomic and message is not None:
+            run_idempotently(run.actor, message, _run, (task, run, result), {})
+            if run.outcome is None:
+                # The ledger had it: it succeeded before, and its result was lost (pruned early).
+                _skipped(run)
         else:
-            try:
-                disarm_time_limit()  # the run is over: an interrupt now would only repeat it
-            except INTERRUPTS:
-                pass  # landed as the disarm began
-            with transaction.atomic():
-                if record_processed(ledger_key(message), message.actor_name):
-                    _ledger(message).update(**run)
-    # After COMMIT of an atomic run (at once otherwise): only then has the task succeeded.
+            _run(task, run, result)
+    except BaseException:
+        if run.outcome == "succeeded":
+            run.outcome = None  # recorded in a transaction that did not commit
+        raise
+    finally:
+        if start is not None and run.record_id is not None:
+            running_records.discard(run.record_id)
+            if run.outcome is None:
+                _record_end(run)
+        if run.failure is not None:
+            result.errors.append(run.failure)
+            _finished(result, TaskResultStatus.FAILED)
+    if run.outcome == "succeeded":
+        # After COMMIT of an atomic run (at once otherwise): only then has the task succeeded.
+        transaction.on_commit(partial(_finished, result, TaskResultStatus.SUCCESSFUL), robust=True)
+
+
+def _run(task: Task[Any, Any], run: TaskRun, result: TaskResult[Any, Any]) -> None:
+    """Run the task and, in the same transaction for an atomic run, record its success; a run
+    that fails for good sets ``run.failure`` for the caller to record and announce once the
+    transaction is over."""
+    message = run.message
+    if not run.policy.atomic and message is not None and _ledger(message).exists():
+        log.info("task already ran, skipped", task=run.path)
+        _skipped(run)
+        return
+    try:
+        returned = _kept(run.path, _call(task, [TaskContext(task_result=result), *run.args]
+                                         if task.takes_context else run.args, run.kwargs,
+                                         timeout_s=run.policy.job.timeout_s))
+    except BaseException as exc:
+        if message is None or _is_final(exc, message, run.policy):
+            run.failure = _task_error(exc)
+        raise
+    if message is not None and not run.policy.atomic:
+        try:
+            disarm_time_limit()  # the run is over: an interrupt now would only repeat it
+        except INTERRUPTS:
+            pass  # landed as the disarm began
+        with transaction.atomic():
+            if record_processed(ledger_key(message), message.actor_name):
+                _succeeded(run, returned)
+            else:
+                _skipped(run)
+    else:
+        # Atomic: in the ledger's transaction, so SUCCESSFUL commits with the effects.
+        _succeeded(run, returned)
     object.__setattr__(result, "_return_value", returned)
-    transaction.on_commit(partial(_finished, result, TaskResultStatus.SUCCESSFUL), robust=True)
+
+
+def _succeeded(run: TaskRun, returned: Any) -> None:
+    run.outcome = "succeeded"
+    if run.record_id is not None and run.message is not None:
+        records.mark_succeeded(run.record_id, return_value=returned, finished_at=timezone.now())
+
+
+def _skipped(run: TaskRun) -> None:
+    """A duplicate of a run that succeeded: its record says so again (if it had been lost and this
+    run's RUNNING write made it anew), without a return value, which only that run knew."""
+    run.outcome = "skipped"
+    if run.record_id is not None and run.message is not None:
+        try:
+            records.mark_succeeded(run.record_id, return_value=None, finished_at=timezone.now(), keep_value=True)
+        except Exception as exc:
+            log.warning("could not write a task's result", result_id=run.record_id, error=described(exc))
+
+
+def _record_end(run: TaskRun) -> None:
+    """After a run that did not succeed, and after its rollback: FAILED for good, else READY for
+    the retry or redelivery that follows. A write that fails is logged: the result then tells
+    what its lease and its dead letter say."""
+    try:
+        disarm_time_limit()  # the run is over; these writes must not be interrupted
+    except INTERRUPTS:
+        pass
+    if run.record_id is None or run.message is None:
+        return
+    try:
+        if run.failure is not None:
+            records.mark_failed(run.record_id, error=_error_dict(run.failure), message_id=run.message.message_id)
+        else:
+            records.mark_ended(run.record_id)
+    except Exception as exc:
+        log.warning("could not write a task's result", result_id=run.record_id, error=described(exc))
 
 
 def _call(task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any], *, timeout_s: float) -> Any:
@@ -209,65 +285,22 @@ def _ledger(message: MessageProxy) -> Any:
     return ProcessedMessage.objects.filter(message_id=ledger_key(message))
 
 
-def _processed(message: MessageProxy) -> bool:
-    return bool(_ledger(message).exists())
-
-
-def _running_result(task: Task[Any, Any], alias: str, message: MessageProxy | None, args: list[Any],
-                    kwargs: dict[str, Any]) -> TaskResult[Any, Any]:
-    """The result a task that takes a context sees: this run, with one worker id per attempt."""
-    headers: dict[str, Any] = {}
-    result_id = ""
-    earlier: list[str] = []
-    if message is not None:
-        found = message.options.setdefault("composition", {})
-        headers = found if isinstance(found, dict) else {}
-        result_id = str(headers.get("outbox_id") or message.message_id)
-        # Mutated in place: the retried message and its dead letter carry the list on.
-        workers = headers.setdefault(WORKER_IDS_HEADER, [])
-        if isinstance(workers, list):
-            workers.append(worker_id())
-        # A replayed dead letter is the same task: the result id the caller holds, and the
-        # attempts before the replay (get_result reads the same).
-        replay_of = headers.get("replay_of")
-        if isinstance(replay_of, int):
-            first_id, earlier = replayed_chain(replay_of)
-            result_id = first_id or result_id
-    published = headers.get("published_at")
+def _running_result(task: Task[Any, Any], run: TaskRun, start: records.RunStart | None) -> TaskResult[Any, Any]:
+    """The result a task that takes a context sees: this run, as its RUNNING write read it back."""
     now = timezone.now()
-    if message is not None:
-        headers[ATTEMPT_STARTED_HEADER] = now.timestamp()
-    worker_ids = headers.get(WORKER_IDS_HEADER)
-    return TaskResult(
-        task=task, id=result_id, status=TaskResultStatus.RUNNING,
-        enqueued_at=datetime.fromtimestamp(published, tz=UTC) if isinstance(published, int | float) else None,
-        started_at=now, last_attempted_at=now, finished_at=None, args=args, kwargs=kwargs, backend=alias,
-        errors=[], worker_ids=[*earlier, *(str(worker) for worker in worker_ids)] if isinstance(worker_ids, list)
-        else earlier,
-    )
-
-
-def replayed_chain(dead_letter_id: int) -> tuple[str | None, list[str]]:
-    """For a message replaying dead letter ``dead_letter_id``: the result id of the task's first
-    message (its outbox row's id) and the workers of every attempt before, oldest first, through
-    replays of replays (up to ``MAX_REPLAYS_FOLLOWED``)."""
-    from composition.jobs.models import DeadLetter
-
-    result_id: str | None = None
-    workers: list[str] = []
-    next_id: Any = dead_letter_id
-    for _ in range(MAX_REPLAYS_FOLLOWED):
-        if not isinstance(next_id, int):
-            break
-        letter = DeadLetter.objects.filter(pk=next_id).only("headers").first()
-        headers = letter.headers if letter is not None and isinstance(letter.headers, dict) else {}
-        if not headers:
-            break
-        attempts = headers.get(WORKER_IDS_HEADER)
-        workers = [*(str(worker) for worker in attempts), *workers] if isinstance(attempts, list) else workers
-        result_id = str(headers["outbox_id"]) if headers.get("outbox_id") is not None else result_id
-        next_id = headers.get("replay_of")
-    return result_id, workers
+    if start is None:
+        # No record (a message from before results were kept, a run in-process, or a write that
+        # failed): this run alone.
+        return TaskResult(task=task, id=run.record_id or "", status=TaskResultStatus.RUNNING, enqueued_at=None,
+                          started_at=now, last_attempted_at=now, finished_at=None, args=run.args,
+                          kwargs=run.kwargs, backend=run.alias, errors=[], worker_ids=[worker_id()])
+    return TaskResult(task=task, id=run.record_id or "", status=TaskResultStatus.RUNNING,
+                      enqueued_at=start.enqueued_at, started_at=start.started_at,
+                      last_attempted_at=start.last_attempted_at, finished_at=None, args=run.args, kwargs=run.kwargs,
+                      backend=run.alias, worker_ids=[str(worker) for worker in start.worker_ids],
+                      errors=[TaskError(exception_class_path=str(error.get("exception_class_path", "")),
+                                        traceback=str(error.get("traceback", "")))
+                              for error in start.errors if isinstance(error, dict)])
 
 
 def _is_final(exc: BaseException, message: MessageProxy, policy: QueuePolicy) -> bool:
@@ -281,6 +314,10 @@ def _task_error(exc: BaseException) -> TaskError:
     cls = type(exc)
     return TaskError(exception_class_path=f"{cls.__module__}.{cls.__qualname__}",
                      traceback="".join(traceback.format_exception(exc)))
+
+
+def _error_dict(error: TaskError) -> dict[str, str]:
+    return {"exception_class_path": error.exception_class_path, "traceback": error.traceback}
 
 
 def _finished(result: TaskResult[Any, Any], status: TaskResultStatus) -> None:

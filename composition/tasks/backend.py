@@ -3,22 +3,28 @@
 ``task.enqueue(...)`` checks the arguments and writes one outbox row in the caller's transaction
 (``composition.outbox.publish``): rolled back, the task never runs; committed, the row is sent to
 the broker right after COMMIT and a ``runworkers`` process runs it (``actors``), with the jobs'
-retries, time limit, dead letters and ledger. The result id is the outbox row's id, and
-``get_result`` reads the task's state from the rows (``results``).
+retries, time limit, dead letters and ledger. The result id is a random UUID, the id of the
+task's ``TaskRecord``, written beside the outbox row; ``get_result`` reads it (``results``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import uuid
 from datetime import datetime
 from functools import partial
 from typing import Any, cast
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 from dramatiq import Actor
 
+from composition.broker.configured import broker_kind
+from composition.broker.priorities import PRIORITY_HEADER
+from composition.conf import conf
 from composition.errors import PayloadValidationError
 from composition.tasks._compat import (
+    DEFAULT_TASK_PRIORITY,
     DEFAULT_TASK_QUEUE_NAME,
     BaseTaskBackend,
     InvalidTask,
@@ -43,15 +49,15 @@ class OutboxBackend(BaseTaskBackend):
     ``QUEUES`` (default ``["default"]``) are Dramatiq queues of the same names; ``OPTIONS`` set the
     run policy, for every queue or per queue (``composition.tasks.options``). Building the backend
     only reads those settings (``@task`` builds it at import); a bad one raises
-    ``InvalidBackendOptions``. Deferred tasks (``run_after``) and coroutine tasks (``async def``,
-    run in an event loop of their own by the worker) are supported; priorities are not, and
-    ``validate_task`` refuses them.
+    ``InvalidBackendOptions``. Deferred tasks (``run_after``), coroutine tasks (``async def``, run
+    in an event loop of their own by the worker) and priorities are supported; on RabbitMQ a
+    priority other than 0 needs ``RABBITMQ_MAX_PRIORITY``, and ``validate_task`` refuses it without.
     """
 
     supports_defer = True
     supports_async_task = True
     supports_get_result = True
-    supports_priority = False
+    supports_priority = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         # Parsed first: a malformed QUEUES is reported by name, not as the base class's TypeError.
@@ -69,6 +75,14 @@ class OutboxBackend(BaseTaskBackend):
         """Declare the actor of every queue: what a worker process needs before it consumes."""
         return [self.actor(queue) for queue in sorted(self.parsed_options.queues)]
 
+    def validate_task(self, task: Task[Any, Any]) -> None:
+        """Django's checks, and a priority only where the broker honours it."""
+        super().validate_task(task)
+        if task.priority != DEFAULT_TASK_PRIORITY and broker_kind(str(conf.BROKER_URL)) == "rabbitmq" \
+                and not conf.RABBITMQ_MAX_PRIORITY:
+            raise InvalidTask(f"priority {task.priority}: RabbitMQ honours priorities only on queues declared with "
+                              "x-max-priority; set COMPOSITION['RABBITMQ_MAX_PRIORITY'] (docs/tasks.md, 'Priorities')")
+
     def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
         """Write the task's outbox row in the current transaction; returns its READY result.
 
@@ -79,7 +93,7 @@ class OutboxBackend(BaseTaskBackend):
         # Imported here: publishing loads the outbox's model, and @task builds this backend
         # wherever a tasks module is imported, possibly while Django's apps are still loading.
         from composition.outbox.errors import PayloadNotSerializableError
-        from composition.outbox.publish import publish
+        from composition.outbox.publish import publish_with_headers
 
         self.validate_task(task)
         if not is_importable(task):
@@ -94,13 +108,24 @@ class OutboxBackend(BaseTaskBackend):
             arguments_schema(task).validate(plain_args, plain_kwargs)
         except PayloadValidationError as exc:
             raise InvalidTaskArguments(str(exc)) from None
-        try:
-            row = publish(self.actor(task.queue_name), task_payload(task, plain_args, plain_kwargs),
-                          delay_s=_delay_s(task.run_after))
-        except PayloadNotSerializableError as exc:
-            raise InvalidTaskArguments(f"arguments of {task.module_path}: {exc}") from None
+        from composition.jobs.models import TaskRecord
+
+        result_id = str(uuid.uuid4())
+        # In autocommit, one transaction of the two rows, so the message is sent after both are in.
+        with contextlib.nullcontext() if connection.in_atomic_block else transaction.atomic():
+            try:
+                row = publish_with_headers(
+                    self.actor(task.queue_name), task_payload(task, plain_args, plain_kwargs, result_id),
+                    headers={PRIORITY_HEADER: task.priority} if task.priority else {}, delay_s=_delay_s(task.run_after))
+            except PayloadNotSerializableError as exc:
+                raise InvalidTaskArguments(f"arguments of {task.module_path}: {exc}") from None
+            # After the outbox row, which may be refused: nothing is written then.
+            TaskRecord.objects.create(
+                id=result_id, backend=self.alias, queue_name=task.queue_name, task_path=task.module_path,
+                priority=task.priority, args=plain_args, kwargs=plain_kwargs, enqueued_at=row.created_at,
+                run_after=task.run_after, message_id=row.message_id)
         result: TaskResult[Any, Any] = TaskResult(
-            task=task, id=str(row.pk), status=TaskResultStatus.READY, enqueued_at=row.created_at, started_at=None,
+            task=task, id=result_id, status=TaskResultStatus.READY, enqueued_at=row.created_at, started_at=None,
             finished_at=None, last_attempted_at=None, args=plain_args, kwargs=plain_kwargs, backend=self.alias,
             errors=[], worker_ids=[],
         )

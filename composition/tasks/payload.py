@@ -1,4 +1,5 @@
-"""A task in an outbox payload, and back: ``{"task": module path, "args": [...], "kwargs": {...}}``.
+"""A task in an outbox payload, and back: ``{"task": module path, "args": [...], "kwargs": {...},
+"result": its result id}``.
 
 The worker finds the task by its module path (``django.tasks``' ``Task.module_path``), so a task
 must be importable under the name of its function, as ``@task`` at module level makes it. The
@@ -25,12 +26,13 @@ __all__ = ["TASK_KEYS", "arguments_schema", "fitting_task", "is_importable", "re
 TASK_KEYS = ("task", "args", "kwargs")
 
 
-def task_payload(task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The outbox payload of one run of ``task``."""
-    return {"task": task.module_path, "args": args, "kwargs": kwargs}
+def task_payload(task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any], result_id: str) -> dict[str, Any]:
+    """The outbox payload of ``task`` enqueued as result ``result_id`` (a replay sends it again)."""
+    return {"task": task.module_path, "args": args, "kwargs": kwargs, "result": result_id}
 
 
-def resolve_task(path: str, *, alias: str, queue: str, run_after: datetime | None = None) -> Task[Any, Any]:
+def resolve_task(path: str, *, alias: str, queue: str, run_after: datetime | None = None,
+                 priority: int | None = None) -> Task[Any, Any]:
     """The task at ``path``, as enqueued on backend ``alias`` and ``queue``.
 
     Raises ImportError when ``path`` names nothing (a module or task renamed since), and
@@ -40,7 +42,9 @@ def resolve_task(path: str, *, alias: str, queue: str, run_after: datetime | Non
     if not isinstance(found, Task):
         raise InvalidTask(f"{path} is not a django.tasks Task (is the function decorated with @task?)")
     # using() validates again, against this backend: a queue it no longer serves is refused.
-    return found.using(queue_name=queue, backend=alias, run_after=run_after)
+    if priority is None:
+        return found.using(queue_name=queue, backend=alias, run_after=run_after)
+    return found.using(queue_name=queue, backend=alias, run_after=run_after, priority=priority)
 
 
 def fitting_task(path: Any, args: Any, kwargs: Any, *, alias: str, queue: str) -> Task[Any, Any]:

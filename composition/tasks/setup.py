@@ -18,14 +18,14 @@ from composition.tasks._compat import BACKPORT, BACKPORT_APP, task_backends
 from composition.tasks.backend import OutboxBackend
 from composition.tasks.errors import InvalidBackendOptions
 
-__all__ = ["check_outbox_backends", "ready"]
+__all__ = ["check_outbox_backends", "outbox_aliases", "ready"]
 
 
 def ready() -> None:
     """Declare the actors of each valid ``OutboxBackend`` (an invalid one is left to the check)
     and register ``check_outbox_backends``."""
     checks.register(check_outbox_backends, "composition")
-    for alias in _outbox_aliases():
+    for alias in outbox_aliases():
         try:
             backend = task_backends[alias]
         except InvalidBackendOptions:
@@ -38,7 +38,7 @@ def check_outbox_backends(app_configs: Any = None, **kwargs: Any) -> list[checks
     """``composition.E090`` for an ``OutboxBackend`` with bad ``QUEUES``/``OPTIONS``;
     ``composition.W091`` when it runs on the backport and ``django_tasks`` is not installed."""
     messages: list[checks.CheckMessage] = []
-    aliases = _outbox_aliases()
+    aliases = outbox_aliases()
     for alias in aliases:
         try:
             task_backends[alias]
@@ -53,7 +53,7 @@ def check_outbox_backends(app_configs: Any = None, **kwargs: Any) -> list[checks
     return messages
 
 
-def _outbox_aliases() -> list[str]:
+def outbox_aliases() -> list[str]:
     """The aliases in ``settings.TASKS`` whose backend class is an ``OutboxBackend``. A backend
     that cannot be imported is left to django.tasks, which reports it when it is used."""
     configured = getattr(settings, "TASKS", None)

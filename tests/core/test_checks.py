@@ -27,6 +27,9 @@ def test_each_mistake_has_its_own_id() -> None:
     assert _ids(LIMIT_MAX_DELAY_S=-1) == {"composition.E004"}
     assert _ids(WORKER_QUEUES="critical=4,bulk") == {"composition.E012"}
     assert _ids(WORKER_QUEUES=["critical=4", "bulk=1"]) == set()
+    assert _ids(RABBITMQ_MAX_PRIORITY=0) == _ids(RABBITMQ_MAX_PRIORITY=256) == _ids(RABBITMQ_MAX_PRIORITY="10") \
+        == {"composition.E013"}
+    assert _ids(RABBITMQ_MAX_PRIORITY=10) == set()
     assert _ids(WORKER_THREADS=0) == {"composition.E005"}
     assert _ids(HEALTH_DEPENDENCIES={"cache": "sometimes"}) == {"composition.E006"}
     assert _ids(CACHE_ALIAS="nope") == {"composition.E007"}

@@ -23,7 +23,7 @@ from composition.checks import check_retention_settings
 from composition.conf import conf
 from composition.db.pruning import delete_in_batches
 from composition.jobs import job
-from composition.jobs.models import DeadLetter, ProcessedMessage
+from composition.jobs.models import DeadLetter, ProcessedMessage, TaskRecord
 from composition.jobs.policy import JobPolicy
 from composition.outbox.models import OutboxMessage
 from composition.queues.history import record_buckets
@@ -48,6 +48,16 @@ def ledger_rows(age_s: float, n: int, prefix: str) -> list[int]:
     rows = ProcessedMessage.objects.bulk_create(
         [ProcessedMessage(message_id=f"{prefix}-{i}", actor="charge", processed_at=_ago(age_s)) for i in range(n)])
     return [row.pk for row in rows]
+
+
+def task_result(finished_s: float | None, status: str, *, dead_letter_status: str | None = None) -> Any:
+    record = TaskRecord.objects.create(backend="default", queue_name="q", task_path="m.f", status=status,
+                                       finished_at=None if finished_s is None else _ago(finished_s),
+                                       message_id=f"task-{TaskRecord.objects.count()}")
+    if dead_letter_status is not None:
+        DeadLetter.objects.filter(pk=dead_letter(DAY_S, dead_letter_status, "task")).update(
+            message_id=record.message_id)
+    return record.pk
 
 
 def outbox_rows(age_s: float, n: int, *, status: str = "sent") -> list[int]:
@@ -138,13 +148,21 @@ def test_defaults_prune_old_rows_of_each_table_and_keep_the_rest() -> None:
     dead_letter(31 * DAY_S, "discarded", "old")
     for age_s in (2 * DAY_S, 3600):  # the queues' history: a day's worth is kept
         record_buckets({"retained": 1}, {}, now_s=time.time() - age_s)
+    # Task results: finished ones go after 7 days, except a failure whose dead letter is unresolved.
+    keep_results = {task_result(6 * DAY_S, "SUCCESSFUL"), task_result(None, "READY"), task_result(None, "RUNNING"),
+                    task_result(8 * DAY_S, "FAILED", dead_letter_status="dead")}
+    for status in ("SUCCESSFUL", "FAILED"):
+        task_result(8 * DAY_S, status)
+    task_result(8 * DAY_S, "FAILED", dead_letter_status="replayed")
+    keep_letters |= set(DeadLetter.objects.filter(message_id__startswith="task-").values_list("pk", flat=True))
 
     results = prune_expired(batch_size=2)
 
     assert results is not None
     assert {result.table: result.deleted for result in results} == {
         "composition_processedmessage": 3, "composition_outboxmessage": 3, "composition_deadletter": 2,
-        "composition_scheduletick": 0, "composition_queuebucket": 1}
+        "composition_scheduletick": 0, "composition_queuebucket": 1, "composition_taskrecord": 3}
+    assert set(TaskRecord.objects.values_list("pk", flat=True)) == keep_results
     assert QueueBucket.objects.filter(queue="retained").count() == 1
     assert set(ProcessedMessage.objects.values_list("pk", flat=True)) == set(keep_ledger)
     assert set(OutboxMessage.objects.values_list("pk", flat=True)) == set(keep_outbox)
@@ -186,7 +204,7 @@ def test_none_keeps_a_table_forever() -> None:
     outbox_rows(1000 * DAY_S, 2)
     with override_settings(COMPOSITION={**settings.COMPOSITION, "INBOX_RETENTION_S": None,
                                         "OUTBOX_RETENTION_S": None, "SCHEDULE_TICK_RETENTION_S": None,
-                                        "QUEUE_HISTORY_RETENTION_S": None}):
+                                        "QUEUE_HISTORY_RETENTION_S": None, "TASK_RESULT_RETENTION_S": None}):
         results = prune_expired()
     assert results is not None and [result.table for result in results] == ["composition_deadletter"]
     assert (ProcessedMessage.objects.count(), OutboxMessage.objects.count()) == (2, 2)

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import socket
 import time
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -21,6 +22,7 @@ if not (importlib.util.find_spec("django.tasks") or importlib.util.find_spec("dj
     pytest.skip("neither django.tasks (Django 6) nor the django-tasks backport is installed",
                 allow_module_level=True)
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.test import override_settings
@@ -29,7 +31,7 @@ from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import TimeLimitExceeded
 
 from composition.broker.configured import configured_broker
-from composition.jobs.models import DeadLetter, ProcessedMessage
+from composition.jobs.models import DeadLetter, ProcessedMessage, TaskRecord
 from composition.jobs.replay import replay
 from composition.outbox import OutboxMessage, PayloadTooLargeError, publish
 from composition.tasks import InvalidBackendOptions, InvalidTaskArguments, OutboxBackend, actor_name
@@ -61,6 +63,15 @@ QUEUES = f"{tasks.QUEUE},{tasks.PLAIN_QUEUE}"
 
 def status_of(task: Any, result_id: str) -> str:
     return str(task.get_result(result_id).status)
+
+
+def outbox_row(result: Any) -> OutboxMessage:
+    """The outbox row a task was enqueued with (its payload names the result)."""
+    return OutboxMessage.objects.get(payload__result=result.id)
+
+
+def running_pid(worker: Any) -> int:
+    return int(worker.pid)
 
 
 def not_a_task(n: int) -> None:
@@ -162,18 +173,26 @@ def test_bad_tasks_and_arguments_are_refused_and_nothing_is_written() -> None:
 
     with pytest.raises(InvalidTask, match="Queue 'elsewhere' is not valid"):
         task(queue_name="elsewhere")(not_a_task)
-    with pytest.raises(InvalidTask, match="priority"):
+    # Priorities are honoured on Redis; on RabbitMQ only with queues declared for them.
+    assert task(queue_name=tasks.QUEUE, priority=5)(not_a_task).priority == 5
+    amqp = "amqp://guest:guest@127.0.0.1:5672/%2F"
+    with override_settings(COMPOSITION={**settings.COMPOSITION, "BROKER_URL": amqp}), \
+            pytest.raises(InvalidTask, match="RABBITMQ_MAX_PRIORITY"):
         task(queue_name=tasks.QUEUE, priority=5)(not_a_task)
+    with override_settings(COMPOSITION={**settings.COMPOSITION, "BROKER_URL": amqp, "RABBITMQ_MAX_PRIORITY": 10}):
+        assert task(queue_name=tasks.QUEUE, priority=-100)(not_a_task).priority == -100
+    with pytest.raises(InvalidTask, match="priority"):
+        task(queue_name=tasks.QUEUE, priority=101)(not_a_task)
     # Decorated under another name: a worker could not find it by its module path.
     misnamed = task(queue_name=tasks.QUEUE)(not_a_task)
     assert isinstance(misnamed, Task)
     with pytest.raises(InvalidTask, match="not importable"):
         misnamed.enqueue(1)
-    assert not OutboxMessage.objects.exists()
+    assert not OutboxMessage.objects.exists() and not TaskRecord.objects.exists()
 
 
 def test_get_result_of_an_unknown_id_or_another_actors_row() -> None:
-    for result_id in ("", "abc", "-1", "12345678", "1.0"):
+    for result_id in ("", "abc", "-1", "12345678", "1.0", str(uuid.uuid4())):
         with pytest.raises(TaskResultDoesNotExist):
             tasks.add_effect.get_result(result_id)
     job_row = publish(jobs.noop, {})
@@ -183,49 +202,57 @@ def test_get_result_of_an_unknown_id_or_another_actors_row() -> None:
 
 
 def test_the_result_of_a_task_a_deploy_removed_is_still_told() -> None:
-    # A row enqueued by the deploy before, for a function this one no longer has: get_result
+    # A result enqueued by the deploy before, for a function this one no longer has: get_result
     # raised ImportError; it tells the state, with a stand-in under the same path.
-    row = publish(actor_name("default", tasks.QUEUE),
-                  {"task": "tests.jobsapp.tasks.renamed_since", "args": [1], "kwargs": {}})
+    record = TaskRecord.objects.create(backend="default", queue_name=tasks.QUEUE,
+                                       task_path="tests.jobsapp.tasks.renamed_since", args=[1],
+                                       message_id="renamed-since-message")
     backend = task_backends["default"]
-    result = backend.get_result(str(row.pk))
+    result = backend.get_result(str(record.pk))
     assert (result.status, result.task.module_path, result.args) == (TaskResultStatus.READY,
                                                                      "tests.jobsapp.tasks.renamed_since", [1])
     with pytest.raises(InvalidTask, match="no longer a task"):
         result.task.call(1)
+    # Parked by a worker that could not run it, before any run wrote to the record: FAILED.
     now = timezone.now()
-    DeadLetter.objects.create(actor=row.actor_name, queue=row.queue_name, message_id=row.message_id,
-                              payload=row.payload, attempts=3, error_class="composition.errors.PermanentError",
+    DeadLetter.objects.create(actor=actor_name("default", tasks.QUEUE), queue=tasks.QUEUE,
+                              message_id=record.message_id, payload={}, attempts=1,
+                              error_class="composition.errors.IncompatibleMessageError",
                               error_message="tests.jobsapp.tasks.renamed_since is not importable",
                               fingerprint="f" * 32, first_failed_at=now, last_failed_at=now)
-    assert backend.get_result(str(row.pk)).status == TaskResultStatus.FAILED
-    configured_broker().flush(tasks.QUEUE)
+    failed = backend.get_result(str(record.pk))
+    assert failed.status == TaskResultStatus.FAILED and failed.finished_at == now
+    assert [error.exception_class_path for error in failed.errors] == ["composition.errors.IncompatibleMessageError"]
+    # Another backend's alias does not find it.
+    with pytest.raises(TaskResultDoesNotExist):
+        task_backends["default"].get_result(str(TaskRecord.objects.create(
+            backend="other", queue_name=tasks.QUEUE, task_path="x.y").pk))
 
 
-def test_a_result_whose_record_of_success_may_be_pruned_is_not_read_as_ready() -> None:
-    # The ledger (a success's only record) is pruned after INBOX_RETENTION_S; a row sent longer
-    # ago than that, with neither a ledger row nor a dead letter, read READY: as if never run.
-    result = tasks.add_effect.enqueue("long-ago")
-    configured_broker().flush(tasks.QUEUE)
-    row = OutboxMessage.objects.get(pk=result.id)
-    OutboxMessage.objects.filter(pk=row.pk).update(status="sent", sent_at=timezone.now() - timedelta(hours=1))
-    assert status_of(tasks.add_effect, result.id) == TaskResultStatus.READY
-    OutboxMessage.objects.filter(pk=row.pk).update(created_at=timezone.now() - timedelta(days=8),
-                                                   sent_at=timezone.now() - timedelta(days=8))
-    with pytest.raises(TaskResultDoesNotExist, match="pruned"):
-        tasks.add_effect.get_result(result.id)
-    # Deferred: due later than it was sent, it counts from when it was due.
-    OutboxMessage.objects.filter(pk=row.pk).update(delay_s=7.5 * 86400)
-    assert status_of(tasks.add_effect, result.id) == TaskResultStatus.READY
-    ProcessedMessage.objects.create(message_id=row.message_id, actor=row.actor_name, processed_at=timezone.now())
-    assert status_of(tasks.add_effect, result.id) == TaskResultStatus.SUCCESSFUL
+def test_a_running_record_whose_lease_ran_out_reads_ready_and_a_replayed_failure_reads_ready() -> None:
+    record = TaskRecord.objects.create(backend="default", queue_name=tasks.QUEUE,
+                                       task_path="tests.jobsapp.tasks.add_effect", args=["x"],
+                                       status=TaskRecord.Status.RUNNING, message_id="lease-message",
+                                       running_until=timezone.now() + timedelta(seconds=30))
+    assert status_of(tasks.add_effect, str(record.pk)) == TaskResultStatus.RUNNING
+    TaskRecord.objects.filter(pk=record.pk).update(running_until=timezone.now() - timedelta(seconds=1))
+    assert status_of(tasks.add_effect, str(record.pk)) == TaskResultStatus.READY
+    TaskRecord.objects.filter(pk=record.pk).update(status=TaskRecord.Status.FAILED, running_until=None,
+                                                   finished_at=timezone.now())
+    assert status_of(tasks.add_effect, str(record.pk)) == TaskResultStatus.FAILED
+    now = timezone.now()
+    DeadLetter.objects.create(actor=actor_name("default", tasks.QUEUE), queue=tasks.QUEUE,
+                              message_id=record.message_id, payload={}, attempts=1, error_class="ValueError",
+                              fingerprint="f" * 32, first_failed_at=now, last_failed_at=now,
+                              status=DeadLetter.Status.REPLAYED)
+    assert status_of(tasks.add_effect, str(record.pk)) == TaskResultStatus.READY
 
 
 # -- real workers ----------------------------------------------------------------------------------------
 def test_rolled_back_never_runs_and_committed_runs_once(worker_processes) -> None:
     with pytest.raises(RuntimeError), transaction.atomic():
         rolled_back = tasks.add_effect.enqueue("rolled-back")
-        assert OutboxMessage.objects.filter(pk=rolled_back.id).exists()
+        assert TaskRecord.objects.filter(pk=rolled_back.id).exists() and outbox_row(rolled_back)
         raise RuntimeError("roll back")
     with transaction.atomic():
         committed = tasks.add_effect.enqueue("committed")
@@ -237,7 +264,7 @@ def test_rolled_back_never_runs_and_committed_runs_once(worker_processes) -> Non
         tasks.add_effect.get_result(rolled_back.id)
     # Nothing runs it yet: it is sent (right after COMMIT) and waits in its queue.
     assert status_of(tasks.add_effect, committed.id) == TaskResultStatus.READY
-    assert 0 < (OutboxMessage.objects.get(pk=deferred.id).delay_s or 0) <= 1
+    assert 0 < (outbox_row(deferred).delay_s or 0) <= 1
 
     worker = worker_processes.spawn(["--threads", THREADS, "--queues", QUEUES])
     wait_until(lambda: Effect.objects.filter(key__in=["committed", "plain", "deferred"]).count() == 3, timeout_s=60,
@@ -284,10 +311,10 @@ def test_failures_retry_with_backoff_then_dead_letter_and_replay(worker_processe
     assert result.attempts == 3 and all(worker_id.startswith(f"{hostname}:") for worker_id in result.worker_ids)
     assert [error.exception_class for error in result.errors] == [ValueError]
     assert "doomed always fails" in result.errors[0].traceback
-    # It ran: when its last attempt began, before it failed for good.
-    assert result.started_at is not None and result.started_at == result.last_attempted_at
-    assert result.enqueued_at <= result.started_at <= result.finished_at
-    dead = DeadLetter.objects.get(message_id=OutboxMessage.objects.get(pk=failing.id).message_id)
+    # It ran: its first attempt began, then its last, before it failed for good.
+    assert result.started_at is not None and result.last_attempted_at is not None
+    assert result.enqueued_at <= result.started_at < result.last_attempted_at <= result.finished_at
+    dead = DeadLetter.objects.get(message_id=outbox_row(failing).message_id)
     assert (dead.attempts, dead.actor, dead.payload["task"]) == (3, actor_name("default", tasks.QUEUE),
                                                                    "tests.jobsapp.tasks.always_fails")
     with pytest.raises(ValueError, match="failed"):
@@ -334,7 +361,7 @@ def test_task_finished_listeners_run_after_the_tasks_transaction_and_cannot_chan
     result = tasks.duplicates_account.get_result(broken.id)
     assert result.status == TaskResultStatus.FAILED
     assert [error.exception_class_path for error in result.errors] == ["django.db.utils.IntegrityError"]
-    assert DeadLetter.objects.get(message_id=OutboxMessage.objects.get(pk=broken.id).message_id).error_class \
+    assert DeadLetter.objects.get(message_id=outbox_row(broken).message_id).error_class \
         == "django.db.utils.IntegrityError"
     assert not Account.objects.filter(name="dup").exists()  # the task's own rows rolled back
     # The listener that raised for refuses: logged; the task's PermanentError is what was recorded.
@@ -345,7 +372,8 @@ def test_task_finished_listeners_run_after_the_tasks_transaction_and_cannot_chan
 
 
 def test_a_replayed_task_runs_under_its_result_id_with_its_attempts_counted_on(worker_processes) -> None:
-    # The replay ran with the replay's own outbox id as its result id and counted attempts from 1.
+    # The replay ran with the replay's own outbox id as its result id and counted attempts from 1;
+    # it runs under the caller's result id, its attempts counted on.
     result = tasks.needs_account_in_context.enqueue("acct-ctx")
     worker = worker_processes.spawn(["--threads", THREADS, "--queues", QUEUES])
     wait_until(lambda: DeadLetter.objects.exists(), timeout_s=60, message=worker.output()[-3000:])
@@ -366,7 +394,7 @@ def test_a_task_over_its_time_limit_is_interrupted_and_ends_failed_as_a_dead_let
     # The worker's settings give the queue a 1 s TIMEOUT_S and 2 attempts; the body would take 60 s.
     run_s = 60
     result = tasks.overruns.enqueue(key="overrun", run_s=run_s)
-    message_id = OutboxMessage.objects.get(pk=result.id).message_id
+    message_id = outbox_row(result).message_id
     began = time.monotonic()
     worker = worker_processes.spawn(["--threads", THREADS, "--queues", QUEUES],
                                     DJANGO_SETTINGS_MODULE="tests.jobsapp.settings_task_time_limit")
@@ -384,10 +412,12 @@ def test_a_task_over_its_time_limit_is_interrupted_and_ends_failed_as_a_dead_let
     assert worker.terminate() == 0
 
 
-def test_get_result_reports_a_running_task_from_the_heartbeats(worker_processes) -> None:
+def test_get_result_reports_a_running_task_from_its_record(worker_processes) -> None:
+    # RUNNING came from the heartbeats: up to WORKER_HEARTBEAT_S late. It is written as the run
+    # starts, and the heartbeat is slow here on purpose (60 s).
     result = tasks.blocks_until_released.enqueue("slow")
     worker = worker_processes.spawn(["--threads", THREADS, "--queues", QUEUES],
-                                    COMPOSITION_TEST_OVERRIDES=json.dumps({"WORKER_HEARTBEAT_S": 0.2}))
+                                    COMPOSITION_TEST_OVERRIDES=json.dumps({"WORKER_HEARTBEAT_S": 60}))
     wait_until(lambda: status_of(tasks.blocks_until_released, result.id) == TaskResultStatus.RUNNING,
                timeout_s=60, message=f"never seen running; worker log:\n{worker.output()[-3000:]}")
     running = tasks.blocks_until_released.get_result(result.id)
@@ -400,8 +430,6 @@ def test_get_result_reports_a_running_task_from_the_heartbeats(worker_processes)
     assert worker.terminate() == 0
 
 
-def running_pid(worker: Any) -> int:
-    return int(worker.pid)
 
 
 def test_the_default_alias_is_the_configured_backend() -> None:
@@ -424,7 +452,7 @@ def test_coroutine_tasks_run_once_inside_their_ledger_s_transaction_retry_and_ke
     wait_until(lambda: async_to_sync(tasks.add_effect_async.aget_result)(done.id).status
                == TaskResultStatus.SUCCESSFUL, timeout_s=30, message=f"log:\n{worker.output()[-3000:]}")
     wait_until(lambda: status_of(tasks.flaky_async, flaky.id) == TaskResultStatus.SUCCESSFUL, timeout_s=30)
-    over_id = OutboxMessage.objects.get(pk=over.id).message_id
+    over_id = outbox_row(over).message_id
     wait_until(lambda: DeadLetter.objects.filter(message_id=over_id).exists(), timeout_s=15,
                message=f"the overrun was not cut at its 1 s limit; log:\n{worker.output()[-3000:]}")
     assert list(Effect.objects.filter(key__startswith="async-").order_by("key").values_list("key", flat=True)) == [
@@ -452,7 +480,7 @@ def test_a_return_value_is_kept_as_json_and_one_that_cannot_be_fails_the_run_rol
         result = tasks.returns.get_result(refused.id)
         assert result.status == TaskResultStatus.FAILED and result.attempts == 1, "not retried"
         assert result.errors[0].exception_class.__name__ == "InvalidTaskReturnValue"
-        dead = DeadLetter.objects.get(message_id=OutboxMessage.objects.get(pk=refused.id).message_id)
+        dead = DeadLetter.objects.get(message_id=outbox_row(refused).message_id)
         assert says in dead.error_message, dead.error_message
     # ATOMIC: the failed runs' effects rolled back with them.
     assert list(Effect.objects.filter(key__in=["kept", "too large", "a set"]).values_list("key", flat=True)) == ["kept"]

@@ -1,0 +1,100 @@
+"""A task's ``TaskRecord`` as its runs keep it: RUNNING when a run starts, then SUCCESSFUL, READY
+again before a retry, or FAILED (``composition.jobs.models.TaskRecord`` says what each means).
+
+RUNNING is written in a statement of its own before the run's transaction opens, so a reader sees
+it at once; it carries a lease of ``BROKER_HEARTBEAT_TIMEOUT_S`` (the broker's own wait before it
+hands a silent worker's messages out again) that ``leases.TaskLeaseRenewer`` renews while the run
+lasts. The end of a run is written in its transaction when it succeeds (so SUCCESSFUL commits with
+the effects, or not at all), and after its rollback otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+
+from composition.conf import conf
+
+__all__ = ["RunStart", "lease_s", "mark_ended", "mark_failed", "mark_running", "mark_succeeded"]
+
+TABLE = "composition_taskrecord"
+
+# Inserted when the record is gone (pruned, or a message enqueued before records were kept), so a
+# replay long after still has a result; never over a success, whose run must not be repeated.
+_RUNNING_SQL = f"""
+INSERT INTO {TABLE} AS r (id, backend, queue_name, task_path, priority, args, kwargs, status, enqueued_at,
+    started_at, last_attempted_at, running_until, worker_ids, errors, message_id)
+VALUES (%(id)s, %(backend)s, %(queue)s, %(path)s, 0, %(args)s::jsonb, %(kwargs)s::jsonb, 'RUNNING', now(),
+    now(), now(), now() + make_interval(secs => %(lease_s)s), %(workers)s::jsonb, '[]'::jsonb, %(message_id)s)
+ON CONFLICT (id) DO UPDATE SET status = 'RUNNING', started_at = COALESCE(r.started_at, now()),
+    last_attempted_at = now(), finished_at = NULL, running_until = EXCLUDED.running_until,
+    worker_ids = r.worker_ids || EXCLUDED.worker_ids, message_id = EXCLUDED.message_id
+    WHERE r.status <> 'SUCCESSFUL'
+RETURNING enqueued_at, started_at, last_attempted_at, worker_ids, errors
+"""
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """What a run's RUNNING write read back: the result a task's context shows."""
+
+    enqueued_at: datetime
+    started_at: datetime
+    last_attempted_at: datetime
+    worker_ids: list[str]
+    errors: list[dict[str, str]]
+
+
+def lease_s() -> float:
+    return float(conf.BROKER_HEARTBEAT_TIMEOUT_S)
+
+
+def mark_running(record_id: str, *, alias: str, queue: str, path: str, args: list[Any], kwargs: dict[str, Any],
+                 worker: str, message_id: str) -> RunStart | None:
+    """Mark the record RUNNING by ``worker`` (creating it if it is gone); None when it succeeded
+    already, so this run must not happen. Autocommit: call it outside any transaction."""
+    with connection.cursor() as cursor:
+        cursor.execute(_RUNNING_SQL, {
+            "id": record_id, "backend": alias, "queue": queue, "path": path, "args": json.dumps(args),
+            "kwargs": json.dumps(kwargs), "lease_s": lease_s(), "workers": json.dumps([worker]),
+            "message_id": message_id})
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    enqueued_at, started_at, last_attempted_at, workers, errors = row
+    return RunStart(enqueued_at, started_at, last_attempted_at, _json(workers, list), _json(errors, list))
+
+
+def mark_succeeded(record_id: str, *, return_value: Any, finished_at: datetime, keep_value: bool = False) -> None:
+    """SUCCESSFUL with ``return_value``: in the run's transaction, so it commits with the effects.
+    ``keep_value`` leaves a return value already there (a duplicate run has none to give)."""
+    value = "return_value" if keep_value else "%s::jsonb"
+    params = [finished_at] if keep_value else [finished_at, json.dumps(return_value)]
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {TABLE} SET status = 'SUCCESSFUL', finished_at = COALESCE(finished_at, %s), "
+                       f"running_until = NULL, return_value = {value} WHERE id = %s", [*params, record_id])
+
+
+def mark_ended(record_id: str) -> None:
+    """READY again: the run ended without an outcome (a retry or a redelivery follows)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {TABLE} SET status = 'READY', running_until = NULL WHERE id = %s "
+                       "AND status = 'RUNNING'", [record_id])
+
+
+def mark_failed(record_id: str, *, error: dict[str, str], message_id: str) -> None:
+    """FAILED with ``error`` added: the task will not run again unless its dead letter is replayed."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {TABLE} SET status = 'FAILED', finished_at = now(), running_until = NULL, "
+                       "errors = errors || %s::jsonb, message_id = %s WHERE id = %s AND status <> 'SUCCESSFUL'",
+                       [json.dumps([error]), message_id, record_id])
+
+
+def _json(value: Any, kind: type) -> Any:
+    # psycopg returns jsonb decoded; a str is a driver that did not.
+    decoded = json.loads(value) if isinstance(value, str) else value
+    return decoded if isinstance(decoded, kind) else kind()

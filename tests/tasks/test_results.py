@@ -1,0 +1,120 @@
+"""``django.tasks`` results (``composition.tasks.results``) at scale and across a killed worker:
+10,000 results, each read in at most two queries under an id with 122 random bits; a worker
+SIGKILLed mid-task leaves its result RUNNING no longer than the lease, then READY, and the
+redelivered run succeeds once."""
+
+from __future__ import annotations
+
+import importlib.util
+import signal
+import time
+import uuid
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+if not (importlib.util.find_spec("django.tasks") or importlib.util.find_spec("django_tasks")):
+    pytest.skip("neither django.tasks (Django 6) nor the django-tasks backport is installed",
+                allow_module_level=True)
+
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from composition.conf import conf
+from composition.jobs.models import DeadLetter, TaskRecord
+from composition.tasks._compat import TaskResultStatus
+from composition.testing import left_to_the_relay, wait_until
+from tests.jobsapp import tasks
+from tests.jobsapp.models import Account, Effect
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.empty_queues(tasks.QUEUE)]
+
+RESULTS = 10_000
+
+
+def test_ten_thousand_results_have_random_ids_and_each_is_read_in_two_queries_at_most() -> None:
+    began = time.monotonic()
+    with left_to_the_relay(), transaction.atomic():  # rows only: nothing needs to run here
+        results = [tasks.add_effect.enqueue(f"r{n}") for n in range(RESULTS)]
+    print(f"{RESULTS} enqueued in {time.monotonic() - began:.1f} s")
+    ids = [result.id for result in results]
+    assert len(set(ids)) == RESULTS
+    for result_id in ids:
+        parsed = uuid.UUID(result_id)
+        # UUID4: 122 of its 128 bits random (version 4, RFC 4122 variant fix the other 6).
+        assert (parsed.version, parsed.variant, str(parsed)) == (4, uuid.RFC_4122, result_id)
+
+    # Every state get_result tells, each with the correction it may need.
+    now = timezone.now()
+    quarter = RESULTS // 4
+    running, lapsed, succeeded, failed = (ids[n * quarter:(n + 1) * quarter:2] for n in range(4))
+    TaskRecord.objects.filter(pk__in=running).update(status="RUNNING", running_until=now + timedelta(minutes=5),
+                                                     started_at=now, last_attempted_at=now, worker_ids=["w:1"])
+    TaskRecord.objects.filter(pk__in=lapsed).update(status="RUNNING", running_until=now - timedelta(seconds=1),
+                                                    started_at=now, last_attempted_at=now, worker_ids=["w:1"])
+    TaskRecord.objects.filter(pk__in=succeeded).update(status="SUCCESSFUL", finished_at=now, started_at=now,
+                                                       return_value={"ok": True})
+    TaskRecord.objects.filter(pk__in=failed).update(status="FAILED", finished_at=now, started_at=now, errors=[
+        {"exception_class_path": "builtins.ValueError", "traceback": "ValueError: no"}])
+    DeadLetter.objects.bulk_create([
+        DeadLetter(actor="a", queue=tasks.QUEUE, message_id=record.message_id, payload={}, attempts=1,
+                   error_class="ValueError", fingerprint="f" * 32, first_failed_at=now, last_failed_at=now,
+                   status=DeadLetter.Status.REPLAYED if n % 2 else DeadLetter.Status.DEAD)
+        for n, record in enumerate(TaskRecord.objects.filter(pk__in=failed))])
+
+    began = time.monotonic()
+    statuses: Counter[str] = Counter()
+    most = 0
+    for result_id in ids:
+        with CaptureQueriesContext(connection) as queries:
+            result = tasks.add_effect.get_result(result_id)
+        most = max(most, len(queries))
+        statuses[str(result.status)] += 1
+        assert result.id == result_id
+    print(f"{RESULTS} read in {time.monotonic() - began:.1f} s")
+    assert most <= 2, f"a get_result took {most} queries"
+    half = quarter // 2
+    dead = half // 2 + half % 2  # the other failures' dead letters were replayed: READY
+    assert statuses == {"RUNNING": half, "SUCCESSFUL": half, "FAILED": dead,
+                        "READY": RESULTS - 2 * half - dead}, statuses
+    assert tasks.add_effect.get_result(succeeded[0]).return_value == {"ok": True}
+
+
+def test_a_worker_killed_mid_task_reads_running_then_ready_never_successful_and_its_redelivery_runs_once(
+        worker_processes: Any) -> None:
+    result = tasks.blocks_until_released.enqueue("killed")
+    worker = worker_processes.spawn(["--threads", "2", "--queues", tasks.QUEUE])
+    wait_until(lambda: tasks.blocks_until_released.get_result(result.id).status == TaskResultStatus.RUNNING,
+               timeout_s=60, message=f"never seen running; worker log:\n{worker.output()[-3000:]}")
+    worker.signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    lease_s = float(conf.BROKER_HEARTBEAT_TIMEOUT_S)
+    seen: list[tuple[float, str]] = []
+
+    def ready() -> bool:
+        status = str(tasks.blocks_until_released.get_result(result.id).status)
+        seen.append((time.monotonic() - killed_at, status))
+        return status == TaskResultStatus.READY
+
+    wait_until(ready, timeout_s=lease_s * 3, interval_s=0.1, message=f"still {seen[-1:]}")
+    # RUNNING no longer than the lease (the broker's own wait before it hands the message out
+    # again), give or take the poll; never anything but RUNNING or READY.
+    assert seen[-1][0] <= lease_s + 1.0, seen[-3:]
+    assert {status for _, status in seen} <= {"RUNNING", "READY"}, seen
+    assert not Effect.objects.filter(key="killed").exists()
+
+    # Another worker gets the message once the broker sees the first one dead, and runs it.
+    second = worker_processes.spawn(["--threads", "2", "--queues", tasks.QUEUE])
+    wait_until(lambda: tasks.blocks_until_released.get_result(result.id).status == TaskResultStatus.RUNNING,
+               timeout_s=60, message=f"never redelivered; worker log:\n{second.output()[-3000:]}")
+    assert tasks.blocks_until_released.get_result(result.id).status != TaskResultStatus.SUCCESSFUL
+    Account.objects.create(name="release-killed")
+    wait_until(lambda: tasks.blocks_until_released.get_result(result.id).status == TaskResultStatus.SUCCESSFUL,
+               timeout_s=30, message=f"never finished; worker log:\n{second.output()[-3000:]}")
+    finished = tasks.blocks_until_released.get_result(result.id)
+    assert finished.attempts == 2 and finished.worker_ids[0] != finished.worker_ids[1]
+    assert Effect.objects.filter(key="killed").count() == 1
+    assert second.terminate() == 0
