@@ -1,7 +1,7 @@
 """The workers' side: one ``@job`` actor per backend alias and queue runs the tasks sent to it.
 
 The actor imports each task by the module path in its payload, marks its result RUNNING
-(``records``), and runs it with the jobs' policy. ``ATOMIC`` (the default) runs the task in one
+(``composition.tasks.records``), and runs it with the jobs' policy. ``ATOMIC`` (the default) runs the task in one
 transaction with its inbox ledger row and its SUCCESSFUL result; with ``ATOMIC: False`` it runs in
 autocommit and both are written after, so a worker dying between the two runs it again.
 ``task_finished`` is sent once the run's transaction has ended, so a listener's queries are never
@@ -40,7 +40,6 @@ from composition.jobs.decorator import run_idempotently
 from composition.jobs.deploy_window import refuse
 from composition.jobs.inbox import ledger_key, record_processed
 from composition.outbox.publish import storable_json
-from composition.tasks import records
 from composition.tasks._compat import (
     Task,
     TaskContext,
@@ -55,6 +54,7 @@ from composition.tasks.errors import InvalidTaskReturnValue
 from composition.tasks.leases import running_records
 from composition.tasks.options import QueuePolicy, actor_name
 from composition.tasks.payload import fitting_task
+from composition.tasks.records import RunStart, mark_ended, mark_failed, mark_running, mark_succeeded
 
 __all__ = ["declare_task_actor", "worker_id"]
 
@@ -133,7 +133,7 @@ def _run_task(run: TaskRun) -> None:
     start = None
     if message is not None and run.record_id is not None:
         try:
-            start = records.mark_running(run.record_id, alias=run.alias, queue=run.queue, path=run.path,
+            start = mark_running(run.record_id, alias=run.alias, queue=run.queue, path=run.path,
                                          args=run.args, kwargs=run.kwargs, worker=worker_id(),
                                          message_id=message.message_id)
         except Exception as exc:
@@ -206,7 +206,7 @@ def _run(task: Task[Any, Any], run: TaskRun, result: TaskResult[Any, Any]) -> No
 def _succeeded(run: TaskRun, returned: Any) -> None:
     run.outcome = "succeeded"
     if run.record_id is not None and run.message is not None:
-        records.mark_succeeded(run.record_id, return_value=returned, finished_at=timezone.now())
+        mark_succeeded(run.record_id, return_value=returned, finished_at=timezone.now())
 
 
 def _skipped(run: TaskRun) -> None:
@@ -215,7 +215,7 @@ def _skipped(run: TaskRun) -> None:
     run.outcome = "skipped"
     if run.record_id is not None and run.message is not None:
         try:
-            records.mark_succeeded(run.record_id, return_value=None, finished_at=timezone.now(), keep_value=True)
+            mark_succeeded(run.record_id, return_value=None, finished_at=timezone.now(), keep_value=True)
         except Exception as exc:
             log.warning("could not write a task's result", result_id=run.record_id, error=described(exc))
 
@@ -232,9 +232,9 @@ def _record_end(run: TaskRun) -> None:
         return
     try:
         if run.failure is not None:
-            records.mark_failed(run.record_id, error=_error_dict(run.failure), message_id=run.message.message_id)
+            mark_failed(run.record_id, error=_error_dict(run.failure), message_id=run.message.message_id)
         else:
-            records.mark_ended(run.record_id)
+            mark_ended(run.record_id)
     except Exception as exc:
         log.warning("could not write a task's result", result_id=run.record_id, error=described(exc))
 
@@ -285,7 +285,7 @@ def _ledger(message: MessageProxy) -> Any:
     return ProcessedMessage.objects.filter(message_id=ledger_key(message))
 
 
-def _running_result(task: Task[Any, Any], run: TaskRun, start: records.RunStart | None) -> TaskResult[Any, Any]:
+def _running_result(task: Task[Any, Any], run: TaskRun, start: RunStart | None) -> TaskResult[Any, Any]:
     """The result a task that takes a context sees: this run, as its RUNNING write read it back."""
     now = timezone.now()
     if start is None:

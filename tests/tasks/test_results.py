@@ -1,5 +1,6 @@
 """``django.tasks`` results (``composition.tasks.results``) at scale and across a killed worker:
-10,000 results, each read in at most two queries under an id with 122 random bits; a worker
+10,000 results (``make soak``; 1,000 in the gate), each read in at most two queries under an id
+with 122 random bits; a worker
 SIGKILLed mid-task leaves its result RUNNING no longer than the lease, then READY, and the
 redelivered run succeeds once."""
 
@@ -32,16 +33,15 @@ from tests.jobsapp.models import Account, Effect
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.empty_queues(tasks.QUEUE)]
 
-RESULTS = 10_000
-
-
-def test_ten_thousand_results_have_random_ids_and_each_is_read_in_two_queries_at_most() -> None:
+@pytest.mark.parametrize("results_count", [pytest.param(1_000, id="gate"),
+                                           pytest.param(10_000, id="soak", marks=pytest.mark.soak)])
+def test_every_result_has_a_random_id_and_is_read_in_two_queries_at_most(results_count: int) -> None:
     began = time.monotonic()
     with left_to_the_relay(), transaction.atomic():  # rows only: nothing needs to run here
-        results = [tasks.add_effect.enqueue(f"r{n}") for n in range(RESULTS)]
-    print(f"{RESULTS} enqueued in {time.monotonic() - began:.1f} s")
+        results = [tasks.add_effect.enqueue(f"r{n}") for n in range(results_count)]
+    print(f"{results_count} enqueued in {time.monotonic() - began:.1f} s")
     ids = [result.id for result in results]
-    assert len(set(ids)) == RESULTS
+    assert len(set(ids)) == results_count
     for result_id in ids:
         parsed = uuid.UUID(result_id)
         # UUID4: 122 of its 128 bits random (version 4, RFC 4122 variant fix the other 6).
@@ -49,7 +49,7 @@ def test_ten_thousand_results_have_random_ids_and_each_is_read_in_two_queries_at
 
     # Every state get_result tells, each with the correction it may need.
     now = timezone.now()
-    quarter = RESULTS // 4
+    quarter = results_count // 4
     running, lapsed, succeeded, failed = (ids[n * quarter:(n + 1) * quarter:2] for n in range(4))
     TaskRecord.objects.filter(pk__in=running).update(status="RUNNING", running_until=now + timedelta(minutes=5),
                                                      started_at=now, last_attempted_at=now, worker_ids=["w:1"])
@@ -67,19 +67,21 @@ def test_ten_thousand_results_have_random_ids_and_each_is_read_in_two_queries_at
 
     began = time.monotonic()
     statuses: Counter[str] = Counter()
-    most = 0
+    most, least = 0, 99
     for result_id in ids:
+        # Emptied each time: the log keeps 9,000 queries, and a full one would capture none.
+        connection.queries_log.clear()
         with CaptureQueriesContext(connection) as queries:
             result = tasks.add_effect.get_result(result_id)
-        most = max(most, len(queries))
+        most, least = max(most, len(queries)), min(least, len(queries))
         statuses[str(result.status)] += 1
         assert result.id == result_id
-    print(f"{RESULTS} read in {time.monotonic() - began:.1f} s")
-    assert most <= 2, f"a get_result took {most} queries"
+    print(f"{results_count} read in {time.monotonic() - began:.1f} s")
+    assert least >= 1 and most <= 2, f"a get_result took from {least} to {most} queries"
     half = quarter // 2
     dead = half // 2 + half % 2  # the other failures' dead letters were replayed: READY
     assert statuses == {"RUNNING": half, "SUCCESSFUL": half, "FAILED": dead,
-                        "READY": RESULTS - 2 * half - dead}, statuses
+                        "READY": results_count - 2 * half - dead}, statuses
     assert tasks.add_effect.get_result(succeeded[0]).return_value == {"ok": True}
 
 
