@@ -65,6 +65,8 @@ if SHARD:
 if importlib.util.find_spec("django.tasks") or importlib.util.find_spec("django_tasks"):
     if not importlib.util.find_spec("django.tasks"):
         INSTALLED_APPS = [*INSTALLED_APPS, "django_tasks"]
+    from tests.tasks import upstream as _upstream_tasks_tests
+
     TASKS = {
         "default": {
             "BACKEND": "composition.tasks.OutboxBackend",
@@ -75,6 +77,8 @@ if importlib.util.find_spec("django.tasks") or importlib.util.find_spec("django_
                 "QUEUE_OPTIONS": {"jobs_tasks_plain": {"ATOMIC": False, "MAX_ATTEMPTS": 2}},
             },
         },
+        # tests/tasks/upstream (its README.md): the upstream backends' tests, on queues of their own.
+        _upstream_tasks_tests.ALIAS: _upstream_tasks_tests.BACKEND_SETTINGS,
     }
 # Another cache alias on the same Redis (keys apart by prefix): the billing service's tests
 # give it as a real alternate collaborator.

@@ -30,6 +30,7 @@ from dramatiq.middleware import Shutdown
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from composition.broker.configured import configured_broker
+from composition.broker.priorities import message_priority
 from composition.broker.time_limits import INTERRUPTS, disarm_time_limit
 from composition.conf import conf
 from composition.errors import IncompatibleMessageError, PermanentError, described
@@ -119,7 +120,8 @@ def _run_task(run: TaskRun) -> None:
     message = run.message
     try:
         # Checked at enqueue; again here, because this worker may run another deploy.
-        task = fitting_task(run.path, run.args, run.kwargs, alias=run.alias, queue=run.queue)
+        task = fitting_task(run.path, run.args, run.kwargs, alias=run.alias, queue=run.queue,
+                            priority=message_priority(message.options) if message is not None else None)
     except IncompatibleMessageError as exc:
         if message is None:
             raise
@@ -133,9 +135,8 @@ def _run_task(run: TaskRun) -> None:
     start = None
     if message is not None and run.record_id is not None:
         try:
-            start = mark_running(run.record_id, alias=run.alias, queue=run.queue, path=run.path,
-                                         args=run.args, kwargs=run.kwargs, worker=worker_id(),
-                                         message_id=message.message_id)
+            start = mark_running(run.record_id, alias=run.alias, queue=run.queue, path=run.path, args=run.args,
+                                 kwargs=run.kwargs, worker=worker_id(), message_id=message.message_id)
         except Exception as exc:
             log.warning("could not mark a task's result RUNNING", result_id=run.record_id, error=described(exc))
         else:

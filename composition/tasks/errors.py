@@ -8,7 +8,8 @@
   (what Django's own backends raise for arguments that are not JSON). Nothing is written.
 - ``InvalidTaskReturnValue``: a run returned what cannot be kept (not JSON, or over
   ``TASK_RETURN_VALUE_MAX_BYTES``); a ``PermanentError``, so the run fails for good at once (no
-  retry would return anything else) and, ``ATOMIC``, its effects roll back.
+  retry would return anything else) and, ``ATOMIC``, its effects roll back; and a ``TypeError``,
+  what Django's own backends fail such a run with.
 """
 
 from __future__ import annotations
@@ -31,5 +32,5 @@ class InvalidTaskArguments(CompositionError, InvalidTask, TypeError):
     """A task was enqueued with arguments it could never run with; nothing was written."""
 
 
-class InvalidTaskReturnValue(PermanentError):
+class InvalidTaskReturnValue(PermanentError, TypeError):
     """A task returned a value its result cannot keep (the message says why)."""

@@ -47,15 +47,17 @@ def resolve_task(path: str, *, alias: str, queue: str, run_after: datetime | Non
     return found.using(queue_name=queue, backend=alias, run_after=run_after, priority=priority)
 
 
-def fitting_task(path: Any, args: Any, kwargs: Any, *, alias: str, queue: str) -> Task[Any, Any]:
-    """The task a worker runs for a payload, once its arguments fit; raises
-    ``IncompatibleMessageError`` when the running code has no such task or they do not fit."""
+def fitting_task(path: Any, args: Any, kwargs: Any, *, alias: str, queue: str,
+                 priority: int | None = None) -> Task[Any, Any]:
+    """The task a worker runs for a payload (enqueued with ``priority``), once its arguments fit;
+    raises ``IncompatibleMessageError`` when the running code has no such task or they do not fit
+    (from the ``ImportError`` or ``InvalidTask``, whose traceback the dead letter keeps)."""
     if not isinstance(path, str) or not isinstance(args, list) or not isinstance(kwargs, dict):
         raise IncompatibleMessageError(f"not a task payload ({', '.join(TASK_KEYS)})")
     try:
-        task = resolve_task(path, alias=alias, queue=queue)
+        task = resolve_task(path, alias=alias, queue=queue, priority=priority)
     except (ImportError, InvalidTask) as exc:
-        raise IncompatibleMessageError(f"task {path}: {exc}") from None
+        raise IncompatibleMessageError(f"task {path}: {exc}") from exc
     try:
         arguments_schema(task).validate(args, kwargs)
     except PayloadValidationError as exc:

@@ -1,5 +1,5 @@
-"""``get_result``: a task's state, read from its ``TaskRecord`` in one query (two for a result
-that may have a dead letter).
+"""``get_result``: a task's state, read from its ``TaskRecord`` and the dead letter of its latest
+message, in one query.
 
 The record says what its runs wrote (``composition.tasks.records``), with two corrections: a
 RUNNING record whose lease ran out reads READY (its process died; the broker hands its message out
@@ -16,7 +16,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from django.db.models import BooleanField, ExpressionWrapper, Q
+from django.db.models import BooleanField, ExpressionWrapper, OuterRef, Q, Subquery
 from django.db.models.functions import Now
 
 from composition.errors import described
@@ -50,9 +50,14 @@ def read_result(alias: str, result_id: str) -> TaskResult[Any, Any]:
         record_id = None
     if record_id is None:
         raise TaskResultDoesNotExist(result_id)
-    # The lease is compared on the database's clock, the one that wrote it.
+    # The lease is compared on the database's clock, the one that wrote it; the dead letter (its
+    # message id is unique) comes in the same statement.
+    dead = DeadLetter.objects.filter(message_id=OuterRef("message_id"))
     record = TaskRecord.objects.filter(pk=record_id, backend=alias).annotate(
-        lease_held=ExpressionWrapper(Q(running_until__gt=Now()), output_field=BooleanField())).first()
+        lease_held=ExpressionWrapper(Q(running_until__gt=Now()), output_field=BooleanField()),
+        dead_status=Subquery(dead.values("status")[:1]), dead_error_class=Subquery(dead.values("error_class")[:1]),
+        dead_traceback=Subquery(dead.values("traceback")[:1]),
+        dead_last_failed_at=Subquery(dead.values("last_failed_at")[:1])).first()
     if record is None:
         raise TaskResultDoesNotExist(result_id)
     status = TaskResultStatus(record.status)
@@ -62,16 +67,15 @@ def read_result(alias: str, result_id: str) -> TaskResult[Any, Any]:
                         traceback=str(error.get("traceback", "")))
               for error in record.errors if isinstance(error, dict)] if isinstance(record.errors, list) else []
     finished_at = record.finished_at
-    if status in (TaskResultStatus.READY, TaskResultStatus.FAILED) and record.message_id:
-        dead = DeadLetter.objects.filter(message_id=record.message_id).only(
-            "status", "error_class", "traceback", "last_failed_at").first()
-        if dead is not None and dead.status == DeadLetter.Status.REPLAYED:
+    dead_status = record.dead_status
+    if status in (TaskResultStatus.READY, TaskResultStatus.FAILED) and dead_status is not None:
+        if dead_status == DeadLetter.Status.REPLAYED:
             status = TaskResultStatus.READY
-        elif dead is not None:
+        else:
             if status != TaskResultStatus.FAILED:
                 # Parked before a run could say so (a deploy's incompatible message).
-                errors.append(_task_error(dead))
-                finished_at = dead.last_failed_at
+                errors.append(_task_error(record.dead_error_class, record.dead_traceback))
+                finished_at = record.dead_last_failed_at
             status = TaskResultStatus.FAILED
     task = _task_or_stand_in(result_id, record.task_path, alias=alias, queue=record.queue_name,
                              run_after=record.run_after, priority=record.priority)
@@ -114,7 +118,7 @@ def _task_or_stand_in(result_id: str, path: str, *, alias: str, queue: str, run_
         raise TaskResultDoesNotExist(f"{result_id}: its task {path} cannot be built any more: {exc}") from None
 
 
-def _task_error(dead: Any) -> TaskError:
+def _task_error(error_class: str, traceback: str) -> TaskError:
     # Dead letters name builtins bare ("ValueError"); TaskError.exception_class imports the path.
-    path = dead.error_class if "." in dead.error_class else f"builtins.{dead.error_class}"
-    return TaskError(exception_class_path=path, traceback=dead.traceback)
+    path = error_class if "." in error_class else f"builtins.{error_class}"
+    return TaskError(exception_class_path=path, traceback=traceback or "")

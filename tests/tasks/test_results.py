@@ -1,5 +1,5 @@
 """``django.tasks`` results (``composition.tasks.results``) at scale and across a killed worker:
-10,000 results (``make soak``; 1,000 in the gate), each read in at most two queries under an id
+10,000 results (``make soak``; 1,000 in the gate), each read in one query under an id
 with 122 random bits; a worker
 SIGKILLed mid-task leaves its result RUNNING no longer than the lease, then READY, and the
 redelivered run succeeds once."""
@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.
 
 @pytest.mark.parametrize("results_count", [pytest.param(1_000, id="gate"),
                                            pytest.param(10_000, id="soak", marks=pytest.mark.soak)])
-def test_every_result_has_a_random_id_and_is_read_in_two_queries_at_most(results_count: int) -> None:
+def test_every_result_has_a_random_id_and_is_read_in_one_query(results_count: int) -> None:
     began = time.monotonic()
     with left_to_the_relay(), transaction.atomic():  # rows only: nothing needs to run here
         results = [tasks.add_effect.enqueue(f"r{n}") for n in range(results_count)]
@@ -77,7 +77,8 @@ def test_every_result_has_a_random_id_and_is_read_in_two_queries_at_most(results
         statuses[str(result.status)] += 1
         assert result.id == result_id
     print(f"{results_count} read in {time.monotonic() - began:.1f} s")
-    assert least >= 1 and most <= 2, f"a get_result took from {least} to {most} queries"
+    # The issue asks for 2 at most; one statement reads the record and its dead letter.
+    assert least == most == 1, f"a get_result took from {least} to {most} queries"
     half = quarter // 2
     dead = half // 2 + half % 2  # the other failures' dead letters were replayed: READY
     assert statuses == {"RUNNING": half, "SUCCESSFUL": half, "FAILED": dead,
