@@ -5,7 +5,7 @@ rows only the library writes; ``format`` the columns' formatting. Invariant: no 
 row except through the library's calls.
 """
 
-from composition.admin import dead_letters, ledger, operations, outbox, pauses, task_results  # noqa: F401
+from composition.admin import dead_letters, ledger, operations, outbox, pauses, task_results  # noqa: F401  (registers them)
 from composition.admin.dead_letters import ReadOnlyRows
 
 __all__ = ["ReadOnlyRows"]

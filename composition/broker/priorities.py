@@ -1,18 +1,8 @@
 """Message priorities (``django.tasks``' -100..100, higher first) and how each broker honours them.
 
-A message's priority travels in its options (``PRIORITY_OPTION``), set from the outbox row's
-``PRIORITY_HEADER``; none, or 0, is the default.
-
-- Redis: a message with a priority other than 0 waits in its queue's priority lanes (a sorted set,
-  ``<ns>:<queue>.lanes``: by priority, then enqueue order) rather than in the queue's list. A
-  fetch first moves the lanes' messages above 0 to the head of the list, and those below 0 to its
-  tail while the list is shorter than the fetch, so among the messages waiting in Redis the
-  highest priority is fetched first, exactly. A message handed back to its queue (a draining
-  worker's prefetch, a dead worker's recovery) goes to the list's tail and loses its place.
-- RabbitMQ: with ``RABBITMQ_MAX_PRIORITY`` set, every queue is declared with ``x-max-priority``
-  and a message's priority is mapped onto ``0..RABBITMQ_MAX_PRIORITY`` (so several of ours share
-  one of RabbitMQ's levels); RabbitMQ orders what waits in the queue, not what a consumer has
-  prefetched. Without it, priorities are refused (``composition.tasks``).
+A priority travels in a message's options (``PRIORITY_OPTION``), set from its outbox row's
+``PRIORITY_HEADER``; none is 0. On Redis it waits in its queue's priority lanes (``LANES_LUA``),
+exactly ordered; on RabbitMQ it is one of ``RABBITMQ_MAX_PRIORITY`` levels (``rabbitmq_priority``).
 """
 
 from __future__ import annotations
@@ -23,13 +13,17 @@ from typing import Any
 __all__ = ["LANES_LUA", "MAX_PRIORITY", "MIN_PRIORITY", "PRIORITY_HEADER", "PRIORITY_OPTION", "message_priority",
            "rabbitmq_priority"]
 
-PRIORITY_HEADER = "priority"
+PRIORITY_HEADER = "message_priority"
 PRIORITY_OPTION = "composition_priority"
 MIN_PRIORITY = -100
 MAX_PRIORITY = 100
 
-# A lane's score: (MAX_PRIORITY - priority) * 1e13 + an enqueue counter, so a higher priority
-# sorts first and equal ones keep their order; above LOW_LANES_FROM it is below priority 0.
+# Redis: a message with a priority other than 0 waits in a sorted set beside its queue's list
+# (``<ns>:<queue>.lanes``), scored (MAX_PRIORITY - priority) * 1e13 + an enqueue counter, so a
+# higher priority sorts first and equal ones keep their order (above LOW_LANES_FROM: below 0). A
+# fetch first moves the lanes' messages above 0 to the head of the list, and those below 0 to its
+# tail while the list is shorter than the fetch, so the highest waiting is fetched first. A message
+# handed back (a drain, a dead worker's recovery) goes to the list's tail and loses its place.
 # Lua functions for the scripts that enqueue and fetch (composition.broker.redis, the outbox's
 # batched enqueue), on Dramatiq's key layout (composition.broker.keys):
 # - to_lanes(queue_full_name, message_id, priority): put an id in the lanes instead of the list;
@@ -79,7 +73,9 @@ def message_priority(options: Mapping[str, Any]) -> int:
 
 def rabbitmq_priority(options: Mapping[str, Any], max_priority: int | None) -> int | None:
     """The AMQP priority (``0..max_priority``) of a message with ``options`` on queues declared
-    with ``x-max-priority`` ``max_priority``; None (no priority property) when they are not."""
+    with ``x-max-priority`` ``max_priority``; None (no priority property) when they are not.
+    Several of ours share one level; RabbitMQ orders what waits in a queue, not what a consumer
+    has prefetched."""
     if not max_priority:
         return None
     return round((message_priority(options) - MIN_PRIORITY) * max_priority / (MAX_PRIORITY - MIN_PRIORITY))

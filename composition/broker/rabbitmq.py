@@ -96,8 +96,8 @@ class PausableRabbitmqBroker(StandIns, RabbitmqBroker):
         return PausableRabbitmqConsumer
 
     def enqueue(self, message: Any, *, delay: int | None = None) -> Any:
-        # Dramatiq sends options["broker_priority"] as the AMQP priority.
+        # Dramatiq sends options["broker_priority"] as the AMQP priority; one a caller set wins.
         priority = rabbitmq_priority(message.options, self.max_priority)
-        if priority is not None:
+        if priority is not None and "broker_priority" not in message.options:
             message = message.copy(options={"broker_priority": priority})
         return super().enqueue(message, delay=delay)

@@ -148,6 +148,8 @@ class TaskRecord(models.Model):
             # Retention finds finished records by age.
             models.Index(fields=["finished_at"], condition=Q(finished_at__isnull=False),
                          name="taskrecord_finished_idx"),
+            # The admin lists the newest first, a page at a time.
+            models.Index(fields=["enqueued_at"], name="taskrecord_enqueued_idx"),
         ]
 
     def __str__(self) -> str:

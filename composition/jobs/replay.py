@@ -3,7 +3,9 @@
 A replay writes a new outbox message and marks the dead letter "replayed" in one transaction, under
 a row lock on it, so a dead letter is replayed at most once (a second try raises
 ``DeadLetterStateError``). The replay carries the original message id as its idempotency key, so
-it and a late redelivery of the original cannot both have an effect. Bulk actions
+it and a late redelivery of the original cannot both have an effect, and its priority. An actor
+may keep state beside its messages (a ``django.tasks`` result): its ``RESOLVED_HOOK_OPTION`` is
+called in the transaction that replays or discards one of its dead letters. Bulk actions
 (``filter_dead_letters()``) act row by row, each in its own transaction.
 """
 
@@ -20,6 +22,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from composition.broker.configured import configured_broker
+from composition.broker.priorities import PRIORITY_HEADER
 from composition.errors import (
     AmbiguousFingerprintError,
     CompositionError,
@@ -34,6 +37,7 @@ from composition.outbox.publish import VERSION_HEADER, VERSIONS_OPTION, publish_
 __all__ = [
     "DISCARD_PERMISSION",
     "REPLAY_PERMISSION",
+    "RESOLVED_HOOK_OPTION",
     "BulkResult",
     "discard",
     "discard_many",
@@ -47,6 +51,9 @@ _MAX_CANDIDATES = 50
 
 REPLAY_PERMISSION = "composition.replay_deadletter"
 DISCARD_PERMISSION = "composition.discard_deadletter"
+# An actor option: ``hook(dead_letter, replay_row)``, called in the transaction that replays one of
+# the actor's dead letters (``replay_row``: the new outbox row) or discards it (None).
+RESOLVED_HOOK_OPTION = "composition_dead_letter_resolved"
 
 
 def filter_dead_letters(*, ids: Iterable[int] | None = None, actor: str | None = None,
@@ -116,12 +123,16 @@ def replay_payload(dead_letter: DeadLetter) -> dict[str, Any]:
 
 def replay_headers(dead_letter: DeadLetter) -> dict[str, Any]:
     """Headers of the replayed message: the idempotency key of the first message in the chain
-    (a replay of a replay keeps the original's), the dead letter it replays, and the job version
-    it was published at (none: 1), so that it is upgraded as the original would have been."""
+    (a replay of a replay keeps the original's), the dead letter it replays, the job version it
+    was published at (none: 1), so that it is upgraded as the original would have been, and its
+    priority, if it had one."""
     headers = dead_letter.headers if isinstance(dead_letter.headers, dict) else {}
     key = headers.get(IDEMPOTENCY_KEY_HEADER)
-    return {IDEMPOTENCY_KEY_HEADER: key if isinstance(key, str) and key else dead_letter.message_id,
-            "replay_of": dead_letter.pk, VERSION_HEADER: headers.get(VERSION_HEADER, 1)}
+    replayed = {IDEMPOTENCY_KEY_HEADER: key if isinstance(key, str) and key else dead_letter.message_id,
+                "replay_of": dead_letter.pk, VERSION_HEADER: headers.get(VERSION_HEADER, 1)}
+    if headers.get(PRIORITY_HEADER):
+        replayed[PRIORITY_HEADER] = headers[PRIORITY_HEADER]
+    return replayed
 
 
 def original_key(dead_letter: DeadLetter) -> str | None:
@@ -151,6 +162,7 @@ def replay(dead_letter_id: int, *, user: Any = None) -> DeadLetter:
         row.replayed_by = user if user is not None and user.is_authenticated else None
         row.replay_outbox_id = outbox_message.pk
         row.save(update_fields=["status", "replayed_at", "replayed_by", "replay_outbox_id"])
+        _resolved(row, outbox_message)
     return row
 
 
@@ -166,7 +178,15 @@ def discard(dead_letter_id: int, *, user: Any = None) -> DeadLetter:
         row.discarded_at = timezone.now()
         row.discarded_by = user if user is not None and user.is_authenticated else None
         row.save(update_fields=["status", "discarded_at", "discarded_by"])
+        _resolved(row, None)
     return row
+
+
+def _resolved(dead_letter: DeadLetter, replay_row: Any) -> None:
+    declared = configured_broker().actors.get(dead_letter.actor)
+    hook = declared.options.get(RESOLVED_HOOK_OPTION) if declared is not None else None
+    if hook is not None:
+        hook(dead_letter, replay_row)
 
 
 @dataclass

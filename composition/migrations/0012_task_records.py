@@ -12,18 +12,24 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RemoveField(
-            model_name='processedmessage',
-            name='return_value',
-        ),
-        migrations.RemoveField(
-            model_name='processedmessage',
-            name='started_at',
-        ),
-        migrations.RemoveField(
-            model_name='processedmessage',
-            name='worker_ids',
-        ),
+        # The ledger's django.tasks columns leave the model only: the workers of the release
+        # before, still running while this migrates (docs/deployment.md), write them as their
+        # tasks end, and its web processes read them. All three are nullable; a later migration
+        # drops them.
+        migrations.SeparateDatabaseAndState(state_operations=[
+            migrations.RemoveField(
+                model_name='processedmessage',
+                name='return_value',
+            ),
+            migrations.RemoveField(
+                model_name='processedmessage',
+                name='started_at',
+            ),
+            migrations.RemoveField(
+                model_name='processedmessage',
+                name='worker_ids',
+            ),
+        ]),
         migrations.CreateModel(
             name='TaskRecord',
             fields=[
@@ -48,7 +54,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 'verbose_name': 'task result',
-                'indexes': [models.Index(condition=models.Q(('finished_at__isnull', False)), fields=['finished_at'], name='taskrecord_finished_idx')],
+                'indexes': [models.Index(condition=models.Q(('finished_at__isnull', False)), fields=['finished_at'], name='taskrecord_finished_idx'), models.Index(fields=['enqueued_at'], name='taskrecord_enqueued_idx')],
             },
         ),
     ]

@@ -20,7 +20,7 @@ from dramatiq.common import current_millis, dq_name
 from dramatiq.message import Message
 
 from composition.broker.priorities import LANES_LUA, message_priority
-from composition.broker.redis import WAKE_LUA, wake_args
+from composition.broker.redis import WAKE_LUA, WakingRedisBroker, wake_args
 from composition.conf import conf
 
 if TYPE_CHECKING:
@@ -90,6 +90,7 @@ def _enqueue_redis(broker: RedisBroker, items: Sequence[tuple[Message[Any], int 
     if not items:
         return []
     script = broker.client.register_script(_ENQUEUE_MANY_LUA)
+    lanes = isinstance(broker, WakingRedisBroker)
     now_ms = current_millis()
     enqueued: list[tuple[Message[Any], int | None]] = []
     for start in range(0, len(items), _MAX_MESSAGES_PER_CALL):
@@ -106,8 +107,9 @@ def _enqueue_redis(broker: RedisBroker, items: Sequence[tuple[Message[Any], int 
                 options["eta"] = now_ms + delay_ms
             message = message.copy(queue_name=queue_name, options=options)
             broker.emit_before("enqueue", message, delay_ms)
-            # A delayed message's priority counts once it is due (moved to its queue then).
-            priority = message_priority(message.options) if delay_ms is None else 0
+            # A delayed message's priority counts once it is due (moved to its queue then); only a
+            # WakingRedisBroker's fetch reads the lanes.
+            priority = message_priority(message.options) if delay_ms is None and lanes else 0
             args += (queue_name, options["redis_message_id"], message.encode(), priority)
             chunk.append((message, delay_ms))
         args += wake_args(broker, [message.queue_name for message, _ in chunk])

@@ -73,7 +73,8 @@ def _publish_chunk(broker: RabbitmqBroker, chunk: Sequence[tuple[Message[Any], s
                    confirm_timeout_s: float) -> None:
     deliveries = [
         (routing_key, message.encode(),
-         pika.BasicProperties(delivery_mode=2, priority=rabbitmq_priority(message.options, broker.max_priority)))
+         pika.BasicProperties(delivery_mode=2, priority=message.options.get(
+             "broker_priority", rabbitmq_priority(message.options, broker.max_priority))))
         for message, routing_key, _ in chunk
     ]
     queues = dict.fromkeys(q_name(routing_key) for routing_key, _, _ in deliveries)

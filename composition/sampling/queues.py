@@ -17,19 +17,29 @@ from dramatiq import Message
 from dramatiq.broker import Broker
 
 from composition.backpressure.depth import BrokerCounts, backlog, broker_counts
-from composition.broker.keys import is_work_queue, messages_key, queue_key
+from composition.broker.keys import is_work_queue, lanes_key, messages_key, queue_key
 from composition.errors import described
 from composition.jobs.models import DeadLetter
 from composition.outbox.models import OutboxMessage
 
 __all__ = ["QueueSample", "declared_queues", "oldest_ready_age_s", "open_dead_letters_by_actor", "sample_queues"]
 
-# KEYS: the queue's id list, its bodies hash. The head of the list is the message that has
-# waited longest (enqueue and requeue push on the right, fetch pops on the left).
-_OLDEST_BODY = """
-local id = redis.call('lindex', KEYS[1], 0)
-if not id then return false end
-return redis.call('hget', KEYS[2], id)
+# KEYS: the queue's id list, its bodies hash, its priority lanes. The head of the list is the
+# message that has waited longest of those without a priority (enqueue and requeue push on the
+# right, fetch pops on the left); in the lanes, the first and the last (the highest and the lowest
+# priority) stand for the rest: the lowest is the one left waiting behind the others.
+_OLDEST_BODIES = """
+local bodies = {}
+local ids = {redis.call('lindex', KEYS[1], 0)}
+for _, id in ipairs(redis.call('zrange', KEYS[3], 0, 0)) do table.insert(ids, id) end
+for _, id in ipairs(redis.call('zrange', KEYS[3], -1, -1)) do table.insert(ids, id) end
+for _, id in ipairs(ids) do
+    if id then
+        local body = redis.call('hget', KEYS[2], id)
+        if body then table.insert(bodies, body) end
+    end
+end
+return bodies
 """
 
 
@@ -62,13 +72,15 @@ def oldest_ready_age_s(broker: Broker, queue: str, *, now_s: float | None = None
     if client is None:
         return None
     namespace = getattr(broker, "namespace", "dramatiq")
-    body = client.eval(_OLDEST_BODY, 2, queue_key(namespace, queue), messages_key(namespace, queue))
-    if not body:  # empty, or the head was acked between the two reads
-        return 0.0
-    message = Message.decode(body)
-    ready_since_ms = max(float(message.message_timestamp), float(message.options.get("eta") or 0))
+    bodies = client.eval(_OLDEST_BODIES, 3, queue_key(namespace, queue), messages_key(namespace, queue),
+                         lanes_key(namespace, queue))
     now_ms = (time.time() if now_s is None else now_s) * 1000
-    return max(0.0, (now_ms - ready_since_ms) / 1000)
+    ages = [0.0]  # empty, or the heads were acked between the reads
+    for body in bodies:
+        message = Message.decode(body)
+        ready_since_ms = max(float(message.message_timestamp), float(message.options.get("eta") or 0))
+        ages.append(max(0.0, (now_ms - ready_since_ms) / 1000))
+    return max(ages)
 
 
 def _outbox_pending_by_queue() -> dict[str, int]:

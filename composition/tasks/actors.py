@@ -40,6 +40,7 @@ from composition.jobs.current import attempt_of
 from composition.jobs.decorator import run_idempotently
 from composition.jobs.deploy_window import refuse
 from composition.jobs.inbox import ledger_key, record_processed
+from composition.jobs.replay import RESOLVED_HOOK_OPTION
 from composition.outbox.publish import storable_json
 from composition.tasks._compat import (
     Task,
@@ -55,7 +56,15 @@ from composition.tasks.errors import InvalidTaskReturnValue
 from composition.tasks.leases import running_records
 from composition.tasks.options import QueuePolicy, actor_name
 from composition.tasks.payload import fitting_task
-from composition.tasks.records import RunStart, mark_ended, mark_failed, mark_running, mark_succeeded
+from composition.tasks.records import (
+    RunStart,
+    mark_discarded,
+    mark_ended,
+    mark_failed,
+    mark_replayed,
+    mark_running,
+    mark_succeeded,
+)
 
 __all__ = ["declare_task_actor", "worker_id"]
 
@@ -81,7 +90,10 @@ def declare_task_actor(alias: str, queue: str, policy: QueuePolicy) -> Actor[...
             return actor
 
         def run_task(task: str, args: list, kwargs: dict, result: str | None = None) -> None:
-            _run_task(TaskRun(alias, queue, policy, name, task, args, kwargs, result, current_message()))
+            message = current_message()
+            # Called from another job's body, the message is that job's, not this task's.
+            own = message if message is not None and message.actor_name == name else None
+            _run_task(TaskRun(alias, queue, policy, name, task, args, kwargs, result, own))
 
         # The ledger transaction is run_task's own (run_idempotently), so that FAILED goes out
         # after it; the policy on the actor, which operators' tools read, still says idempotent.
@@ -92,7 +104,21 @@ def declare_task_actor(alias: str, queue: str, policy: QueuePolicy) -> Actor[...
         declared.options["job_policy"] = dataclasses.replace(declared.options["job_policy"], idempotent=policy.atomic)
         # jobs check-compat binds queued tasks as the worker will (fitting_task).
         declared.options[PAYLOAD_CHECK_OPTION] = partial(_check_payload, alias, queue)
+        # A replayed or discarded dead letter tells the task's result.
+        declared.options[RESOLVED_HOOK_OPTION] = _dead_letter_resolved
         return declared
+
+
+def _dead_letter_resolved(dead_letter: Any, replay_row: Any) -> None:
+    record_id = dead_letter.payload.get("result") if isinstance(dead_letter.payload, dict) else None
+    if not isinstance(record_id, str):
+        return  # a message from before results were kept
+    if replay_row is not None:
+        mark_replayed(record_id, message_id=replay_row.message_id)
+    else:
+        path = dead_letter.error_class if "." in dead_letter.error_class else f"builtins.{dead_letter.error_class}"
+        mark_discarded(record_id, message_id=dead_letter.message_id,
+                       error={"exception_class_path": path, "traceback": dead_letter.traceback or ""})
 
 
 def _check_payload(alias: str, queue: str, args: Any, kwargs: Any) -> None:
@@ -133,9 +159,10 @@ def _run_task(run: TaskRun) -> None:
             _record_end(run)
             raise
     start = None
-    if message is not None and run.record_id is not None:
+    record_id = run.record_id if message is not None else None
+    if record_id is not None and message is not None:
         try:
-            start = mark_running(run.record_id, alias=run.alias, queue=run.queue, path=run.path, args=run.args,
+            start = mark_running(record_id, alias=run.alias, queue=run.queue, path=run.path, args=run.args,
                                  kwargs=run.kwargs, worker=worker_id(), message_id=message.message_id)
         except Exception as exc:
             log.warning("could not mark a task's result RUNNING", result_id=run.record_id, error=described(exc))
@@ -143,10 +170,14 @@ def _run_task(run: TaskRun) -> None:
             if start is None:
                 log.info("task already succeeded, skipped", task=run.path)
                 return
-            running_records.add(run.record_id)
     result = _running_result(task, run, start)
-    task_started.send(sender=type(task.get_backend()), task_result=result)
+    if start is not None and record_id is not None:
+        running_records.add(record_id)
     try:
+        for receiver, response in task_started.send_robust(sender=type(task.get_backend()), task_result=result):
+            if isinstance(response, Exception):
+                log.error("a task_started listener raised", error=described(response),
+                          listener=getattr(receiver, "__qualname__", repr(receiver)))
         if run.policy.atomic and message is not None:
             run_idempotently(run.actor, message, _run, (task, run, result), {})
             if run.outcome is None:
@@ -159,10 +190,10 @@ def _run_task(run: TaskRun) -> None:
             run.outcome = None  # recorded in a transaction that did not commit
         raise
     finally:
-        if start is not None and run.record_id is not None:
-            running_records.discard(run.record_id)
-            if run.outcome is None:
-                _record_end(run)
+        if start is not None and record_id is not None:
+            running_records.discard(record_id)
+        if record_id is not None and run.outcome is None:
+            _record_end(run)
         if run.failure is not None:
             result.errors.append(run.failure)
             _finished(result, TaskResultStatus.FAILED)
@@ -235,7 +266,7 @@ def _record_end(run: TaskRun) -> None:
         if run.failure is not None:
             mark_failed(run.record_id, error=_error_dict(run.failure), message_id=run.message.message_id)
         else:
-            mark_ended(run.record_id)
+            mark_ended(run.record_id, worker=worker_id())
     except Exception as exc:
         log.warning("could not write a task's result", result_id=run.record_id, error=described(exc))
 

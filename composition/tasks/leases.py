@@ -8,9 +8,10 @@ renewing, and its records read READY within the lease, as the broker hands their
 from __future__ import annotations
 
 import threading
+from collections import Counter
 
 import structlog
-from django.db import connection
+from django.db import close_old_connections, connection
 
 from composition.lifecycle.periodic import PeriodicComponent
 from composition.tasks.records import TABLE, lease_s
@@ -21,19 +22,22 @@ log = structlog.get_logger("composition.tasks")
 
 
 class RunningRecords:
-    """The ids of the task records whose runs this process has under way."""
+    """The ids of the task records whose runs this process has under way, each counted as often as
+    it runs here (two deliveries of one message may run side by side)."""
 
     def __init__(self) -> None:
-        self._ids: set[str] = set()
+        self._ids: Counter[str] = Counter()
         self._lock = threading.Lock()
 
     def add(self, record_id: str) -> None:
         with self._lock:
-            self._ids.add(record_id)
+            self._ids[record_id] += 1
 
     def discard(self, record_id: str) -> None:
         with self._lock:
-            self._ids.discard(record_id)
+            self._ids[record_id] -= 1
+            if self._ids[record_id] <= 0:
+                del self._ids[record_id]
 
     def snapshot(self) -> list[str]:
         with self._lock:
@@ -61,6 +65,7 @@ class TaskLeaseRenewer(PeriodicComponent):
         ids = running_records.snapshot()
         if not ids:
             return
+        close_old_connections()  # a connection the server closed while idle is replaced
         with connection.cursor() as cursor:
             cursor.execute(f"UPDATE {TABLE} SET running_until = now() + make_interval(secs => %s) "
                            "WHERE id = ANY(%s::uuid[]) AND status = 'RUNNING'", [lease_s(), ids])

@@ -19,8 +19,11 @@ from django.db import connection
 
 from composition.conf import conf
 
-__all__ = ["RunStart", "lease_s", "mark_ended", "mark_failed", "mark_running", "mark_succeeded"]
+__all__ = ["RunStart", "lease_s", "mark_discarded", "mark_ended", "mark_failed", "mark_replayed", "mark_running",
+           "mark_succeeded"]
 
+# TaskRecord's table (composition.jobs.models), spelled here: this module is imported while the
+# apps load (@task builds the backend), before a model may be.
 TABLE = "composition_taskrecord"
 
 # Inserted when the record is gone (pruned, or a message enqueued before records were kept), so a
@@ -79,11 +82,12 @@ def mark_succeeded(record_id: str, *, return_value: Any, finished_at: datetime, 
                        f"running_until = NULL, return_value = {value} WHERE id = %s", [*params, record_id])
 
 
-def mark_ended(record_id: str) -> None:
-    """READY again: the run ended without an outcome (a retry or a redelivery follows)."""
+def mark_ended(record_id: str, *, worker: str) -> None:
+    """READY again: ``worker``'s run ended without an outcome (a retry or a redelivery follows).
+    Not when another worker's run has marked it RUNNING since (a duplicate delivery)."""
     with connection.cursor() as cursor:
         cursor.execute(f"UPDATE {TABLE} SET status = 'READY', running_until = NULL WHERE id = %s "
-                       "AND status = 'RUNNING'", [record_id])
+                       "AND status = 'RUNNING' AND worker_ids ->> -1 = %s", [record_id, worker])
 
 
 def mark_failed(record_id: str, *, error: dict[str, str], message_id: str) -> None:
@@ -98,3 +102,21 @@ def _json(value: Any, kind: type) -> Any:
     # psycopg returns jsonb decoded; a str is a driver that did not.
     decoded = json.loads(value) if isinstance(value, str) else value
     return decoded if isinstance(decoded, kind) else kind()
+
+
+def mark_replayed(record_id: str, *, message_id: str) -> None:
+    """READY again, its latest message the replay's (``message_id``): in the replay's transaction."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {TABLE} SET status = 'READY', finished_at = NULL, running_until = NULL, "
+                       "message_id = %s WHERE id = %s AND status <> 'SUCCESSFUL'", [message_id, record_id])
+
+
+def mark_discarded(record_id: str, *, message_id: str, error: dict[str, str]) -> None:
+    """FAILED for good, its dead letter (of ``message_id``) discarded: with ``error`` added when no
+    run recorded the failure (a message parked before it ran), and a ``finished_at``, so that
+    retention prunes it in time."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {TABLE} SET finished_at = COALESCE(finished_at, now()), running_until = NULL, "
+                       "errors = CASE WHEN status = 'FAILED' THEN errors ELSE errors || %s::jsonb END, "
+                       "status = 'FAILED' WHERE id = %s AND message_id = %s AND status <> 'SUCCESSFUL'",
+                       [json.dumps([error]), record_id, message_id])

@@ -5,6 +5,7 @@ one alike; Redis counts the prioritised messages in the queue's depth and a flus
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -18,6 +19,7 @@ from composition.broker.configured import build_broker, configured_broker
 from composition.broker.keys import lanes_key
 from composition.broker.priorities import PRIORITY_OPTION, rabbitmq_priority
 from composition.outbox.enqueue import enqueue_many
+from composition.sampling.queues import oldest_ready_age_s
 from tests.helpers import RABBITMQ_URL, delete_rabbitmq_queue
 
 # (priority, how it is sent): both ways interleaved, every region (above 0, 0, below 0) twice.
@@ -127,3 +129,17 @@ def test_rabbitmq_delivers_the_highest_level_first_and_equal_ones_in_order() -> 
     finally:
         broker.close()
         delete_rabbitmq_queue(queue)
+
+
+def test_the_oldest_message_s_age_counts_the_priority_lanes(redis_queue: str) -> None:
+    # The age read the list's head only: a backlog of prioritised messages read 0 s old.
+    broker = configured_broker()
+    now_s = time.time()
+    for age_s, priority in ((30, 0), (300, -5), (120, 50)):
+        message = _message(redis_queue, age_s, priority)
+        broker.enqueue(message.copy(message_timestamp=int((now_s - age_s) * 1000)))
+    assert oldest_ready_age_s(broker, redis_queue, now_s=now_s) == pytest.approx(300, abs=1)
+    _received(broker, redis_queue, 1, prefetch=1)  # the 50 goes first
+    assert oldest_ready_age_s(broker, redis_queue, now_s=now_s) == pytest.approx(300, abs=1)
+    _received(broker, redis_queue, 2, prefetch=2)
+    assert oldest_ready_age_s(broker, redis_queue, now_s=now_s) == 0.0

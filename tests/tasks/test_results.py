@@ -121,3 +121,53 @@ def test_a_worker_killed_mid_task_reads_running_then_ready_never_successful_and_
     assert finished.attempts == 2 and finished.worker_ids[0] != finished.worker_ids[1]
     assert Effect.objects.filter(key="killed").count() == 1
     assert second.terminate() == 0
+
+
+def test_a_replayed_or_discarded_dead_letter_tells_its_result_at_once() -> None:
+    # The replay left the result FAILED until it ran; a parked message's discarded dead letter
+    # left it READY with no finished_at, so retention never pruned it.
+    from composition.broker.priorities import PRIORITY_HEADER
+    from composition.jobs.replay import discard, replay
+    from composition.outbox import OutboxMessage
+    from composition.tasks import actor_name
+
+    with left_to_the_relay():
+        replayed = tasks.add_effect.using(priority=7).enqueue("replayed")
+        discarded = tasks.add_effect.enqueue("discarded")
+    now = timezone.now()
+    letters = {}
+    for result in (replayed, discarded):
+        row = OutboxMessage.objects.get(payload__result=result.id)
+        letters[result.id] = DeadLetter.objects.create(
+            actor=actor_name("default", tasks.QUEUE), queue=tasks.QUEUE, message_id=row.message_id,
+            payload=row.payload, headers=row.headers, attempts=1, error_class="composition.errors.PermanentError",
+            traceback="PermanentError: parked", fingerprint="f" * 32, first_failed_at=now, last_failed_at=now)
+    TaskRecord.objects.filter(pk=replayed.id).update(status="FAILED", finished_at=now)
+    assert tasks.add_effect.get_result(replayed.id).status == TaskResultStatus.FAILED
+
+    with left_to_the_relay():
+        replay(letters[replayed.id].pk)
+    again = TaskRecord.objects.get(pk=replayed.id)
+    replay_row = OutboxMessage.objects.get(pk=DeadLetter.objects.get(pk=letters[replayed.id].pk).replay_outbox_id)
+    assert (again.status, again.finished_at, again.message_id) == ("READY", None, replay_row.message_id)
+    assert tasks.add_effect.get_result(replayed.id).status == TaskResultStatus.READY
+    assert replay_row.headers[PRIORITY_HEADER] == 7  # the replay keeps its priority
+
+    assert tasks.add_effect.get_result(discarded.id).status == TaskResultStatus.FAILED  # by its dead letter
+    discard(letters[discarded.id].pk)
+    gone = TaskRecord.objects.get(pk=discarded.id)
+    assert gone.status == "FAILED" and gone.finished_at is not None  # retention will find it
+    assert [error["exception_class_path"] for error in gone.errors] == ["composition.errors.PermanentError"]
+    assert tasks.add_effect.get_result(discarded.id).errors[0].traceback == "PermanentError: parked"
+
+
+def test_a_run_ending_does_not_mark_another_worker_s_run_ready() -> None:
+    from composition.tasks.records import TABLE, mark_ended
+
+    assert TaskRecord._meta.db_table == TABLE
+    record = TaskRecord.objects.create(backend="default", queue_name=tasks.QUEUE, task_path="m.f", status="RUNNING",
+                                       worker_ids=["host:1", "host:2"], running_until=timezone.now())
+    mark_ended(str(record.pk), worker="host:1")  # a duplicate delivery's run, ended after host:2's began
+    assert TaskRecord.objects.get(pk=record.pk).status == "RUNNING"
+    mark_ended(str(record.pk), worker="host:2")
+    assert TaskRecord.objects.get(pk=record.pk).status == "READY"
