@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 MATRIX_VENV := .venv-matrix
 MATRIX_STAMP := $(MATRIX_VENV)/.installed
 
-.PHONY: venv matrix-venv installs browser promtool nginx run test gate lint typecheck check pytest matrix soak bench wheel clean
+.PHONY: venv matrix-venv installs browser promtool nginx pgbouncer run test gate lint typecheck check pytest matrix soak bench wheel clean
 
 # uv installs the project (in about ten seconds where pip takes forty; the same versions as
 # pip's); pip itself stays in the environment for whoever uses it. --compile-bytecode as pip
@@ -46,6 +46,12 @@ nginx:
 	@$(INSTALL_TOOL) --why "the front door test (docker/nginx.conf in front of gunicorn)" \
 	  --command nginx --service nginx nginx
 
+# PgBouncer: the tests behind a transaction pooler (tests/db/test_pgbouncer.py) start their own, on a
+# free loopback port, never the packaged service.
+pgbouncer:
+	@$(INSTALL_TOOL) --why "the tests behind a transaction pooler (their own PgBouncer per test)" \
+	  --command pgbouncer --service pgbouncer pgbouncer
+
 # A convenience: ./run is the README's command. Under make, Ctrl-C still drains the system in
 # order, but make itself then reports exit 130 (it re-raises SIGINT).
 run: venv
@@ -65,7 +71,7 @@ check: venv
 # shards side by side (tools/run_shards.py): these paths, and the rest. The ones that start the
 # embedded servers in .data (./run, the install guide, tests/project) are all here.
 SHARD_FIRST := tests/scenarios tests/project tests/docs tests/admin tests/backpressure tests/deploy
-pytest: venv browser promtool nginx
+pytest: venv browser promtool nginx pgbouncer
 	$(PY) tools/run_shards.py --pytest $(VENV)/bin/pytest --first "$(SHARD_FIRST)" -- \
 	  -m "not soak" --durations=15 $(PYTEST_ARGS)
 
@@ -127,7 +133,7 @@ matrix: matrix-venv
 # tools' lines are printed once both are done.
 installs:
 	@log=$$(mktemp); \
-	$(MAKE) --no-print-directory browser promtool nginx >"$$log" 2>&1 & tools=$$!; \
+	$(MAKE) --no-print-directory browser promtool nginx pgbouncer >"$$log" 2>&1 & tools=$$!; \
 	$(MAKE) --no-print-directory venv matrix-venv; envs=$$?; \
 	wait $$tools; tools_status=$$?; cat "$$log"; rm -f "$$log"; \
 	[ $$envs -eq 0 ] && [ $$tools_status -eq 0 ]

@@ -13,6 +13,7 @@ from django.db import DEFAULT_DB_ALIAS
 from composition.broker.configured import broker_kind
 from composition.cache.serializers import load_serializer
 from composition.conf import DEFAULTS, conf
+from composition.db.pooling import check_pooled_settings, check_pooled_timeouts
 from composition.errors import BrokerConfigurationError
 from composition.jobs.queue_order import QueueOrder
 from composition.prometheus.access import parse_networks
@@ -349,6 +350,12 @@ def check_schedules(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
             f"catch_up_window ({window_s:g} s): its caught-up ticks would be pruned while still inside it.",
             hint="Raise SCHEDULE_TICK_RETENTION_S above the largest catch-up window.", id="composition.W122"))
     return messages
+
+
+# Databases behind a transaction pooler: the settings they need, and (with database access) the
+# role's timeouts read through the pooler.
+register("composition")(check_pooled_settings)
+register(Tags.database)(check_pooled_timeouts)
 
 
 @register(Tags.database)

@@ -33,7 +33,11 @@ DEFAULTS: dict[str, Any] = {
     # A queue argument: RabbitMQ refuses to change it on a queue that exists (docs/tasks.md). None:
     # queues without priorities, and django.tasks priorities other than 0 are refused.
     "RABBITMQ_MAX_PRIORITY": None,
-    # Connection settings applied to every new PostgreSQL connection.
+    # The DATABASES aliases behind a transaction pooler (PgBouncer pool_mode=transaction): nothing
+    # is set per session there (the timeouts below are the role's: docs/deployment.md), and
+    # `manage.py check` requires what such a pooler needs (checks E150-E153, W154).
+    "TRANSACTION_POOLED_DATABASES": [],
+    # Connection settings applied to every new PostgreSQL connection (the role's, behind a pooler).
     "DB_STATEMENT_TIMEOUT_S": 30.0,
     "DB_IDLE_IN_TRANSACTION_TIMEOUT_S": 60.0,
     # A query that takes longer than this is counted in composition_db_slow_queries_total and

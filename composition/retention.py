@@ -6,8 +6,8 @@ recently replayed, or its effects could run twice; sent outbox rows after ``OUTB
 resolved dead letters after ``DEAD_LETTER_RETENTION_S``; schedule ticks whose run is over after
 ``SCHEDULE_TICK_RETENTION_S``; the queues' history buckets after ``QUEUE_HISTORY_RETENTION_S``;
 finished ``django.tasks`` results after ``TASK_RESULT_RETENTION_S``.
-``RetentionComponent`` prunes every ``RETENTION_INTERVAL_S`` in each worker process; an advisory
-lock lets one prune at a time.
+``RetentionComponent`` prunes every ``RETENTION_INTERVAL_S`` in each worker process; a Redis lock
+lets one prune at a time.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from composition.jobs.inbox import IDEMPOTENCY_KEY_HEADER
 from composition.jobs.models import DeadLetter, ProcessedMessage, TaskRecord
 from composition.jobs.policy import JobPolicy, backoff_s
 from composition.lifecycle.periodic import PeriodicComponent
-from composition.locks import advisory_key
+from composition.locks import LockBackendUnavailable, LockLost, LockNotAcquired, acquire_redis_lock
 from composition.outbox.maintenance import sent_older_than
 
 __all__ = [
@@ -44,7 +44,7 @@ __all__ = [
     "longest_redelivery_window",
     "prune_dead_letters",
     "prune_expired",
-    "pruning_lock_id",
+    "pruning_lock_name",
     "queue_buckets_older_than",
     "redelivery_window_s",
     "task_results_older_than",
@@ -52,9 +52,11 @@ __all__ = [
 
 log = structlog.get_logger("composition.retention")
 
-# The advisory lock (namespace, key) that makes one process the pruner of the whole cluster.
+# The lock (namespace, key) that makes one process the pruner of the whole cluster, and its TTL,
+# renewed before each table.
 LOCK_NAMESPACE = "composition.retention"
 LOCK_KEY = "prune"
+PRUNER_LOCK_TTL_S = 300.0
 
 
 class _UpperJitter(random.Random):
@@ -185,38 +187,34 @@ def _expired() -> Iterator[tuple[str, QuerySet[Any]]]:
         yield "task results", task_results_older_than(float(conf.TASK_RESULT_RETENTION_S))
 
 
-def pruning_lock_id(using: str = DEFAULT_DB_ALIAS) -> int:
-    """The advisory lock one pruner of a database holds: keyed by the database's name too, as
-    advisory locks are server-wide and another project's (another database's) pruner on the same
-    server must not keep this one from pruning."""
-    return advisory_key(LOCK_NAMESPACE, f"{LOCK_KEY}:{connections[using].settings_dict['NAME']}")
+def pruning_lock_name(using: str = DEFAULT_DB_ALIAS) -> str:
+    """The Redis lock one pruner of a database holds: keyed by the database's name too, so that
+    another project's (another database's) pruner on the same Redis does not keep this one from
+    pruning."""
+    return f"{LOCK_NAMESPACE}:{LOCK_KEY}:{connections[using].settings_dict['NAME']}"
 
 
 @contextmanager
-def _sole_pruner(using: str = DEFAULT_DB_ALIAS) -> Iterator[bool]:
-    """Yields True when this process holds the database's pruning lock (until the block ends),
-    False at once when another process does.
-
-    A session-level lock, not ``composition.locks.advisory_lock``: that one lasts one transaction,
-    and pruning is many short transactions on purpose.
+def _sole_pruner(using: str = DEFAULT_DB_ALIAS) -> Iterator[Callable[[], None] | None]:
+    """Yields ``renew()`` while this process is the database's pruner, None at once when another
+    process is. The lock is a Redis lock with a TTL and an owner token, renewed between tables
+    (``renew`` raises ``LockLost`` once it is someone else's), not a PostgreSQL session lock:
+    behind a transaction pooler that one would stay with a pooled server connection. With Redis
+    unreachable it prunes anyway: pruners skip each other's locked rows, so two only share work.
     """
-    connection = connections[using]
-    lock_id = pruning_lock_id(using)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s)", [lock_id])
-        held = bool(cursor.fetchone()[0])
     try:
-        yield held
+        lock = acquire_redis_lock(pruning_lock_name(using), ttl_s=PRUNER_LOCK_TTL_S)
+    except LockBackendUnavailable as exc:
+        log.warning("retention prunes without its one-pruner lock: Redis is unreachable", error=described(exc))
+        yield lambda: None
+        return
+    except LockNotAcquired:
+        yield None
+        return
+    try:
+        yield lambda: lock.extend(PRUNER_LOCK_TTL_S)
     finally:
-        if held:
-            try:
-                with connection.cursor() as cursor:
-                    cursor.execute("SELECT pg_advisory_unlock(%s)", [lock_id])
-            except Exception:
-                # Closing the session is the other way to release it; never leave it held by a
-                # pooled connection that lives on.
-                connection.close()
-                raise
+        lock.release()
 
 
 def prune_expired(*, batch_size: int | None = None,
@@ -227,12 +225,17 @@ def prune_expired(*, batch_size: int | None = None,
     ``should_stop`` is asked between batches, so that a drain does not wait for a long prune.
     """
     size = _batch_size(batch_size)
-    with _sole_pruner() as held:
-        if not held:
+    with _sole_pruner() as renew:
+        if renew is None:
             return None
         results: list[PruneResult] = []
         for name, rows in _expired():
             if should_stop is not None and should_stop():
+                break
+            try:
+                renew()
+            except LockLost:
+                log.warning("retention stopped: its one-pruner lock expired under it")
                 break
             try:
                 results.append(delete_in_batches(rows, batch_size=size, should_stop=should_stop))

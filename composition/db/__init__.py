@@ -1,6 +1,7 @@
 """PostgreSQL policy under Django's ORM: session timeouts and their lift for ``migrate``
-(``timeouts``), hooks run once after a commit (``transactions``), slow-query logging
-(``slow_queries``), batched deletes (``pruning``) and the connection budget (``budget``).
+(``timeouts``), databases behind a transaction pooler (``pooling``), hooks run once after a commit
+(``transactions``), slow-query logging (``slow_queries``), batched deletes (``pruning``) and the
+connection budget (``budget``).
 Invariant: any PostgreSQL backend gives the same guarantees.
 """
 

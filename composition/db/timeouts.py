@@ -2,7 +2,8 @@
 
 Every new PostgreSQL connection gets ``statement_timeout`` (``DB_STATEMENT_TIMEOUT_S``) and
 ``idle_in_transaction_session_timeout`` (``DB_IDLE_IN_TRANSACTION_TIMEOUT_S``), lifted while
-``migrate`` runs and inside ``without_session_timeouts()``. Connections are remembered weakly, so
+``migrate`` runs and inside ``without_session_timeouts()``; none on a transaction-pooled alias,
+where the role holds them (``composition.db.pooling``). Connections are remembered weakly, so
 stopping a process closes its worker threads' connections too (``connections.close_all()`` closes
 only the calling thread's).
 """
@@ -19,6 +20,8 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from composition.conf import conf
+from composition.db.pooling import is_transaction_pooled
+from composition.errors import ConfigurationError
 
 __all__ = ["apply_session_timeouts", "close_all_connections", "lift_timeouts_for_migrate",
            "restore_timeouts_after_migrate", "without_session_timeouts"]
@@ -49,13 +52,13 @@ def apply_session_timeouts(sender: Any, connection: BaseDatabaseWrapper, **_: An
     """``connection_created`` receiver: remember the connection and set its timeouts (none
     while they are lifted)."""
     _opened.add(connection)
-    if connection.vendor == "postgresql":
+    if connection.vendor == "postgresql" and not is_transaction_pooled(connection.alias):
         _set_timeouts(connection, lifted=_timeouts_lifted())
 
 
 def _reapply(using: str) -> None:
     connection = connections[using]
-    if connection.vendor == "postgresql" and connection.connection is not None:
+    if connection.vendor == "postgresql" and connection.connection is not None and not is_transaction_pooled(using):
         _set_timeouts(connection, lifted=_timeouts_lifted())
 
 
@@ -63,7 +66,11 @@ def _reapply(using: str) -> None:
 def without_session_timeouts(using: str = DEFAULT_DB_ALIAS) -> Iterator[None]:
     """No statement or idle-in-transaction timeout inside the block: on the calling thread's
     connection to ``using`` and on every connection opened meanwhile. Outside it the configured
-    timeouts apply again to that connection."""
+    timeouts apply again to that connection. Raises ``ConfigurationError`` for a transaction-pooled
+    ``using``: the lift would reach whichever client the pooler gives that connection next."""
+    if is_transaction_pooled(using):
+        raise ConfigurationError(f"without_session_timeouts({using!r}): the database is transaction-pooled; "
+                                 "run the long work on a direct connection (another DATABASES alias)")
     global _exemptions
     with _lock:
         _exemptions += 1

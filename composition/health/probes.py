@@ -29,9 +29,10 @@ def probe_database(timeout_s: float) -> None:
               if key not in ("cursor_factory", "context", "prepare_threshold", "pool", "server_side_binding",
                              "assume_role")}
     params["connect_timeout"] = max(2, math.ceil(timeout_s))
-    with psycopg.connect(**params, autocommit=True) as conn:
-        # A SET rather than a startup option: poolers such as PgBouncer refuse unknown ones.
-        conn.execute(f"SET statement_timeout = {max(1, int(timeout_s * 1000))}")
+    with psycopg.connect(**params, autocommit=True) as conn, conn.transaction():
+        # SET LOCAL, not a startup option (poolers such as PgBouncer refuse unknown ones) nor a
+        # session SET (behind a transaction pooler it would stay with the pooler's next client).
+        conn.execute(f"SET LOCAL statement_timeout = {max(1, int(timeout_s * 1000))}")
         conn.execute("SELECT 1").fetchone()
 
 

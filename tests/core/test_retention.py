@@ -10,7 +10,6 @@ from datetime import timedelta
 from io import StringIO
 from typing import Any
 
-import psycopg
 import pytest
 from django.conf import settings
 from django.core.management import CommandError, call_command
@@ -25,6 +24,7 @@ from composition.db.pruning import delete_in_batches
 from composition.jobs import job
 from composition.jobs.models import DeadLetter, ProcessedMessage, TaskRecord
 from composition.jobs.policy import JobPolicy
+from composition.locks import acquire_redis_lock
 from composition.outbox.models import OutboxMessage
 from composition.queues.history import record_buckets
 from composition.queues.models import QueueBucket
@@ -32,10 +32,10 @@ from composition.retention import (
     ledger_older_than,
     longest_redelivery_window,
     prune_expired,
-    pruning_lock_id,
+    pruning_lock_name,
     redelivery_window_s,
 )
-from composition.testing import current_database_url, metric_value, use_broker, wait_until
+from composition.testing import metric_value, use_broker, wait_until
 
 DAY_S = 86_400.0
 
@@ -213,12 +213,15 @@ def test_none_keeps_a_table_forever() -> None:
 @pytest.mark.django_db
 def test_only_one_process_prunes_at_a_time() -> None:
     ledger_rows(8 * DAY_S, 2, "old")
-    lock_id = pruning_lock_id()
-    with psycopg.connect(current_database_url(), autocommit=True) as other:
-        other.execute("SELECT pg_advisory_lock(%s)", [lock_id])
+    other = acquire_redis_lock(pruning_lock_name(), ttl_s=30)  # another process's, by its token
+    try:
         assert prune_expired() is None
         assert ProcessedMessage.objects.count() == 2
-        other.execute("SELECT pg_advisory_unlock(%s)", [lock_id])
+    finally:
+        other.release()
+    with connection.cursor() as cursor:  # and no session state left: no advisory lock held
+        cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()")
+        assert cursor.fetchone()[0] == 0
     assert prune_expired() is not None
     assert ProcessedMessage.objects.count() == 0
 

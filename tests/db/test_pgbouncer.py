@@ -1,0 +1,144 @@
+"""Behind PgBouncer in transaction mode (``TRANSACTION_POOLED_DATABASES``), each test with a
+PgBouncer of its own: the library leaves no session setting and no lock to the pooler's next
+client, and ``manage.py check`` says what such a database needs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.test import override_settings
+
+from composition.db.pooling import check_pooled_settings, check_pooled_timeouts
+from composition.testing import current_database_url, subprocess_env
+from composition.testing.servers import ThrowawayPgBouncer, throwaway_pgbouncer
+
+pytestmark = pytest.mark.slow
+
+# Every setting the library sets or lifts, for a session or a transaction.
+SETTINGS = ("statement_timeout", "idle_in_transaction_session_timeout", "lock_timeout", "synchronous_commit")
+
+# What a process does through the pooler: connect (the timeouts), the readiness probe, a
+# retention round, both kinds of database lock, a publish that relaxes its commit, and the lift
+# of the timeouts, which it must refuse.
+LIBRARY_AT_WORK = """
+from django.db import connection, transaction
+from composition.db import without_session_timeouts
+from composition.errors import ConfigurationError
+from composition.health.probes import probe_database
+from composition.locks import advisory_lock, row_lock
+from composition.outbox import publish
+from composition.retention import prune_expired
+from composition.testing import left_to_the_relay
+from composition.jobs.models import DeadLetter
+connection.ensure_connection()
+probe_database(2.0)
+prune_expired()
+with transaction.atomic(), advisory_lock("pgbouncer-test", "k", timeout_s=1):
+    pass
+with transaction.atomic(), row_lock(DeadLetter.objects.all()[:1], timeout_s=1):
+    pass
+with left_to_the_relay():
+    publish("noop", {})
+try:
+    with without_session_timeouts():
+        pass
+except ConfigurationError:
+    print("lift refused")
+"""
+
+
+@pytest.fixture
+def bouncer() -> Iterator[ThrowawayPgBouncer]:
+    # One server connection: whatever a client leaves on it, the next client gets.
+    with throwaway_pgbouncer(pool_size=1) as server:
+        yield server
+
+
+def _settings_seen(url: str) -> dict[str, Any]:
+    with psycopg.connect(url, autocommit=True, prepare_threshold=None) as client:
+        seen = {name: client.execute(f"SHOW {name}").fetchone()[0] for name in SETTINGS}
+        seen["advisory_locks"] = client.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database())").fetchone()[0]
+    return seen
+
+
+def _library_at_work(bouncer: ThrowawayPgBouncer, settings_module: str) -> str:
+    database = connection.settings_dict["NAME"]
+    result = subprocess.run([sys.executable, "manage.py", "shell", "-c", LIBRARY_AT_WORK],
+                            env=subprocess_env(DATABASE_URL=bouncer.url(database),
+                                               DJANGO_SETTINGS_MODULE=settings_module),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr + bouncer.log()[-2000:]
+    return result.stdout
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_client_of_the_pooler_sees_the_server_defaults_after_the_library_ran_through_it(
+        bouncer: ThrowawayPgBouncer) -> None:
+    defaults = _settings_seen(current_database_url())  # a fresh direct session
+    assert "lift refused" in _library_at_work(bouncer, "tests.settings_pgbouncer")
+    database = connection.settings_dict["NAME"]
+    assert _settings_seen(bouncer.url(database)) == defaults
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_the_setting_the_library_s_session_timeouts_reach_the_next_client(
+        bouncer: ThrowawayPgBouncer) -> None:
+    # What the setting is for (and what every process did before it): the session timeouts set
+    # on connect stay on the pooled server connection.
+    defaults = _settings_seen(current_database_url())
+    _library_at_work(bouncer, "tests.settings")
+    leaked = _settings_seen(bouncer.url(connection.settings_dict["NAME"]))
+    assert leaked["statement_timeout"] != defaults["statement_timeout"], (leaked, defaults)
+
+
+def test_check_requires_what_a_transaction_pooled_database_needs() -> None:
+    env = subprocess_env(COMPOSITION_TEST_OVERRIDES=json.dumps({"TRANSACTION_POOLED_DATABASES": ["default"]}))
+    result = subprocess.run([sys.executable, "manage.py", "check"], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 1 and "composition.E151" in result.stderr, result.stdout + result.stderr
+    assert "DISABLE_SERVER_SIDE_CURSORS" in result.stderr
+
+    pooled = {**settings.COMPOSITION, "TRANSACTION_POOLED_DATABASES": ["default"]}
+    default = settings.DATABASES["default"]
+    with override_settings(COMPOSITION=pooled):
+        for entry, expected in (
+                ({**default, "DISABLE_SERVER_SIDE_CURSORS": True}, []),
+                ({**default, "DISABLE_SERVER_SIDE_CURSORS": True, "OPTIONS": {"options": "-c x=1"}},
+                 ["composition.E152"]),
+                ({**default, "DISABLE_SERVER_SIDE_CURSORS": True, "OPTIONS": {"server_side_binding": True}},
+                 ["composition.E153"])):
+            with override_settings(DATABASES={**settings.DATABASES, "default": entry}):
+                assert [message.id for message in check_pooled_settings()] == expected
+    with override_settings(COMPOSITION={**settings.COMPOSITION, "TRANSACTION_POOLED_DATABASES": ["nope"]}):
+        assert [message.id for message in check_pooled_settings()] == ["composition.E150"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_database_check_reads_the_timeouts_the_role_or_database_gives_through_the_pooler() -> None:
+    pooled = {**settings.COMPOSITION, "TRANSACTION_POOLED_DATABASES": ["default"]}
+    database = connection.ops.quote_name(connection.settings_dict["NAME"])
+    with override_settings(COMPOSITION=pooled):
+        connection.close()  # a session without the library's own settings
+        [warning] = check_pooled_timeouts(databases=["default"])
+        assert warning.id == "composition.W154" and "ALTER ROLE" in warning.hint
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER DATABASE {database} SET statement_timeout = '30s'")
+            cursor.execute(f"ALTER DATABASE {database} SET idle_in_transaction_session_timeout = '1min'")
+        try:
+            connection.close()
+            assert check_pooled_timeouts(databases=["default"]) == []
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute(f"ALTER DATABASE {database} RESET statement_timeout")
+                cursor.execute(f"ALTER DATABASE {database} RESET idle_in_transaction_session_timeout")
+            connection.close()
