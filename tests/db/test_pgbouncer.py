@@ -5,6 +5,8 @@ client, and ``manage.py check`` says what such a database needs."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ from django.test import override_settings
 from composition.db.pooling import check_pooled_settings, check_pooled_timeouts
 from composition.testing import current_database_url, subprocess_env
 from composition.testing.servers import ThrowawayPgBouncer, throwaway_pgbouncer
+from tests.browser import tool_missing
 
 pytestmark = pytest.mark.slow
 
@@ -57,6 +60,8 @@ except ConfigurationError:
 
 @pytest.fixture
 def bouncer() -> Iterator[ThrowawayPgBouncer]:
+    if not (shutil.which("pgbouncer") or os.path.exists("/usr/sbin/pgbouncer")):
+        tool_missing("PgBouncer is not installed (make pgbouncer)")
     # One server connection: whatever a client leaves on it, the next client gets.
     with throwaway_pgbouncer(pool_size=1) as server:
         yield server
