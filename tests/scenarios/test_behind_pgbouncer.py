@@ -1,0 +1,81 @@
+"""Workers behind PgBouncer in transaction mode, with fewer server connections than threads: a
+SIGKILL storm leaves every idempotent effect exactly once, and the pooler's next client then sees
+the server's defaults and no lock (issue #38; each test starts its own PgBouncer)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+import psycopg
+import psycopg.rows
+import pytest
+from django.db import connection, transaction
+from django.db.models import Count
+
+from composition.jobs.models import DeadLetter, ProcessedMessage
+from composition.outbox import OutboxMessage, publish
+from composition.outbox.relay import RELAY_QUEUE_NAME
+from composition.testing import current_database_url, wait_until
+from composition.testing.servers import throwaway_pgbouncer
+from tests.browser import tool_missing
+from tests.jobsapp import jobs
+from tests.jobsapp.models import Effect
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True),
+              pytest.mark.empty_queues(jobs.CRASH_QUEUE, RELAY_QUEUE_NAME)]
+
+THREADS = 8
+POOL_SIZE = 3  # fewer server connections than threads: the pooler queues the rest
+SETTINGS = ("statement_timeout", "idle_in_transaction_session_timeout", "lock_timeout", "synchronous_commit")
+
+
+def _seen(url: str) -> dict[str, Any]:
+    with psycopg.connect(url, autocommit=True, prepare_threshold=None) as client:
+        seen = {name: client.execute(f"SHOW {name}").fetchone()[0] for name in SETTINGS}
+        seen["advisory_locks"] = client.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database())").fetchone()[0]
+    return seen
+
+
+def test_a_sigkill_storm_through_the_pooler_leaves_every_effect_once_and_nothing_behind(worker_processes: Any) -> None:
+    if not (shutil.which("pgbouncer") or os.path.exists("/usr/sbin/pgbouncer")):
+        tool_missing("PgBouncer is not installed (make pgbouncer)")
+    total, kills = 400, 2
+    defaults = _seen(current_database_url())
+    with transaction.atomic():
+        for index in range(total):
+            publish(jobs.crash_effect, {"key": f"b{index}"})
+    with throwaway_pgbouncer(pool_size=POOL_SIZE) as bouncer:
+        url = bouncer.url(connection.settings_dict["NAME"])
+        env = {"DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "tests.settings_pgbouncer"}
+        args = ["--threads", str(THREADS), "--queues", f"{jobs.CRASH_QUEUE},{RELAY_QUEUE_NAME}"]
+        for _ in range(kills):
+            worker = worker_processes.spawn(args, **env)
+            before = Effect.objects.count()
+            wait_until(lambda b=before: Effect.objects.count() >= b + 40, timeout_s=60,
+                       message=f"no progress through the pooler; log:\n{worker.output()[-3000:]}\n"
+                               f"{bouncer.log()[-2000:]}")
+            worker.kill_group()
+        worker = worker_processes.spawn(args, **env)
+        wait_until(lambda: not OutboxMessage.objects.filter(status="pending").exists()
+                   and Effect.objects.values("key").distinct().count() == total, timeout_s=60, interval_s=0.5,
+                   message=f"backlog not finished; log:\n{worker.output()[-3000:]}")
+        assert worker.terminate() == 0
+        seen = _seen(url)  # the next client of the same pool
+        with psycopg.connect(bouncer.url("pgbouncer"), autocommit=True, prepare_threshold=None) as console:
+            cursor = console.cursor(row_factory=psycopg.rows.dict_row)
+            stats = {row["database"]: row for row in cursor.execute("SHOW STATS").fetchall()}
+            pools = {row["database"]: row for row in cursor.execute("SHOW POOLS").fetchall()}
+    # The jobs' transactions went through the pooler, on at most POOL_SIZE server connections.
+    database = connection.settings_dict["NAME"]
+    assert stats[database]["total_xact_count"] >= total, stats[database]
+    assert pools[database]["sv_active"] + pools[database]["sv_idle"] + pools[database]["sv_used"] <= POOL_SIZE
+    counts = Effect.objects.filter(key__startswith="b").values("key").annotate(n=Count("id"))
+    assert len(counts) == total
+    assert [row for row in counts if row["n"] != 1] == [], "an effect ran twice"
+    assert ProcessedMessage.objects.filter(actor="crash_effect").count() == total
+    assert not DeadLetter.objects.filter(actor="crash_effect").exists()
+    assert seen == defaults
