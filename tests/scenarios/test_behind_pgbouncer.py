@@ -79,3 +79,64 @@ def test_a_sigkill_storm_through_the_pooler_leaves_every_effect_once_and_nothing
     assert ProcessedMessage.objects.filter(actor="crash_effect").count() == total
     assert not DeadLetter.objects.filter(actor="crash_effect").exists()
     assert seen == defaults
+
+
+# Three relays in one process through the pooler (2 server connections), as runworkers' relay
+# threads would: each message on the broker once, each key's in publishing order.
+RELAYS_AT_ONCE = """
+import json, threading
+from django.db import connections
+from composition.broker.configured import configured_broker
+from composition.outbox.relay import Relay
+barrier = threading.Barrier(3)
+relayed = {}
+def run(name):
+    relay = Relay(configured_broker(), batch_size=50, relay_id=name)
+    try:
+        barrier.wait(10)
+        relayed[name] = relay.run_until_idle()
+    finally:
+        connections.close_all()
+threads = [threading.Thread(target=run, args=(f"relay-{n}",)) for n in range(3)]
+for thread in threads: thread.start()
+for thread in threads: thread.join(120)
+relayed["final"] = Relay(configured_broker(), relay_id="final").run_until_idle()
+print(json.dumps(relayed))
+"""
+
+
+@pytest.mark.usefixtures("nudge_only")
+@pytest.mark.empty_queues("outboxapp_probe")
+def test_three_relays_through_the_pooler_send_each_message_once_in_key_order() -> None:
+    import json
+    import subprocess
+    import sys
+    from collections import Counter, defaultdict
+
+    from composition.testing import subprocess_env
+    from tests.outboxapp.helpers import enqueued
+
+    if not (shutil.which("pgbouncer") or os.path.exists("/usr/sbin/pgbouncer")):
+        tool_missing("PgBouncer is not installed (make pgbouncer)")
+    messages, keys = 1_000, 20
+    specs = [None if seq % 5 == 0 else f"key-{seq % keys}" for seq in range(messages)]
+    with transaction.atomic():
+        ids = [publish("outboxapp_relay_probe", {"seq": seq}, key=key).pk for seq, key in enumerate(specs)]
+    key_of = dict(zip(ids, specs, strict=True))
+    with throwaway_pgbouncer(pool_size=2) as bouncer:
+        result = subprocess.run(
+            [sys.executable, "manage.py", "shell", "-c", RELAYS_AT_ONCE],
+            env=subprocess_env(DATABASE_URL=bouncer.url(connection.settings_dict["NAME"]),
+                               DJANGO_SETTINGS_MODULE="tests.settings_pgbouncer"),
+            capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr + bouncer.log()[-2000:]
+    relayed = json.loads(result.stdout.strip().splitlines()[-1])
+    assert sum(relayed.values()) == messages
+    outbox_ids = [message.options["composition"]["outbox_id"] for message in enqueued("outboxapp_probe")]
+    assert Counter(outbox_ids) == Counter(ids), "a message missing or sent twice"
+    per_key: dict[str, list[int]] = defaultdict(list)
+    for outbox_id in outbox_ids:
+        if key_of[outbox_id] is not None:
+            per_key[key_of[outbox_id]].append(outbox_id)
+    assert all(sequence == sorted(sequence) for sequence in per_key.values()), "a key out of order"
+    assert not OutboxMessage.objects.filter(status="pending").exists()
