@@ -10,9 +10,7 @@ rolled back with it.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import inspect
 import os
 import socket
 import threading
@@ -21,18 +19,15 @@ from functools import partial
 from typing import Any
 
 import structlog
-from asgiref.sync import async_to_sync
 from django.db import transaction
 from django.utils import timezone
 from dramatiq import Actor
 from dramatiq.broker import MessageProxy
 from dramatiq.middleware import Shutdown
-from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from composition.broker.configured import configured_broker
 from composition.broker.priorities import message_priority
 from composition.broker.time_limits import INTERRUPTS, disarm_time_limit
-from composition.conf import conf
 from composition.errors import IncompatibleMessageError, PermanentError, described
 from composition.jobs import current_message, job
 from composition.jobs.compatibility import PAYLOAD_CHECK_OPTION
@@ -41,27 +36,24 @@ from composition.jobs.decorator import run_idempotently
 from composition.jobs.deploy_window import refuse
 from composition.jobs.inbox import ledger_key, record_processed
 from composition.jobs.replay import RESOLVED_HOOK_OPTION
-from composition.outbox.publish import storable_json
 from composition.tasks._compat import (
     Task,
     TaskContext,
     TaskError,
     TaskResult,
     TaskResultStatus,
-    normalize_json,
     task_finished,
     task_started,
 )
-from composition.tasks.errors import InvalidTaskReturnValue
+from composition.tasks.calls import call, kept_value
 from composition.tasks.leases import running_records
 from composition.tasks.options import QueuePolicy, actor_name
 from composition.tasks.payload import fitting_task
 from composition.tasks.records import (
     RunStart,
-    mark_discarded,
+    dead_letter_resolved,
     mark_ended,
     mark_failed,
-    mark_replayed,
     mark_running,
     mark_succeeded,
 )
@@ -105,20 +97,8 @@ def declare_task_actor(alias: str, queue: str, policy: QueuePolicy) -> Actor[...
         # jobs check-compat binds queued tasks as the worker will (fitting_task).
         declared.options[PAYLOAD_CHECK_OPTION] = partial(_check_payload, alias, queue)
         # A replayed or discarded dead letter tells the task's result.
-        declared.options[RESOLVED_HOOK_OPTION] = _dead_letter_resolved
+        declared.options[RESOLVED_HOOK_OPTION] = dead_letter_resolved
         return declared
-
-
-def _dead_letter_resolved(dead_letter: Any, replay_row: Any) -> None:
-    record_id = dead_letter.payload.get("result") if isinstance(dead_letter.payload, dict) else None
-    if not isinstance(record_id, str):
-        return  # a message from before results were kept
-    if replay_row is not None:
-        mark_replayed(record_id, message_id=replay_row.message_id)
-    else:
-        path = dead_letter.error_class if "." in dead_letter.error_class else f"builtins.{dead_letter.error_class}"
-        mark_discarded(record_id, message_id=dead_letter.message_id,
-                       error={"exception_class_path": path, "traceback": dead_letter.traceback or ""})
 
 
 def _check_payload(alias: str, queue: str, args: Any, kwargs: Any) -> None:
@@ -212,7 +192,7 @@ def _run(task: Task[Any, Any], run: TaskRun, result: TaskResult[Any, Any]) -> No
         _skipped(run)
         return
     try:
-        returned = _kept(run.path, _call(task, [TaskContext(task_result=result), *run.args]
+        returned = kept_value(run.path, call(task, [TaskContext(task_result=result), *run.args]
                                          if task.takes_context else run.args, run.kwargs,
                                          timeout_s=run.policy.job.timeout_s))
     except BaseException as exc:
@@ -269,45 +249,6 @@ def _record_end(run: TaskRun) -> None:
             mark_ended(run.record_id, worker=worker_id())
     except Exception as exc:
         log.warning("could not write a task's result", result_id=run.record_id, error=described(exc))
-
-
-def _call(task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any], *, timeout_s: float) -> Any:
-    """The task's function called. A coroutine function runs to its end in an event loop of its
-    own (``async_to_sync``, as Django's ``Task.call`` runs it), where the ORM's async calls run
-    back on this worker thread, its connection and its transaction (the ledger's, for an atomic
-    run); and within ``timeout_s``: the job's time limit cannot interrupt a thread that waits for
-    a coroutine, so the coroutine is cancelled at that limit itself (``TimeLimitExceeded``,
-    retried as an overrun is)."""
-    if not inspect.iscoroutinefunction(task.func):
-        return task.func(*args, **kwargs)
-
-    async def bounded() -> Any:
-        # Not wait_for: a TimeoutError of the task's own must stay its own.
-        running = asyncio.ensure_future(task.func(*args, **kwargs))
-        done, _ = await asyncio.wait({running}, timeout=timeout_s)
-        if not done:
-            running.cancel()
-            await asyncio.wait({running})
-            raise TimeLimitExceeded(f"the task ran over its time limit of {timeout_s:g} s")
-        return running.result()
-
-    return async_to_sync(bounded)()
-
-
-def _kept(path: str, value: Any) -> Any:
-    """``value`` as its result keeps it (JSON, as ``normalize_json`` makes it); raises
-    ``InvalidTaskReturnValue`` for what is not JSON, cannot be stored, or is too large."""
-    try:
-        kept = normalize_json(value)
-        size = len(storable_json(kept, "the return value"))
-    except (TypeError, ValueError) as exc:
-        raise InvalidTaskReturnValue(f"{path} returned {type(value).__name__}, which a result cannot keep: "
-                                     f"{exc}") from None
-    limit = int(conf.TASK_RETURN_VALUE_MAX_BYTES)
-    if size > limit:
-        raise InvalidTaskReturnValue(f"{path} returned {size} bytes of JSON, over TASK_RETURN_VALUE_MAX_BYTES "
-                                     f"({limit})")
-    return kept
 
 
 def _ledger(message: MessageProxy) -> Any:

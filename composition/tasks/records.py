@@ -19,8 +19,8 @@ from django.db import connection
 
 from composition.conf import conf
 
-__all__ = ["RunStart", "lease_s", "mark_discarded", "mark_ended", "mark_failed", "mark_replayed", "mark_running",
-           "mark_succeeded"]
+__all__ = ["RunStart", "dead_letter_resolved", "lease_s", "mark_discarded", "mark_ended", "mark_failed",
+           "mark_replayed", "mark_running", "mark_succeeded"]
 
 # TaskRecord's table (composition.jobs.models), spelled here: this module is imported while the
 # apps load (@task builds the backend), before a model may be.
@@ -120,3 +120,17 @@ def mark_discarded(record_id: str, *, message_id: str, error: dict[str, str]) ->
                        "errors = CASE WHEN status = 'FAILED' THEN errors ELSE errors || %s::jsonb END, "
                        "status = 'FAILED' WHERE id = %s AND message_id = %s AND status <> 'SUCCESSFUL'",
                        [json.dumps([error]), record_id, message_id])
+
+
+def dead_letter_resolved(dead_letter: Any, replay_row: Any) -> None:
+    """The task actors' ``RESOLVED_HOOK_OPTION``: a replay sets the result READY, under the
+    replay's message; a discard sets it FAILED for good."""
+    record_id = dead_letter.payload.get("result") if isinstance(dead_letter.payload, dict) else None
+    if not isinstance(record_id, str):
+        return  # a message from before results were kept
+    if replay_row is not None:
+        mark_replayed(record_id, message_id=replay_row.message_id)
+    else:
+        path = dead_letter.error_class if "." in dead_letter.error_class else f"builtins.{dead_letter.error_class}"
+        mark_discarded(record_id, message_id=dead_letter.message_id,
+                       error={"exception_class_path": path, "traceback": dead_letter.traceback or ""})

@@ -1,11 +1,13 @@
-"""Test helpers shipped with the package: real throwaway servers, real worker processes, queues
-emptied between tests and metrics read as one number.
+"""Test helpers shipped with the package: real throwaway servers (Valkey, PostgreSQL, a PgBouncer
+in front of one), real worker processes, queues emptied between tests and metrics read as one
+number.
 
 Nothing here mocks a database, cache or broker; these start real ones (or real processes) and
 clean them up.
 """
 
 from composition.testing.metrics import metric_value
+from composition.testing.pgbouncer import ThrowawayPgBouncer, throwaway_pgbouncer
 from composition.testing.queues import empty_queues
 from composition.testing.relay import left_to_the_relay
 from composition.testing.servers import ThrowawayPostgres, ThrowawayRedis, throwaway_postgres, throwaway_redis
@@ -13,6 +15,7 @@ from composition.testing.waiting import free_port, http_status, wait_until
 from composition.testing.workers import WorkerProcess, current_database_url, subprocess_env, use_broker
 
 __all__ = [
+    "ThrowawayPgBouncer",
     "ThrowawayPostgres",
     "ThrowawayRedis",
     "WorkerProcess",
@@ -23,6 +26,7 @@ __all__ = [
     "left_to_the_relay",
     "metric_value",
     "subprocess_env",
+    "throwaway_pgbouncer",
     "throwaway_postgres",
     "throwaway_redis",
     "use_broker",

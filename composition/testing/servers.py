@@ -1,5 +1,4 @@
-"""Throwaway servers for outage tests: a private Valkey, a private PostgreSQL and a private
-PgBouncer in front of a PostgreSQL.
+"""Throwaway servers for outage tests: a private Valkey and a private PostgreSQL.
 
 Each runs on a free loopback port with its data in a temporary directory, as a direct child of
 the test process (so it can be frozen, stopped and started again) that dies with it. The
@@ -21,13 +20,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from composition.lifecycle.processes import die_with_parent
 from composition.testing.waiting import free_port
 
-__all__ = ["ThrowawayPgBouncer", "ThrowawayPostgres", "ThrowawayRedis", "throwaway_pgbouncer", "throwaway_postgres",
-           "throwaway_redis"]
+__all__ = ["ThrowawayPostgres", "ThrowawayRedis", "become", "server_user", "throwaway_postgres", "throwaway_redis"]
 
 
 class ThrowawayRedis:
@@ -116,7 +113,7 @@ def throwaway_redis(*, appendonly: bool = False, appendfsync: str | None = None)
 _SERVER_USER = "embedded_postgres"
 
 
-def _server_user() -> pwd.struct_passwd | None:
+def server_user() -> pwd.struct_passwd | None:
     if os.geteuid() != 0:
         return None
     try:
@@ -135,7 +132,7 @@ def _postgres_bin_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 
 
-def _become(user: pwd.struct_passwd | None) -> Callable[[], None]:
+def become(user: pwd.struct_passwd | None) -> Callable[[], None]:
     """In the child, before exec: drop to ``user`` (when given), then SIGKILL when the parent
     dies (set after the user change, which would clear it)."""
 
@@ -165,7 +162,7 @@ class ThrowawayPostgres:
         self._dir = Path(tempfile.mkdtemp(prefix="throwaway-postgres-"))
         self.pgdata = self._dir / "data"
         self.process: subprocess.Popen[bytes] | None = None
-        self._user = _server_user()
+        self._user = server_user()
         if self._user is not None:
             os.chown(self._dir, self._user.pw_uid, self._user.pw_gid)
 
@@ -174,7 +171,7 @@ class ThrowawayPostgres:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{self.database}"
 
     def _run(self, *argv: str) -> None:
-        subprocess.run(argv, check=True, capture_output=True, preexec_fn=_become(self._user), cwd=self._dir)
+        subprocess.run(argv, check=True, capture_output=True, preexec_fn=become(self._user), cwd=self._dir)
 
     def start(self, timeout_s: float = 30.0) -> ThrowawayPostgres:
         if not (self.pgdata / "PG_VERSION").exists():
@@ -185,7 +182,7 @@ class ThrowawayPostgres:
             [str(self.bin_dir / "postgres"), "-D", str(self.pgdata), "-p", str(self.port),
              "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self._dir}",
              "-c", "max_connections=200"],
-            stdout=log, stderr=subprocess.STDOUT, preexec_fn=_become(self._user), cwd=self._dir)
+            stdout=log, stderr=subprocess.STDOUT, preexec_fn=become(self._user), cwd=self._dir)
         log.close()
         self._wait_ready(timeout_s)
         return self
@@ -253,91 +250,3 @@ def throwaway_postgres(database: str = "composition") -> Iterator[ThrowawayPostg
         yield server
     finally:
         server.close()
-
-
-class ThrowawayPgBouncer:
-    """A private PgBouncer (Debian's ``pgbouncer``) on a free loopback port, in front of the
-    PostgreSQL at ``host``:``port``, in ``pool_mode`` with ``pool_size`` server connections per
-    database and user; trust authentication for ``user``. Its ini, user list, log and pid file are
-    in a temporary directory; it runs as an unprivileged user (PgBouncer refuses root).
-    ``url(database)`` is a client URL through it; ``log()`` its log."""
-
-    def __init__(self, host: str = "127.0.0.1", port: int = 5432, *, user: str = "postgres",
-                 pool_mode: str = "transaction", pool_size: int = 2) -> None:
-        binary = shutil.which("pgbouncer") or ("/usr/sbin/pgbouncer" if Path("/usr/sbin/pgbouncer").exists() else None)
-        if binary is None:
-            raise RuntimeError("ThrowawayPgBouncer needs Debian's pgbouncer: make pgbouncer")
-        self.binary = binary
-        self.user = user
-        self.port = free_port()
-        self._dir = Path(tempfile.mkdtemp(prefix="throwaway-pgbouncer-"))
-        (self._dir / "users.txt").write_text(f'"{user}" ""\n')
-        (self._dir / "pgbouncer.ini").write_text(f"""[databases]
-* = host={host} port={port}
-
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = {self.port}
-unix_socket_dir =
-auth_type = trust
-auth_file = {self._dir / "users.txt"}
-pool_mode = {pool_mode}
-default_pool_size = {pool_size}
-min_pool_size = 0
-reserve_pool_size = 0
-max_client_conn = 500
-server_reset_query =
-logfile = {self._dir / "pgbouncer.log"}
-pidfile = {self._dir / "pgbouncer.pid"}
-admin_users = {user}
-""")
-        self._user = _server_user()
-        if self._user is not None:
-            for path in (self._dir, *self._dir.iterdir()):
-                os.chown(path, self._user.pw_uid, self._user.pw_gid)
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def url(self, database: str) -> str:
-        return f"postgresql://{self.user}@127.0.0.1:{self.port}/{database}"
-
-    def log(self) -> str:
-        path = self._dir / "pgbouncer.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
-    def start(self, timeout_s: float = 10.0) -> ThrowawayPgBouncer:
-        self.process = subprocess.Popen([self.binary, str(self._dir / "pgbouncer.ini")], stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, preexec_fn=_become(self._user), cwd=self._dir)
-        import psycopg
-
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"pgbouncer exited:\n{self.log()[-2000:]}")
-            try:
-                with psycopg.connect(self.url("pgbouncer"), autocommit=True, connect_timeout=1,
-                                     prepare_threshold=None) as admin:
-                    admin.execute("SHOW VERSION")
-                return self
-            except psycopg.OperationalError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    def close(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        shutil.rmtree(self._dir, ignore_errors=True)
-
-
-@contextmanager
-def throwaway_pgbouncer(host: str = "127.0.0.1", port: int = 5432, **options: Any) -> Iterator[ThrowawayPgBouncer]:
-    bouncer = ThrowawayPgBouncer(host, port, **options).start()
-    try:
-        yield bouncer
-    finally:
-        bouncer.close()

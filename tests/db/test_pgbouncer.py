@@ -19,8 +19,7 @@ from django.db import connection
 from django.test import override_settings
 
 from composition.db.pooling import check_pooled_settings, check_pooled_timeouts
-from composition.testing import current_database_url, subprocess_env
-from composition.testing.servers import ThrowawayPgBouncer, throwaway_pgbouncer
+from composition.testing import ThrowawayPgBouncer, current_database_url, subprocess_env, throwaway_pgbouncer
 from tests.browser import tool_missing
 
 pytestmark = pytest.mark.slow

@@ -17,8 +17,7 @@ from django.db.models import Count
 from composition.jobs.models import DeadLetter, ProcessedMessage
 from composition.outbox import OutboxMessage, publish
 from composition.outbox.relay import RELAY_QUEUE_NAME
-from composition.testing import current_database_url, wait_until
-from composition.testing.servers import throwaway_pgbouncer
+from composition.testing import current_database_url, throwaway_pgbouncer, wait_until
 from tests.browser import tool_missing
 from tests.jobsapp import jobs
 from tests.jobsapp.models import Effect
