@@ -89,3 +89,30 @@ def delete_rabbitmq_queue(queue: str, url: str | None = None) -> None:
             channel.queue_delete(name)
     finally:
         connection.close()
+
+
+# Every setting the library sets or lifts, for a session or a transaction.
+LIBRARY_SETTINGS = ("statement_timeout", "idle_in_transaction_session_timeout", "lock_timeout", "synchronous_commit")
+
+
+def session_seen(url: str) -> dict[str, Any]:
+    """What a fresh client of ``url`` (through a pooler, or not) starts with: each of
+    ``LIBRARY_SETTINGS`` and the advisory locks held in its database."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True, prepare_threshold=None) as client:
+        seen: dict[str, Any] = {name: client.execute(f"SHOW {name}").fetchone()[0] for name in LIBRARY_SETTINGS}
+        seen["advisory_locks"] = client.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database())").fetchone()[0]
+    return seen
+
+
+def require_pgbouncer() -> None:
+    """Skip the calling test where PgBouncer is not installed (fail where CI is set)."""
+    import shutil
+
+    from tests.browser import tool_missing
+
+    if not (shutil.which("pgbouncer") or os.path.exists("/usr/sbin/pgbouncer")):
+        tool_missing("PgBouncer is not installed (make pgbouncer)")

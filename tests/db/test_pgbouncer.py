@@ -5,14 +5,10 @@ client, and ``manage.py check`` says what such a database needs."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from typing import Any
 
-import psycopg
 import pytest
 from django.conf import settings
 from django.db import connection
@@ -20,12 +16,9 @@ from django.test import override_settings
 
 from composition.db.pooling import check_pooled_settings, check_pooled_timeouts
 from composition.testing import ThrowawayPgBouncer, current_database_url, subprocess_env, throwaway_pgbouncer
-from tests.browser import tool_missing
+from tests.helpers import require_pgbouncer, session_seen
 
 pytestmark = pytest.mark.slow
-
-# Every setting the library sets or lifts, for a session or a transaction.
-SETTINGS = ("statement_timeout", "idle_in_transaction_session_timeout", "lock_timeout", "synchronous_commit")
 
 # What a process does through the pooler: connect (the timeouts), the readiness probe, a
 # retention round, both kinds of database lock, a publish that relaxes its commit, and the lift
@@ -59,20 +52,10 @@ except ConfigurationError:
 
 @pytest.fixture
 def bouncer() -> Iterator[ThrowawayPgBouncer]:
-    if not (shutil.which("pgbouncer") or os.path.exists("/usr/sbin/pgbouncer")):
-        tool_missing("PgBouncer is not installed (make pgbouncer)")
+    require_pgbouncer()
     # One server connection: whatever a client leaves on it, the next client gets.
     with throwaway_pgbouncer(pool_size=1) as server:
         yield server
-
-
-def _settings_seen(url: str) -> dict[str, Any]:
-    with psycopg.connect(url, autocommit=True, prepare_threshold=None) as client:
-        seen = {name: client.execute(f"SHOW {name}").fetchone()[0] for name in SETTINGS}
-        seen["advisory_locks"] = client.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = "
-            "(SELECT oid FROM pg_database WHERE datname = current_database())").fetchone()[0]
-    return seen
 
 
 def _library_at_work(bouncer: ThrowawayPgBouncer, settings_module: str) -> str:
@@ -88,10 +71,10 @@ def _library_at_work(bouncer: ThrowawayPgBouncer, settings_module: str) -> str:
 @pytest.mark.django_db(transaction=True)
 def test_a_client_of_the_pooler_sees_the_server_defaults_after_the_library_ran_through_it(
         bouncer: ThrowawayPgBouncer) -> None:
-    defaults = _settings_seen(current_database_url())  # a fresh direct session
+    defaults = session_seen(current_database_url())  # a fresh direct session
     assert "lift refused" in _library_at_work(bouncer, "tests.settings_pgbouncer")
     database = connection.settings_dict["NAME"]
-    assert _settings_seen(bouncer.url(database)) == defaults
+    assert session_seen(bouncer.url(database)) == defaults
 
 
 @pytest.mark.django_db(transaction=True)
@@ -99,9 +82,9 @@ def test_without_the_setting_the_library_s_session_timeouts_reach_the_next_clien
         bouncer: ThrowawayPgBouncer) -> None:
     # What the setting is for (and what every process did before it): the session timeouts set
     # on connect stay on the pooled server connection.
-    defaults = _settings_seen(current_database_url())
+    defaults = session_seen(current_database_url())
     _library_at_work(bouncer, "tests.settings")
-    leaked = _settings_seen(bouncer.url(connection.settings_dict["NAME"]))
+    leaked = session_seen(bouncer.url(connection.settings_dict["NAME"]))
     assert leaked["statement_timeout"] != defaults["statement_timeout"], (leaked, defaults)
 
 

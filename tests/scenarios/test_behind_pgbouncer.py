@@ -4,8 +4,6 @@ the server's defaults and no lock (issue #38; each test starts its own PgBouncer
 
 from __future__ import annotations
 
-import os
-import shutil
 from typing import Any
 
 import psycopg
@@ -18,7 +16,7 @@ from composition.jobs.models import DeadLetter, ProcessedMessage
 from composition.outbox import OutboxMessage, publish
 from composition.outbox.relay import RELAY_QUEUE_NAME
 from composition.testing import current_database_url, throwaway_pgbouncer, wait_until
-from tests.browser import tool_missing
+from tests.helpers import require_pgbouncer, session_seen
 from tests.jobsapp import jobs
 from tests.jobsapp.models import Effect
 
@@ -27,23 +25,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True),
 
 THREADS = 8
 POOL_SIZE = 3  # fewer server connections than threads: the pooler queues the rest
-SETTINGS = ("statement_timeout", "idle_in_transaction_session_timeout", "lock_timeout", "synchronous_commit")
-
-
-def _seen(url: str) -> dict[str, Any]:
-    with psycopg.connect(url, autocommit=True, prepare_threshold=None) as client:
-        seen = {name: client.execute(f"SHOW {name}").fetchone()[0] for name in SETTINGS}
-        seen["advisory_locks"] = client.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = "
-            "(SELECT oid FROM pg_database WHERE datname = current_database())").fetchone()[0]
-    return seen
 
 
 def test_a_sigkill_storm_through_the_pooler_leaves_every_effect_once_and_nothing_behind(worker_processes: Any) -> None:
-    if not (shutil.which("pgbouncer") or os.path.exists("/usr/sbin/pgbouncer")):
-        tool_missing("PgBouncer is not installed (make pgbouncer)")
+    require_pgbouncer()
     total, kills = 400, 2
-    defaults = _seen(current_database_url())
+    defaults = session_seen(current_database_url())
     with transaction.atomic():
         for index in range(total):
             publish(jobs.crash_effect, {"key": f"b{index}"})
@@ -63,7 +50,7 @@ def test_a_sigkill_storm_through_the_pooler_leaves_every_effect_once_and_nothing
                    and Effect.objects.values("key").distinct().count() == total, timeout_s=60, interval_s=0.5,
                    message=f"backlog not finished; log:\n{worker.output()[-3000:]}")
         assert worker.terminate() == 0
-        seen = _seen(url)  # the next client of the same pool
+        seen = session_seen(url)  # the next client of the same pool
         with psycopg.connect(bouncer.url("pgbouncer"), autocommit=True, prepare_threshold=None) as console:
             cursor = console.cursor(row_factory=psycopg.rows.dict_row)
             stats = {row["database"]: row for row in cursor.execute("SHOW STATS").fetchall()}
@@ -115,8 +102,7 @@ def test_three_relays_through_the_pooler_send_each_message_once_in_key_order() -
     from composition.testing import subprocess_env
     from tests.outboxapp.helpers import enqueued
 
-    if not (shutil.which("pgbouncer") or os.path.exists("/usr/sbin/pgbouncer")):
-        tool_missing("PgBouncer is not installed (make pgbouncer)")
+    require_pgbouncer()
     messages, keys = 1_000, 20
     specs = [None if seq % 5 == 0 else f"key-{seq % keys}" for seq in range(messages)]
     with transaction.atomic():
