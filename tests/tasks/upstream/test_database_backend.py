@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import signal
 import socket
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -43,7 +42,7 @@ from tests.tasks.upstream.compat import (
     task_backends,
     task_enqueued,
 )
-from tests.tasks.upstream.workers import status_of, wait_for
+from tests.tasks.upstream.workers import status_of, wait_for, wait_started
 
 if TYPE_CHECKING:
     from composition.testing import WorkerProcess
@@ -589,7 +588,9 @@ class DatabaseWorkerProcessTestCase(TransactionTestCase):
     def test_interrupt_no_tasks(self) -> None:
         process = self.start_worker()
 
-        time.sleep(self.WORKER_STARTUP_TIME)
+        # Upstream: time.sleep(self.WORKER_STARTUP_TIME). Here: until it has started (a SIGTERM
+        # before then, 1 s into a slow start, found no handler and ended it with -15).
+        wait_started(process)
 
         # Upstream: process.wait(timeout=0.5). Idle, runworkers exits in about 0.3 s here; 0.5 s
         # is within a loaded gate's noise.

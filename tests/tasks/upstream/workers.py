@@ -3,6 +3,7 @@ what replaces upstream's in-process ``db_worker`` runs."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Iterable
 from typing import Any
 
@@ -10,7 +11,7 @@ from composition.testing import WorkerProcess, empty_queues, subprocess_env, wai
 from tests.tasks.upstream import ALIAS, QUEUE, QUEUE_1
 from tests.tasks.upstream.compat import TaskResultStatus, task_backends
 
-__all__ = ["FINISHED", "UpstreamWorkers", "status_of", "wait_for"]
+__all__ = ["FINISHED", "UpstreamWorkers", "status_of", "wait_for", "wait_started"]
 
 FINISHED = (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
 THREADS = 2
@@ -57,3 +58,19 @@ def wait_for(results: Iterable[Any], worker: WorkerProcess, statuses: Collection
     except AssertionError:
         raise AssertionError(f"{[status_of(result) for result in results]} after {timeout_s} s, not all in "
                              f"{list(statuses)}; worker log:\n{worker.output()[-3000:]}") from None
+
+
+def wait_started(worker: WorkerProcess, timeout_s: float = RESULT_TIMEOUT_S) -> None:
+    """Wait until ``worker`` has started every component (its heartbeat is the last): a signal
+    before then finds no handler installed yet, and ends it as the signal's default does."""
+    def started() -> bool:
+        for line in worker.output().splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record.get("event") == "component started" and record.get("component") == "heartbeat":
+                return True
+        return False
+
+    wait_until(started, timeout_s=timeout_s, message=f"the worker did not start; log:\n{worker.output()[-3000:]}")
