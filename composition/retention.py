@@ -53,10 +53,10 @@ __all__ = [
 log = structlog.get_logger("composition.retention")
 
 # The lock (namespace, key) that makes one process the pruner of the whole cluster, and its TTL,
-# renewed before each table.
+# renewed before each batch: a pruner killed mid-round holds the others off this long at most.
 LOCK_NAMESPACE = "composition.retention"
 LOCK_KEY = "prune"
-PRUNER_LOCK_TTL_S = 300.0
+PRUNER_LOCK_TTL_S = 30.0
 
 
 class _UpperJitter(random.Random):
@@ -197,7 +197,7 @@ def pruning_lock_name(using: str = DEFAULT_DB_ALIAS) -> str:
 @contextmanager
 def _sole_pruner(using: str = DEFAULT_DB_ALIAS) -> Iterator[Callable[[], None] | None]:
     """Yields ``renew()`` while this process is the database's pruner, None at once when another
-    process is. The lock is a Redis lock with a TTL and an owner token, renewed between tables
+    process is. The lock is a Redis lock with a TTL and an owner token, renewed before each batch
     (``renew`` raises ``LockLost`` once it is someone else's), not a PostgreSQL session lock:
     behind a transaction pooler that one would stay with a pooled server connection. With Redis
     unreachable it prunes anyway: pruners skip each other's locked rows, so two only share work.
@@ -228,17 +228,26 @@ def prune_expired(*, batch_size: int | None = None,
     with _sole_pruner() as renew:
         if renew is None:
             return None
-        results: list[PruneResult] = []
-        for name, rows in _expired():
-            if should_stop is not None and should_stop():
-                break
+        lost: list[bool] = []
+
+        def stop() -> bool:
+            # Asked before each batch: renews the lock, and stops once it is lost or a drain began.
+            if lost or (should_stop is not None and should_stop()):
+                return True
             try:
                 renew()
             except LockLost:
                 log.warning("retention stopped: its one-pruner lock expired under it")
+                lost.append(True)
+                return True
+            return False
+
+        results: list[PruneResult] = []
+        for name, rows in _expired():
+            if stop():
                 break
             try:
-                results.append(delete_in_batches(rows, batch_size=size, should_stop=should_stop))
+                results.append(delete_in_batches(rows, batch_size=size, should_stop=stop))
             except Exception as exc:  # one table's trouble must not starve the others
                 log.warning("retention prune failed", table=name, error=described(exc))
         return results
