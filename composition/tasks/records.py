@@ -19,8 +19,8 @@ from django.db import connection
 
 from composition.conf import conf
 
-__all__ = ["RunStart", "dead_letter_resolved", "lease_s", "mark_discarded", "mark_ended", "mark_failed",
-           "mark_replayed", "mark_running", "mark_succeeded"]
+__all__ = ["RunStart", "dead_letter_resolved", "exception_class_path", "lease_s", "mark_discarded", "mark_ended",
+           "mark_failed", "mark_replayed", "mark_running", "mark_succeeded"]
 
 # TaskRecord's table (composition.jobs.models), spelled here: this module is imported while the
 # apps load (@task builds the backend), before a model may be.
@@ -50,6 +50,12 @@ class RunStart:
     last_attempted_at: datetime
     worker_ids: list[str]
     errors: list[dict[str, str]]
+
+
+def exception_class_path(error_class: str) -> str:
+    """A dead letter's error class as an import path: dead letters name builtins bare
+    ("ValueError"), and ``TaskError.exception_class`` imports the path."""
+    return error_class if "." in error_class else f"builtins.{error_class}"
 
 
 def lease_s() -> float:
@@ -131,6 +137,6 @@ def dead_letter_resolved(dead_letter: Any, replay_row: Any) -> None:
     if replay_row is not None:
         mark_replayed(record_id, message_id=replay_row.message_id)
     else:
-        path = dead_letter.error_class if "." in dead_letter.error_class else f"builtins.{dead_letter.error_class}"
         mark_discarded(record_id, message_id=dead_letter.message_id,
-                       error={"exception_class_path": path, "traceback": dead_letter.traceback or ""})
+                       error={"exception_class_path": exception_class_path(dead_letter.error_class),
+                              "traceback": dead_letter.traceback or ""})

@@ -30,6 +30,7 @@ from composition.tasks._compat import (
     TaskResultStatus,
 )
 from composition.tasks.payload import resolve_task
+from composition.tasks.records import exception_class_path
 
 __all__ = ["read_result"]
 
@@ -119,6 +120,4 @@ def _task_or_stand_in(result_id: str, path: str, *, alias: str, queue: str, run_
 
 
 def _task_error(error_class: str, traceback: str) -> TaskError:
-    # Dead letters name builtins bare ("ValueError"); TaskError.exception_class imports the path.
-    path = error_class if "." in error_class else f"builtins.{error_class}"
-    return TaskError(exception_class_path=path, traceback=traceback or "")
+    return TaskError(exception_class_path=exception_class_path(error_class), traceback=traceback or "")
