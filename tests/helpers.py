@@ -116,3 +116,16 @@ def require_pgbouncer() -> None:
 
     if not (shutil.which("pgbouncer") or os.path.exists("/usr/sbin/pgbouncer")):
         tool_missing("PgBouncer is not installed (make pgbouncer)")
+
+
+def pgbouncer_in_front(**options: Any) -> Any:
+    """A throwaway PgBouncer in front of the server the tests' database is on (the machine's, or
+    the embedded one, whose HOST is a socket directory)."""
+    from django.db import connection
+
+    from composition.testing import throwaway_pgbouncer
+
+    require_pgbouncer()
+    host = connection.settings_dict.get("HOST") or "127.0.0.1"
+    port = int(connection.settings_dict.get("PORT") or 5432)
+    return throwaway_pgbouncer(host, port, **options)

@@ -15,8 +15,8 @@ from django.db import connection
 from django.test import override_settings
 
 from composition.db.pooling import check_pooled_settings, check_pooled_timeouts
-from composition.testing import ThrowawayPgBouncer, current_database_url, subprocess_env, throwaway_pgbouncer
-from tests.helpers import require_pgbouncer, session_seen
+from composition.testing import ThrowawayPgBouncer, current_database_url, subprocess_env
+from tests.helpers import pgbouncer_in_front, require_pgbouncer, session_seen
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +54,7 @@ except ConfigurationError:
 def bouncer() -> Iterator[ThrowawayPgBouncer]:
     require_pgbouncer()
     # One server connection: whatever a client leaves on it, the next client gets.
-    with throwaway_pgbouncer(pool_size=1) as server:
+    with pgbouncer_in_front(pool_size=1) as server:
         yield server
 
 

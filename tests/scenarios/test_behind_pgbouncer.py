@@ -15,8 +15,8 @@ from django.db.models import Count
 from composition.jobs.models import DeadLetter, ProcessedMessage
 from composition.outbox import OutboxMessage, publish
 from composition.outbox.relay import RELAY_QUEUE_NAME
-from composition.testing import current_database_url, throwaway_pgbouncer, wait_until
-from tests.helpers import require_pgbouncer, session_seen
+from composition.testing import current_database_url, wait_until
+from tests.helpers import pgbouncer_in_front, require_pgbouncer, session_seen
 from tests.jobsapp import jobs
 from tests.jobsapp.models import Effect
 
@@ -34,7 +34,7 @@ def test_a_sigkill_storm_through_the_pooler_leaves_every_effect_once_and_nothing
     with transaction.atomic():
         for index in range(total):
             publish(jobs.crash_effect, {"key": f"b{index}"})
-    with throwaway_pgbouncer(pool_size=POOL_SIZE) as bouncer:
+    with pgbouncer_in_front(pool_size=POOL_SIZE) as bouncer:
         url = bouncer.url(connection.settings_dict["NAME"])
         env = {"DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "tests.settings_pgbouncer"}
         args = ["--threads", str(THREADS), "--queues", f"{jobs.CRASH_QUEUE},{RELAY_QUEUE_NAME}"]
@@ -108,7 +108,7 @@ def test_three_relays_through_the_pooler_send_each_message_once_in_key_order() -
     with transaction.atomic():
         ids = [publish("outboxapp_relay_probe", {"seq": seq}, key=key).pk for seq, key in enumerate(specs)]
     key_of = dict(zip(ids, specs, strict=True))
-    with throwaway_pgbouncer(pool_size=2) as bouncer:
+    with pgbouncer_in_front(pool_size=2) as bouncer:
         result = subprocess.run(
             [sys.executable, "manage.py", "shell", "-c", RELAYS_AT_ONCE],
             env=subprocess_env(DATABASE_URL=bouncer.url(connection.settings_dict["NAME"]),
