@@ -234,7 +234,9 @@ def test_a_job_finishing_at_nine_tenths_of_its_limit_is_never_retried_under_load
         worker = worker_processes.spawn(["--threads", "8", "--queues", jobs.TIME_LIMIT_QUEUE])
         keys = [f"near-{index}" for index in range(16)]
         for key in keys:
-            jobs.nearly_overruns.send(key=key, run_s=1.8)
+            # 0.3 s to spare: what the ledger, the connection and a starved CPU take around the
+            # body. 0.2 s was too tight with the gate's other shard running beside the burners.
+            jobs.nearly_overruns.send(key=key, run_s=2.7)
         wait_until(lambda: Effect.objects.filter(key__in=keys).count() == len(keys), 60,
                    message=f"jobs did not finish; worker log:\n{worker.output()[-3000:]}")
         assert worker.terminate() == 0
@@ -242,7 +244,8 @@ def test_a_job_finishing_at_nine_tenths_of_its_limit_is_never_retried_under_load
         for burner in burners:
             burner.kill()
             burner.wait()
-    assert sorted(Attempt.objects.filter(key__in=keys).values_list("attempt", flat=True)) == [1] * len(keys)
+    assert sorted(Attempt.objects.filter(key__in=keys).values_list("attempt", flat=True)) == [1] * len(keys), \
+        worker.output()[-3000:]
     assert Effect.objects.filter(key__in=keys).count() == len(keys)
     assert ProcessedMessage.objects.filter(actor="nearly_overruns").count() == len(keys)
     assert not DeadLetter.objects.filter(actor="nearly_overruns").exists()

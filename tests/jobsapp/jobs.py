@@ -150,10 +150,10 @@ def records_its_attempt(key: str) -> None:
     _record_attempt(key)
 
 
-@job(queue=TIME_LIMIT_QUEUE, timeout_s=2, max_attempts=3, initial_delay_s=0.05, max_delay_s=0.1,
+@job(queue=TIME_LIMIT_QUEUE, timeout_s=3, max_attempts=3, initial_delay_s=0.05, max_delay_s=0.1,
      idempotent=True)
 def nearly_overruns(key: str, run_s: float) -> None:
-    """Finishes just inside its 2 s limit; its effect commits with the inbox ledger after."""
+    """Finishes just inside its 3 s limit; its effect commits with the inbox ledger after."""
     _record_attempt(key)
     time.sleep(run_s)
     Effect.objects.create(key=key)
