@@ -69,12 +69,13 @@ from typing import Any, TypeVar
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from composition.testing import ThrowawayPostgres, ThrowawayRedis, WorkerProcess  # noqa: E402
+from composition.testing import ThrowawayPgBouncer, ThrowawayPostgres, ThrowawayRedis, WorkerProcess  # noqa: E402
 
 T = TypeVar("T")
 
 IDEMPOTENT, PLAIN = "idempotent", "non-idempotent"
 SETTINGS_MODULE = "tests.settings"
+POOLED_SETTINGS_MODULE = "tests.settings_pgbouncer"  # TRANSACTION_POOLED_DATABASES = ["default"]
 # How long a database call in the soak retries while PostgreSQL is down before giving up.
 DB_WAIT_S = 120.0
 POLL_S = 0.2
@@ -117,12 +118,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="a job with no effect this long after the last fault (or the last publish) is lost")
     add("--stall-s", type=float, default=_env("stall_s", 120.0),
         help="no job finishing for this long stops the faults and goes straight to the final count")
+    add("--pgbouncer", type=int, default=_env("pgbouncer", 0), metavar="POOL_SIZE",
+        help="every process (publisher, workers, relay) reaches PostgreSQL through a private PgBouncer in "
+             "pool_mode=transaction with this many server connections (0: directly); migrations go direct")
     add("--overrides", default=_env("overrides", "{}"), help="COMPOSITION overrides (JSON) for every process")
     add("--seed", type=int, default=_env("seed", 1))
     add("--keep-logs", action="store_true", default=bool(_env("keep_logs", "")))
     args = parser.parse_args(argv)
-    if args.jobs < 1 or args.kills < 0 or args.per_transaction < 1 or 0 < args.max_backlog < args.per_transaction:
-        parser.error("need --jobs >= 1, --kills >= 0, --per-transaction >= 1, --max-backlog >= --per-transaction")
+    if args.jobs < 1 or args.kills < 0 or args.per_transaction < 1 or 0 < args.max_backlog < args.per_transaction \
+            or args.pgbouncer < 0:
+        parser.error("need --jobs >= 1, --kills >= 0, --per-transaction >= 1, --max-backlog >= --per-transaction, "
+                     "--pgbouncer >= 0")
     json.loads(args.overrides)
     return args
 
@@ -847,33 +853,52 @@ def main(argv: Sequence[str] | None = None) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="chaos-"))
     redis_server: ThrowawayRedis | None = None
     postgres: ThrowawayPostgres | None = None
+    bouncer: ThrowawayPgBouncer | None = None
+    seen_before: dict[str, Any] = {}
     soak: Soak | None = None
     ok = False
     try:
         redis_server = ThrowawayRedis(appendonly=True, appendfsync="always").start()
         postgres = ThrowawayPostgres("chaos").start()
+        postgres.migrate(SETTINGS_MODULE, cwd=str(ROOT))
+        database_url, settings_module = postgres.url, SETTINGS_MODULE
+        if args.pgbouncer:
+            # server_login_retry as docs/deployment.md advises: PgBouncer's 15 s default is how long
+            # it would wait after PostgreSQL came back before trying it again.
+            bouncer = ThrowawayPgBouncer("127.0.0.1", postgres.port, pool_size=args.pgbouncer,
+                                         server_login_retry=1).start()
+            database_url, settings_module = bouncer.url(postgres.database), POOLED_SETTINGS_MODULE
         os.environ.update({
-            "DATABASE_URL": postgres.url, "REDIS_URL": redis_server.url, "BROKER_URL": redis_server.url,
-            "DJANGO_SETTINGS_MODULE": SETTINGS_MODULE,
+            "DATABASE_URL": database_url, "REDIS_URL": redis_server.url, "BROKER_URL": redis_server.url,
+            "DJANGO_SETTINGS_MODULE": settings_module,
             "COMPOSITION_TEST_OVERRIDES": json.dumps({
                 **json.loads(os.environ.get("COMPOSITION_TEST_OVERRIDES") or "{}"), **json.loads(args.overrides)}),
         })
         os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)  # the workers must not share a caller's directory
-        postgres.migrate(SETTINGS_MODULE, cwd=str(ROOT))
         import django
 
         django.setup()
+        if bouncer is not None:
+            from tests.helpers import session_seen
+
+            give_the_role_its_timeouts(postgres)
+            seen_before = session_seen(database_url)
         _log_to(log_dir / "publisher.log")
         setup_s = time.monotonic() - began
         print(f"chaos soak: {args.jobs:,} + {args.jobs:,} jobs, {args.kills} kills, {args.broker_restarts} broker "
               f"and {args.postgres_restarts} PostgreSQL restart(s); servers up and migrated in {setup_s:.1f} s",
               flush=True)
         print(f"  private servers: {postgres.url} {redis_server.url}; logs in {log_dir}", flush=True)
+        if bouncer is not None:
+            print(f"  every process through PgBouncer (pool_mode=transaction, {args.pgbouncer} server "
+                  f"connections): {database_url}", flush=True)
         soak = Soak(args, redis_server, postgres, log_dir)
         soak_began = time.monotonic()
         soak.run()
         soak_s = time.monotonic() - soak_began
         ok = report(soak, {"setup": setup_s, "soak": soak_s, "total": time.monotonic() - began})
+        if bouncer is not None:
+            ok = report_pooler(bouncer, postgres, seen_before) and ok
         return 0 if ok else 1
     except KeyboardInterrupt:
         print("interrupted; stopping everything", flush=True)
@@ -883,11 +908,43 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("the soak could not run to the end; stopping everything", flush=True)
         return 2
     finally:
-        _tear_down(soak, redis_server, postgres, log_dir, keep=not ok or args.keep_logs)
+        _tear_down(soak, redis_server, postgres, bouncer, log_dir, keep=not ok or args.keep_logs)
+
+
+def give_the_role_its_timeouts(postgres: ThrowawayPostgres) -> None:
+    """Behind the pooler the library sets no session setting: the role gets the timeouts, once, on
+    a direct connection (docs/deployment.md, 'Behind PgBouncer')."""
+    import psycopg
+
+    from composition.db.pooling import timeout_statements
+
+    with psycopg.connect(postgres.url, autocommit=True) as direct:
+        for statement in timeout_statements("default"):
+            direct.execute(statement)
+
+
+def report_pooler(bouncer: ThrowawayPgBouncer, postgres: ThrowawayPostgres, before: dict[str, Any]) -> bool:
+    """Print what went through the pooler; True when a client that set nothing sees what one saw
+    before the soak (the role's settings, no advisory lock): nothing the library left behind."""
+    import psycopg
+    import psycopg.rows
+
+    from tests.helpers import session_seen
+
+    with psycopg.connect(bouncer.url("pgbouncer"), autocommit=True, prepare_threshold=None) as console:
+        cursor = console.cursor(row_factory=psycopg.rows.dict_row)
+        stats = {row["database"]: row for row in cursor.execute("SHOW STATS").fetchall()}[postgres.database]
+        pool = {row["database"]: row for row in cursor.execute("SHOW POOLS").fetchall()}[postgres.database]
+    after = session_seen(bouncer.url(postgres.database))
+    servers = sum(pool[state] for state in ("sv_active", "sv_idle", "sv_used", "sv_tested", "sv_login"))
+    print(f"pgbouncer: {stats['total_xact_count']:,} transactions, {stats['total_query_count']:,} queries through "
+          f"it; {servers} of {bouncer.pool_size} server connections open at the end; a client that set nothing "
+          f"sees {after}: {'as before the soak' if after == before else f'NOT as before the soak {before}'}")
+    return after == before
 
 
 def _tear_down(soak: Soak | None, redis_server: ThrowawayRedis | None, postgres: ThrowawayPostgres | None,
-               log_dir: Path, *, keep: bool) -> None:
+               bouncer: ThrowawayPgBouncer | None, log_dir: Path, *, keep: bool) -> None:
     """Stop everything the soak started, each step on its own (one failing does not skip the rest);
     keep the logs in ``log_dir`` when ``keep``, else remove them."""
 
@@ -911,15 +968,21 @@ def _tear_down(soak: Soak | None, redis_server: ThrowawayRedis | None, postgres:
                 worker.log_path.unlink(missing_ok=True)
 
     def close_connections() -> None:
+        from django.conf import settings
         from django.db import connections
 
-        connections.close_all()
+        if settings.configured:
+            connections.close_all()
 
     quietly(close_connections)
     if redis_server is not None:
         if keep:
             quietly(lambda: shutil.copy(redis_server.data_dir / "valkey.log", log_dir / "valkey.log"))
         quietly(redis_server.close)
+    if bouncer is not None:
+        if keep:
+            quietly(lambda: (log_dir / "pgbouncer.log").write_text(bouncer.log()))
+        quietly(bouncer.close)
     if postgres is not None:
         if keep:
             quietly(lambda: shutil.copy(postgres.pgdata.parent / "postgres.log", log_dir / "postgres.log"))

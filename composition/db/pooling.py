@@ -34,7 +34,7 @@ def timeout_settings() -> dict[str, str]:
 
 def timeout_statements(alias: str) -> list[str]:
     """``ALTER ROLE … SET`` statements giving ``alias``'s role the timeouts, to run once (as a
-    superuser or the role itself) on a direct connection; new sessions get them from then on."""
+    superuser or the role itself; ``manage.py dbtimeouts --apply``); new sessions get them."""
     role = connections[alias].settings_dict.get("USER") or "CURRENT_USER"
     quoted = role if role == "CURRENT_USER" else connections[alias].ops.quote_name(role)
     return [f"ALTER ROLE {quoted} SET {name} = '{value}';" for name, value in timeout_settings().items()]
@@ -92,7 +92,7 @@ def check_pooled_timeouts(app_configs: Any = None, databases: Any = None, **_: A
             messages.append(Warning(
                 f"DATABASES[{alias!r}] is transaction-pooled and its sessions start with {differ}, not "
                 f"{ {name: wanted[name] for name in differ} }: the library sets no session setting there.",
-                hint="Run on a direct connection: " + " ".join(timeout_statements(alias)),
+                hint="Run manage.py dbtimeouts --apply, or: " + " ".join(timeout_statements(alias)),
                 id="composition.W154"))
     return messages
 

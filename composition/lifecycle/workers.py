@@ -46,8 +46,8 @@ from composition.retention import RetentionComponent
 from composition.sampling import MetricsSamplerComponent
 from composition.schedules.component import SchedulerComponent
 
-__all__ = ["BACKGROUND_DB_THREADS", "SCHEDULER_DB_THREADS", "WorkerOptions", "build_supervisor",
-           "build_worker_system", "child_argv", "worker_components"]
+__all__ = ["BACKGROUND_DB_THREADS", "BACKGROUND_HELD_CONNECTIONS", "SCHEDULER_DB_THREADS", "WorkerOptions",
+           "build_supervisor", "build_worker_system", "child_argv", "worker_components"]
 
 # Threads besides the worker threads that may hold a database connection in a worker process,
 # counted in the connection budget: the outbox relay sweeper, the deferred cache invalidation
@@ -59,6 +59,11 @@ BACKGROUND_DB_THREADS = 8
 # And one per host for the scheduler: in the worker process, or under --processes N in the
 # supervisor (its children run none).
 SCHEDULER_DB_THREADS = 1
+# Behind a transaction pooler a connection is held for a transaction only. A worker thread running
+# an idempotent job holds one for the whole job; the background threads' transactions are short,
+# and one server connection per process that no job can take keeps their lease renewals and sweeps
+# from queueing behind long jobs in the pooler (the sizing rule in docs/deployment.md).
+BACKGROUND_HELD_CONNECTIONS = 1
 
 
 @dataclass(frozen=True)

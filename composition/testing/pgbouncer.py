@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -21,20 +22,23 @@ __all__ = ["ThrowawayPgBouncer", "throwaway_pgbouncer"]
 class ThrowawayPgBouncer:
     """A private PgBouncer (Debian's ``pgbouncer``) on a free loopback port, in front of the
     PostgreSQL at ``host``:``port``, in ``pool_mode`` with ``pool_size`` server connections per
-    database and user; trust authentication for ``user``. Its ini, user list, log and pid file are
+    database and user; trust authentication for ``user``; ``settings`` adds or overrides keys of
+    its ``[pgbouncer]`` section (``server_login_retry=1``). Its ini, user list, log and pid file are
     in a temporary directory; it runs as an unprivileged user (PgBouncer refuses root).
     ``url(database)`` is a client URL through it; ``log()`` its log."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 5432, *, user: str = "postgres",
-                 pool_mode: str = "transaction", pool_size: int = 2) -> None:
+                 pool_mode: str = "transaction", pool_size: int = 2, **settings: Any) -> None:
         binary = shutil.which("pgbouncer") or ("/usr/sbin/pgbouncer" if Path("/usr/sbin/pgbouncer").exists() else None)
         if binary is None:
             raise RuntimeError("ThrowawayPgBouncer needs Debian's pgbouncer: make pgbouncer")
         self.binary = binary
         self.user = user
+        self.pool_size = pool_size
         self.port = free_port()
         self._dir = Path(tempfile.mkdtemp(prefix="throwaway-pgbouncer-"))
         (self._dir / "users.txt").write_text(f'"{user}" ""\n')
+        extra = "".join(f"{key} = {value}\n" for key, value in settings.items())
         (self._dir / "pgbouncer.ini").write_text(f"""[databases]
 * = host={host} port={port}
 
@@ -53,7 +57,7 @@ server_reset_query =
 logfile = {self._dir / "pgbouncer.log"}
 pidfile = {self._dir / "pgbouncer.pid"}
 admin_users = {user}
-""")
+{extra}""")
         self._user = server_user()
         if self._user is not None:
             for path in (self._dir, *self._dir.iterdir()):
@@ -70,18 +74,15 @@ admin_users = {user}
     def start(self, timeout_s: float = 10.0) -> ThrowawayPgBouncer:
         self.process = subprocess.Popen([self.binary, str(self._dir / "pgbouncer.ini")], stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL, preexec_fn=become(self._user), cwd=self._dir)
-        import psycopg
-
         deadline = time.monotonic() + timeout_s
         while True:
             if self.process.poll() is not None:
                 raise RuntimeError(f"pgbouncer exited:\n{self.log()[-2000:]}")
+            # Listening is ready (its console may be closed to our user: admin_users).
             try:
-                with psycopg.connect(self.url("pgbouncer"), autocommit=True, connect_timeout=1,
-                                     prepare_threshold=None) as admin:
-                    admin.execute("SHOW VERSION")
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
                 return self
-            except psycopg.OperationalError:
+            except OSError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)

@@ -9,7 +9,14 @@ from collections.abc import Iterator
 import pytest
 from django.db import connection, connections
 
-from composition.db.budget import BudgetLine, ServerLimits, connection_budget, connections_per_process, server_limits
+from composition.db.budget import (
+    BudgetLine,
+    PoolLimits,
+    ServerLimits,
+    connection_budget,
+    connections_per_process,
+    server_limits,
+)
 from composition.testing import free_port
 
 
@@ -21,9 +28,10 @@ def _setting(name: str) -> int | None:
 
 
 def test_a_budget_line_is_its_processes_times_their_connections() -> None:
-    line = BudgetLine("workers", processes=3, per_process=9)
-    assert line.total == 27
-    assert line.as_dict() == {"role": "workers", "processes": 3, "per_process": 9, "total": 27}
+    line = BudgetLine("workers", processes=3, per_process=9, held_per_process=5)
+    assert (line.total, line.held) == (27, 15)
+    assert line.as_dict() == {"role": "workers", "processes": 3, "per_process": 9, "total": 27,
+                              "held_per_process": 5, "held": 15}
 
 
 def test_a_process_holds_a_connection_per_thread_or_its_pool_s_maximum(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -82,8 +90,31 @@ def test_the_budget_is_over_only_beyond_what_non_superusers_may_open() -> None:
     exact = connection_budget([workers, web], limits)
     assert exact == {"lines": [workers.as_dict(), web.as_dict()], "total": limits.usable,
                      "max_connections": limits.max_connections, "usable_connections": limits.usable,
-                     "over_budget": False, "unchecked": None}
+                     "over_budget": False, "unchecked": None, "pooled": None}
 
     one_more = BudgetLine("web", processes=1, per_process=limits.usable - 17)
     over = connection_budget([workers, one_more], limits)
     assert over["total"] == limits.usable + 1 and over["over_budget"] is True
+
+
+def test_behind_a_pooler_the_connections_held_at_once_must_fit_the_pool_and_the_pool_the_server() -> None:
+    # 2 x (4 + 1) + 1 = 11 held at once; 2 x 12 + 1 = 25 client connections.
+    lines = [BudgetLine("workers", 2, 12, held_per_process=5), BudgetLine("scheduler", 1, 1, held_per_process=1)]
+    server = ServerLimits(max_connections=20, usable=17)
+
+    def pooled(pool: PoolLimits) -> tuple[bool, dict[str, object]]:
+        budget = connection_budget(lines, server, pool)
+        return budget["over_budget"], budget["pooled"]
+
+    # The 25 clients are more than the server's 17: behind the pooler that is no matter.
+    assert pooled(PoolLimits(11, reserve=2, max_client_conn=100)) == (False, {
+        "held_at_once": 11, "pool_size": 11, "reserve_pool": 2, "max_client_conn": 100, "pool_short": False,
+        "clients_over": False})
+    over, details = pooled(PoolLimits(10, reserve=0, max_client_conn=100))
+    assert over and details["pool_short"]
+    over, details = pooled(PoolLimits(11, reserve=0, max_client_conn=24))
+    assert over and details["clients_over"] and not details["pool_short"]
+    over, details = pooled(PoolLimits(16, reserve=2, max_client_conn=100))  # 18 server connections > 17
+    assert over and not details["pool_short"]
+    unread = connection_budget(lines, server, PoolLimits(None, error="refused"))
+    assert unread["unchecked"] == "refused" and unread["pooled"]["pool_short"] is False

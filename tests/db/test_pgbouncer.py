@@ -129,3 +129,74 @@ def test_the_database_check_reads_the_timeouts_the_role_or_database_gives_throug
                 cursor.execute(f"ALTER DATABASE {database} RESET statement_timeout")
                 cursor.execute(f"ALTER DATABASE {database} RESET idle_in_transaction_session_timeout")
             connection.close()
+
+
+def _system(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "manage.py", "system", *args],
+                          env=subprocess_env(DATABASE_URL=url, DJANGO_SETTINGS_MODULE="tests.settings_pgbouncer"),
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.django_db
+def test_system_holds_the_server_connections_needed_at_once_against_the_pooler_s_pool() -> None:
+    require_pgbouncer()
+    database = connection.settings_dict["NAME"]
+    # 2 worker processes x (4 threads + 1 for their background threads) + the scheduler's 1 +
+    # 3 web processes x 2 threads = 17 held at once, whatever the pool.
+    deployment = ["--worker-processes", "2", "--worker-threads", "4", "--web-processes", "3", "--web-threads", "2"]
+    for pool_size, short in ((16, True), (17, False)):
+        with pgbouncer_in_front(pool_size=pool_size, reserve_pool_size=2) as bouncer:
+            result = _system(bouncer.url(database), "--json", *deployment)
+            printed = _system(bouncer.url(database), *deployment)
+        assert result.returncode == 0, result.stdout + result.stderr
+        budget = json.loads(result.stdout)["connection_budget"]
+        assert budget["pooled"] == {"held_at_once": 17, "pool_size": pool_size, "reserve_pool": 2,
+                                    "max_client_conn": 500, "pool_short": short, "clients_over": False}
+        assert budget["over_budget"] is short
+        assert "server connections held at once: workers 2 x 5 + scheduler 1 x 1 + web 3 x 2 = 17, against a " \
+               f"pool of {pool_size} (+2 reserve)" in printed.stdout, printed.stdout
+        assert ("the deployment can hold 17 at once" in printed.stderr) is short, printed.stderr
+
+    # A console it may not read (a managed pooler's): the budget is unchecked, not passed, until
+    # --pool-size gives the size.
+    with pgbouncer_in_front(pool_size=4, admin_users="nobody") as bouncer:
+        refused = _system(bouncer.url(database), "--json", *deployment)
+        given = _system(bouncer.url(database), "--json", *deployment, "--pool-size", "20")
+    assert refused.returncode == 1 and "--pool-size" in refused.stderr, refused.stdout + refused.stderr
+    assert given.returncode == 0, given.stdout + given.stderr
+    assert json.loads(given.stdout)["connection_budget"]["pooled"]["pool_size"] == 20
+
+
+@pytest.mark.django_db(transaction=True)
+def test_dbtimeouts_gives_the_role_the_timeouts_its_new_sessions_start_with() -> None:
+    # A role of its own: the machine's postgres role is every test's.
+    import psycopg
+
+    from composition.db.pooling import timeout_settings
+    from tests.helpers import unique
+
+    role = f"dbtimeouts_{unique()}".lower().replace("-", "_")
+    with connection.cursor() as cursor:
+        cursor.execute(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        url = f"postgresql://{role}" + current_database_url()[current_database_url().index("@"):]
+        env = subprocess_env(DATABASE_URL=url)
+        printed = subprocess.run([sys.executable, "manage.py", "dbtimeouts"], env=env, capture_output=True,
+                                 text=True, timeout=60)
+        assert printed.returncode == 0, printed.stderr
+        assert printed.stdout.splitlines() == [f"ALTER ROLE \"{role}\" SET {name} = '{value}';"
+                                               for name, value in timeout_settings().items()]
+        with psycopg.connect(url, autocommit=True) as before:
+            assert before.execute("SHOW statement_timeout").fetchone() == ("0",)
+        applied = subprocess.run([sys.executable, "manage.py", "dbtimeouts", "--apply"], env=env,
+                                 capture_output=True, text=True, timeout=60)
+        assert applied.returncode == 0, applied.stderr
+        with psycopg.connect(url, autocommit=True) as after:
+            seen = {name: after.execute(f"SHOW {name}").fetchone()[0] for name in timeout_settings()}
+        assert seen == {"statement_timeout": "30s", "idle_in_transaction_session_timeout": "1min"}
+        refused = subprocess.run([sys.executable, "manage.py", "dbtimeouts", "--database", "nope"], env=env,
+                                 capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 1 and "no DATABASES alias 'nope'" in refused.stderr
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f'DROP ROLE "{role}"')

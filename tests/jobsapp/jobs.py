@@ -164,17 +164,32 @@ BENCH_QUEUE = "jobs_bench"
 BENCH_STAMPS_KEY = "bench:job-stamps"
 
 
-def _stamp(seq: int) -> None:
+def _stamp(seq: int, key: str = BENCH_STAMPS_KEY) -> None:
     import redis
     from django.conf import settings
 
     global _stamps_client
     if _stamps_client is None:
         _stamps_client = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
-    _stamps_client.rpush(BENCH_STAMPS_KEY, f"{seq} {time.time()}")
+    _stamps_client.rpush(key, f"{seq} {time.time()}")
 
 
 _stamps_client = None
+
+POOL_QUEUE = "jobs_pool"
+# "<seq> <unix time>" when each holds_its_transaction body started, and when it ended.
+POOL_STARTS_KEY, POOL_ENDS_KEY = "pool:starts", "pool:ends"
+
+
+@job(queue=POOL_QUEUE, max_attempts=1, idempotent=True)
+def holds_its_transaction(seq: int, hold_s: float) -> None:
+    """An idempotent job whose transaction (behind a transaction pooler: its server connection)
+    stays open for ``hold_s`` after its first write; notes when its body started and ended."""
+    # The transaction begins on the server with its first statement, not with the atomic block.
+    Effect.objects.create(key=f"pool-{seq}")
+    _stamp(seq, POOL_STARTS_KEY)
+    time.sleep(hold_s)
+    _stamp(seq, POOL_ENDS_KEY)
 
 
 @job(queue=BENCH_QUEUE, max_attempts=1)

@@ -135,9 +135,13 @@ def test_system_command_prints_order_and_connection_budget() -> None:
     assert report["stop_order"] == list(reversed(report["start_order"]))
     budget = report["connection_budget"]
     # 4 worker threads + 8 background ones; the host's one scheduler; 4 web threads, nothing more.
-    assert budget["lines"][0] == {"role": "workers", "processes": 3, "per_process": 12, "total": 36}
-    assert budget["lines"][1] == {"role": "scheduler", "processes": 1, "per_process": 1, "total": 1}
+    # Behind a transaction pooler a worker process would hold 4 + 1 server connections at once.
+    assert budget["lines"][0] == {"role": "workers", "processes": 3, "per_process": 12, "total": 36,
+                                  "held_per_process": 5, "held": 15}
+    assert budget["lines"][1] == {"role": "scheduler", "processes": 1, "per_process": 1, "total": 1,
+                                  "held_per_process": 1, "held": 1}
     assert budget["lines"][2]["total"] == 8
+    assert budget["pooled"] is None  # not declared behind one
     assert budget["total"] == 45
     # Checked against what non-superusers may open, as the composition_db_connections_max gauge.
     assert 35 <= budget["usable_connections"] < budget["max_connections"]

@@ -4,7 +4,9 @@ at the relay mid-batch), the broker restarts once and PostgreSQL restarts once. 
 lost, no idempotent effect may happen twice, and nothing the soak started may outlive it. The
 soak's own report is printed (``pytest -s``) with how long it took.
 
-Two sizes: the gate's (every fault once) and CI size under ``soak`` (``make soak``)."""
+Two sizes: the gate's (every fault once) and CI size under ``soak`` (``make soak``); each also with
+every process behind a PgBouncer in transaction mode with fewer server connections than worker
+threads (``--pgbouncer``), after which a client of that pooler must see what it saw before."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import time
 import psutil
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, require_pgbouncer
 
 pytestmark = pytest.mark.slow
 
@@ -35,12 +37,16 @@ ARGS = [
     # messages come back within seconds.
     "--overrides", '{"OUTBOX_LEASE_S": 4, "BROKER_HEARTBEAT_TIMEOUT_S": 5}',
 ]
+# Server connections behind the pooler: fewer than ARGS' 4 threads.
+POOL_SIZE = "3"
 BUDGET_S = 480
 
 
-def _leftovers(ports: list[str], database_url: str) -> list[str]:
+def _leftovers(ports: list[str], database_url: str, pooler_port: int | None = None) -> list[str]:
     """Processes still serving the soak's private ports, or still pointed at its database."""
-    found = []
+    found = [f"{conn.pid} listening on the pooler's port {pooler_port}"
+             for conn in psutil.net_connections("tcp")
+             if pooler_port and conn.laddr and conn.laddr.port == pooler_port and conn.status == psutil.CONN_LISTEN]
     for process in psutil.process_iter(["pid", "cmdline"]):
         try:
             cmdline = " ".join(process.info["cmdline"] or [])
@@ -55,9 +61,15 @@ def _leftovers(ports: list[str], database_url: str) -> list[str]:
 
 
 @pytest.mark.timeout(BUDGET_S + 120)
-@pytest.mark.parametrize("size", [pytest.param(GATE_SIZE, id="gate"),
-                                  pytest.param(CI_SIZE, id="ci", marks=pytest.mark.soak)])
+@pytest.mark.parametrize("size", [
+    pytest.param(GATE_SIZE, id="gate"),
+    pytest.param(CI_SIZE, id="ci", marks=pytest.mark.soak),
+    pytest.param([*GATE_SIZE, "--pgbouncer", POOL_SIZE], id="gate-pgbouncer"),
+    pytest.param([*CI_SIZE, "--pgbouncer", POOL_SIZE], id="ci-pgbouncer", marks=pytest.mark.soak),
+])
 def test_nothing_is_lost_through_kills_and_restarts(size: list[str]) -> None:
+    if "--pgbouncer" in size:
+        require_pgbouncer()
     env = {name: value for name, value in os.environ.items()
            if not name.startswith("CHAOS_") and name != "COMPOSITION_TEST_OVERRIDES"}
     started = time.monotonic()
@@ -79,7 +91,12 @@ def test_nothing_is_lost_through_kills_and_restarts(size: list[str]) -> None:
 
     servers = re.search(r"private servers: (postgresql://\S+:(\d+)/\S+) redis://\S+:(\d+)/", output)
     assert servers, output[-6000:]
-    assert _leftovers([servers.group(2), servers.group(3)], servers.group(1)) == []
+    pooler = re.search(r"every process through PgBouncer .*: postgresql://\S+:(\d+)/", output)
+    assert bool(pooler) is ("--pgbouncer" in size), output[-6000:]
+    assert _leftovers([servers.group(2), servers.group(3)], servers.group(1),
+                      int(pooler.group(1)) if pooler else None) == []
+    if pooler:
+        assert re.search(r"pgbouncer: [\d,]+ transactions, .*: as before the soak", output), output[-6000:]
     assert re.search(r"lost jobs: 0 of [\d,]+ published", output), output[-6000:]
     assert "duplicate effects, idempotent: 0 jobs" in output, output[-6000:]
     assert "effects of jobs never published: 0" in output, output[-6000:]
