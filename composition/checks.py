@@ -11,6 +11,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DEFAULT_DB_ALIAS
 
 from composition.broker.configured import broker_kind
+from composition.broker.rabbitmq_queues import check_rabbitmq_queue_settings
 from composition.cache.serializers import load_serializer
 from composition.conf import DEFAULTS, conf
 from composition.db.pooling import check_pooled_settings, check_pooled_timeouts
@@ -110,6 +111,7 @@ def check_settings(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
                                      or not 1 <= max_priority <= 255):
         messages.append(Error(f"COMPOSITION['RABBITMQ_MAX_PRIORITY'] must be None or an int from 1 to 255 "
                               f"(RabbitMQ's x-max-priority), got {max_priority!r}.", id="composition.E013"))
+    messages += check_rabbitmq_queue_settings(merged)
     alias = merged["CACHE_ALIAS"]
     caches = getattr(settings, "CACHES", {})
     if alias not in caches:
@@ -161,7 +163,7 @@ def check_cache_settings(app_configs: Any = None, **_: Any) -> list[CheckMessage
 
 # --- outbox ------------------------------------------------------------------------------------
 OUTBOX_POSITIVE_NUMBERS = ("OUTBOX_LEASE_S", "OUTBOX_SWEEP_INTERVAL_S", "OUTBOX_RELAY_BUDGET_S",
-                           "OUTBOX_RELAY_TIME_LIMIT_S")
+                           "OUTBOX_RELAY_TIME_LIMIT_S", "OUTBOX_HELD_DELAY_S")
 OUTBOX_POSITIVE_INTEGERS = ("OUTBOX_MAX_PAYLOAD_BYTES", "OUTBOX_BATCH_SIZE")
 
 
@@ -180,7 +182,23 @@ def check_outbox_settings(app_configs: Any = None, **_: Any) -> list[CheckMessag
             "OUTBOX_RELAY_BUDGET_S should be well below OUTBOX_RELAY_TIME_LIMIT_S (at most half): a relay "
             "round that outlasts its time limit is interrupted between batches and its worker looks stuck.",
             id="composition.W021"))
+    if not messages:
+        messages += _retries_longer_than_held_delay(float(merged["OUTBOX_HELD_DELAY_S"]))
     return messages
+
+
+def _retries_longer_than_held_delay(held_delay_s: float) -> list[CheckMessage]:
+    """A job whose retries wait longer than ``OUTBOX_HELD_DELAY_S``: a retry is no publish, it
+    waits on the broker (a RabbitMQ consumer holds it, Redis keeps it in memory)."""
+    from composition.broker.configured import configured_broker
+
+    policies = {name: actor.options["job_policy"] for name, actor in configured_broker().actors.items()
+                if "job_policy" in actor.options}
+    return [Warning(f"job {name!r} retries up to {policy.max_delay_s:g} s later, longer than OUTBOX_HELD_DELAY_S "
+                    f"({held_delay_s:g} s): its retries wait on the broker, not in the outbox.",
+                    hint="Lower its max_delay_s, or raise OUTBOX_HELD_DELAY_S within the broker's limits (RabbitMQ's "
+                         "consumer_timeout); docs/jobs.md, 'Long delays'.", id="composition.W022")
+            for name, policy in sorted(policies.items()) if policy.max_delay_s > held_delay_s]
 
 
 # --- backpressure -------------------------------------------------------------------------------

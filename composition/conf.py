@@ -33,6 +33,13 @@ DEFAULTS: dict[str, Any] = {
     # A queue argument: RabbitMQ refuses to change it on a queue that exists (docs/tasks.md). None:
     # queues without priorities, and django.tasks priorities other than 0 are refused.
     "RABBITMQ_MAX_PRIORITY": None,
+    # RabbitMQ only: "quorum" declares the queues (work, delay and dead) as quorum queues,
+    # replicated over a cluster's nodes, instead of Dramatiq's classic ones; a queue that exists as
+    # the other type is refused with what to do (docs/deployment.md, 'RabbitMQ quorum queues').
+    "RABBITMQ_QUEUE_TYPE": "classic",
+    # Quorum work queues: a message returned this many times (its worker died with it each time)
+    # goes to the queue's dead queue (.XQ). A pause's hand-back does not count: it is a copy.
+    "RABBITMQ_DELIVERY_LIMIT": 20,
     # The DATABASES aliases behind a transaction pooler (PgBouncer pool_mode=transaction): nothing
     # is set per session there (the timeouts below are the role's: docs/deployment.md), and
     # `manage.py check` requires what such a pooler needs (checks E150-E153, W154).
@@ -84,7 +91,12 @@ DEFAULTS: dict[str, Any] = {
     # (within this plus one sweep interval). Keep it well above the time one batch takes (a batch
     # is bounded by the broker's socket timeout), or a slow relay's rows are sent twice.
     "OUTBOX_LEASE_S": 4.0,
-    # runworkers sweeps the outbox this often for messages whose after-commit nudge was lost.
+    # A publish delayed longer than this waits in the outbox, held until due, not in the broker
+    # (RabbitMQ closes a consumer that holds a message unacknowledged past its consumer_timeout,
+    # 30 min by default; Redis keeps it in memory): docs/jobs.md, 'Long delays'.
+    "OUTBOX_HELD_DELAY_S": 900.0,
+    # runworkers sweeps the outbox this often for messages whose after-commit nudge was lost,
+    # and for held messages that came due.
     "OUTBOX_SWEEP_INTERVAL_S": 1.0,
     # One relay nudge relays for at most this long (plus the batch under way), then gives its
     # worker thread back and hands the rest to a fresh nudge. Keep it well below the relay's

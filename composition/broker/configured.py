@@ -48,7 +48,8 @@ def broker_kind(url: str) -> str:
 
 def build_broker(url: str, *, heartbeat_timeout_s: float, maintenance_chance: int,
                  socket_timeout_s: float = 2.0, connect_timeout_s: float = 1.0,
-                 middleware: Sequence[Middleware] | None = None, max_priority: int | None = None) -> Broker:
+                 middleware: Sequence[Middleware] | None = None, max_priority: int | None = None,
+                 queue_type: str = "classic", delivery_limit: int = 20) -> Broker:
     """A new, unconnected broker for ``url`` with ``middleware``, by default the job middleware
     (``JOB_MIDDLEWARE``: retry policy, dead letters, per-message hygiene) in place of Dramatiq's
     plain Retries and TimeLimit.
@@ -59,7 +60,8 @@ def build_broker(url: str, *, heartbeat_timeout_s: float, maintenance_chance: in
     ``composition.broker.redis.WakingRedisBroker``, whose idle consumers wait for a message in
     ``BLPOP`` instead of sleeping between polls; a wait lasts one idle poll at most, and never
     more than half of ``socket_timeout_s``, so short timeouts stay safe for it. The RabbitMQ broker
-    is ``composition.broker.rabbitmq.PausableRabbitmqBroker``, its queues declared with
+    is ``composition.broker.rabbitmq.PausableRabbitmqBroker``, its queues declared as
+    ``queue_type`` ("classic" or "quorum", with ``delivery_limit``), classic ones with
     ``x-max-priority`` ``max_priority`` when given. Both stop a paused queue's deliveries
     (``composition.broker.pausing``) and honour message priorities
     (``composition.broker.priorities``).
@@ -89,7 +91,8 @@ def build_broker(url: str, *, heartbeat_timeout_s: float, maintenance_chance: in
     # actor.send() a second on localhost); the outbox relay publishes its batches on a confirm
     # channel of its own, one round trip per batch (composition.outbox.rabbitmq; measured
     # against actor.send() by bench/bench_rabbitmq_relay.py).
-    broker = PausableRabbitmqBroker(url=url, middleware=stack, confirm_delivery=True, max_priority=max_priority)
+    broker = PausableRabbitmqBroker(url=url, middleware=stack, confirm_delivery=True, max_priority=max_priority,
+                                    queue_type=queue_type, delivery_limit=delivery_limit)
     for parameters in broker.parameters if isinstance(broker.parameters, list) else [broker.parameters]:
         bound_pika_waits(parameters, url, socket_timeout_s=socket_timeout_s, connect_timeout_s=connect_timeout_s)
     return broker
@@ -129,6 +132,8 @@ def configured_broker() -> Broker:
                 socket_timeout_s=float(conf.BROKER_SOCKET_TIMEOUT_S),
                 connect_timeout_s=float(conf.BROKER_CONNECT_TIMEOUT_S),
                 max_priority=conf.RABBITMQ_MAX_PRIORITY,
+                queue_type=conf.RABBITMQ_QUEUE_TYPE,
+                delivery_limit=int(conf.RABBITMQ_DELIVERY_LIMIT),
             )
             dramatiq.set_broker(_installed)
         return _installed

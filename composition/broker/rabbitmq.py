@@ -6,24 +6,36 @@ included (they would run twice). A ``PausableRabbitmqConsumer`` of a paused work
 its subscription instead (``basic.cancel``; pika hands back what it had received and not yet
 given out): the connection, the channel and their unacknowledged messages stay, running jobs
 are acknowledged as usual, and a message marked ``hand_back()`` is ``basic_nack``-ed with
-``requeue=True``, which keeps it on the queue with its delivery count. On resume it subscribes
-again. Delay queues are never paused: a due message moves on to its paused queue and waits
-there.
+``requeue=True``, which keeps it on the queue with its delivery count. On a quorum queue, whose
+``x-delivery-limit`` counts those returns, it goes back as a copy (same message id) published
+before the original is acknowledged, so pauses never use the limit up (a copy it cannot publish
+is nacked as above). On resume it subscribes again. Delay queues are never paused: a due message
+moves on to its paused queue and waits there.
+
+The queues are declared as ``composition.broker.rabbitmq_queues`` says: classic or quorum.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import partial
 from typing import Any
 
 import pika.exceptions
 from dramatiq.broker import MessageProxy
 from dramatiq.brokers.rabbitmq import RabbitmqBroker, _RabbitmqConsumer
-from dramatiq.common import q_name
+from dramatiq.common import dq_name, q_name, xq_name
 from dramatiq.errors import ConnectionClosed
+from dramatiq.message import Message
 
-from composition.broker.pausing import handed_back, paused_queues
+from composition.broker.pausing import HAND_BACK_OPTION, handed_back, paused_queues
 from composition.broker.priorities import rabbitmq_priority
+from composition.broker.rabbitmq_queues import (
+    dead_queue_arguments,
+    declare,
+    delay_queue_arguments,
+    work_queue_arguments,
+)
 from composition.broker.stand_ins import StandIns
 
 __all__ = ["PAUSED_WAIT_S", "PausableRabbitmqBroker", "PausableRabbitmqConsumer"]
@@ -77,6 +89,9 @@ class PausableRabbitmqConsumer(_RabbitmqConsumer):
         if not handed_back(message):
             super().ack(message)
             return
+        if self.broker.queue_type == "quorum" and self._publish_copy(message):
+            super().ack(message)
+            return
         try:
             self.known_tags.remove(message._tag)
             self.connection.add_callback_threadsafe(partial(self.channel.basic_nack, message._tag, requeue=True))
@@ -87,9 +102,52 @@ class PausableRabbitmqConsumer(_RabbitmqConsumer):
             pass
 
 
+    def _publish_copy(self, message: MessageProxy) -> bool:
+        """Publish ``message`` again on its queue, as fetched, on this thread's confirmed
+        connection; False when RabbitMQ did not take it."""
+        options = {name: value for name, value in message.options.items() if name != HAND_BACK_OPTION}
+        copy: Message[Any] = Message(**{**message.asdict(), "options": options})
+        try:
+            self.broker.enqueue(copy)
+        except (ConnectionClosed, *_PIKA_FAILURES) as exc:
+            self.logger.warning("could not hand back a copy of message %s; nacked instead: %s", message.message_id, exc)
+            return False
+        return True
+
+
 class PausableRabbitmqBroker(StandIns, RabbitmqBroker):
-    """Dramatiq's ``RabbitmqBroker`` whose consumers are ``PausableRabbitmqConsumer``, and whose
-    messages carry their priority to queues declared with ``x-max-priority``."""
+    """Dramatiq's ``RabbitmqBroker`` whose consumers are ``PausableRabbitmqConsumer``, whose
+    queues are classic or quorum (``queue_type``; ``delivery_limit`` on quorum work queues), and
+    whose messages carry their priority to queues declared with ``x-max-priority``."""
+
+    def __init__(self, *, queue_type: str = "classic", delivery_limit: int = 20, **options: Any) -> None:
+        super().__init__(**options)
+        self.queue_type = queue_type
+        self.delivery_limit = delivery_limit
+
+    def ensure_queues(self, queue_names: Iterable[str]) -> None:
+        """Declare ``queue_names`` (with their delay and dead queues) on RabbitMQ now, on this
+        thread's connection, closed after: a queue RabbitMQ refuses (``QueueArgumentsConflict``)
+        fails the caller, a worker's start, instead of Dramatiq's consumer threads, which would
+        retry it every 3 s for ever."""
+        try:
+            for name in queue_names:
+                self.declare_queue(name, ensure=True)
+        finally:
+            del self.connection
+
+    # Dramatiq's own declarations hard-code classic queues' arguments (dramatiq>=2.2,<3 internals;
+    # docs/architecture.md lists them).
+    def _declare_queue(self, queue_name: str) -> Any:
+        return declare(self, queue_name, work_queue_arguments(
+            queue_name, queue_type=self.queue_type, max_priority=self.max_priority, delivery_limit=self.delivery_limit))
+
+    def _declare_dq_queue(self, queue_name: str) -> Any:
+        return declare(self, dq_name(queue_name), delay_queue_arguments(
+            queue_name, queue_type=self.queue_type, max_priority=self.max_priority))
+
+    def _declare_xq_queue(self, queue_name: str) -> Any:
+        return declare(self, xq_name(queue_name), dead_queue_arguments(queue_type=self.queue_type))
 
     @property
     def consumer_class(self) -> Any:

@@ -123,11 +123,12 @@ def runnable(broker: Broker, actor_name: str, args: Sequence[Any], kwargs: Mappi
 
 # -- the database -----------------------------------------------------------------------------------
 def queued_problems(broker: Broker, *, alias: str = DEFAULT_DB_ALIAS) -> list[Problem]:
-    """Every group of pending outbox rows and open dead letters the running code cannot run,
-    largest first: two grouped queries and one to read an example of each shape."""
+    """Every group of pending (or held: they run later) outbox rows and open dead letters the
+    running code cannot run, largest first: two grouped queries and one to read an example of
+    each shape."""
     table = OutboxMessage._meta.db_table
-    outbox = _grouped(alias, table, "actor_name", "'[]'::jsonb", "payload",
-                      "status = %s", [OutboxMessage.Status.PENDING])
+    outbox = _grouped(alias, table, "actor_name", "'[]'::jsonb", "payload", "status = ANY(%s)",
+                      [[OutboxMessage.Status.PENDING.value, OutboxMessage.Status.HELD.value]])
     table = DeadLetter._meta.db_table
     dead = _grouped(alias, table, "actor", "args", "payload", "status = %s AND jsonb_typeof(args) = 'array'",
                     [DeadLetter.Status.DEAD])

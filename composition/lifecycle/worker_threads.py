@@ -51,6 +51,12 @@ class WorkerComponent:
         # A job this code does not know waits for the deploy, then is parked, rather than being
         # rejected by Dramatiq's consumer (composition.jobs.deploy_window).
         accept_unknown_jobs(self.broker)
+        # RabbitMQ: a queue it refuses to declare (one of another type) fails this start, with
+        # what to do, rather than Dramatiq's consumer threads, which retry for ever.
+        ensure_queues = getattr(self.broker, "ensure_queues", None)
+        if ensure_queues is not None:
+            ensure_queues(sorted(queue for queue in self.broker.get_declared_queues()
+                                 if self.queues is None or queue in self.queues))
         self.worker = Worker(self.broker, queues=self.queues, worker_threads=self.threads,
                              worker_timeout=self.idle_poll_ms)
         order = self.queue_order

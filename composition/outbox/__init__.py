@@ -5,7 +5,9 @@
 business data, sent right after commit; ``publish_many`` does the same for a list. Modules:
 ``publish``, ``publish_many``, ``models``, ``claims`` (claim, mark-sent and release statements),
 ``relay`` (claim, ``enqueue`` in one round trip, mark sent), ``relay_actor``, ``sweeper``
-(``RelaySweeperComponent``, for what a nudge missed), ``maintenance`` (status, gauges, pruning).
+(``RelaySweeperComponent``, for what a nudge missed, and held rows that came due), ``held``
+(a delay over ``OUTBOX_HELD_DELAY_S`` waits in the outbox, not the broker), ``maintenance``
+(status, gauges, pruning).
 """
 
 from composition.outbox.errors import (

@@ -80,7 +80,7 @@ SET claimed_until = now() + make_interval(secs => %(lease_s)s),
     attempts = t.attempts + 1
 FROM picked, (SELECT {relax}) relax
 WHERE t.id = picked.id AND t.status = 'pending'
-RETURNING t.id, t.actor_name, t.queue_name, t.payload, t.key, t.headers, t.delay_s, t.created_at
+RETURNING t.id, t.actor_name, t.queue_name, t.payload, t.key, t.headers, t.delay_s, t.created_at, t.due_at
 """
 
 # After COMMIT, for rows ``insert`` leased to this relay: renew the lease of those it still holds

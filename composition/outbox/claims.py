@@ -52,12 +52,14 @@ class ClaimedMessage:
     headers: dict[str, Any]
     delay_s: float | None
     created_at: datetime
+    due_at: datetime | None = None  # a held row's (composition.outbox.held)
 
     def to_message(self, now_s: float) -> tuple[Message[Any], int | None]:
         """The Dramatiq message (args=(), kwargs=payload) and its delay in ms (None: due now)."""
         delay_ms = None
         if self.delay_s:
-            remaining_s = self.created_at.timestamp() + self.delay_s - now_s
+            due_s = self.due_at.timestamp() if self.due_at is not None else self.created_at.timestamp() + self.delay_s
+            remaining_s = due_s - now_s
             if remaining_s > 0:
                 delay_ms = int(remaining_s * 1000)
         headers = {**self.headers, "outbox_id": self.id, "key": self.key}
@@ -146,7 +148,8 @@ def claim(*, limit: int, lease_s: float, relay_id: str,
         "limit": limit, "lease_s": lease_s, "relay_id": relay_id,
         "only_ids": _id_array(only_ids) if only_ids is not None else None})
     claimed = [ClaimedMessage(id=row[0], actor_name=row[1], queue_name=row[2], payload=_decode_json(row[3]),
-                              key=row[4], headers=_decode_json(row[5]) or {}, delay_s=row[6], created_at=row[7])
+                              key=row[4], headers=_decode_json(row[5]) or {}, delay_s=row[6], created_at=row[7],
+                              due_at=row[8])
                for row in rows]
     claimed.sort(key=lambda message: message.id)
     return claimed

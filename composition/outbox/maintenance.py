@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Count, DateTimeField, ExpressionWrapper, F, Func, Min, Q, QuerySet
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from composition.conf import conf
@@ -46,6 +47,10 @@ class OutboxStatus:
     sent: int
     oldest_pending_age_s: float
     pending_by_actor: dict[str, int]
+    # Held until due (composition.outbox.held): no backlog, counted apart; the next one due in
+    # this many seconds (None when none is held).
+    held: int = 0
+    next_due_in_s: float | None = None
     # backlog_by_queue(window_s), what the operations page shows per queue.
     queues: dict[str, QueueBacklog] = field(default_factory=dict)
     window_s: float = RELAYED_WINDOW_S
@@ -55,11 +60,12 @@ class OutboxStatus:
 
 
 def _pending_by_queue() -> dict[str, tuple[int, datetime]]:
-    """Per queue, (pending rows, creation time of the oldest): one aggregate through the pending
-    partial index, as small as the backlog."""
+    """Per queue, (pending rows, since when the oldest waits): one aggregate through the pending
+    partial index, as small as the backlog. A released held row waits from its due time."""
     return {row["queue_name"]: (int(row["count"]), row["oldest"])
             for row in OutboxMessage.objects.filter(status=OutboxMessage.Status.PENDING)
-            .values("queue_name").annotate(count=Count("id"), oldest=Min("created_at")).order_by()}
+            .values("queue_name").annotate(count=Count("id"), oldest=Min(Coalesce("due_at", "created_at")))
+            .order_by()}
 
 
 def _age_s(now: datetime, then: datetime) -> float:
@@ -119,10 +125,12 @@ def outbox_status(*, window_s: float = RELAYED_WINDOW_S) -> OutboxStatus:
         leased=Count("id", filter=Q(status=OutboxMessage.Status.PENDING, claimed_until__gt=now)),
         sent=Count("id", filter=Q(status=OutboxMessage.Status.SENT)),
     )
+    held = OutboxMessage.objects.filter(status=OutboxMessage.Status.HELD).aggregate(n=Count("id"), next=Min("due_at"))
     by_actor = dict(OutboxMessage.objects.filter(status=OutboxMessage.Status.PENDING)
                     .values_list("actor_name").annotate(n=Count("id")).order_by("actor_name"))
     return OutboxStatus(pending=pending, leased=int(counts["leased"]), sent=int(counts["sent"]),
-                        oldest_pending_age_s=round(age_s, 3), pending_by_actor=by_actor,
+                        oldest_pending_age_s=round(age_s, 3), pending_by_actor=by_actor, held=int(held["n"]),
+                        next_due_in_s=None if held["next"] is None else round((held["next"] - now).total_seconds(), 3),
                         queues={name: replace(queue, oldest_pending_age_s=round(queue.oldest_pending_age_s, 3))
                                 for name, queue in queues.items()}, window_s=window_s)
 

@@ -27,7 +27,9 @@ def message_id_for(outbox_id: int) -> str:
 class OutboxMessage(models.Model):
     """A message written in the caller's transaction and relayed to the broker after commit.
 
-    A row is ``pending`` until a relay has enqueued it, then ``sent``. A relay claims a row by
+    A row is ``pending`` until a relay has enqueued it, then ``sent``; one published with a delay
+    over ``OUTBOX_HELD_DELAY_S`` is ``held`` until ``due_at`` (``composition.outbox.held``). A
+    relay claims a row by
     setting a lease (``claimed_until``) in a short transaction; a row whose lease has expired is
     claimable again, which is what turns a crashed relay into a redelivery instead of a loss.
     """
@@ -35,6 +37,7 @@ class OutboxMessage(models.Model):
     class Status(models.TextChoices):
         PENDING = "pending", "pending"
         SENT = "sent", "sent"
+        HELD = "held", "held until due"
 
     actor_name = models.CharField(max_length=255)
     # Resolved from the actor at publish, so a relay can enqueue without knowing the actor.
@@ -54,6 +57,8 @@ class OutboxMessage(models.Model):
     attempts = models.PositiveIntegerField(default=0, help_text="How many times a relay claimed the row.")
     sent_at = models.DateTimeField(null=True, blank=True, help_text="When the broker accepted it.")
     last_error = models.TextField(blank=True, default="")
+    due_at = models.DateTimeField(
+        null=True, blank=True, help_text="A held row's time to run (publish time plus its delay); it is relayed then.")
 
     objects: ClassVar[models.Manager[OutboxMessage]] = models.Manager()
 
@@ -67,6 +72,7 @@ class OutboxMessage(models.Model):
             models.Index(fields=["id"], condition=Q(status="pending"), name="outbox_pending_idx"),
             models.Index(fields=["key", "id"], condition=Q(status="pending"), name="outbox_pending_key_idx"),
             models.Index(fields=["sent_at"], condition=Q(status="sent"), name="outbox_sent_at_idx"),
+            models.Index(fields=["due_at"], condition=Q(status="held"), name="outbox_held_due_idx"),
         ]
 
     def __str__(self) -> str:

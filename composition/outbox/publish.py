@@ -43,6 +43,7 @@ from composition.outbox.errors import (
     PayloadTooLargeError,
     UnknownActorError,
 )
+from composition.outbox.held import hold, is_held
 from composition.outbox.models import KEY_MAX_LENGTH, OutboxMessage
 
 __all__ = ["PAYLOAD_SCHEMA_OPTION", "VERSIONS_OPTION", "VERSION_HEADER", "checked_delay", "checked_key",
@@ -79,7 +80,8 @@ def publish(actor: Any, payload: Mapping[str, Any], *, key: str | None = None,
     an actor name; it must be declared on the configured broker. Inside ``transaction.atomic()``
     the row commits or rolls back with the caller's data; once committed, it is sent to the
     broker at once, and a periodic sweep catches anything that missed. Messages with the same
-    ``key`` are relayed in publish order. ``delay_s`` (seconds after publish) delays the job.
+    ``key`` are relayed in publish order. ``delay_s`` (seconds after publish) delays the job; over
+    ``OUTBOX_HELD_DELAY_S`` the row waits in the outbox until due (``composition.outbox.held``).
 
     Raises ``UnknownActorError``, ``PayloadNotSerializableError`` (not a dict with string keys
     of JSON values, or text PostgreSQL cannot store: a NUL character, a lone surrogate),
@@ -109,6 +111,12 @@ def publish_with_headers(actor: Any, payload: Mapping[str, Any], *, headers: Map
     all_headers = publish_headers(extra)
     headers_json = storable_json(all_headers, "headers").decode()
     created_at = timezone.now()
+    if is_held(delay_s):
+        assert delay_s is not None
+        committing_transaction("publish()")  # refuses manual transaction management, as below
+        [row] = hold(actor_name=name, queue_name=declared.queue_name, payloads=[json.loads(encoded)], key=key,
+                     headers=json.loads(headers_json), delay_s=delay_s, created_at=created_at)
+        return row
     if LEFT_TO_THE_RELAY.is_set():
         inserted = insert(actor_name=name, queue_name=declared.queue_name, payload_json=encoded.decode(), key=key,
                           headers_json=headers_json, delay_s=delay_s, created_at=created_at)
@@ -211,7 +219,8 @@ def read_back(inserted: Inserted, actor_name: str, queue_name: str, payload: Map
     values = {"id": inserted.id, "actor_name": actor_name, "queue_name": queue_name, "payload": dict(payload),
               "key": key, "headers": headers, "delay_s": delay_s, "status": OutboxMessage.Status.PENDING.value,
               "created_at": created_at, "claimed_until": inserted.claimed_until, "claimed_by": claimed_by or "",
-              "attempts": 1 if inserted.claimed_until is not None else 0, "sent_at": None, "last_error": ""}
+              "attempts": 1 if inserted.claimed_until is not None else 0, "sent_at": None, "last_error": "",
+              "due_at": None}
     # from_db: the positional fast path of Model.__init__, and the instance's state set as for a row read back.
     names = _field_names()
     return OutboxMessage.from_db(DEFAULT_DB_ALIAS, names, [values[name] for name in names])

@@ -27,6 +27,7 @@ from composition.outbox.after_commit import (
 )
 from composition.outbox.claims import ClaimedMessage, Inserted
 from composition.outbox.errors import PayloadNotSerializableError, PublishError
+from composition.outbox.held import hold, is_held
 from composition.outbox.models import OutboxMessage
 from composition.outbox.publish import (
     LEFT_TO_THE_RELAY,
@@ -97,6 +98,11 @@ def publish_many(actor: Any, payloads: Iterable[Mapping[str, Any]], *, key: str 
     headers = publish_headers(version_header(declared, {}))
     headers_json = storable_json(headers, "headers").decode()
     created_at = timezone.now()
+    if is_held(delay_s):
+        assert delay_s is not None
+        return hold(actor_name=declared.actor_name, queue_name=declared.queue_name,
+                    payloads=[json.loads(payload_json) for payload_json in encoded], key=key,
+                    headers=json.loads(headers_json), delay_s=delay_s, created_at=created_at)
     send: SendAfterCommit | None = None
     claim_for: str | None = None
     lease_s = 0.0

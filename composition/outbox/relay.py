@@ -29,6 +29,7 @@ from composition.metrics import OUTBOX_RELAY_ERRORS, OUTBOX_RELAY_LAG_SECONDS, O
 from composition.outbox.claims import ClaimedMessage, claim, mark_sent, release
 from composition.outbox.claims import confirm as confirm_claims
 from composition.outbox.enqueue import enqueue_many
+from composition.outbox.held import release_due
 from composition.outbox.leases import LeaseKeeper
 from composition.outbox.relay_actor import (
     DEAD_LETTER_OPTION,
@@ -208,7 +209,9 @@ class Relay:
 
     # -- loops -----------------------------------------------------------------------------------
     def run_until_idle(self, *, max_s: float | None = None) -> int:
-        """Run batches until a claim finds nothing (or ``max_s`` seconds pass); return the count."""
+        """Release held rows that came due, then run batches until a claim finds nothing (or
+        ``max_s`` seconds pass); return the count."""
+        release_due()
         deadline = None if max_s is None else time.monotonic() + max_s
         total = 0
         while True:

@@ -3,7 +3,8 @@
 The after-commit nudge gives low latency; the sweep gives the guarantee: a process that dies
 between its commit and its nudge, a nudge lost with a broker blip, or a relay that crashed
 holding leases all end with the rows relayed at the next sweep (after the lease, for leased
-rows). Each sweep also samples the outbox gauges.
+rows). Each sweep first releases held rows that came due (``composition.outbox.held``) and
+then samples the outbox gauges.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from django.db import close_old_connections
 from dramatiq.broker import Broker
 
 from composition.lifecycle.periodic import PeriodicComponent
+from composition.outbox.held import release_due
 from composition.outbox.maintenance import refresh_gauges
 from composition.outbox.relay import RelayRound, relay_actor, relay_for
 
@@ -47,8 +49,10 @@ class RelaySweeperComponent(PeriodicComponent):
         self.relay = relay_for(broker)
 
     def sweep(self) -> RelayRound:
-        """One sweep: relay what is pending for a bounded time, then sample the gauges."""
+        """One sweep: release held rows that came due, relay what is pending for a bounded time,
+        then sample the gauges."""
         close_old_connections()
+        release_due()
         round_ = self.relay.run_coalesced_round(max_s=SWEEP_BUDGET_S)
         refresh_gauges()
         return round_

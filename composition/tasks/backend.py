@@ -79,6 +79,11 @@ class OutboxBackend(BaseTaskBackend):
         """Django's checks, and a priority only where the broker honours it."""
         super().validate_task(task)
         if task.priority != DEFAULT_TASK_PRIORITY and broker_kind(str(conf.BROKER_URL)) == "rabbitmq" \
+                and conf.RABBITMQ_QUEUE_TYPE == "quorum":
+            raise InvalidTask(f"priority {task.priority}: the RabbitMQ queues are quorum queues, which have no "
+                              "priorities here; use 0, or classic queues with RABBITMQ_MAX_PRIORITY "
+                              "(docs/tasks.md, 'Priorities')")
+        if task.priority != DEFAULT_TASK_PRIORITY and broker_kind(str(conf.BROKER_URL)) == "rabbitmq" \
                 and not conf.RABBITMQ_MAX_PRIORITY:
             raise InvalidTask(f"priority {task.priority}: RabbitMQ honours priorities only on queues declared with "
                               "x-max-priority; set COMPOSITION['RABBITMQ_MAX_PRIORITY'] (docs/tasks.md, 'Priorities')")

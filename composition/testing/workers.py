@@ -31,7 +31,8 @@ def use_broker(url: str) -> Iterator[Any]:
         url, heartbeat_timeout_s=float(conf.BROKER_HEARTBEAT_TIMEOUT_S),
         maintenance_chance=int(conf.BROKER_MAINTENANCE_CHANCE),
         socket_timeout_s=float(conf.BROKER_SOCKET_TIMEOUT_S), connect_timeout_s=float(conf.BROKER_CONNECT_TIMEOUT_S),
-        max_priority=conf.RABBITMQ_MAX_PRIORITY)
+        max_priority=conf.RABBITMQ_MAX_PRIORITY, queue_type=conf.RABBITMQ_QUEUE_TYPE,
+        delivery_limit=int(conf.RABBITMQ_DELIVERY_LIMIT))
     broker_module._installed = temporary
     dramatiq.set_broker(temporary)
     try:

@@ -30,6 +30,10 @@ def test_each_mistake_has_its_own_id() -> None:
     assert _ids(RABBITMQ_MAX_PRIORITY=0) == _ids(RABBITMQ_MAX_PRIORITY=256) == _ids(RABBITMQ_MAX_PRIORITY="10") \
         == {"composition.E013"}
     assert _ids(RABBITMQ_MAX_PRIORITY=10) == set()
+    assert _ids(RABBITMQ_QUEUE_TYPE="quorum") == _ids(RABBITMQ_QUEUE_TYPE="classic") == set()
+    assert _ids(RABBITMQ_QUEUE_TYPE="stream") == {"composition.E014"}
+    assert _ids(RABBITMQ_DELIVERY_LIMIT=0) == _ids(RABBITMQ_DELIVERY_LIMIT=True) == {"composition.E015"}
+    assert _ids(RABBITMQ_QUEUE_TYPE="quorum", RABBITMQ_MAX_PRIORITY=10) == {"composition.E016"}
     assert _ids(WORKER_THREADS=0) == {"composition.E005"}
     assert _ids(HEALTH_DEPENDENCIES={"cache": "sometimes"}) == {"composition.E006"}
     assert _ids(CACHE_ALIAS="nope") == {"composition.E007"}

@@ -64,3 +64,11 @@ def test_dramatiq_s_consumers_have_what_the_pausable_ones_use() -> None:
     rabbit_init = _RabbitmqConsumer.__init__.__code__.co_names
     assert {"connection", "channel", "iterator", "known_tags"} <= set(rabbit_init)
     assert isinstance(RabbitmqBroker.consumer_class, property)
+
+
+def test_dramatiq_s_rabbitmq_broker_declares_through_the_methods_the_quorum_queues_replace() -> None:
+    from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
+    ensure = RabbitmqBroker._ensure_queue.__code__.co_names
+    assert {"_declare_queue", "_declare_dq_queue", "_declare_xq_queue", "queues_pending"} <= set(ensure)
+    assert "_declare_queue" in RabbitmqBroker.get_queue_message_counts.__code__.co_names

@@ -103,6 +103,15 @@ def rabbit_effect(key: str) -> None:
     Effect.objects.create(key=key)
 
 
+QUORUM_QUEUE = "jobs_quorum"
+
+
+@job(queue=QUORUM_QUEUE, idempotent=True, max_attempts=3, initial_delay_s=0.05, max_delay_s=0.2)
+def quorum_effect(key: str) -> None:
+    """Runs on RabbitMQ quorum queues in the quorum tests."""
+    Effect.objects.create(key=key)
+
+
 def _fails_quietly(key: str) -> None:
     raise ValueError(f"no dead letter wanted for {key}")
 

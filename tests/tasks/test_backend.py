@@ -181,6 +181,11 @@ def test_bad_tasks_and_arguments_are_refused_and_nothing_is_written() -> None:
         task(queue_name=tasks.QUEUE, priority=5)(not_a_task)
     with override_settings(COMPOSITION={**settings.COMPOSITION, "BROKER_URL": amqp, "RABBITMQ_MAX_PRIORITY": 10}):
         assert task(queue_name=tasks.QUEUE, priority=-100)(not_a_task).priority == -100
+    # Quorum queues: no priorities here (RabbitMQ 3.x has none on them), so only 0.
+    with override_settings(COMPOSITION={**settings.COMPOSITION, "BROKER_URL": amqp, "RABBITMQ_QUEUE_TYPE": "quorum"}):
+        with pytest.raises(InvalidTask, match="quorum queues"):
+            task(queue_name=tasks.QUEUE, priority=5)(not_a_task)
+        assert task(queue_name=tasks.QUEUE, priority=0)(not_a_task).priority == 0
     with pytest.raises(InvalidTask, match="priority"):
         task(queue_name=tasks.QUEUE, priority=101)(not_a_task)
     # Decorated under another name: a worker could not find it by its module path.

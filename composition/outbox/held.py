@@ -1,0 +1,70 @@
+"""Long delays wait in the outbox, not in a broker.
+
+A publish delayed longer than ``OUTBOX_HELD_DELAY_S`` writes its rows ``held``, with ``due_at``
+(publish time plus the delay), and nothing is sent or nudged. Each sweep of the relay
+(``runworkers``, ``manage.py outbox relay``) first makes the rows that came due pending
+(``release_due``), and relays them as any other: a due message reaches its queue within a sweep
+interval, with no delay left. So no broker consumer holds it (RabbitMQ closes one that holds a
+message past its ``consumer_timeout``) and no Redis keeps it in memory for hours.
+
+A held row is no backlog: the queue depth, backpressure, the oldest pending age and its alerts
+count pending rows, and a released row's wait counts from its due time. A held row with a key
+does not hold its key back while it waits; once due it goes before the key's rows still pending
+(its id is older), as it would have been had it been published then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection
+
+from composition.conf import conf
+from composition.outbox.models import OutboxMessage
+
+__all__ = ["RELEASE_BATCH", "hold", "is_held", "release_due"]
+
+# Rows released per statement; a sweep releases until none is due.
+RELEASE_BATCH = 1000
+
+_RELEASE_SQL = """
+UPDATE {table} t SET status = 'pending'
+FROM (SELECT id FROM {table}
+      WHERE status = 'held' AND due_at <= statement_timestamp()
+      ORDER BY due_at
+      LIMIT %(limit)s
+      FOR UPDATE SKIP LOCKED) due
+WHERE t.id = due.id
+RETURNING t.id
+"""
+
+
+def is_held(delay_s: float | None) -> bool:
+    """Whether a publish delayed ``delay_s`` seconds waits in the outbox, held until due."""
+    return delay_s is not None and delay_s > float(conf.OUTBOX_HELD_DELAY_S)
+
+
+def hold(*, actor_name: str, queue_name: str, payloads: Sequence[Any], key: str | None, headers: dict[str, Any],
+         delay_s: float, created_at: datetime) -> list[OutboxMessage]:
+    """Write held rows, one per payload, in one statement; nothing is sent or nudged."""
+    due_at = created_at + timedelta(seconds=delay_s)
+    return OutboxMessage.objects.bulk_create([
+        OutboxMessage(actor_name=actor_name, queue_name=queue_name, payload=payload, key=key, headers=headers,
+                      delay_s=delay_s, status=OutboxMessage.Status.HELD, created_at=created_at, due_at=due_at)
+        for payload in payloads])
+
+
+def release_due(limit: int = RELEASE_BATCH) -> int:
+    """Make held rows that came due pending, the earliest first, until none is due; returns how
+    many. Rows another relay is releasing meanwhile are skipped, not waited for."""
+    table = connection.ops.quote_name(OutboxMessage._meta.db_table)
+    released = 0
+    while True:
+        with connection.cursor() as cursor:
+            cursor.execute(_RELEASE_SQL.format(table=table), {"limit": limit})
+            count = len(cursor.fetchall())
+        released += count
+        if count < limit:
+            return released
