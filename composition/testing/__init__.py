@@ -1,6 +1,6 @@
 """Test helpers shipped with the package: real throwaway servers (Valkey, PostgreSQL, a PgBouncer
-in front of one), real worker processes, queues emptied between tests and metrics read as one
-number.
+in front of one, a RabbitMQ cluster), real worker processes, queues emptied between tests and
+metrics read as one number.
 
 Nothing here mocks a database, cache or broker; these start real ones (or real processes) and
 clean them up.
@@ -9,6 +9,7 @@ clean them up.
 from composition.testing.metrics import metric_value
 from composition.testing.pgbouncer import ThrowawayPgBouncer, throwaway_pgbouncer
 from composition.testing.queues import empty_queues
+from composition.testing.rabbitmq_cluster import ThrowawayRabbitCluster, throwaway_rabbit_cluster
 from composition.testing.relay import left_to_the_relay
 from composition.testing.servers import ThrowawayPostgres, ThrowawayRedis, throwaway_postgres, throwaway_redis
 from composition.testing.waiting import free_port, http_status, wait_until
@@ -17,6 +18,7 @@ from composition.testing.workers import WorkerProcess, current_database_url, sub
 __all__ = [
     "ThrowawayPgBouncer",
     "ThrowawayPostgres",
+    "ThrowawayRabbitCluster",
     "ThrowawayRedis",
     "WorkerProcess",
     "current_database_url",
@@ -28,6 +30,7 @@ __all__ = [
     "subprocess_env",
     "throwaway_pgbouncer",
     "throwaway_postgres",
+    "throwaway_rabbit_cluster",
     "throwaway_redis",
     "use_broker",
     "wait_until",
