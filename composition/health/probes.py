@@ -61,10 +61,12 @@ def probe_broker(timeout_s: float) -> None:
         return
     import pika
 
-    params = pika.URLParameters(url)
-    # Connect and handshake within timeout_s together (the probe never publishes).
-    bound_pika_waits(params, url, socket_timeout_s=timeout_s / 2, connect_timeout_s=timeout_s / 2)
-    pika.BlockingConnection(params).close()
+    # A cluster's nodes, ";" between their URLs as Dramatiq takes them: the broker is up when one
+    # answers (pika tries them in order). Each connects and handshakes within timeout_s together.
+    nodes = [pika.URLParameters(node_url) for node_url in url.split(";")]
+    for params in nodes:
+        bound_pika_waits(params, url, socket_timeout_s=timeout_s / 2, connect_timeout_s=timeout_s / 2)
+    pika.BlockingConnection(nodes).close()
 
 
 PROBES: dict[str, Callable[[float], None]] = {

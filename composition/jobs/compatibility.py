@@ -280,11 +280,9 @@ def _queue_counts(broker: Broker) -> dict[str, int]:
     import pika
     from dramatiq.common import dq_name
 
-    parameters = getattr(broker, "parameters", None)
-    if isinstance(parameters, list):
-        parameters = parameters[0]
+    # A cluster's nodes are a list, tried in order.
     counts: dict[str, int] = {}
-    connection = pika.BlockingConnection(parameters)
+    connection = pika.BlockingConnection(getattr(broker, "parameters", None))
     try:
         channel = connection.channel()
         for queue in sorted(broker.get_declared_queues()):

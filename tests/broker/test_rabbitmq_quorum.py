@@ -177,3 +177,18 @@ def test_runworkers_refuses_to_start_on_a_classic_queue_of_the_same_name_saying_
         assert not Effect.objects.filter(key="left-on-classic").exists()
     finally:
         delete_rabbitmq_queue(QUORUM_QUEUE)
+
+
+def test_the_broker_probe_takes_a_cluster_s_node_urls_and_is_up_while_one_answers() -> None:
+    from django.conf import settings
+    from django.test import override_settings
+
+    from composition.health.probes import probe_broker
+    from composition.testing import free_port
+
+    closed = f"amqp://guest:guest@127.0.0.1:{free_port()}/%2F"
+    with override_settings(COMPOSITION={**settings.COMPOSITION, "BROKER_URL": f"{closed};{RABBITMQ_URL}"}):
+        probe_broker(2.0)
+    with override_settings(COMPOSITION={**settings.COMPOSITION, "BROKER_URL": f"{closed};{closed}"}), \
+            pytest.raises(pika.exceptions.AMQPConnectionError):
+        probe_broker(2.0)

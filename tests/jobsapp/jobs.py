@@ -108,8 +108,10 @@ QUORUM_QUEUE = "jobs_quorum"
 
 @job(queue=QUORUM_QUEUE, idempotent=True, max_attempts=3, initial_delay_s=0.05, max_delay_s=0.2)
 def quorum_effect(key: str) -> None:
-    """Runs on RabbitMQ quorum queues in the quorum tests."""
+    """Runs on RabbitMQ quorum queues in the cluster tests; long enough inside its transaction that
+    a node stopping lands mid-job, not only between jobs."""
     Effect.objects.create(key=key)
+    time.sleep(0.02)
 
 
 def _fails_quietly(key: str) -> None:
