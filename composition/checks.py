@@ -182,7 +182,7 @@ def check_outbox_settings(app_configs: Any = None, **_: Any) -> list[CheckMessag
             "OUTBOX_RELAY_BUDGET_S should be well below OUTBOX_RELAY_TIME_LIMIT_S (at most half): a relay "
             "round that outlasts its time limit is interrupted between batches and its worker looks stuck.",
             id="composition.W021"))
-    if not messages:
+    if not any(message.is_serious() for message in messages):
         messages += _retries_longer_than_held_delay(float(merged["OUTBOX_HELD_DELAY_S"]))
     return messages
 
@@ -192,8 +192,11 @@ def _retries_longer_than_held_delay(held_delay_s: float) -> list[CheckMessage]:
     waits on the broker (a RabbitMQ consumer holds it, Redis keeps it in memory)."""
     from composition.broker.configured import configured_broker
 
-    policies = {name: actor.options["job_policy"] for name, actor in configured_broker().actors.items()
-                if "job_policy" in actor.options}
+    try:
+        actors = configured_broker().actors
+    except Exception:  # settings the broker cannot be built from: their own checks report them
+        return []
+    policies = {name: actor.options["job_policy"] for name, actor in actors.items() if "job_policy" in actor.options}
     return [Warning(f"job {name!r} retries up to {policy.max_delay_s:g} s later, longer than OUTBOX_HELD_DELAY_S "
                     f"({held_delay_s:g} s): its retries wait on the broker, not in the outbox.",
                     hint="Lower its max_delay_s, or raise OUTBOX_HELD_DELAY_S within the broker's limits (RabbitMQ's "

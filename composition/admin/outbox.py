@@ -43,6 +43,8 @@ class OutboxMessageAdmin(admin.ModelAdmin):
         (with its last error, when a send failed)."""
         if obj.sent_at is not None:
             return moment(obj.sent_at)
+        if obj.status == OutboxMessage.Status.HELD and obj.due_at is not None:
+            return f"held until {moment(obj.due_at)}"
         if obj.claimed_until is not None and obj.claimed_until > timezone.now():
             return f"leased until {moment(obj.claimed_until)}"
         if obj.last_error:

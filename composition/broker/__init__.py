@@ -10,6 +10,7 @@ configured broker is set before any actor is declared.
 
 from composition.broker.configured import JOB_MIDDLEWARE, broker_kind, build_broker, configured_broker, reset_broker
 from composition.broker.pausing import hand_back, paused_queues
+from composition.broker.rabbitmq_queues import QueueArgumentsConflict
 
-__all__ = ["JOB_MIDDLEWARE", "broker_kind", "build_broker", "configured_broker", "hand_back", "paused_queues",
-           "reset_broker"]
+__all__ = ["JOB_MIDDLEWARE", "QueueArgumentsConflict", "broker_kind", "build_broker", "configured_broker",
+           "hand_back", "paused_queues", "reset_broker"]

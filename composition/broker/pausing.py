@@ -15,11 +15,14 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["HAND_BACK_OPTION", "PausedQueueSet", "hand_back", "handed_back", "paused_queues"]
+__all__ = ["HAND_BACK_OPTION", "LOCAL_OPTIONS", "PUT_BACK_OPTION", "PausedQueueSet", "hand_back", "handed_back",
+           "paused_queues"]
 
-# A key of the fetched message's options, in this process only: never encoded again, as a
-# handed-back message goes back by its broker id, not as a new message.
+# Keys of a fetched message's options, in this process only: a message handed back (or put back,
+# composition.jobs.middleware.put_backs) goes back without them.
 HAND_BACK_OPTION = "composition_hand_back"
+PUT_BACK_OPTION = "composition_put_back"
+LOCAL_OPTIONS = (HAND_BACK_OPTION, PUT_BACK_OPTION)
 
 
 class PausedQueueSet:

@@ -28,7 +28,7 @@ from dramatiq.common import dq_name, q_name, xq_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.message import Message
 
-from composition.broker.pausing import HAND_BACK_OPTION, handed_back, paused_queues
+from composition.broker.pausing import HAND_BACK_OPTION, LOCAL_OPTIONS, handed_back, paused_queues
 from composition.broker.priorities import rabbitmq_priority
 from composition.broker.rabbitmq_queues import (
     dead_queue_arguments,
@@ -90,6 +90,9 @@ class PausableRabbitmqConsumer(_RabbitmqConsumer):
             super().ack(message)
             return
         if self.broker.queue_type == "quorum" and self._publish_copy(message):
+            # Published: from here on it is acknowledged like any message (a retried ack after a
+            # lost connection must not publish a second copy).
+            message.options.pop(HAND_BACK_OPTION, None)
             super().ack(message)
             return
         try:
@@ -103,9 +106,14 @@ class PausableRabbitmqConsumer(_RabbitmqConsumer):
 
 
     def _publish_copy(self, message: MessageProxy) -> bool:
-        """Publish ``message`` again on its queue, as fetched, on this thread's confirmed
-        connection; False when RabbitMQ did not take it."""
-        options = {name: value for name, value in message.options.items() if name != HAND_BACK_OPTION}
+        """Publish ``message`` again on its queue, as fetched, on the calling (worker) thread's
+        confirmed connection; False when RabbitMQ did not take it, or when this consumer's
+        connection is gone: RabbitMQ gives the original back then, and a copy would be a second.
+        A connection lost between the copy and the ack also gives the original back: at least
+        once, as any redelivery."""
+        if message._tag not in self.known_tags or not self.connection.is_open:
+            return False
+        options = {name: value for name, value in message.options.items() if name not in LOCAL_OPTIONS}
         copy: Message[Any] = Message(**{**message.asdict(), "options": options})
         try:
             self.broker.enqueue(copy)

@@ -1,15 +1,16 @@
 """How the RabbitMQ broker declares a queue, its delay queue (``.DQ``) and its dead queue (``.XQ``):
 classic queues as Dramatiq does, or quorum queues (``RABBITMQ_QUEUE_TYPE = "quorum"``), replicated
-over a cluster's nodes.
+over a cluster's nodes (RabbitMQ 3.10 or later: message TTLs on them).
 
 A quorum work queue gets ``x-delivery-limit`` (``RABBITMQ_DELIVERY_LIMIT``): a message returned
 that many times (its consumer died with it each time) goes to the dead queue, as Dramatiq's
-rejected ones do. The delay queue gets none: its messages come back at every consumer restart,
-held until due. Quorum queues take no ``x-max-priority`` (RabbitMQ 3.x has no priorities on
-them; 4.x has two levels, not used here). RabbitMQ never changes a queue's arguments: declaring
-a name that exists with others closes the channel, and every enqueue to it would fail;
-``declare`` raises ``QueueArgumentsConflict``, saying what to do, instead. (pika, the optional
-``rabbitmq`` extra, is imported only where a queue is declared: the checks import this module.)
+rejected ones do. The delay queue's is unreachable: its messages come back at every consumer
+restart, held until due. Quorum queues take no ``x-max-priority`` (RabbitMQ 3.x has no
+priorities on them; 4.x has two levels, not used here). RabbitMQ never changes a queue's
+arguments: declaring a name that exists with others closes the channel, and every enqueue to it
+would fail; ``declare`` raises ``QueueArgumentsConflict``, saying what to do, instead. (pika, the
+optional ``rabbitmq`` extra, is imported only where a queue is declared: the checks import this
+module.)
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ from dramatiq.common import dq_name, xq_name
 
 from composition.errors import BrokerConfigurationError
 
-__all__ = ["QUEUE_TYPES", "QueueArgumentsConflict", "check_rabbitmq_queue_settings", "dead_queue_arguments",
-           "declare", "delay_queue_arguments", "work_queue_arguments"]
+__all__ = ["QUEUE_TYPES", "UNLIMITED_DELIVERIES", "QueueArgumentsConflict", "check_rabbitmq_queue_settings",
+           "dead_queue_arguments", "declare", "delay_queue_arguments", "work_queue_arguments"]
 
 QUEUE_TYPES = ("classic", "quorum")
+# A delay queue's messages come back at every consumer restart, held until due: no limit may
+# dead-letter them. Stated, not left out: RabbitMQ 4 gives a quorum queue without one a limit of 20.
+UNLIMITED_DELIVERIES = 2**31 - 1
 _PRECONDITION_FAILED = 406
 
 
@@ -55,10 +59,10 @@ def work_queue_arguments(queue_name: str, *, queue_type: str, max_priority: int 
 
 
 def delay_queue_arguments(queue_name: str, *, queue_type: str, max_priority: int | None) -> dict[str, Any]:
-    """The arguments of a work queue's delay queue: as the work queue's, with no delivery limit."""
-    arguments = work_queue_arguments(queue_name, queue_type=queue_type, max_priority=max_priority, delivery_limit=0)
-    arguments.pop("x-delivery-limit", None)
-    return arguments
+    """The arguments of a work queue's delay queue: as the work queue's, its delivery limit
+    unreachable (``UNLIMITED_DELIVERIES``)."""
+    return work_queue_arguments(queue_name, queue_type=queue_type, max_priority=max_priority,
+                                delivery_limit=UNLIMITED_DELIVERIES)
 
 
 def dead_queue_arguments(*, queue_type: str) -> dict[str, Any]:

@@ -62,10 +62,11 @@ def probe_broker(timeout_s: float) -> None:
     import pika
 
     # A cluster's nodes, ";" between their URLs as Dramatiq takes them: the broker is up when one
-    # answers (pika tries them in order). Each connects and handshakes within timeout_s together.
+    # answers (pika tries them in order), all of them within timeout_s.
     nodes = [pika.URLParameters(node_url) for node_url in url.split(";")]
+    share_s = timeout_s / len(nodes)
     for params in nodes:
-        bound_pika_waits(params, url, socket_timeout_s=timeout_s / 2, connect_timeout_s=timeout_s / 2)
+        bound_pika_waits(params, url, socket_timeout_s=share_s / 2, connect_timeout_s=share_s / 2)
     pika.BlockingConnection(nodes).close()
 
 

@@ -141,7 +141,9 @@ def sent_problems(broker: Broker, since: datetime, *, alias: str = DEFAULT_DB_AL
     """The outbox rows sent since ``since``, or due since (a delayed one), that the running code
     cannot run: on RabbitMQ, what may still wait on the broker (or may have run)."""
     groups = _grouped(alias, OutboxMessage._meta.db_table, "actor_name", "'[]'::jsonb", "payload",
-                      "status = %s AND sent_at + make_interval(secs => coalesce(delay_s, 0)) >= %s",
+                      # A released held row was due when it was sent.
+                      "status = %s AND CASE WHEN due_at IS NULL "
+                      "THEN sent_at + make_interval(secs => coalesce(delay_s, 0)) ELSE sent_at END >= %s",
                       [OutboxMessage.Status.SENT, since])
     return _bound(broker, "outbox, sent (may have run)", groups,
                   _examples(alias, OutboxMessage, groups, "actor_name", None))

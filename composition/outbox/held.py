@@ -10,7 +10,7 @@ message past its ``consumer_timeout``) and no Redis keeps it in memory for hours
 A held row is no backlog: the queue depth, backpressure, the oldest pending age and its alerts
 count pending rows, and a released row's wait counts from its due time. A held row with a key
 does not hold its key back while it waits; once due it goes before the key's rows still pending
-(its id is older), as it would have been had it been published then.
+(its id is older), after any of them already in flight.
 """
 
 from __future__ import annotations
@@ -26,16 +26,22 @@ from composition.outbox.models import OutboxMessage
 
 __all__ = ["RELEASE_BATCH", "hold", "is_held", "release_due"]
 
-# Rows released per statement; a sweep releases until none is due.
+# Rows released per statement (a sweep releases until none is due), and inserted per statement.
 RELEASE_BATCH = 1000
+HOLD_BATCH = 1000
 
+# A keyed row waits while a row of its key is in flight (leased): released then, it would be its
+# key's head, sent beside that row.
 _RELEASE_SQL = """
 UPDATE {table} t SET status = 'pending'
-FROM (SELECT id FROM {table}
-      WHERE status = 'held' AND due_at <= statement_timestamp()
-      ORDER BY due_at
+FROM (SELECT h.id FROM {table} h
+      WHERE h.status = 'held' AND h.due_at <= statement_timestamp()
+        AND (h.key IS NULL OR NOT EXISTS (
+              SELECT 1 FROM {table} p
+              WHERE p.status = 'pending' AND p.key = h.key AND p.claimed_until >= statement_timestamp()))
+      ORDER BY h.due_at
       LIMIT %(limit)s
-      FOR UPDATE SKIP LOCKED) due
+      FOR UPDATE OF h SKIP LOCKED) due
 WHERE t.id = due.id
 RETURNING t.id
 """
@@ -53,7 +59,7 @@ def hold(*, actor_name: str, queue_name: str, payloads: Sequence[Any], key: str 
     return OutboxMessage.objects.bulk_create([
         OutboxMessage(actor_name=actor_name, queue_name=queue_name, payload=payload, key=key, headers=headers,
                       delay_s=delay_s, status=OutboxMessage.Status.HELD, created_at=created_at, due_at=due_at)
-        for payload in payloads])
+        for payload in payloads], batch_size=HOLD_BATCH)
 
 
 def release_due(limit: int = RELEASE_BATCH) -> int:

@@ -204,7 +204,9 @@ class Relay:
         for actor_name, count in Counter(message.actor_name for message in claimed).items():
             OUTBOX_RELAYED.labels(actor_name).inc(count)
         for message in claimed:
-            OUTBOX_RELAY_LAG_SECONDS.observe(max(0.0, enqueued_s - message.created_at.timestamp()))
+            # A released held row has waited since it came due, not since it was published.
+            waited_from = message.due_at or message.created_at
+            OUTBOX_RELAY_LAG_SECONDS.observe(max(0.0, enqueued_s - waited_from.timestamp()))
         return followers_waiting
 
     # -- loops -----------------------------------------------------------------------------------

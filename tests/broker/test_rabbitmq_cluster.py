@@ -218,8 +218,8 @@ def test_idempotent_jobs_run_once_each_while_their_queue_leader_s_node_stops_and
         return Effect.objects.filter(key__startswith=run).count()
 
     wait_until(lambda: effects() >= jobs // 5, 120, message=f"no jobs ran on the cluster:\n{log()}")
-    cluster.stop_node(leader)
     stopped_at = effects()
+    cluster.stop_node(leader)
     wait_until(lambda: effects() >= min(jobs, stopped_at + jobs // 5), 120,
                message=f"no progress with node {leader} stopped:\n{log()}")
     cluster.start_node(leader)

@@ -1,7 +1,7 @@
 """RabbitMQ quorum queues (``RABBITMQ_QUEUE_TYPE = "quorum"``) on the machine's RabbitMQ: how each
 queue is declared, a classic queue of the same name refused with what to do and nothing lost, a
 pause's hand-back that never uses the delivery limit up, and jobs through the outbox end to end.
-(The 3-node cluster is tests/scenarios/test_rabbitmq_cluster.py.)"""
+(The 3-node cluster is tests/broker/test_rabbitmq_cluster.py.)"""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from dramatiq.message import Message
 
 from composition.broker.configured import build_broker
 from composition.broker.pausing import hand_back
-from composition.broker.rabbitmq_queues import QueueArgumentsConflict
+from composition.broker.rabbitmq_queues import UNLIMITED_DELIVERIES, QueueArgumentsConflict
 from tests.helpers import RABBITMQ_URL, delete_rabbitmq_queue
 from tests.jobsapp.jobs import QUORUM_QUEUE
 from tests.jobsapp.models import Effect
@@ -87,7 +87,7 @@ def test_the_work_queue_has_the_delivery_limit_and_its_delay_and_dead_queues_are
     assert _declares(amqp, name, {**quorum, **dead_letters, "x-delivery-limit": 7})
     assert not _declares(amqp, name, {**quorum, **dead_letters, "x-delivery-limit": 8})
     assert not _declares(amqp, name, dead_letters)  # a classic queue
-    assert _declares(amqp, dq_name(name), {**quorum, **dead_letters})
+    assert _declares(amqp, dq_name(name), {**quorum, **dead_letters, "x-delivery-limit": UNLIMITED_DELIVERIES})
     assert not _declares(amqp, dq_name(name), {**quorum, **dead_letters, "x-delivery-limit": 7})
     assert _declares(amqp, xq_name(name), {**quorum, "x-message-ttl": 86400000 * 7})
 
@@ -158,7 +158,7 @@ def test_runworkers_refuses_to_start_on_a_classic_queue_of_the_same_name_saying_
         worker_processes: Any, amqp: Any) -> None:
     # Only the job queue: the relay's queue on the machine's RabbitMQ is the other tests' (classic),
     # and a worker must not declare it quorum. (Jobs run end to end on quorum queues on a private
-    # cluster: tests/scenarios/test_rabbitmq_cluster.py.)
+    # cluster: tests/broker/test_rabbitmq_cluster.py.)
     delete_rabbitmq_queue(QUORUM_QUEUE)
     classic = _broker("classic")
     try:

@@ -111,7 +111,7 @@ def quorum_effect(key: str) -> None:
     """Runs on RabbitMQ quorum queues in the cluster tests; long enough inside its transaction that
     a node stopping lands mid-job, not only between jobs."""
     Effect.objects.create(key=key)
-    time.sleep(0.02)
+    time.sleep(0.05)
 
 
 def _fails_quietly(key: str) -> None:

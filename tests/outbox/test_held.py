@@ -81,7 +81,6 @@ def test_publish_many_holds_every_row_and_a_release_counts_the_wait_from_the_due
     _come_due(*rows[:3], ago_s=5)
     assert release_due() == 3
     assert release_due() == 0
-    pending, oldest_s = pending_summary()
     # Published two hours before (by the test's clock), due 5 s ago: it has waited 5 s.
     OutboxMessage.objects.filter(pk__in=[r.pk for r in rows]).update(
         created_at=timezone.now() - timedelta(seconds=TWO_HOURS_S))
@@ -149,15 +148,17 @@ def test_on_rabbitmq_a_held_row_is_relayed_once_due_to_its_queue_not_the_delay_q
 @pytest.mark.slow
 @pytest.mark.empty_queues("jobs_crash", "composition.outbox")
 def test_runworkers_sweeps_a_held_job_to_its_queue_once_due_and_it_runs_once(worker_processes: Any) -> None:
+    import time
+
     from composition.testing import wait_until
     from tests.jobsapp.models import Effect
 
     worker = worker_processes.spawn(["--threads", "2", "--queues", "jobs_crash,composition.outbox"])
     with transaction.atomic():
         row = publish("crash_effect", {"key": "held-1"}, delay_s=TWO_HOURS_S)
-    import time
-
-    time.sleep(2)  # a few sweeps: none may take it
+    # Started (its last component is the heartbeat), then a few sweeps: none may take it.
+    wait_until(lambda: '"component": "heartbeat"' in worker.output(), 60, message=worker.output()[-3000:])
+    time.sleep(2)
     assert not Effect.objects.filter(key="held-1").exists()
     assert OutboxMessage.objects.get(pk=row.pk).status == OutboxMessage.Status.HELD
     _come_due(row)
@@ -165,3 +166,21 @@ def test_runworkers_sweeps_a_held_job_to_its_queue_once_due_and_it_runs_once(wor
                message="the due job did not run:\n" + worker.output()[-3000:])
     assert worker.terminate() == 0
     assert Effect.objects.filter(key="held-1").count() == 1
+
+
+def test_a_due_held_row_is_released_only_once_no_row_of_its_key_is_in_flight() -> None:
+    from composition.outbox.claims import claim, mark_sent
+
+    with transaction.atomic():
+        held = publish(PROBE, {"seq": 0}, key="k", delay_s=TWO_HOURS_S)
+        later = publish(PROBE, {"seq": 1}, key="k")
+        unkeyed = publish(PROBE, {"seq": 2}, delay_s=TWO_HOURS_S)
+    [in_flight] = claim(limit=10, lease_s=30, relay_id="relay-a")
+    assert in_flight.id == later.pk
+    _come_due(held, unkeyed)
+    # Released now, it would be its key's head beside the row in flight: two of a key at once.
+    assert release_due() == 1
+    assert [message.id for message in claim(limit=10, lease_s=30, relay_id="relay-b")] == [unkeyed.pk]
+    mark_sent([in_flight.id], sent_at=timezone.now(), relay_id="relay-a")
+    assert release_due() == 1
+    assert [message.id for message in claim(limit=10, lease_s=30, relay_id="relay-b")] == [held.pk]

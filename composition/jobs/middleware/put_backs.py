@@ -17,16 +17,14 @@ import structlog
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.message import Message
 
-from composition.broker.pausing import hand_back
+from composition.broker.pausing import PUT_BACK_OPTION, hand_back
 from composition.errors import BROKER_FAILURES, described
 from composition.jobs.middleware.retries import options_as_fetched
 
-__all__ = ["JITTER_SHARE", "PUT_BACK_OPTION", "put_back", "put_back_delayed"]
+__all__ = ["JITTER_SHARE", "put_back", "put_back_delayed"]
 
 log = structlog.get_logger("composition.jobs")
 
-# Marks, in this process only, a skipped message that was put back rather than dropped.
-PUT_BACK_OPTION = "composition_put_back"
 # Each delay is stretched by up to this share, so the waiting ones of one moment spread out.
 JITTER_SHARE = 0.1
 
