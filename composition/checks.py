@@ -163,7 +163,8 @@ def check_cache_settings(app_configs: Any = None, **_: Any) -> list[CheckMessage
 
 # --- outbox ------------------------------------------------------------------------------------
 OUTBOX_POSITIVE_NUMBERS = ("OUTBOX_LEASE_S", "OUTBOX_SWEEP_INTERVAL_S", "OUTBOX_RELAY_BUDGET_S",
-                           "OUTBOX_RELAY_TIME_LIMIT_S", "OUTBOX_HELD_DELAY_S")
+                           "OUTBOX_RELAY_TIME_LIMIT_S", "OUTBOX_HELD_DELAY_S", "BROKER_LOSS_CHECK_INTERVAL_S",
+                           "BROKER_LOSS_LOOKBACK_S")
 OUTBOX_POSITIVE_INTEGERS = ("OUTBOX_MAX_PAYLOAD_BYTES", "OUTBOX_BATCH_SIZE")
 
 
@@ -183,8 +184,20 @@ def check_outbox_settings(app_configs: Any = None, **_: Any) -> list[CheckMessag
             "round that outlasts its time limit is interrupted between batches and its worker looks stuck.",
             id="composition.W021"))
     if not any(message.is_serious() for message in messages):
+        messages += _lookback_beyond_retention(merged)
         messages += _retries_longer_than_held_delay(float(merged["OUTBOX_HELD_DELAY_S"]))
     return messages
+
+
+def _lookback_beyond_retention(merged: dict[str, Any]) -> list[CheckMessage]:
+    """A broker loss's look-back must stay within what the ledger and the dead letters keep: a
+    job whose ledger row was pruned looks as if it never ran, and would run again."""
+    lookback_s = float(merged["BROKER_LOSS_LOOKBACK_S"])
+    return [Error(f"COMPOSITION['BROKER_LOSS_LOOKBACK_S'] ({lookback_s:g} s) is longer than {key} "
+                  f"({float(merged[key]):g} s): after a broker loss, jobs whose records were pruned would run again.",
+                  hint=f"Lower BROKER_LOSS_LOOKBACK_S to {key} or less.", id="composition.E023")
+            for key in ("INBOX_RETENTION_S", "DEAD_LETTER_RETENTION_S")
+            if isinstance(merged[key], int | float) and not isinstance(merged[key], bool) and lookback_s > merged[key]]
 
 
 def _retries_longer_than_held_delay(held_delay_s: float) -> list[CheckMessage]:

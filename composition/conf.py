@@ -91,6 +91,12 @@ DEFAULTS: dict[str, Any] = {
     # (within this plus one sweep interval). Keep it well above the time one batch takes (a batch
     # is bounded by the broker's socket timeout), or a slow relay's rows are sent twice.
     "OUTBOX_LEASE_S": 4.0,
+    # Redis broker: how often runworkers looks for a loss of the broker's data (its epoch token
+    # gone: a restart without persistence, a flush, a failover to an empty replica), and how far
+    # back a loss reconciles idempotent jobs from the ledger (within INBOX_RETENTION_S and
+    # DEAD_LETTER_RETENTION_S, check E023): docs/jobs.md, 'When the broker loses messages'.
+    "BROKER_LOSS_CHECK_INTERVAL_S": 5.0,
+    "BROKER_LOSS_LOOKBACK_S": 86_400.0,
     # A publish delayed longer than this waits in the outbox, held until due, not in the broker
     # (RabbitMQ closes a consumer that holds a message unacknowledged past its consumer_timeout,
     # 30 min by default; Redis keeps it in memory): docs/jobs.md, 'Long delays'.

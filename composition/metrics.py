@@ -175,6 +175,12 @@ OUTBOX_PENDING = Gauge("composition_outbox_pending_messages",
 OUTBOX_OLDEST_PENDING_AGE_SECONDS = Gauge("composition_outbox_oldest_pending_age_seconds",
                                           "Age of the oldest outbox message not yet relayed (0 when none).",
                                           multiprocess_mode="livemostrecent")
+BROKER_LOSSES = Counter("composition_broker_losses_total",
+                        "Losses of the Redis broker's data detected (its epoch token gone): "
+                        "composition.jobs.broker_losses.")
+OUTBOX_RESENT = Counter("composition_outbox_resent_total",
+                        "Outbox rows of idempotent jobs sent again after a loss of the broker's data (no ledger row, "
+                        "no dead letter, past their redelivery window).", ["actor"])
 OUTBOX_RELAYED = Counter("composition_outbox_relayed_total", "Outbox messages enqueued on the broker.",
                          ["actor"])
 OUTBOX_RELAY_ERRORS = Counter("composition_outbox_relay_errors_total",

@@ -1,7 +1,7 @@
 """Retention: what old rows go, when, and who prunes them.
 
 In small batches: the inbox ledger after ``INBOX_RETENTION_S``, but never while its message could
-still be redelivered (``redelivery_window_s``) or a dead letter with its key is unresolved or was
+still be redelivered (``jobs.policy.redelivery_window_s``) or a dead letter with its key is unresolved or was
 recently replayed, or its effects could run twice; sent outbox rows after ``OUTBOX_RETENTION_S``;
 resolved dead letters after ``DEAD_LETTER_RETENTION_S``; schedule ticks whose run is over after
 ``SCHEDULE_TICK_RETENTION_S``; the queues' history buckets after ``QUEUE_HISTORY_RETENTION_S``;
@@ -12,7 +12,6 @@ lets one prune at a time.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -31,7 +30,7 @@ from composition.db.pruning import PruneResult, delete_in_batches
 from composition.errors import described
 from composition.jobs.inbox import IDEMPOTENCY_KEY_HEADER
 from composition.jobs.models import DeadLetter, ProcessedMessage, TaskRecord
-from composition.jobs.policy import JobPolicy, backoff_s
+from composition.jobs.policy import JobPolicy, redelivery_window_s
 from composition.lifecycle.periodic import PeriodicComponent
 from composition.locks import LockBackendUnavailable, LockLost, LockNotAcquired, acquire_redis_lock
 from composition.outbox.maintenance import sent_older_than
@@ -46,7 +45,6 @@ __all__ = [
     "prune_expired",
     "pruning_lock_name",
     "queue_buckets_older_than",
-    "redelivery_window_s",
     "task_results_older_than",
 ]
 
@@ -57,27 +55,6 @@ log = structlog.get_logger("composition.retention")
 LOCK_NAMESPACE = "composition.retention"
 LOCK_KEY = "prune"
 PRUNER_LOCK_TTL_S = 30.0
-
-
-class _UpperJitter(random.Random):
-    """A source of randomness that always draws the top of the range: with it ``backoff_s``
-    returns the longest delay it can ever choose, without restating its formula here."""
-
-    def uniform(self, a: float, b: float) -> float:
-        return b
-
-
-_LONGEST = _UpperJitter()
-
-
-def redelivery_window_s(policy: JobPolicy, *, heartbeat_timeout_s: float, lease_s: float) -> float:
-    """Seconds during which a message of a job with ``policy`` may still be delivered again after
-    its effects committed, at worst: every backoff delay at its jittered maximum, every attempt
-    running to its ``timeout_s``, plus the time a dead worker's message takes to return
-    (``heartbeat_timeout_s``) and a crashed relay's row to be sent again (``lease_s``)."""
-    delays_s = sum(backoff_s(retries, initial_s=policy.initial_delay_s, max_s=policy.max_delay_s, rng=_LONGEST)
-                   for retries in range(policy.max_retries))
-    return delays_s + policy.max_attempts * policy.timeout_s + heartbeat_timeout_s + lease_s
 
 
 def longest_redelivery_window(actors: Iterable[Any] | None = None) -> tuple[str, float] | None:

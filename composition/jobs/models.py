@@ -154,3 +154,23 @@ class TaskRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_path} {self.id} ({self.status})"
+
+
+class BrokerEpoch(models.Model):
+    """One life of the broker's data, as ``composition.jobs.broker_losses`` sees it: the token it
+    wrote into the broker when the epoch began. An epoch that began because the token was gone
+    (``lost``) is a detected loss: idempotent jobs sent before it are reconciled from the ledger
+    until ``closed_at``; ``resent`` counts the outbox rows it sent again."""
+
+    token = models.CharField(max_length=64, unique=True)
+    began_at = models.DateTimeField(default=timezone.now)
+    lost = models.BooleanField(default=False, help_text="Began because the broker's data was gone.")
+    resent = models.PositiveIntegerField(default=0)
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        app_label = "composition"
+        verbose_name = "broker epoch"
+
+    def __str__(self) -> str:
+        return f"broker epoch {self.pk} ({'lost' if self.lost else 'first'}, {self.began_at:%Y-%m-%d %H:%M:%S})"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-__all__ = ["JITTER_FRACTION", "JobPolicy", "backoff_s"]
+__all__ = ["JITTER_FRACTION", "JobPolicy", "backoff_s", "redelivery_window_s"]
 
 # Up to half a step of random extra delay spreads a burst of failures (thundering herd) while
 # keeping step n's band [b, 1.5 b] below step n+1's floor 2 b.
@@ -66,3 +66,24 @@ class JobPolicy:
     def delay_s(self, retries: int, rng: random.Random | None = None) -> float:
         """The backoff before the next attempt, after ``retries`` retries so far."""
         return backoff_s(retries, initial_s=self.initial_delay_s, max_s=self.max_delay_s, rng=rng)
+
+
+class _UpperJitter(random.Random):
+    """A source of randomness that always draws the top of the range: with it ``backoff_s``
+    returns the longest delay it can ever choose, without restating its formula here."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return b
+
+
+_LONGEST = _UpperJitter()
+
+
+def redelivery_window_s(policy: JobPolicy, *, heartbeat_timeout_s: float, lease_s: float) -> float:
+    """Seconds during which a message of a job with ``policy`` may still be delivered again after
+    its effects committed, at worst: every backoff delay at its jittered maximum, every attempt
+    running to its ``timeout_s``, plus the time a dead worker's message takes to return
+    (``heartbeat_timeout_s``) and a crashed relay's row to be sent again (``lease_s``)."""
+    delays_s = sum(backoff_s(retries, initial_s=policy.initial_delay_s, max_s=policy.max_delay_s, rng=_LONGEST)
+                   for retries in range(policy.max_retries))
+    return delays_s + policy.max_attempts * policy.timeout_s + heartbeat_timeout_s + lease_s

@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 
 from django.conf import settings
+from dramatiq.brokers.redis import RedisBroker
 
 from composition.broker.configured import configured_broker
 from composition.cache import InvalidationReplayComponent
@@ -22,6 +23,7 @@ from composition.conf import conf
 from composition.db.budget import connections_per_process
 from composition.errors import ConfigurationError
 from composition.health import draining
+from composition.jobs.broker_losses import BrokerLossReconciler
 from composition.jobs.queue_order import QueueOrder
 from composition.lifecycle.base import Component
 from composition.lifecycle.components import (
@@ -52,10 +54,10 @@ __all__ = ["BACKGROUND_DB_THREADS", "BACKGROUND_HELD_CONNECTIONS", "SCHEDULER_DB
 # Threads besides the worker threads that may hold a database connection in a worker process,
 # counted in the connection budget: the outbox relay sweeper, the deferred cache invalidation
 # replay, the cache breaker's recovery probe (it replays deferred invalidations too), the
-# retention pruner, the metrics sampler, the queue pause refresher, the shedding controller and the
-# renewer of running tasks' leases. A web process has none: its request threads send what they
-# publish after COMMIT themselves.
-BACKGROUND_DB_THREADS = 8
+# retention pruner, the metrics sampler, the queue pause refresher, the shedding controller, the
+# renewer of running tasks' leases and the broker loss reconciler. A web process has none: its
+# request threads send what they publish after COMMIT themselves.
+BACKGROUND_DB_THREADS = 9
 # And one per host for the scheduler: in the worker process, or under --processes N in the
 # supervisor (its children run none).
 SCHEDULER_DB_THREADS = 1
@@ -119,6 +121,8 @@ def worker_components(options: WorkerOptions) -> list[Component]:
         WorkerComponent(broker, queue_order=options.queue_order, threads=options.threads,
                         idle_poll_ms=int(conf.WORKER_IDLE_POLL_MS)),
         RelaySweeperComponent(broker),
+        # Redis only: a loss of the broker's data, reconciled from the ledger.
+        *([BrokerLossReconciler(broker)] if isinstance(broker, RedisBroker) else []),
         InvalidationReplayComponent(alias=conf.CACHE_ALIAS),
         RetentionComponent(),
         ShedController(),

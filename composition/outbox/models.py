@@ -59,6 +59,10 @@ class OutboxMessage(models.Model):
     last_error = models.TextField(blank=True, default="")
     due_at = models.DateTimeField(
         null=True, blank=True, help_text="A held row's time to run (publish time plus its delay); it is relayed then.")
+    reconciled_after_loss = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="The broker epoch (a detected loss of its data) whose reconciliation looked at it: sent again "
+                  "unless it had run.")
 
     objects: ClassVar[models.Manager[OutboxMessage]] = models.Manager()
 

@@ -220,7 +220,7 @@ def read_back(inserted: Inserted, actor_name: str, queue_name: str, payload: Map
               "key": key, "headers": headers, "delay_s": delay_s, "status": OutboxMessage.Status.PENDING.value,
               "created_at": created_at, "claimed_until": inserted.claimed_until, "claimed_by": claimed_by or "",
               "attempts": 1 if inserted.claimed_until is not None else 0, "sent_at": None, "last_error": "",
-              "due_at": None}
+              "due_at": None, "reconciled_after_loss": None}
     # from_db: the positional fast path of Model.__init__, and the instance's state set as for a row read back.
     names = _field_names()
     return OutboxMessage.from_db(DEFAULT_DB_ALIAS, names, [values[name] for name in names])

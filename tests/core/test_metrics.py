@@ -166,6 +166,15 @@ def test_a_scrape_after_real_work_holds_every_family_and_counters_moved_exactly(
         refuse(configured_broker(), MessageProxy(Message(queue_name=jobs.CHECK_QUEUE, actor_name="removed_job",
                                                          args=(), kwargs={}, options={})),
                IncompatibleMessageError("catalogue"))
+    # One outbox row sent again after a loss of the broker's data, as runworkers reconciles it.
+    from composition.jobs.broker_losses import reconcile
+    from composition.jobs.models import BrokerEpoch
+    from composition.outbox import OutboxMessage
+
+    sent_at = datetime.now(UTC) - timedelta(seconds=60)
+    OutboxMessage.objects.create(actor_name="crash_effect", queue_name=jobs.CRASH_QUEUE, payload={}, status="sent",
+                                 created_at=sent_at, sent_at=sent_at)
+    assert reconcile(BrokerEpoch.objects.create(token=uuid.uuid4().hex, lost=True), {"crash_effect": 1.0}) == (1, 1)
     # One sampling round, as runworkers runs it.
     sample = MetricsSamplerComponent(configured_broker(), connection_budget=9).sample()
     assert sample.errors == {}

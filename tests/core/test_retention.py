@@ -23,7 +23,7 @@ from composition.conf import conf
 from composition.db.pruning import delete_in_batches
 from composition.jobs import job
 from composition.jobs.models import DeadLetter, ProcessedMessage, TaskRecord
-from composition.jobs.policy import JobPolicy
+from composition.jobs.policy import JobPolicy, redelivery_window_s
 from composition.locks import acquire_redis_lock
 from composition.outbox.models import OutboxMessage
 from composition.queues.history import record_buckets
@@ -33,7 +33,6 @@ from composition.retention import (
     longest_redelivery_window,
     prune_expired,
     pruning_lock_name,
-    redelivery_window_s,
 )
 from composition.testing import metric_value, use_broker, wait_until
 

@@ -103,6 +103,29 @@ def rabbit_effect(key: str) -> None:
     Effect.objects.create(key=key)
 
 
+LOSS_QUEUE, LOSS_PAUSED_QUEUE = "jobs_loss", "jobs_loss_paused"
+
+
+# Short redelivery windows (2 attempts of at most 2 s, backoff 0.2 s: about 12 s with the
+# broker heartbeat and the outbox lease), so a broker loss reconciles them within a test.
+@job(queue=LOSS_QUEUE, idempotent=True, max_attempts=2, timeout_s=2, initial_delay_s=0.1, max_delay_s=0.2)
+def loss_effect(key: str) -> None:
+    Effect.objects.create(key=key)
+
+
+@job(queue=LOSS_PAUSED_QUEUE, idempotent=True, max_attempts=2, timeout_s=2, initial_delay_s=0.1, max_delay_s=0.2)
+def loss_effect_paused(key: str) -> None:
+    Effect.objects.create(key=key)
+
+
+@job(queue=LOSS_QUEUE, idempotent=True, max_attempts=2, timeout_s=2, initial_delay_s=60, max_delay_s=60)
+def loss_retried(key: str) -> None:
+    """Fails its first run, then waits a minute for its retry: its window is over a minute."""
+    if _record_attempt(key) == 1:
+        raise TransientError(f"{key}: not yet")
+    Effect.objects.create(key=key)
+
+
 QUORUM_QUEUE = "jobs_quorum"
 
 

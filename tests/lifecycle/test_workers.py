@@ -61,8 +61,8 @@ def test_sigterm_drains_and_exits_zero_within_the_shutdown_timeout(worker_proces
     started = _component_lines(output, "component started")
     stopped = _component_lines(output, "component stopped")
     assert started == ["logging", "metrics", "database", "cache", "broker", "queue-pauses", "limit-slots",
-                       "task-leases", "workers", "outbox-relay", "cache-invalidation-replay", "retention", "shedding",
-                       "metrics-sampler", "scheduler", "heartbeat"]
+                       "task-leases", "workers", "outbox-relay", "broker-losses", "cache-invalidation-replay",
+                       "retention", "shedding", "metrics-sampler", "scheduler", "heartbeat"]
     assert stopped == list(reversed(started))
     # The heartbeat is withdrawn on a clean stop, so health does not count a dead worker.
     assert not any(beat["worker"].endswith(f":{process.pid}") for beat in _heartbeats())
@@ -134,15 +134,15 @@ def test_system_command_prints_order_and_connection_budget() -> None:
     assert report["start_order"][0] == "logging"
     assert report["stop_order"] == list(reversed(report["start_order"]))
     budget = report["connection_budget"]
-    # 4 worker threads + 8 background ones; the host's one scheduler; 4 web threads, nothing more.
+    # 4 worker threads + 9 background ones; the host's one scheduler; 4 web threads, nothing more.
     # Behind a transaction pooler a worker process would hold 4 + 1 server connections at once.
-    assert budget["lines"][0] == {"role": "workers", "processes": 3, "per_process": 12, "total": 36,
+    assert budget["lines"][0] == {"role": "workers", "processes": 3, "per_process": 13, "total": 39,
                                   "held_per_process": 5, "held": 15}
     assert budget["lines"][1] == {"role": "scheduler", "processes": 1, "per_process": 1, "total": 1,
                                   "held_per_process": 1, "held": 1}
     assert budget["lines"][2]["total"] == 8
     assert budget["pooled"] is None  # not declared behind one
-    assert budget["total"] == 45
+    assert budget["total"] == 48
     # Checked against what non-superusers may open, as the composition_db_connections_max gauge.
     assert 35 <= budget["usable_connections"] < budget["max_connections"]
     assert budget["over_budget"] is False and budget["unchecked"] is None
