@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import structlog
+from django.utils import timezone
 
 from composition.breaker import breaker_states
 from composition.broker.configured import configured_broker
+from composition.conf import conf
 from composition.health import checks as health
 from composition.jobs.failure_groups import failure_groups, group_count
 from composition.jobs.middleware.in_flight import RUNS_WINDOW_S
-from composition.jobs.models import DeadLetter
+from composition.jobs.models import BrokerEpoch, DeadLetter
 from composition.outbox.maintenance import backlog_by_queue, backlog_totals
 from composition.queues.history import Bucket, recent_buckets
 from composition.queues.status import QueueRow, queue_rows
@@ -67,6 +70,17 @@ class OperationsSnapshot:
     history: dict[str, list[Bucket | None]] = field(default_factory=dict)
     limits: list[LimitSample] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # The latest loss of the Redis broker's data (composition.jobs.broker_losses) within
+    # BROKER_LOSS_LOOKBACK_S: when, how many jobs it sent again, whether it still reconciles.
+    broker_loss: dict[str, Any] | None = None
+
+
+def _broker_loss() -> dict[str, Any] | None:
+    since = timezone.now() - timedelta(seconds=float(conf.BROKER_LOSS_LOOKBACK_S))
+    epoch = BrokerEpoch.objects.filter(lost=True, began_at__gte=since).order_by("-id").first()
+    if epoch is None:
+        return None
+    return {"began_at": epoch.began_at, "resent": epoch.resent, "open": epoch.closed_at is None}
 
 
 def _workers(now: float) -> tuple[list[WorkerRow], list[dict[str, Any]], str | None, dict[str, int]]:
@@ -106,4 +120,5 @@ def operations_snapshot(*, window_s: float = RUNS_WINDOW_S) -> OperationsSnapsho
         failure_group_count=group_count(open_letters), workers=workers,
         stale_workers=stale, workers_error=workers_error, breakers_here=breaker_states(),
         relay_lag_s=relay_lag_s, outbox_pending=outbox_pending, schedules=schedule_rows(),
-        history=recent_buckets(queue.name for queue in queues), limits=sample_limits(configured_broker()))
+        history=recent_buckets(queue.name for queue in queues), limits=sample_limits(configured_broker()),
+        broker_loss=_broker_loss())
