@@ -1,11 +1,12 @@
 """Test helpers shipped with the package: real throwaway servers (Valkey, PostgreSQL, a PgBouncer
-in front of one, a RabbitMQ cluster), real worker processes, queues emptied between tests and
-metrics read as one number.
+in front of one, a RabbitMQ cluster), a fault proxy in front of a real service, real worker
+processes, queues emptied between tests and metrics read as one number.
 
 Nothing here mocks a database, cache or broker; these start real ones (or real processes) and
 clean them up.
 """
 
+from composition.testing.fault_proxy import FaultProxy, fault_proxy
 from composition.testing.metrics import metric_value
 from composition.testing.pgbouncer import ThrowawayPgBouncer, throwaway_pgbouncer
 from composition.testing.queues import empty_queues
@@ -16,6 +17,7 @@ from composition.testing.waiting import free_port, http_status, wait_until
 from composition.testing.workers import WorkerProcess, current_database_url, subprocess_env, use_broker
 
 __all__ = [
+    "FaultProxy",
     "ThrowawayPgBouncer",
     "ThrowawayPostgres",
     "ThrowawayRabbitCluster",
@@ -23,6 +25,7 @@ __all__ = [
     "WorkerProcess",
     "current_database_url",
     "empty_queues",
+    "fault_proxy",
     "free_port",
     "http_status",
     "left_to_the_relay",
