@@ -6,9 +6,9 @@ Nothing here mocks a database, cache or broker; these start real ones (or real p
 clean them up.
 """
 
-from composition.testing.fault_proxy import FaultProxy, fault_proxy
 from composition.testing.metrics import metric_value
 from composition.testing.pgbouncer import ThrowawayPgBouncer, throwaway_pgbouncer
+from composition.testing.proxy import FaultProxy, fault_proxy
 from composition.testing.queues import empty_queues
 from composition.testing.rabbitmq_cluster import ThrowawayRabbitCluster, throwaway_rabbit_cluster
 from composition.testing.relay import left_to_the_relay
