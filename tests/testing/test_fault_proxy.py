@@ -1,5 +1,6 @@
-"""``composition.testing.FaultProxy`` in front of the real PostgreSQL and Redis the tests use:
-each mode seen by psycopg and redis-py, on connections open before the switch and new ones."""
+"""``composition.testing.FaultProxy`` in front of a real PostgreSQL (a throwaway one on TCP: the
+tests' own may be the embedded server, on a Unix socket only) and the Redis the tests use: each
+mode seen by psycopg and redis-py, on connections open before the switch and new ones."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from django.conf import settings
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from composition.testing import FaultProxy, current_database_url, fault_proxy
+from composition.testing import FaultProxy, ThrowawayPostgres, fault_proxy, throwaway_postgres
 
 # Well under any timeout a client below has, and well over a loopback round trip.
 PROMPTLY_S = 0.5
+PROXIED_DATABASE = "proxied"
 
 
 def redis_url() -> str:
@@ -32,10 +34,15 @@ def redis_target() -> tuple[str, int]:
     return target.hostname or "127.0.0.1", target.port or 6379
 
 
+@pytest.fixture(scope="module")
+def postgres_server() -> Iterator[ThrowawayPostgres]:
+    with throwaway_postgres(PROXIED_DATABASE) as server:
+        yield server
+
+
 @pytest.fixture
-def postgres_proxy() -> Iterator[FaultProxy]:
-    database = settings.DATABASES["default"]
-    with fault_proxy(database["HOST"] or "127.0.0.1", int(database["PORT"] or 5432)) as proxy:
+def postgres_proxy(postgres_server: ThrowawayPostgres) -> Iterator[FaultProxy]:
+    with fault_proxy("127.0.0.1", postgres_server.port) as proxy:
         yield proxy
 
 
@@ -46,8 +53,8 @@ def redis_proxy() -> Iterator[FaultProxy]:
 
 
 def postgres_through(proxy: FaultProxy) -> psycopg.Connection[tuple[object, ...]]:
-    """A connection to the server's ``postgres`` database through the proxy; no timeout of any kind."""
-    return psycopg.connect(proxy.proxied_url(current_database_url(name="postgres")), autocommit=True)
+    """A connection to the throwaway server through the proxy; no timeout of any kind."""
+    return psycopg.connect(f"postgresql://postgres@127.0.0.1:{proxy.port}/{PROXIED_DATABASE}", autocommit=True)
 
 
 def redis_through(proxy: FaultProxy, **options: object) -> redis.Redis:
