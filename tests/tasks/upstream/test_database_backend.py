@@ -42,7 +42,7 @@ from tests.tasks.upstream.compat import (
     task_backends,
     task_enqueued,
 )
-from tests.tasks.upstream.workers import status_of, wait_for, wait_started
+from tests.tasks.upstream.workers import FlushedBesideAWorker, status_of, wait_for, wait_started
 
 if TYPE_CHECKING:
     from composition.testing import WorkerProcess
@@ -330,10 +330,11 @@ class DatabaseBackendTestCase(TransactionTestCase):
             await task_with_custom_queue_name.aenqueue()
 
 
-class DatabaseBackendWorkerTestCase(TransactionTestCase):
+class DatabaseBackendWorkerTestCase(FlushedBesideAWorker):
     # Upstream: run_worker = call_command("db_worker", batch=True, ...) in this process. Here a
     # worker process serves QUEUE (upstream's "default") for the whole class, and a test that
-    # needs QUEUE_1 (upstream's "queue-1") served starts one.
+    # needs QUEUE_1 (upstream's "queue-1") served starts one. Upstream's base class is
+    # TransactionTestCase; ours retries a flush that deadlocks with that worker.
     @pytest.fixture(autouse=True)
     def _workers(self, upstream_worker: WorkerProcess, upstream_workers: UpstreamWorkers) -> None:
         self.worker = upstream_worker

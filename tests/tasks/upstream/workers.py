@@ -4,19 +4,39 @@ what replaces upstream's in-process ``db_worker`` runs."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Collection, Iterable
 from typing import Any
+
+from django.core.management.base import CommandError
+from django.test import TransactionTestCase
 
 from composition.testing import WorkerProcess, empty_queues, subprocess_env, wait_until
 from tests.tasks.upstream import ALIAS, QUEUE, QUEUE_1
 from tests.tasks.upstream.compat import TaskResultStatus, task_backends
 
-__all__ = ["FINISHED", "UpstreamWorkers", "status_of", "wait_for", "wait_started"]
+__all__ = ["FINISHED", "FlushedBesideAWorker", "UpstreamWorkers", "status_of", "wait_for", "wait_started"]
 
 FINISHED = (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
 THREADS = 2
 # How long a task of these tests may take from its enqueue to its end, worker start-up included.
 RESULT_TIMEOUT_S = 30.0
+
+
+class FlushedBesideAWorker(TransactionTestCase):
+    """A TransactionTestCase whose class-scoped worker process (``upstream_worker``) keeps
+    writing while each test's flush truncates every table: PostgreSQL may end the flush as a
+    deadlock's victim, and the flush is tried again (the worker's transaction then goes through)."""
+
+    def _fixture_teardown(self) -> None:
+        for attempt in range(3):
+            try:
+                super()._fixture_teardown()
+                return
+            except CommandError as exc:
+                if attempt == 2 or "deadlock detected" not in str(exc.__cause__ or exc.__context__):
+                    raise
+                time.sleep(0.2)
 
 
 class UpstreamWorkers:
