@@ -129,3 +129,15 @@ def pgbouncer_in_front(**options: Any) -> Any:
     host = connection.settings_dict.get("HOST") or "127.0.0.1"
     port = int(connection.settings_dict.get("PORT") or 5432)
     return throwaway_pgbouncer(host, port, **options)
+
+
+def next_message(consumer: Any, timeout_s: float = 10.0) -> Any:
+    """The next message a Dramatiq consumer hands out (it answers None while it waits)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        message = next(consumer)
+        if message is not None:
+            return message
+    raise AssertionError(f"no message within {timeout_s} s")

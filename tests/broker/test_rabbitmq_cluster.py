@@ -22,7 +22,7 @@ import pytest
 from composition.testing import ThrowawayRabbitCluster, throwaway_rabbit_cluster
 from composition.testing.rabbitmq_cluster import RABBITMQ_BIN_DIR
 from tests.browser import tool_missing
-from tests.helpers import RABBITMQ_URL
+from tests.helpers import RABBITMQ_URL, next_message
 
 pytestmark = [pytest.mark.slow, pytest.mark.rabbitmq]
 
@@ -253,23 +253,14 @@ def test_on_the_cluster_a_paused_queue_s_hand_backs_never_use_up_the_delivery_li
         consumer = broker.consume(queue, prefetch=1, timeout=200)
         try:
             for _ in range(4):  # more than the limit of 1
-                message = _next(consumer)
+                message = next_message(consumer)
                 assert message.message_id == sent.message_id
                 hand_back(message)
                 consumer.ack(message)
-            assert _next(consumer).message_id == sent.message_id, "dropped past the delivery limit"
+            assert next_message(consumer).message_id == sent.message_id, "dropped past the delivery limit"
         finally:
             consumer.close()
         with _connect(cluster.urls[0]) as connection:
             assert connection.channel().queue_declare(xq_name(queue), passive=True).method.message_count == 0
     finally:
         broker.close()
-
-
-def _next(consumer: Any, timeout_s: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        message = next(consumer)
-        if message is not None:
-            return message
-    raise AssertionError("no message")

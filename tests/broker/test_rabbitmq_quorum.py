@@ -19,7 +19,7 @@ from dramatiq.message import Message
 from composition.broker.configured import build_broker
 from composition.broker.pausing import hand_back
 from composition.broker.rabbitmq_queues import UNLIMITED_DELIVERIES, QueueArgumentsConflict
-from tests.helpers import RABBITMQ_URL, delete_rabbitmq_queue
+from tests.helpers import RABBITMQ_URL, delete_rabbitmq_queue, next_message
 from tests.jobsapp.jobs import QUORUM_QUEUE
 from tests.jobsapp.models import Effect
 
@@ -126,11 +126,11 @@ def test_a_paused_queue_s_hand_backs_never_use_up_the_delivery_limit(amqp: Any, 
         consumer = broker.consume(name, prefetch=1, timeout=200)
         try:
             for _ in range(5):
-                message = _next_message(consumer)
+                message = next_message(consumer)
                 assert message.message_id == sent.message_id
                 hand_back(message)
                 consumer.ack(message)
-            last = _next_message(consumer)
+            last = next_message(consumer)
             assert last.message_id == sent.message_id and last.kwargs == {"n": 1}
             consumer.ack(last)
             consumer.channel.connection.process_data_events(0.2)  # send the ack
@@ -141,15 +141,6 @@ def test_a_paused_queue_s_hand_backs_never_use_up_the_delivery_limit(amqp: Any, 
     assert (_count(amqp, name), _count(amqp, xq_name(name))) == (0, 0)
 
 
-def _next_message(consumer: Any, timeout_s: float = 10.0) -> Any:
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        message = next(consumer)
-        if message is not None:
-            return message
-    raise AssertionError("no message")
 
 
 @pytest.mark.slow
