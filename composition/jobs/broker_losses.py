@@ -39,7 +39,7 @@ from dramatiq.broker import Broker
 
 from composition.broker.pausing import paused_queues
 from composition.conf import conf
-from composition.jobs.inbox import IDEMPOTENCY_KEY_HEADER
+from composition.jobs.inbox import ledger_key_of
 from composition.jobs.models import BrokerEpoch, DeadLetter, ProcessedMessage
 from composition.jobs.policy import JobPolicy, redelivery_window_s
 from composition.lifecycle.periodic import PeriodicComponent
@@ -118,7 +118,7 @@ def reconcile(epoch: BrokerEpoch, windows: Mapping[str, float], *, paused: Itera
         if not rows:
             return 0, 0
         message_ids = {pk: message_id_for(pk) for pk, _, _ in rows}
-        ledger_keys = {pk: _ledger_key(pk, headers) for pk, _, headers in rows}
+        ledger_keys = {pk: ledger_key_of(headers, message_ids[pk]) for pk, _, headers in rows}
         ran = set(ProcessedMessage.objects.filter(message_id__in=ledger_keys.values())
                   .values_list("message_id", flat=True))
         failed = set(DeadLetter.objects.filter(message_id__in=message_ids.values())
@@ -136,12 +136,6 @@ def reconcile(epoch: BrokerEpoch, windows: Mapping[str, float], *, paused: Itera
         log.warning("outbox rows sent again after a loss of the broker's data", epoch=epoch.pk, count=len(lost),
                     outbox_ids=[pk for pk, _ in lost])
     return len(rows), len(lost)
-
-
-def _ledger_key(pk: int, headers: Any) -> str:
-    # As composition.jobs.inbox.ledger_key reads it from the message this row becomes.
-    key = headers.get(IDEMPOTENCY_KEY_HEADER) if isinstance(headers, dict) else None
-    return key if isinstance(key, str) and key else message_id_for(pk)
 
 
 class BrokerLossReconciler(PeriodicComponent):

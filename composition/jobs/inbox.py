@@ -14,7 +14,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, connections
 from dramatiq.broker import MessageProxy
 
-__all__ = ["IDEMPOTENCY_KEY_HEADER", "ledger_key", "record_processed"]
+__all__ = ["IDEMPOTENCY_KEY_HEADER", "ledger_key", "ledger_key_of", "record_processed"]
 
 # Key in message.options["composition"] that replaces the message id in the ledger.
 IDEMPOTENCY_KEY_HEADER = "idempotency_key"
@@ -23,12 +23,17 @@ IDEMPOTENCY_KEY_HEADER = "idempotency_key"
 
 def ledger_key(message: MessageProxy) -> str:
     """The id under which ``message``'s effects are recorded: its idempotency key, else its id."""
-    headers: Any = message.options.get("composition")
+    return ledger_key_of(message.options.get("composition"), str(message.message_id))
+
+
+def ledger_key_of(headers: Any, message_id: str) -> str:
+    """``ledger_key`` of a message with these ``options["composition"]`` headers and this id
+    (an outbox row's headers and ``message_id_for`` its id, before it is a message)."""
     if isinstance(headers, dict):
         key = headers.get(IDEMPOTENCY_KEY_HEADER)
         if isinstance(key, str) and key:
             return key
-    return str(message.message_id)
+    return message_id
 
 
 @cache
