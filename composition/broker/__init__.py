@@ -1,6 +1,7 @@
 """The Dramatiq broker: the configured one, built from settings, never a default
 (``configured``); Redis whose idle consumers wake when a message arrives (``redis``,
-``redis_consumer``); RabbitMQ whose consumers unsubscribe from a paused queue (``rabbitmq``),
+``redis_consumer``) and whose workers put back what a lost connection left with no consumer
+(``redis_holdings``); RabbitMQ whose consumers unsubscribe from a paused queue (``rabbitmq``),
 its queues classic or quorum (``rabbitmq_queues``); the
 process's paused queues and handing a message back (``pausing``); message priorities on both
 brokers (``priorities``); a worker's stand-in for a job name no actor declares (``stand_ins``);

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dramatiq.common import dq_name, q_name
 
-__all__ = ["acks_key", "dq_name", "is_work_queue", "lanes_key", "messages_key", "queue_key"]
+__all__ = ["acks_key", "dq_name", "fence_key", "is_work_queue", "lanes_key", "messages_key", "queue_key"]
 
 
 def queue_key(namespace: str, queue: str) -> str:
@@ -27,6 +27,12 @@ def messages_key(namespace: str, queue: str) -> str:
 def acks_key(namespace: str, broker_id: str, queue: str) -> str:
     """The ids one worker (``broker_id``) has fetched from ``queue`` and not yet acked."""
     return f"{namespace}:__acks__.{broker_id}.{queue}"
+
+
+def fence_key(namespace: str, broker_id: str, queue: str) -> str:
+    """The counter that fences one worker's fetches from ``queue`` (ours, not Dramatiq's:
+    ``composition.broker.redis_holdings``)."""
+    return f"{namespace}:__fence__.{broker_id}.{queue}"
 
 
 def is_work_queue(queue: str) -> bool:

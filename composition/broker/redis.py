@@ -10,7 +10,6 @@ every poll anyway to move due messages.
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
@@ -24,6 +23,7 @@ from dramatiq.message import Message
 from composition.broker.keys import acks_key, lanes_key, messages_key, queue_key
 from composition.broker.priorities import LANES_LUA, PRIORITY_OPTION
 from composition.broker.redis_consumer import WakingRedisConsumer, has_wake_list, wake_key
+from composition.broker.redis_holdings import FENCED_FETCH_LUA, Holdings
 from composition.broker.stand_ins import StandIns
 from composition.errors import described
 
@@ -85,13 +85,15 @@ _ENQUEUE_WAKE_ARGS_AT = 8 + 2 + 1
 
 def _dispatch_and_wake_lua(dispatch_lua: str) -> str:
     """Dramatiq's ``dispatch.lua`` run as a function, with the priority lanes around it
-    (``composition.broker.priorities``): a "fetch" first moves what the lanes should give it, an
+    (``composition.broker.priorities``): a "fetch" that presents the queue's fence
+    (``composition.broker.redis_holdings``) first moves what the lanes should give it, an
     "enqueue" of a message with a priority then moves it from the list to the lanes (found by a
     plain search of its body first, so other messages are not decoded). Whatever it returns, an
     "enqueue" then pushes the wake tokens given after its own arguments (``wake_args``). pcall:
     the message is stored by then and a token is only a hint, so a failed push must not fail the
     send; the push's error is returned instead, to log."""
-    return (WAKE_LUA + LANES_LUA + "local function dramatiq_dispatch()\n" + dispatch_lua + "\nend\n" + f"""
+    return (WAKE_LUA + LANES_LUA + "local function dramatiq_dispatch()\n" + dispatch_lua + "\nend\n"
+            + FENCED_FETCH_LUA + f"""
 local queue_full_name = KEYS[1] .. ":" .. ARGV[3]
 if ARGV[1] == "fetch" then
     from_lanes(queue_full_name, math.min(tonumber(ARGV[9]), tonumber(ARGV[8])))
@@ -168,35 +170,15 @@ class WakingRedisBroker(StandIns, RedisBroker):
         self.scripts["dispatch"] = self.client.register_script(
             _dispatch_and_wake_lua(source.decode() if isinstance(source, bytes) else str(source)))
         self._enqueue_wake_args: dict[str, list[Any]] = {}
-        # Per queue, Redis ids of delayed messages this worker fetched whose consumer failed
-        # before it moved them on; handed back by that queue's next consumer.
-        self._stranded: dict[str, set[str]] = {}
-        self._stranded_lock = threading.Lock()
-
-    def strand(self, queue_name: str, redis_ids: Iterable[str]) -> None:
-        with self._stranded_lock:
-            self._stranded.setdefault(queue_name, set()).update(redis_ids)
-
-    def hand_back_stranded(self, queue_name: str) -> None:
-        """Requeue the stranded messages of ``queue_name`` (safe to repeat: ``dispatch.lua``'s
-        requeue moves only ids still unacknowledged here); raises, keeping them, on failure."""
-        if not self._stranded:  # the usual case, on every fetch: no lock taken
-            return
-        with self._stranded_lock:
-            ids = self._stranded.pop(queue_name, set())
-        if not ids:
-            return
-        try:
-            self.do_requeue(queue_name, *sorted(ids))
-        except Exception:
-            self.strand(queue_name, ids)
-            raise
-        log.warning("delayed messages handed back after their consumer lost its connection",
-                    queue=queue_name, count=len(ids))
+        self.holdings = Holdings(self)
 
     @property
     def consumer_class(self) -> type[WakingRedisConsumer]:
         return WakingRedisConsumer
+
+    def do_fetch(self, queue_name: str, prefetch: int) -> Any:
+        """``dispatch.lua``'s fetch, presenting the queue's fence (``redis_holdings``)."""
+        return super().__getattr__("do_fetch")(queue_name, prefetch, self.holdings.fence(queue_name))
 
     def do_enqueue(self, queue_name: str, message_id: str, data: bytes) -> None:
         """``dispatch.lua``'s enqueue with the queue's wake token, in one script call (no token

@@ -1,7 +1,8 @@
 """The consumer of ``composition.broker.redis.WakingRedisBroker`` (that module's doc says what
 it adds to Dramatiq's): it waits on a wake list instead of sleeping on an empty queue, raises a
-Redis that stops answering as a lost connection, and leaves the delayed messages it fetched to
-be handed back, not dropped, when its connection is lost. A delay queue's consumer sleeps, when
+Redis that stops answering as a lost connection, and keeps its worker's ``Holdings``
+(``composition.broker.redis_holdings``) so that what a lost connection left unacknowledged with
+nobody holding it goes back to the queue. A delay queue's consumer sleeps, when
 idle, no longer than until the earliest delayed message it holds is due, so a message delayed
 by 20 ms moves to its queue then, not after a whole idle poll. While its queue is paused
 (``composition.broker.pausing``) it fetches nothing, and a message marked ``hand_back()`` goes back
@@ -68,6 +69,8 @@ class WakingRedisConsumer(_RedisConsumer):
         super().__init__(broker, queue_name, prefetch, timeout)
         self._wake_key = wake_key(broker, queue_name)
         self._wakes = has_wake_list(queue_name)
+        # The Redis ids this worker's consumers of the queue hold (redis_holdings).
+        self._held = broker.holdings.held(queue_name)
         # Redis id -> message handed out with an eta and not yet acked, nacked or requeued.
         self._delayed: dict[str, MessageProxy] = {}
         # (eta, Redis id) of those, earliest first; an entry no longer in _delayed is dropped
@@ -80,20 +83,23 @@ class WakingRedisConsumer(_RedisConsumer):
     def __next__(self) -> MessageProxy | None:
         try:
             try:
-                self.broker.hand_back_stranded(self.queue_name)
+                self.broker.holdings.put_back_unheld(self.queue_name)
                 message = self._next()
             except _LOST as exc:
                 raise ConnectionClosed(exc) from None
         except ConnectionClosed:
-            # The consumer thread drops its delayed messages now: they are stranded.
-            self.broker.strand(self.queue_name, self._delayed)
+            # A fetch may have run without its answer reaching us, and the consumer thread drops
+            # its delayed messages now: the queue's next consumer puts back what nobody holds.
+            self.broker.holdings.lost(self.queue_name, self._delayed)
             self._delayed.clear()
             raise
         if message is not None:
             options = message.options
+            redis_id = options["redis_message_id"]
+            self._held.add(redis_id)
             if "eta" in options:
-                self._delayed[options["redis_message_id"]] = message
-                heapq.heappush(self._etas, (int(options["eta"] or 0), options["redis_message_id"]))
+                self._delayed[redis_id] = message
+                heapq.heappush(self._etas, (int(options["eta"] or 0), redis_id))
         return message
 
     def ack(self, message: MessageProxy) -> None:
@@ -104,16 +110,20 @@ class WakingRedisConsumer(_RedisConsumer):
                 super().ack(message)
         except _LOST as exc:
             raise ConnectionClosed(exc) from None
+        redis_id = message.options["redis_message_id"]
+        self._held.discard(redis_id)
         if self._delayed:
-            self._delayed.pop(message.options["redis_message_id"], None)
+            self._delayed.pop(redis_id, None)
 
     def nack(self, message: MessageProxy) -> None:
         try:
             super().nack(message)
         except _LOST as exc:
             raise ConnectionClosed(exc) from None
+        redis_id = message.options["redis_message_id"]
+        self._held.discard(redis_id)
         if self._delayed:
-            self._delayed.pop(message.options["redis_message_id"], None)
+            self._delayed.pop(redis_id, None)
 
     def _hand_back(self, message: MessageProxy) -> None:
         """Back to the end of its queue, by its Redis id (only while still unacknowledged here),
@@ -130,9 +140,10 @@ class WakingRedisConsumer(_RedisConsumer):
             with _lost_as_closed():
                 super().requeue(handed)
         except ConnectionClosed:
-            self.broker.strand(self.queue_name, ids)
+            self.broker.holdings.lost(self.queue_name, ids)
             raise
         for redis_id in ids:
+            self._held.discard(redis_id)
             self._delayed.pop(redis_id, None)
 
     def _next(self) -> MessageProxy | None:
