@@ -5,6 +5,7 @@ from django.conf import settings
 from django.db.backends.signals import connection_created
 from django.db.models.signals import post_migrate, pre_migrate
 
+from composition.db.blocked_calls import remember_connection
 from composition.db.slow_queries import count_slow_queries
 from composition.db.timeouts import (
     apply_session_timeouts,
@@ -30,6 +31,8 @@ class CompositionConfig(AppConfig):
         log_thread_deaths()
         connection_created.connect(apply_session_timeouts, dispatch_uid="composition-timeouts")
         connection_created.connect(count_slow_queries, dispatch_uid="composition-slow-queries")
+        # So a job's time limit can cut a call blocked on a cut network (composition.db.blocked_calls).
+        connection_created.connect(remember_connection, dispatch_uid="composition-blocked-calls")
         # Migrations (index builds, data migrations) run without the short session timeouts.
         pre_migrate.connect(lift_timeouts_for_migrate, dispatch_uid="composition-timeouts-migrate")
         post_migrate.connect(restore_timeouts_after_migrate, dispatch_uid="composition-timeouts-migrate")

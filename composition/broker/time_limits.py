@@ -4,8 +4,12 @@ Unlike Dramatiq's, the watchdog fires under its lock, so ``disarm()`` either win
 interrupt not yet delivered; ``@job`` disarms the moment the job body returns, so a finished job is
 never interrupted in its retry or dead-letter bookkeeping. ``shielded()`` defers the interrupt
 until a block that must not be cut ends; ``interrupt_job()`` sends a drain's ``Shutdown`` through
-the same watchdog. ``boot_worker_process(broker)`` starts it for ``runworkers``, as Dramatiq's CLI
-does.
+the same watchdog. From ``CUT_AFTER_S`` past a thread's time limit (or its drain interrupt) until
+its message is finished, its database connections busy with a command are cut
+(``composition.db.blocked_calls``): a call the network never answers blocks in C, where no
+interrupt reaches, and so would a commit after the body returned (no interrupt is meant to
+reach it) or a call inside ``shielded()``. A cut call fails as a lost connection would.
+``boot_worker_process(broker)`` starts the watchdog for ``runworkers``, as Dramatiq's CLI does.
 """
 
 from __future__ import annotations
@@ -17,11 +21,15 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import structlog
 from dramatiq.broker import Broker
 from dramatiq.middleware import Shutdown, ShutdownNotifications, TimeLimit, TimeLimitExceeded
 from dramatiq.middleware.threading import raise_thread_exception
 
+from composition.db.blocked_calls import cut_busy_connections_of
+
 __all__ = [
+    "CUT_AFTER_S",
     "INTERRUPTS",
     "JobShutdownNotifications",
     "JobTimeLimit",
@@ -40,6 +48,13 @@ INTERRUPTS = (TimeLimitExceeded, Shutdown)
 # How often the watchdog looks at the deadlines (Dramatiq's default is 1 s): a time limit is
 # enforced within this much of its value.
 WATCHDOG_INTERVAL_S = 0.1
+
+# A thread this far past its time limit whose message is not finished, still waiting for the
+# database, waits on a network that does not answer: a healthy database answers a job's last
+# statements (its commit) well within it.
+CUT_AFTER_S = 1.0
+
+log = structlog.get_logger("composition.jobs")
 
 # Thread ident -> nesting depth of shielded() blocks; read by every watchdog of this process.
 _shield_lock = threading.Lock()
@@ -62,6 +77,9 @@ class _Watchdog(threading.Thread):
         self._lock = threading.Lock()
         self._deadlines: dict[int, float] = {}
         self._fired: set[int] = set()
+        # Thread ident -> its time limit (monotonic), until its message is finished: a disarm
+        # does not end it, as the commit and the bookkeeping come after.
+        self._limits: dict[int, float] = {}
         # Thread ident -> what to raise instead of TimeLimitExceeded (a drain's Shutdown).
         self._interrupts: dict[int, type[BaseException]] = {}
         self._boot_lock = threading.Lock()
@@ -76,10 +94,13 @@ class _Watchdog(threading.Thread):
         with self._lock:
             self._fired.discard(thread_id)
             self._interrupts.pop(thread_id, None)
-            self._deadlines[thread_id] = time.monotonic() + ttl_ms / 1000
+            self._deadlines[thread_id] = self._limits[thread_id] = time.monotonic() + ttl_ms / 1000
 
     def remove_timeout(self, thread_id: int) -> None:
+        """The message is finished (Dramatiq's ``after_process_message``)."""
         self.disarm(thread_id)
+        with self._lock:
+            self._limits.pop(thread_id, None)
 
     def disarm(self, thread_id: int) -> None:
         with self._lock:
@@ -99,6 +120,7 @@ class _Watchdog(threading.Thread):
             if thread_id not in self._deadlines or not self.is_alive():
                 return False
             self._deadlines[thread_id] = float("-inf")
+            self._limits[thread_id] = min(self._limits.get(thread_id, float("inf")), time.monotonic())
             self._interrupts[thread_id] = exception
             return True
 
@@ -113,6 +135,11 @@ class _Watchdog(threading.Thread):
                         del self._deadlines[thread_id]
                         self._fired.add(thread_id)
                         raise_thread_exception(thread_id, self._interrupts.pop(thread_id, TimeLimitExceeded))
+                overdue = [thread_id for thread_id, limit in self._limits.items() if now - limit >= CUT_AFTER_S]
+            for thread_id in overdue:
+                if cut := cut_busy_connections_of(thread_id):
+                    log.warning("a job's thread was blocked in a database call past its time limit: "
+                                "its busy connections were cut", thread=thread_id, connections=cut)
 
 
 class JobTimeLimit(TimeLimit):
