@@ -6,6 +6,8 @@ Dramatiq's dead-letter queue expires and is not searchable, so it must never be 
 the connection stays lost, the message goes back on its queue carrying the failure
 (``DEAD_LETTER_PENDING_OPTION``), and its next delivery only tries the write again, never the job.
 ``DeadLetters`` calls it after a job's last run; ``dead_letter=False`` actors fail without one.
+An idempotent job whose message another delivery has committed (its ledger row exists: a host
+cut off from the network failed it while its redelivered copy ran elsewhere) leaves none either.
 """
 
 from __future__ import annotations
@@ -24,15 +26,18 @@ from dramatiq.middleware import Middleware, Shutdown, SkipMessage
 from composition.errors import PermanentError, described
 from composition.jobs.current import attempt_of
 from composition.jobs.deadletters import FIRST_FAILED_OPTION, Failure, record_dead_letter
+from composition.jobs.inbox import ledger_key
 from composition.jobs.middleware.in_flight import InFlightRegistry
 from composition.jobs.middleware.job_metrics import explained
 from composition.jobs.middleware.retries import requeue_message
+from composition.jobs.policy import JobPolicy
 from composition.metrics import DEAD_LETTER_RECORD_FAILURES_TOTAL, JOBS_TOTAL
 
 __all__ = [
     "DEAD_LETTER_OPTION",
     "DEAD_LETTER_PENDING_OPTION",
     "DEAD_LETTER_RETRY_DELAYS_S",
+    "CommittedElsewhere",
     "DeadLetters",
     "Requeue",
     "requeue_as_copy",
@@ -149,7 +154,13 @@ def write_dead_letter(broker: Broker, message: MessageProxy, exception: BaseExce
     Never raises for a failed write: it is logged critical and counted."""
     failure = exception if isinstance(exception, Failure) else Failure.of(exception)
     error = failure.summary
-    dead_letter_id, record_error, database_lost = _record_with_retries(message, failure, attempts, error)
+    try:
+        dead_letter_id, record_error, database_lost = _record_with_retries(
+            message, failure, attempts, error, ledger=_ledger_of_idempotent(broker, message))
+    except CommittedElsewhere:
+        log.warning("job failed here, but another delivery of its message committed its effects: no dead letter",
+                    error=error, attempts=attempts)
+        return
     if dead_letter_id is not None:
         # With its arguments: the ids that say which invoice, order or account it was about.
         log.error("job dead-lettered", error=error, attempts=attempts, dead_letter_id=dead_letter_id,
@@ -177,14 +188,23 @@ def write_dead_letter(broker: Broker, message: MessageProxy, exception: BaseExce
                  payload=message.kwargs, args=message.args)
 
 
-def _record_with_retries(message: MessageProxy, failure: Failure, attempts: int,
-                         error: str) -> tuple[int | None, str, bool]:
+class CommittedElsewhere(Exception):
+    """The failed message's ledger row exists: another delivery committed its effects."""
+
+
+def _record_with_retries(message: MessageProxy, failure: Failure, attempts: int, error: str, *,
+                         ledger: str | None) -> tuple[int | None, str, bool]:
     """The dead letter's id, or None, the last recording error and whether that error was a
     lost connection (worth a requeue: the database comes back) rather than one that would fail
-    the same way every time (no requeue: that would rerun the job forever)."""
+    the same way every time (no requeue: that would rerun the job forever). Raises
+    ``CommittedElsewhere`` when the ledger row ``ledger`` exists, looked up at each try."""
+    from composition.jobs.models import ProcessedMessage
+
     record_error = ""
     for delay_s in (*DEAD_LETTER_RETRY_DELAYS_S, None):
         try:
+            if ledger is not None and ProcessedMessage.objects.filter(message_id=ledger).exists():
+                raise CommittedElsewhere(ledger)
             return record_dead_letter(message, failure, attempts), "", False
         except (OperationalError, InterfaceError) as exc:
             record_error = described(exc)
@@ -199,6 +219,15 @@ def _record_with_retries(message: MessageProxy, failure: Failure, attempts: int,
             close_old_connections()
             return None, described(exc), False
     return None, record_error, True
+
+
+def _ledger_of_idempotent(broker: Broker, message: MessageProxy) -> str | None:
+    """The ledger key of ``message`` if it is an idempotent job's, else None."""
+    try:
+        policy = broker.get_actor(message.actor_name).options.get("job_policy")
+    except ActorNotFound:
+        return None
+    return ledger_key(message) if isinstance(policy, JobPolicy) and policy.idempotent else None
 
 
 def _wants_dead_letter(broker: Broker, message: MessageProxy) -> bool:

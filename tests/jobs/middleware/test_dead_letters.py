@@ -212,3 +212,20 @@ def test_a_copy_waiting_for_its_dead_letter_is_recorded_not_run_whoever_skips_it
                                                                            "card declined", 4)
     assert expired.failed  # recorded as every failure is: the consumer nacks it into the broker's DLQ
     assert "unreadable" in DeadLetter.objects.get(message_id=garbled.message_id).error_message
+
+
+@pytest.mark.parametrize("committed_elsewhere", [True, False])
+def test_an_idempotent_job_another_delivery_committed_leaves_no_dead_letter(committed_elsewhere: bool) -> None:
+    # A host cut off from the network fails a job whose redelivered copy ran elsewhere: its
+    # failure is no dead letter (a replay would do nothing); without the ledger row it is one.
+    from django.db import transaction
+
+    from composition.jobs.inbox import ledger_key, record_processed
+    from composition.jobs.middleware.dead_letters import write_dead_letter
+
+    message = MessageProxy(jobs.crash_effect.message_with_options(kwargs={"key": "elsewhere"}))
+    if committed_elsewhere:
+        with transaction.atomic():
+            assert record_processed(ledger_key(message), jobs.crash_effect.actor_name)
+    write_dead_letter(configured_broker(), message, OperationalError("the connection was cut"), 1)
+    assert DeadLetter.objects.filter(message_id=message.message_id).exists() is not committed_elsewhere
