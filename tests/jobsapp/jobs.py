@@ -113,6 +113,17 @@ def loss_effect(key: str) -> None:
     Effect.objects.create(key=key)
 
 
+PARTITION_QUEUE = "jobs_partition"
+
+
+# Idempotent, a fifth of a second inside its transaction (so a cut lands mid-job), limited to 2 s;
+# enough attempts that a retry waiting on a cut host's row lock (lock timeout) still ends in one run.
+@job(queue=PARTITION_QUEUE, idempotent=True, max_attempts=20, timeout_s=2, initial_delay_s=0.1, max_delay_s=0.5)
+def partition_effect(key: str) -> None:
+    Effect.objects.create(key=key, host=os.environ.get("TEST_HOST", ""))
+    time.sleep(0.2)
+
+
 @job(queue=LOSS_PAUSED_QUEUE, idempotent=True, max_attempts=2, timeout_s=2, initial_delay_s=0.1, max_delay_s=0.2)
 def loss_effect_paused(key: str) -> None:
     Effect.objects.create(key=key)

@@ -10,6 +10,9 @@ from django.db import models
 class Effect(models.Model):
     key = models.CharField(max_length=100, db_index=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # The worker process that committed it, for a test that runs several (``TEST_HOST`` in its
+    # environment); empty otherwise.
+    host = models.CharField(max_length=40, default="", blank=True)
 
 
 class Attempt(models.Model):
