@@ -57,7 +57,8 @@ BROKER_SOCKET_TIMEOUT_S = 0.5
 RETRY_BOOKKEEPING_S = 4 * BROKER_SOCKET_TIMEOUT_S + sum(RETRY_ENQUEUE_PAUSES_S)
 OVERRIDES = {"BROKER_HEARTBEAT_TIMEOUT_S": HEARTBEAT_TIMEOUT_S, "BROKER_SOCKET_TIMEOUT_S": BROKER_SOCKET_TIMEOUT_S,
              "DB_IDLE_IN_TRANSACTION_TIMEOUT_S": IDLE_IN_TRANSACTION_S,
-             "WORKER_HEARTBEAT_S": 0.5}
+             "WORKER_HEARTBEAT_S": 0.1}
+JUST_STARTED_S = 0.12
 
 
 @pytest.fixture
@@ -115,6 +116,12 @@ def _beat_of(pid: int) -> dict[str, Any]:
     return next((beat for beat in beats if str(beat["worker"]).endswith(f":{pid}")), {})
 
 
+def _running_one_just_started(pid: int) -> bool:
+    beat, now = _beat_of(pid), time.time()
+    return bool(beat) and now - beat["beat_at"] < JUST_STARTED_S and any(
+        now - job["started_at"] < JUST_STARTED_S for job in beat.get("jobs") or [])
+
+
 @pytest.mark.parametrize(("total", "cut_s"), [pytest.param(500, 14.0, id="gate"),
                                               pytest.param(3_000, 30.0, id="soak", marks=pytest.mark.soak)])
 def test_a_host_cut_off_from_the_database_and_the_broker_loses_nothing_doubles_nothing_and_comes_back(
@@ -139,9 +146,10 @@ def test_a_host_cut_off_from_the_database_and_the_broker_loses_nothing_doubles_n
     publisher = Publisher(total)
     publisher.start()
     try:
-        # Cut while it runs jobs.
-        wait_until(lambda: Effect.objects.filter(host="c").count() >= 5
-                   and len(_beat_of(cut_host.pid).get("jobs") or []) >= 2, 60, interval_s=0.05)
+        # Cut while it runs a job: one that began within JUST_STARTED_S of a fresh beat is still
+        # inside its transaction (0.2 s of sleep) when the cut lands a few milliseconds later.
+        wait_until(lambda: Effect.objects.filter(host="c").count() >= 5 and _running_one_just_started(cut_host.pid),
+                   60, interval_s=0.02)
     except AssertionError:
         raise AssertionError(f"the host to cut never ran jobs ({publisher.error!r}):\n{logs()}") from None
 
