@@ -8,8 +8,9 @@ While the jobs flow:
 
 - the ``runworkers`` process group is SIGKILLed K times and a new one started each time; every
   second kill (``--relay-kill-every``) lands with the relay mid-batch: a burst is published in
-  one transaction that only nudges the relay (``composition.testing.left_to_the_relay``), and the group dies
-  as soon as its relay holds a lease on outbox rows (claimed, maybe enqueued, not marked sent);
+  one transaction that only nudges the relay (``composition.testing.left_to_the_relay``), the
+  broker is frozen (so no row can be marked sent), and the group dies as soon as its relay holds
+  a lease on outbox rows (claimed, maybe enqueued, not marked sent); the broker is then thawed;
 - the broker restarts: a private Valkey with ``appendonly yes`` and ``appendfsync always`` (an
   acknowledged enqueue is on disk), stopped gracefully (SIGTERM) and started again on the same
   port and data;
@@ -583,17 +584,25 @@ class Soak:
             if burst:
                 with left_to_the_relay():
                     ids = self.publisher.commit(burst)
-            children = self.worker.descendants()  # listed now: the kill must follow the sighting at once
+            # The broker stops answering at once (frozen, not down): whichever way the relay takes
+            # the burst (its nudge, already sent, or a sweep), it cannot mark a row sent without
+            # the broker's answer, so its lease stays visible until the kill. Polling for a lease
+            # the relay holds for milliseconds missed it now and then.
+            self.redis_server.freeze()
+            try:
+                children = self.worker.descendants()  # listed now: the kill must follow the sighting at once
 
-            def unsent() -> int:
-                return db_call(lambda: OutboxMessage.objects.filter(pk__in=ids, status="pending").count())
+                def unsent() -> int:
+                    return db_call(lambda: OutboxMessage.objects.filter(pk__in=ids, status="pending").count())
 
-            committed_at = time.monotonic()
-            while time.monotonic() < committed_at + 30.0 and not leased() and unsent():
-                time.sleep(0.001)
-            waited_s = time.monotonic() - committed_at
-            fault.started_at = time.time()
-            self.worker.crash(children)
+                committed_at = time.monotonic()
+                while time.monotonic() < committed_at + 30.0 and not leased() and unsent():
+                    time.sleep(0.001)
+                waited_s = time.monotonic() - committed_at
+                fault.started_at = time.time()
+                self.worker.crash(children)
+            finally:
+                self.redis_server.thaw()
             held = leased()  # nobody else relays while the publisher is paused: the dead relay's rows
             sent = len(ids) - unsent()
         finally:
