@@ -6,8 +6,18 @@ from typing import Any
 
 import pytest
 
-from composition.testing import ThrowawayRedis, WorkerProcess, empty_queues, subprocess_env, throwaway_redis
-from tests.helpers import delete_rabbitmq_queue
+from composition.testing import (
+    FaultProxy,
+    ThrowawayPostgres,
+    ThrowawayRedis,
+    WorkerProcess,
+    empty_queues,
+    fault_proxy,
+    subprocess_env,
+    throwaway_postgres,
+    throwaway_redis,
+)
+from tests.helpers import PROXIED_DATABASE, delete_rabbitmq_queue
 
 
 def _roomy_live_server() -> None:
@@ -82,6 +92,20 @@ def throwaway_redis_server() -> Iterator[ThrowawayRedis]:
     """A private Valkey server for outage tests: freeze or stop it, never the shared one."""
     with throwaway_redis() as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def proxied_postgres_server() -> Iterator[ThrowawayPostgres]:
+    """A private PostgreSQL on TCP loopback (a fault proxy needs TCP), with ``PROXIED_DATABASE``."""
+    with throwaway_postgres(PROXIED_DATABASE) as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_proxy(proxied_postgres_server: ThrowawayPostgres) -> Iterator[FaultProxy]:
+    """A fault proxy in front of ``proxied_postgres_server``, closed after the test."""
+    with fault_proxy("127.0.0.1", proxied_postgres_server.port) as proxy:
+        yield proxy
 
 
 @pytest.fixture

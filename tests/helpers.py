@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from billing.models import Invoice
 
 ROOT = Path(__file__).resolve().parents[1]
+# The database of the private PostgreSQL that fault-proxy tests reach (conftest's proxied_postgres_server).
+PROXIED_DATABASE = "proxied"
 """The checkout: where ``manage.py``, the README and ``docs/`` are."""
 RABBITMQ_URL = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 """The RabbitMQ the rabbitmq-marked tests use."""

@@ -17,25 +17,13 @@ from django.db import connections
 from django.db.backends.postgresql.base import DatabaseWrapper
 
 from composition.broker.time_limits import CUT_AFTER_S, JobTimeLimit, TimeLimitExceeded
-from composition.testing import FaultProxy, ThrowawayPostgres, fault_proxy, throwaway_postgres
+from composition.testing import FaultProxy
+from tests.helpers import PROXIED_DATABASE
 
 # Django's database blocker allows connections only to a test that may use the database.
 pytestmark = pytest.mark.django_db
 
-DATABASE = "blocked_calls"
 TIME_LIMIT_MS = 500
-
-
-@pytest.fixture(scope="module")
-def postgres_server() -> Iterator[ThrowawayPostgres]:
-    with throwaway_postgres(DATABASE) as server:
-        yield server
-
-
-@pytest.fixture
-def proxy(postgres_server: ThrowawayPostgres) -> Iterator[FaultProxy]:
-    with fault_proxy("127.0.0.1", postgres_server.port) as proxy:
-        yield proxy
 
 
 @pytest.fixture
@@ -47,8 +35,8 @@ def time_limit() -> Iterator[JobTimeLimit]:
 
 def _wrapper(proxy: FaultProxy) -> DatabaseWrapper:
     """A Django connection to the private server through the proxy, with no timeout of its own."""
-    settings = {**connections["default"].settings_dict, "HOST": "127.0.0.1", "PORT": proxy.port, "NAME": DATABASE,
-                "USER": "postgres", "PASSWORD": "", "OPTIONS": {}, "CONN_MAX_AGE": 0}
+    settings = {**connections["default"].settings_dict, "HOST": "127.0.0.1", "PORT": proxy.port,
+                "NAME": PROXIED_DATABASE, "USER": "postgres", "PASSWORD": "", "OPTIONS": {}, "CONN_MAX_AGE": 0}
     return DatabaseWrapper(settings, alias="blocked-calls")
 
 
@@ -76,23 +64,23 @@ def _run_as_a_job(time_limit: JobTimeLimit, body: Callable[[], None]) -> tuple[t
 
 
 def test_a_call_blocked_on_a_cut_network_ends_soon_after_its_time_limit(
-        proxy: FaultProxy, time_limit: JobTimeLimit) -> None:
+        postgres_proxy: FaultProxy, time_limit: JobTimeLimit) -> None:
     wrappers: list[DatabaseWrapper] = []
     connected = threading.Event()
 
     def body() -> None:
-        wrapper = _wrapper(proxy)
+        wrapper = _wrapper(postgres_proxy)
         wrappers.append(wrapper)
         wrapper.ensure_connection()
         connected.set()
-        while proxy.mode != "blackhole":
+        while postgres_proxy.mode != "blackhole":
             time.sleep(0.01)
         with wrapper.cursor() as cursor:
             cursor.execute("SELECT 1")  # never answered
 
     thread, outcome = _run_as_a_job(time_limit, body)
     assert connected.wait(5), outcome
-    proxy.blackhole()
+    postgres_proxy.blackhole()
     thread.join(TIME_LIMIT_MS / 1000 + CUT_AFTER_S + 2)
     assert not thread.is_alive(), "the thread stayed blocked in its database call past its time limit"
     error, took_s = outcome
@@ -102,11 +90,12 @@ def test_a_call_blocked_on_a_cut_network_ends_soon_after_its_time_limit(
     assert raw is not None and raw.broken, "the blocked connection was not the one cut"
 
 
-def test_an_overdue_thread_s_idle_connection_is_left_alone(proxy: FaultProxy, time_limit: JobTimeLimit) -> None:
+def test_an_overdue_thread_s_idle_connection_is_left_alone(
+        postgres_proxy: FaultProxy, time_limit: JobTimeLimit) -> None:
     answers: list[Any] = []
 
     def body() -> None:
-        wrapper = _wrapper(proxy)
+        wrapper = _wrapper(postgres_proxy)
         wrapper.ensure_connection()
         try:
             while True:  # Python code: the interrupt lands here

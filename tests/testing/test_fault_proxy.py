@@ -17,11 +17,11 @@ from django.conf import settings
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from composition.testing import FaultProxy, ThrowawayPostgres, fault_proxy, throwaway_postgres
+from composition.testing import FaultProxy, fault_proxy
+from tests.helpers import PROXIED_DATABASE
 
 # Well under any timeout a client below has, and well over a loopback round trip.
 PROMPTLY_S = 0.5
-PROXIED_DATABASE = "proxied"
 
 
 def redis_url() -> str:
@@ -32,18 +32,6 @@ def redis_url() -> str:
 def redis_target() -> tuple[str, int]:
     target = urlsplit(redis_url())
     return target.hostname or "127.0.0.1", target.port or 6379
-
-
-@pytest.fixture(scope="module")
-def postgres_server() -> Iterator[ThrowawayPostgres]:
-    with throwaway_postgres(PROXIED_DATABASE) as server:
-        yield server
-
-
-@pytest.fixture
-def postgres_proxy(postgres_server: ThrowawayPostgres) -> Iterator[FaultProxy]:
-    with fault_proxy("127.0.0.1", postgres_server.port) as proxy:
-        yield proxy
 
 
 @pytest.fixture
