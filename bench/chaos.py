@@ -15,7 +15,15 @@ While the jobs flow:
   acknowledged enqueue is on disk), stopped gracefully (SIGTERM) and started again on the same
   port and data;
 - PostgreSQL restarts: a private, migrated server, stopped with a fast shutdown (every session
-  cut) and started again on its data.
+  cut) and started again on its data;
+- with ``--broker-wipes``, the broker is killed and started again without its data: the
+  idempotent jobs on it are sent again from the outbox once their redelivery window has passed
+  (``composition.jobs.broker_losses``); the non-idempotent ones on it are lost by design, noted
+  when the broker goes (sent, no effect yet) and reported apart, not as lost;
+- with ``--host-blackholes``, a second group ("host b", jobs only) reaches PostgreSQL and Redis
+  through a ``FaultProxy`` each, which swallows every byte for ``--blackhole-s``, then resets
+  what it swallowed and passes again: host b's jobs run on the first group, and host b works
+  again once let back.
 
 Publishing goes on into both restarts (a few transactions a second): transactions the database
 refuses are retried, and a transaction whose COMMIT failed is looked up afterwards (its outbox ids
@@ -64,17 +72,27 @@ import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from composition.testing import ThrowawayPgBouncer, ThrowawayPostgres, ThrowawayRedis, WorkerProcess  # noqa: E402
+from composition.testing import (  # noqa: E402
+    FaultProxy,
+    ThrowawayPgBouncer,
+    ThrowawayPostgres,
+    ThrowawayRedis,
+    WorkerProcess,
+)
 
 T = TypeVar("T")
 
 IDEMPOTENT, PLAIN = "idempotent", "non-idempotent"
+# Faults that publish a burst of their own first (--relay-burst jobs in one transaction).
+BURST_FAULTS = ("relay kill", "broker wipe")
 SETTINGS_MODULE = "tests.settings"
 POOLED_SETTINGS_MODULE = "tests.settings_pgbouncer"  # TRANSACTION_POOLED_DATABASES = ["default"]
 # How long a database call in the soak retries while PostgreSQL is down before giving up.
@@ -101,10 +119,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--kills", type=int, default=_env("kills", 20), help="K: SIGKILLs of the runworkers process group")
     add("--broker-restarts", type=int, default=_env("broker_restarts", 1))
     add("--postgres-restarts", type=int, default=_env("postgres_restarts", 1))
+    add("--broker-wipes", type=int, default=_env("broker_wipes", 0),
+        help="broker restarts without its data: idempotent jobs on it come back from the inbox ledger once their "
+             "redelivery window has passed; non-idempotent ones are lost by design and reported apart")
+    add("--host-blackholes", type=int, default=_env("host_blackholes", 0),
+        help="a second runworkers group ('host b', reaching PostgreSQL and Redis through fault proxies) runs "
+             "beside the first; this many times it is cut off (blackholed) for --blackhole-s, then let back")
+    add("--blackhole-s", type=float, default=_env("blackhole_s", 30.0))
     add("--relay-kill-every", type=int, default=_env("relay_kill_every", 2),
         help="every n-th kill (the first included) lands with the relay mid-batch; 0: none")
     add("--relay-burst", type=int, default=_env("relay_burst", 2000),
-        help="jobs published in the one nudge-only transaction before a relay kill")
+        help="jobs published in the one transaction before a relay kill (nudge-only) or a broker wipe")
     add("--per-transaction", type=int, default=_env("per_transaction", 50), help="jobs per publishing transaction")
     add("--max-backlog", type=int, default=_env("max_backlog", 0),
         help="the publisher waits while this many published jobs are not done (0: a tenth of the steady "
@@ -127,9 +152,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--keep-logs", action="store_true", default=bool(_env("keep_logs", "")))
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.kills < 0 or args.per_transaction < 1 or 0 < args.max_backlog < args.per_transaction \
-            or args.pgbouncer < 0:
+            or args.pgbouncer < 0 or min(args.broker_restarts, args.postgres_restarts, args.broker_wipes,
+                                         args.host_blackholes) < 0 or args.blackhole_s <= 0:
         parser.error("need --jobs >= 1, --kills >= 0, --per-transaction >= 1, --max-backlog >= --per-transaction, "
-                     "--pgbouncer >= 0")
+                     "--pgbouncer >= 0, no negative count of restarts, wipes or blackholes, --blackhole-s > 0")
     json.loads(args.overrides)
     return args
 
@@ -137,7 +163,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 # -- the run's records ---------------------------------------------------------------------------------------
 @dataclass
 class Fault:
-    kind: str  # "kill", "relay kill", "broker restart", "postgres restart"
+    kind: str  # "kill", "relay kill", "broker restart", "postgres restart", "broker wipe", "host blackhole"
     started_at: float = 0.0  # Unix time the fault began (kill, shutdown)
     done_at: float = 0.0  # Unix time the fault was over (new group spawned, server answering)
     note: str = ""
@@ -212,6 +238,8 @@ class Publisher(threading.Thread):
         self._is_paused = False
         self._done_seen = 0
         self._done_seen_at = 0.0
+        # Jobs done, or never to be (the soak's ``finished``).
+        self.finished: Callable[[], int] = effects_count
 
     def take(self, count: int) -> list[Job]:
         with self._plan_lock:
@@ -263,7 +291,7 @@ class Publisher(threading.Thread):
     def _backlog(self) -> int:
         now = time.monotonic()
         if now - self._done_seen_at >= POLL_S:
-            self._done_seen, self._done_seen_at = effects_count(), now
+            self._done_seen, self._done_seen_at = self.finished(), now
         return len(self.stats.committed) - self._done_seen
 
     def commit(self, batch: list[Job]) -> list[int]:
@@ -405,6 +433,7 @@ class Soak:
 
         from composition.conf import conf
         from composition.health.probes import cache_redis_url
+        from composition.jobs.policy import redelivery_window_s
         from composition.outbox.relay import RELAY_QUEUE_NAME
         from tests.jobsapp import jobs as jobsapp
 
@@ -414,9 +443,33 @@ class Soak:
         self.log_dir = log_dir
         self.rng = random.Random(args.seed)
         self.queues = [jobsapp.CRASH_QUEUE, jobsapp.CRASH_PLAIN_QUEUE]
-        self.worker_args = ["--processes", str(args.processes), "--threads", str(args.threads),
-                            "--queues", ",".join([*self.queues, RELAY_QUEUE_NAME])]
+        threads = ["--processes", str(args.processes), "--threads", str(args.threads)]
+        self.worker_args = [*threads, "--queues", ",".join([*self.queues, RELAY_QUEUE_NAME])]
         self.workers: list[Worker] = []
+        # With --host-blackholes, "host b": a second group that runs jobs (not the relay, so a
+        # relay kill still finds the relay in the first group) through a proxy to each server.
+        self.remote_args = [*threads, "--queues", ",".join(self.queues)]
+        self.remote_workers: list[Worker] = []
+        self.proxies: list[FaultProxy] = []
+        if args.host_blackholes:
+            database = urlsplit(os.environ["DATABASE_URL"])
+            self.proxies = [FaultProxy(database.hostname or "127.0.0.1", database.port or 5432).start(),
+                            FaultProxy("127.0.0.1", redis_server.port).start()]
+            self.remote_env = {**os.environ, "TEST_HOST": "b",
+                               "DATABASE_URL": self.proxies[0].proxied_url(os.environ["DATABASE_URL"]),
+                               **{name: self.proxies[1].proxied_url(os.environ[name])
+                                  for name in ("BROKER_URL", "REDIS_URL")}}
+        # A broker wipe's idempotent jobs are sent again once this window has passed (their rows'
+        # due time plus crash_effect's redelivery window); its non-idempotent jobs are lost.
+        self.window_s = redelivery_window_s(jobsapp.crash_effect.options["job_policy"],
+                                            heartbeat_timeout_s=float(conf.BROKER_HEARTBEAT_TIMEOUT_S),
+                                            lease_s=float(conf.OUTBOX_LEASE_S))
+        if args.broker_wipes and args.recovery_deadline_s <= self.window_s + float(conf.BROKER_LOSS_CHECK_INTERVAL_S):
+            raise ValueError(f"--recovery-deadline-s {args.recovery_deadline_s:.0f} is too short for a broker wipe: "
+                             f"crash_effect's redelivery window is {self.window_s:.0f} s")
+        # What broker wipes took: every job on the broker, and its non-idempotent ones.
+        self.wiped: set[str] = set()
+        self.wiped_plain: set[str] = set()
         self.faults: list[Fault] = []
         # The Redis databases the settings gave the broker and the cache (tests.settings moves them
         # off the server URL's own): reading the URL's database would find an empty broker and no
@@ -425,29 +478,49 @@ class Soak:
         self.heartbeats = redis.Redis.from_url(cache_redis_url(), socket_timeout=5, socket_connect_timeout=2)
         plan = build_plan(args.jobs, args.keyed, self.rng)
         self.fault_kinds = self.fault_plan()
-        # The relay kills' bursts are kept apart from the steady stream, so the last one has jobs too.
-        relay_kills = self.fault_kinds.count("relay kill")
-        self.burst = min(args.relay_burst, len(plan) // (2 * relay_kills)) if relay_kills else 0
-        split = len(plan) - self.burst * relay_kills
-        self.bursts = [plan[split + index * self.burst:split + (index + 1) * self.burst]
-                       for index in range(relay_kills)]
+        # The bursts of relay kills and wipes are kept apart from the steady stream, so the last
+        # one has jobs too.
+        bursts = sum(self.fault_kinds.count(kind) for kind in BURST_FAULTS)
+        self.burst = min(args.relay_burst, len(plan) // (2 * bursts)) if bursts else 0
+        split = len(plan) - self.burst * bursts
+        self.bursts = [plan[split + index * self.burst:split + (index + 1) * self.burst] for index in range(bursts)]
         max_backlog = args.max_backlog or max(4 * args.per_transaction, min(5000, split // 10))
         self.publisher = Publisher(plan[:split], per_transaction=args.per_transaction, max_backlog=max_backlog)
+        self.publisher.finished = self.finished
         self.planned = len(plan)
         self.stalled = ""
-        # (time, exit code, last log line) of every group that exited by itself.
-        self.exits: list[tuple[float, int, str]] = []
+        # (time, host, exit code, last log line) of every group that exited by itself.
+        self.exits: list[tuple[float, str, int, str]] = []
         self.final_exit_code: int | None = None
+        self.remote_exit_code: int | None = None
+
+    def next_burst(self) -> list[Job]:
+        return self.bursts[sum(fault.kind in BURST_FAULTS for fault in self.faults)]
+
+    def finished(self) -> int:
+        """Effects so far, plus the jobs a broker wipe took that have not run (again): the
+        progress faults are spread by and the publisher is throttled by, which would otherwise
+        wait out the idempotent ones' redelivery window, and the non-idempotent ones for ever."""
+        from tests.jobsapp.models import Effect
+
+        if not self.wiped:
+            return effects_count()
+        wiped = list(self.wiped)
+        ran = db_call(lambda: Effect.objects.filter(key__in=wiped).values("key").distinct().count())
+        return effects_count() + len(wiped) - ran
 
     @property
     def worker(self) -> Worker:
         return self.workers[-1]
 
     def spawn(self) -> float:
-        worker = Worker(self.worker_args, env=dict(os.environ), cwd=str(ROOT)).start()
+        worker = Worker(self.worker_args, env={**os.environ, "TEST_HOST": "a"}, cwd=str(ROOT)).start()
         self.workers.append(worker)
         self.spawned_at = time.time()
         return self.spawned_at
+
+    def spawn_remote(self) -> None:
+        self.remote_workers.append(Worker(self.remote_args, env=self.remote_env, cwd=str(ROOT)).start())
 
     def _wait_until_beating(self, timeout_s: float) -> None:
         """Until the current group has started (its first worker heartbeat), so that its drain is
@@ -469,8 +542,10 @@ class Soak:
         every = args.relay_kill_every
         kills = ["relay kill" if every and index % every == 0 else "kill" for index in range(args.kills)]
         plan = list(kills)
-        # The server restarts go between kills, spread over the run.
-        extra = ["broker restart"] * args.broker_restarts + ["postgres restart"] * args.postgres_restarts
+        # The other faults go between kills, spread over the run: a blackhole first, as the stream
+        # of jobs it must not hold up is still long, a wipe last (its jobs wait out a window anyway).
+        extra = (["host blackhole"] * args.host_blackholes + ["broker restart"] * args.broker_restarts
+                 + ["postgres restart"] * args.postgres_restarts + ["broker wipe"] * args.broker_wipes)
         for number, kind in enumerate(extra, start=1):
             plan.insert(round(number * (len(plan) + 1) / (len(extra) + 1)), kind)
         return plan
@@ -479,15 +554,17 @@ class Soak:
         plan = self.fault_kinds
         spacing = len(self.publisher.plan) / (len(plan) + 1)
         self.spawn()
+        if self.proxies:
+            self.spawn_remote()
         self.started_at = time.time()
         self.publisher.start()
         flowing_from = 0
         for index, kind in enumerate(plan):
             # Evenly spread over the steady stream (plus the bursts so far), and never before the
             # last fault's damage is visibly repaired.
-            bursts_done = sum(len(burst) for burst in self.bursts[:plan[:index].count("relay kill")])
+            bursts_done = sum(len(burst) for burst in self.bursts[:sum(map(plan[:index].count, BURST_FAULTS))])
             target = max(round((index + 1) * spacing) + bursts_done, flowing_from + flowing_threshold(self.args))
-            if not self._wait(lambda target=target: effects_count() >= target):
+            if not self._wait(lambda target=target: self.finished() >= target):
                 self.stalled = (f"no job finished for {self.args.stall_s:.0f} s before fault {index + 1} ({kind}); "
                                 f"the remaining faults and jobs were skipped")
                 self.publisher.stopping.set()
@@ -499,6 +576,10 @@ class Soak:
                 self.relay_kill(fault)
             elif kind == "kill":
                 self.kill(fault)
+            elif kind == "host blackhole":
+                self.blackhole_remote(fault)
+            elif kind == "broker wipe":
+                self.wipe_broker(fault)
             else:
                 # Publishing goes on into the outage: transactions cut by a PostgreSQL shutdown,
                 # after-commit sends refused by a broker that is down.
@@ -515,7 +596,7 @@ class Soak:
                 finally:
                     self.publisher.unthrottled.clear()
             self.faults.append(fault)
-            flowing_from = effects_count()
+            flowing_from = self.finished()
             stats = self.publisher.stats
             if kind.endswith("restart"):
                 fault.note += f"; {len(stats.committed) - published_before} jobs published meanwhile"
@@ -541,7 +622,7 @@ class Soak:
             self.supervise()
             if predicate():
                 return True
-            done = effects_count()
+            done = self.finished()
             if done != last:
                 last, changed_at = done, time.monotonic()
             elif time.monotonic() - changed_at > self.args.stall_s:
@@ -550,12 +631,14 @@ class Soak:
 
     def supervise(self) -> None:
         """Start a new group when the current one exited by itself, as a process supervisor would."""
-        process = self.worker.process
-        if process is None or process.poll() is None:
-            return
-        lines = [line for line in self.worker.output().splitlines() if line.strip()]
-        self.exits.append((time.time(), int(process.returncode), lines[-1][:300] if lines else ""))
-        self.spawn()
+        for group, start in ((self.workers, self.spawn), (self.remote_workers, self.spawn_remote)):
+            process = group[-1].process if group else None
+            if process is None or process.poll() is None:
+                continue
+            lines = [line for line in group[-1].output().splitlines() if line.strip()]
+            host = "a" if group is self.workers else "b"
+            self.exits.append((time.time(), host, int(process.returncode), lines[-1][:300] if lines else ""))
+            start()
 
     # -- faults ------------------------------------------------------------------------------------------
     def kill(self, fault: Fault) -> None:
@@ -579,7 +662,7 @@ class Soak:
 
         self.publisher.pause()
         try:
-            burst = self.bursts[sum(fault.kind == "relay kill" for fault in self.faults)]
+            burst = self.next_burst()
             ids: list[int] = []
             if burst:
                 with left_to_the_relay():
@@ -614,6 +697,75 @@ class Soak:
         else:
             fault.note += f"relay NOT caught mid-batch (killed {waited_s:.2f} s after the commit)"
 
+    def wipe_broker(self, fault: Fault) -> None:
+        """Publish a burst and wait until the relay has sent it; freeze the broker (nothing more
+        is sent to it), note the jobs it holds (sent, no effect yet), start it again without its
+        data."""
+        from django.db.models import Exists, OuterRef
+        from django.db.models.fields.json import KT
+
+        from composition.outbox import OutboxMessage
+        from tests.jobsapp.models import Effect
+
+        def on_the_broker() -> set[str]:
+            return set(db_call(lambda: list(
+                OutboxMessage.objects.filter(status="sent").annotate(effect_key=KT("payload__key"))
+                .filter(~Exists(Effect.objects.filter(key=OuterRef("effect_key"))))
+                .values_list("effect_key", flat=True))))
+
+        self.publisher.pause()
+        try:
+            burst = self.next_burst()
+            ids = self.publisher.commit(burst) if burst else []
+            wait_until = time.monotonic() + 30.0
+            while time.monotonic() < wait_until and db_call(
+                    lambda: OutboxMessage.objects.filter(pk__in=ids, status="pending").exists()):
+                time.sleep(0.01)
+            self.redis_server.freeze()
+            try:
+                on_it = on_the_broker()
+            finally:
+                fault.started_at = time.time()
+                self.redis_server.wipe(down_s=self.args.broker_down_s)
+        finally:
+            self.publisher.resume()
+        fault.done_at = time.time()
+        plain = {key for key in on_it if kind_of(key) == PLAIN}
+        # Rebound, not changed in place: the publisher's thread reads them.
+        self.wiped, self.wiped_plain = self.wiped | on_it, self.wiped_plain | plain
+        fault.note = (f"{len(burst)} jobs in one transaction, then down {fault.done_at - fault.started_at:.1f} s; "
+                      f"{len(on_it) - len(plain)} idempotent and {len(plain)} non-idempotent jobs on it")
+
+    def blackhole_remote(self, fault: Fault) -> None:
+        """Cut host b off from PostgreSQL and Redis (its proxies swallow every byte, both ways) for
+        ``--blackhole-s``, then let it back: the bytes swallowed are gone, as its connections."""
+        from tests.jobsapp.models import Effect
+
+        ran = db_call(lambda: Effect.objects.filter(host="b").count())
+        # Meanwhile one transaction a second, not the publisher's pace: the stream must outlast
+        # the cut (host a runs it alone), and the faults after it.
+        self.publisher.pause()
+        published = 0
+        fault.started_at = time.time()
+        for proxy in self.proxies:
+            proxy.blackhole()
+        try:
+            while time.time() < fault.started_at + self.args.blackhole_s:
+                self.supervise()
+                batch = self.publisher.take(self.args.per_transaction)
+                if batch:
+                    self.publisher.commit(batch)
+                    published += len(batch)
+                time.sleep(max(0.0, 1.0 - (time.time() - fault.started_at) % 1.0))
+        finally:
+            for proxy in self.proxies:
+                proxy.reset()
+                proxy.pass_through()
+            self.publisher.resume()
+        fault.done_at = time.time()
+        fault.note = (f"host b cut off {fault.done_at - fault.started_at:.1f} s, after running {ran:,} jobs; "
+                      f"{published:,} jobs published meanwhile")
+
     def restart_postgres(self, fault: Fault) -> None:
         from django.db import connection
 
@@ -637,20 +789,30 @@ class Soak:
         last_fault = max((fault.done_at for fault in self.faults), default=0.0)
         self.deadline_from = max(last_fault, self.publisher.stats.last_publish_at)
         deadline = self.deadline_from + self.args.recovery_deadline_s
-        committed = len(self.publisher.stats.committed)
+        committed = self.publisher.stats.committed
         while time.time() < deadline:
             self.supervise()
             distinct = db_call(lambda: Effect.objects.aggregate(n=Count("key", distinct=True))["n"])
             pending = db_call(lambda: OutboxMessage.objects.filter(status="pending").count())
-            if distinct >= committed and pending == 0 and backlog_total(broker_backlog(self.client, self.queues)) == 0:
+            # Jobs a wipe took may be done too: only the keys tell whether every other one is.
+            if distinct >= len(committed) - len(self.wiped_plain) and pending == 0 \
+                    and backlog_total(broker_backlog(self.client, self.queues)) == 0 \
+                    and self.wiped_plain >= committed.keys() - set(db_call(
+                        lambda: list(Effect.objects.values_list("key", flat=True).distinct()))):
                 break
             time.sleep(0.5)
         self.drained_at = time.time()
         self._wait_until_beating(timeout_s=30.0)
-        try:
-            self.final_exit_code = self.worker.terminate(timeout_s=60)
-        except Exception:
-            self.final_exit_code = None
+        self.final_exit_code = _terminated(self.worker)
+        self.remote_exit_code = _terminated(self.remote_workers[-1]) if self.remote_workers else None
+
+
+def _terminated(worker: Worker) -> int | None:
+    """``worker``'s exit code once it drained (None when it did not exit in time)."""
+    try:
+        return worker.terminate(timeout_s=60)
+    except Exception:
+        return None
 
 
 # -- the report ------------------------------------------------------------------------------------------------
@@ -679,14 +841,18 @@ def collect(soak: Soak) -> Outcome:
 
 def fault_lines(soak: Soak, outcome: Outcome) -> list[str]:
     """One line per fault: when effects flowed again after it, and when every job committed
-    before it was done."""
+    before it was done (but those a broker wipe took: the wipe's own line counts its idempotent
+    ones)."""
     lines = [f"  {'#':>2}  {'at':>7}  {'fault':<17} {'flowing again':>13}  {'pre-fault backlog done':>28}  note"]
     flowing_after = flowing_threshold(soak.args)
     for number, fault in enumerate(soak.faults, start=1):
-        index = bisect.bisect_right(outcome.created, fault.done_at) + flowing_after - 1
+        # Work flows again when the fault is over; a cut host's work, on the other while it lasts.
+        since = fault.started_at if fault.kind == "host blackhole" else fault.done_at
+        index = bisect.bisect_right(outcome.created, since) + flowing_after - 1
         flowing = f"{outcome.created[index] - fault.started_at:.1f} s" if index < len(outcome.created) else "never"
         open_keys = [key for key, at in outcome.committed.items()
-                     if at <= fault.started_at and outcome.first_at.get(key, float("inf")) > fault.started_at]
+                     if at <= fault.started_at and outcome.first_at.get(key, float("inf")) > fault.started_at
+                     and key not in (soak.wiped_plain if fault.kind == "broker wipe" else soak.wiped)]
         if not open_keys:
             drained = "nothing open"
         elif any(key not in outcome.first_at for key in open_keys):
@@ -735,13 +901,18 @@ def latency_lines(soak: Soak, outcome: Outcome) -> list[str]:
 
 def report(soak: Soak, timings: dict[str, float]) -> bool:
     """Print the summary; True when nothing was lost, doubled when it must not be, or invented."""
-    from composition.jobs.models import DeadLetter
+    from django.db.models import Count, Sum
+
+    from composition.jobs.models import BrokerEpoch, DeadLetter
     from composition.outbox import OutboxMessage
+    from tests.jobsapp.models import Effect
 
     args, stats = soak.args, soak.publisher.stats
     outcome = collect(soak)
     committed, counts = outcome.committed, outcome.counts
-    lost = sorted(key for key in committed if key not in counts)
+    # A wipe's non-idempotent jobs are outside the promise (no ledger to reconcile them from).
+    wiped = sorted(key for key in committed if key not in counts and key in soak.wiped_plain)
+    lost = sorted(key for key in committed if key not in counts and key not in soak.wiped_plain)
     phantoms = sorted(key for key in counts if key not in committed)
     doubled = {kind: sorted(key for key, n in counts.items() if n > 1 and kind_of(key) == kind)
                for kind in (IDEMPOTENT, PLAIN)}
@@ -753,12 +924,22 @@ def report(soak: Soak, timings: dict[str, float]) -> bool:
     kills = sum(1 for fault in soak.faults if fault.kind.endswith("kill"))
     relay_kills = [fault for fault in soak.faults if fault.kind == "relay kill"]
     caught = sum(1 for fault in relay_kills if "NOT caught" not in fault.note)
+    for fault in soak.faults:
+        if fault.kind == "host blackhole":
+            after = db_call(lambda fault=fault: Effect.objects.filter(
+                host="b", created_at__gt=datetime.fromtimestamp(fault.done_at, UTC)).count())
+            fault.note += f"; {after:,} jobs after it was let back" if after else "; did NOT work again after it"
     print()
     print(f"chaos soak: {args.jobs:,} idempotent + {args.jobs:,} non-idempotent jobs; "
           f"{kills} kills ({caught} of {len(relay_kills)} relay kills caught the relay mid-batch), "
           f"{sum(f.kind == 'broker restart' for f in soak.faults)} broker restart(s), "
-          f"{sum(f.kind == 'postgres restart' for f in soak.faults)} PostgreSQL restart(s)")
+          f"{sum(f.kind == 'postgres restart' for f in soak.faults)} PostgreSQL restart(s), "
+          f"{sum(f.kind == 'broker wipe' for f in soak.faults)} broker wipe(s), "
+          f"{sum(f.kind == 'host blackhole' for f in soak.faults)} host blackhole(s)")
     print(f"  runworkers {' '.join(soak.worker_args)}; {_settings_line()}")
+    if soak.remote_workers:
+        print(f"  host b: runworkers {' '.join(soak.remote_args)} through fault proxies, "
+              + ", ".join(f"{proxy.host}:{proxy.port} to {proxy.target[1]}" for proxy in soak.proxies))
     print(f"  published {len(committed):,} of {soak.planned:,} jobs in {stats.transactions:,} transactions: "
           f"{stats.attempts:,} attempts, {stats.failed_attempts} failed and retried, "
           f"{stats.commits_looked_up} failed COMMITs looked up afterwards; at most "
@@ -775,14 +956,21 @@ def report(soak: Soak, timings: dict[str, float]) -> bool:
     print(f"  duplicate effects, non-idempotent: {len(doubled[PLAIN])} jobs ({extra[PLAIN]} extra effects; "
           f"allowed, counted)")
     print(f"  effects of jobs never published: {len(phantoms)}")
+    if args.broker_wipes:
+        losses = db_call(lambda: BrokerEpoch.objects.filter(lost=True).aggregate(n=Count("id"), resent=Sum("resent")))
+        print(f"  broker data lost: {losses['n']} loss(es) detected, {losses['resent'] or 0:,} outbox rows sent again "
+              f"(idempotent jobs, after their {soak.window_s:.0f} s redelivery window); non-idempotent jobs lost with "
+              f"it: {len(wiped)} of {len(soak.wiped_plain)} on it (outside the promise: no ledger to tell what ran)")
     print(f"  dead letters: {sum(dead.values())}{f' {dict(dead)}' if dead else ''}")
     queues = "; ".join(f"{queue} ready {q['ready']} held {q['held']} delayed {q['delayed']} dead {q['dead']}"
                        for queue, q in backlog.items())
     print(f"  backlog at the end: outbox pending {pending}; broker {queues}")
     print("\n".join(latency_lines(soak, outcome)))
-    for at, code, last_line in soak.exits:
-        print(f"  runworkers exited by itself at {at - soak.started_at:.1f} s with {code} (restarted): {last_line}")
-    print(f"  the last runworkers drained and exited with {soak.final_exit_code}")
+    for at, host, code, last_line in soak.exits:
+        print(f"  runworkers (host {host}) exited by itself at {at - soak.started_at:.1f} s with {code} (restarted): "
+              f"{last_line}")
+    print(f"  the last runworkers drained and exited with {soak.final_exit_code}"
+          + (f"; host b's with {soak.remote_exit_code}" if soak.remote_workers else ""))
     print(f"  took {timings['total']:.1f} s: servers and migrations {timings['setup']:.1f} s, soak "
           f"{timings['soak']:.1f} s (final drain {soak.drained_at - soak.deadline_from:.1f} s after the last fault "
           f"or publish); {len(committed) / max(timings['soak'], 1e-9):,.0f} jobs/s")
@@ -831,6 +1019,7 @@ def _settings_line() -> str:
     from composition.conf import conf
 
     return (f"lease {conf.OUTBOX_LEASE_S} s, broker heartbeat timeout {conf.BROKER_HEARTBEAT_TIMEOUT_S} s, "
+            f"broker loss check {conf.BROKER_LOSS_CHECK_INTERVAL_S} s, "
             f"sweep {conf.OUTBOX_SWEEP_INTERVAL_S} s")
 
 
@@ -895,13 +1084,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         _log_to(log_dir / "publisher.log")
         setup_s = time.monotonic() - began
         print(f"chaos soak: {args.jobs:,} + {args.jobs:,} jobs, {args.kills} kills, {args.broker_restarts} broker "
-              f"and {args.postgres_restarts} PostgreSQL restart(s); servers up and migrated in {setup_s:.1f} s",
-              flush=True)
+              f"and {args.postgres_restarts} PostgreSQL restart(s), {args.broker_wipes} broker wipe(s), "
+              f"{args.host_blackholes} host blackhole(s); servers up and migrated in {setup_s:.1f} s", flush=True)
         print(f"  private servers: {postgres.url} {redis_server.url}; logs in {log_dir}", flush=True)
         if bouncer is not None:
             print(f"  every process through PgBouncer (pool_mode=transaction, {args.pgbouncer} server "
                   f"connections): {database_url}", flush=True)
         soak = Soak(args, redis_server, postgres, log_dir)
+        if soak.proxies:
+            print(f"  host b through fault proxies: {soak.remote_env['DATABASE_URL']} {soak.remote_env['BROKER_URL']}",
+                  flush=True)
         soak_began = time.monotonic()
         soak.run()
         soak_s = time.monotonic() - soak_began
@@ -968,13 +1160,11 @@ def _tear_down(soak: Soak | None, redis_server: ThrowawayRedis | None, postgres:
     if soak is not None:
         soak.publisher.stopping.set()
         soak.publisher.resume()
-        for worker in soak.workers:
+        for worker in [*soak.workers, *soak.remote_workers]:
             quietly(worker.crash)
+            if keep:  # before close(), which deletes it
+                quietly(lambda worker=worker: shutil.copy(worker.log_path, log_dir / worker.log_path.name))
             quietly(worker.close)
-            if keep:
-                quietly(lambda worker=worker: shutil.move(str(worker.log_path), log_dir / worker.log_path.name))
-            else:
-                worker.log_path.unlink(missing_ok=True)
 
     def close_connections() -> None:
         from django.conf import settings
@@ -984,6 +1174,8 @@ def _tear_down(soak: Soak | None, redis_server: ThrowawayRedis | None, postgres:
             connections.close_all()
 
     quietly(close_connections)
+    for proxy in soak.proxies if soak is not None else []:
+        quietly(proxy.close)
     if redis_server is not None:
         if keep:
             quietly(lambda: shutil.copy(redis_server.data_dir / "valkey.log", log_dir / "valkey.log"))

@@ -1,15 +1,22 @@
 """When the Redis broker loses its data: idempotent jobs reconciled from the inbox ledger.
 
 The outbox marks a row sent once the broker took it; from then on the job lives only on the
-broker. A Redis broker restarted without its data, flushed, or failed over to an empty replica
-loses it, and nothing else would notice. ``BrokerLossReconciler``, in every ``runworkers``
-process, every ``BROKER_LOSS_CHECK_INTERVAL_S``:
+broker. A Redis broker restarted without its data, flushed, or failed over to a replica that had
+not received the last writes loses some or all of it, and nothing else would notice.
+``BrokerLossReconciler``, in every ``runworkers`` process, every ``BROKER_LOSS_CHECK_INTERVAL_S``:
 
 - checks the broker's epoch: a token the first check writes into the broker (``EPOCH_KEY``) and
   records as a ``BrokerEpoch``. When the broker no longer holds the latest epoch's token, its
   data was lost: a new epoch begins, marked ``lost``, under a transaction-scoped advisory lock,
   so one process records it (none is held across transactions: safe behind PgBouncer);
-- for each lost epoch still open, takes the outbox rows sent before it (within
+- checks the counts (``short_queue``), for a loss the token survives: an idempotent job's
+  message stays on the broker (ready, taken, delayed or dead) until its ledger row or dead letter
+  has committed, so a queue whose broker holds fewer messages than it has sent rows that have
+  neither lost some. The sent rows are counted after the broker, and only those sent a margin
+  before it was read (the relay stamps a row sent after its enqueue, by its host's clock); only
+  the newest rows are looked at, so a loss of old messages under a large backlog goes unseen.
+  A shortfall begins a lost epoch of that queue alone, unless one is open;
+- for each lost epoch still open, takes the outbox rows sent before it (to its queue; within
   ``BROKER_LOSS_LOOKBACK_S``) of idempotent jobs, once their job's whole redelivery window has
   passed since their due time (so a retry waiting out its backoff, a limit's or a deploy's wait,
   is never sent a second time), claimed with ``SKIP LOCKED``; each row is looked at once per
@@ -20,14 +27,14 @@ process, every ``BROKER_LOSS_CHECK_INTERVAL_S``:
 
 Plain jobs and ``django.tasks`` tasks with ``ATOMIC: False`` write no ledger row with their
 effects: they are outside this promise. Presence on the broker is never checked: Redis keys a
-message by a per-enqueue id. A loss the token survives (a replica that missed only the last
-writes) is not detected.
+message by a per-enqueue id.
 """
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -36,7 +43,9 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 from dramatiq.broker import Broker
+from dramatiq.common import dq_name, xq_name
 
+from composition.broker.keys import messages_key
 from composition.broker.pausing import paused_queues
 from composition.conf import conf
 from composition.jobs.inbox import ledger_key_of
@@ -46,7 +55,8 @@ from composition.lifecycle.periodic import PeriodicComponent
 from composition.metrics import BROKER_LOSSES, OUTBOX_RESENT
 from composition.outbox.models import OutboxMessage, message_id_for
 
-__all__ = ["EPOCH_KEY", "BrokerLossReconciler", "check_epoch", "idempotent_windows", "reconcile"]
+__all__ = ["COUNT_CHECK_MARGIN_S", "COUNT_CHECK_MAX_ROWS", "EPOCH_KEY", "BrokerLossReconciler", "Shortfall",
+           "check_counts", "check_epoch", "idempotent_windows", "reconcile", "short_queue"]
 
 log = structlog.get_logger("composition.jobs")
 
@@ -56,6 +66,12 @@ EPOCH_KEY = "composition:broker-epoch"
 _EPOCH_LOCK = 0x636F6D70_65706F63
 # Rows looked at per statement.
 _BATCH = 500
+# The count check looks at most at this many sent rows of a queue: one whose broker holds more
+# messages cannot be shown short of them this cheaply, and is left to the epoch token.
+COUNT_CHECK_MAX_ROWS = 5_000
+# Rows stamped sent less than this before the broker was read are not counted: the relay stamps a
+# row after its enqueue, by its own host's clock, which may be off the database's by this much.
+COUNT_CHECK_MARGIN_S = 5.0
 
 _CANDIDATES_SQL = """
 SELECT o.id, o.actor_name, o.headers
@@ -64,6 +80,7 @@ JOIN (SELECT unnest(%(actors)s::text[]) AS actor_name, unnest(%(windows)s::float
   ON w.actor_name = o.actor_name
 WHERE o.status = 'sent' AND o.sent_at < %(began)s AND o.sent_at >= %(since)s
   AND o.reconciled_after_loss IS DISTINCT FROM %(epoch)s
+  AND (%(queue)s = '' OR o.queue_name = %(queue)s)
   AND o.queue_name <> ALL(%(paused)s::text[])
   AND GREATEST(o.sent_at, coalesce(o.due_at, o.created_at + make_interval(secs => coalesce(o.delay_s, 0))))
       + make_interval(secs => w.window_s) < statement_timestamp()
@@ -76,21 +93,116 @@ FOR UPDATE OF o SKIP LOCKED
 def check_epoch(client: Any) -> BrokerEpoch | None:
     """Compare the broker's epoch token (``client``: the broker's Redis) with the latest epoch's;
     begin a new epoch when they differ. Returns it when that is a detected loss."""
+    return _begin_epoch(client)
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """A queue whose broker held fewer messages than it had sent idempotent rows not yet run."""
+
+    queue: str
+    held: int
+    unfinished: int
+
+    def __str__(self) -> str:
+        return f"queue {self.queue}: {self.held} messages on the broker for {self.unfinished} sent, unfinished jobs"
+
+
+_NEWEST_SENT_SQL = """
+SELECT o.id, o.headers
+FROM {outbox} o
+WHERE o.status = 'sent' AND o.queue_name = %(queue)s AND o.actor_name = ANY(%(actors)s::text[])
+  AND o.sent_at < %(before)s AND o.sent_at >= %(since)s
+ORDER BY o.sent_at DESC
+LIMIT %(limit)s
+"""
+
+
+def _never_ran(rows: Iterable[tuple[int, Any]]) -> list[int]:
+    """The ids of the outbox ``rows`` (id, headers) with neither a ledger row nor a dead letter."""
+    rows = list(rows)
+    message_ids = {pk: message_id_for(pk) for pk, _ in rows}
+    ledger_keys = {pk: ledger_key_of(headers, message_ids[pk]) for pk, headers in rows}
+    ran = set(ProcessedMessage.objects.filter(message_id__in=ledger_keys.values())
+              .values_list("message_id", flat=True))
+    failed = set(DeadLetter.objects.filter(message_id__in=message_ids.values())
+                 .values_list("message_id", flat=True))
+    return [pk for pk, _ in rows if ledger_keys[pk] not in ran and message_ids[pk] not in failed]
+
+
+def short_queue(client: Any, namespace: str, queues: Mapping[str, Iterable[str]]) -> Shortfall | None:
+    """The first of ``queues`` (queue name: its idempotent jobs' names) whose Redis broker
+    (``client``, ``namespace``) holds fewer messages than it has sent rows that never ran (see
+    module doc), or None."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp()")
+        (now,) = cursor.fetchone()
+    # Every row counted below was sent before this, so its message was on the broker when it was
+    # read; and it stays there until the ledger row or dead letter the count would have seen.
+    before = now - timedelta(seconds=COUNT_CHECK_MARGIN_S)
+    pipe = client.pipeline(transaction=False)
+    for queue in queues:
+        for name in (queue, dq_name(queue), xq_name(queue)):
+            pipe.hlen(messages_key(namespace, name))
+    counts = [int(count) for count in pipe.execute()]
+    outbox = connection.ops.quote_name(OutboxMessage._meta.db_table)
+    since = now - timedelta(seconds=float(conf.BROKER_LOSS_LOOKBACK_S))
+    for index, (queue, actors) in enumerate(queues.items()):
+        held = sum(counts[3 * index:3 * index + 3])
+        if held >= COUNT_CHECK_MAX_ROWS:
+            continue
+        with connection.cursor() as cursor:
+            cursor.execute(_NEWEST_SENT_SQL.format(outbox=outbox), {
+                "queue": queue, "actors": sorted(actors), "before": before, "since": since,
+                "limit": min(COUNT_CHECK_MAX_ROWS, 2 * held + 100)})
+            rows = cursor.fetchall()
+        if len(rows) > held and len(unfinished := _never_ran(rows)) > held:
+            return Shortfall(queue, held, len(unfinished))
+    return None
+
+
+def _begin_epoch(client: Any, shortfall: Shortfall | None = None) -> BrokerEpoch | None:
+    """Under the epoch lock, begin an epoch, its token written into the broker: when the broker
+    no longer holds the latest epoch's token (every queue lost its data), or else, given a
+    queue's ``shortfall``, when no lost epoch is open (another process may have seen it first).
+    Returns the new epoch when it is a detected loss."""
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_EPOCH_LOCK])
         latest = BrokerEpoch.objects.order_by("-id").first()
         held = client.get(EPOCH_KEY)
-        if latest is not None and held is not None and held.decode() == latest.token:
-            return None
-        epoch = BrokerEpoch.objects.create(token=secrets.token_hex(16), lost=latest is not None)
+        token_kept = latest is not None and held is not None and held.decode() == latest.token
+        if token_kept:
+            if shortfall is None or BrokerEpoch.objects.filter(lost=True, closed_at__isnull=True).exists():
+                return None
+            epoch = BrokerEpoch.objects.create(token=secrets.token_hex(16), lost=True, cause=str(shortfall),
+                                               queue=shortfall.queue)
+        else:
+            epoch = BrokerEpoch.objects.create(token=secrets.token_hex(16), lost=latest is not None,
+                                               cause="" if latest is None else "its epoch token was gone")
         client.set(EPOCH_KEY, epoch.token)
     if not epoch.lost:
         return None
     BROKER_LOSSES.inc()
-    log.error("the broker's data was lost (its epoch token is gone): idempotent jobs sent before now are sent "
-              "again once their redelivery window has passed, if they never ran", epoch=epoch.pk)
+    if epoch.queue:
+        log.error("the broker lost messages of a queue (it holds fewer than its sent jobs that have not run): its "
+                  "idempotent jobs sent before now are sent again once their redelivery window has passed, if "
+                  "they never ran", epoch=epoch.pk, cause=epoch.cause)
+    else:
+        log.error("the broker's data was lost (its epoch token is gone): idempotent jobs sent before now are sent "
+                  "again once their redelivery window has passed, if they never ran", epoch=epoch.pk)
     return epoch
+
+
+def check_counts(client: Any, namespace: str, queues: Mapping[str, Iterable[str]]) -> BrokerEpoch | None:
+    """``short_queue``, unless a lost epoch is open (its own shortfall lasts until it has sent its
+    rows again) or none began yet; a shortfall begins a lost epoch of its queue, returned, or of
+    every queue when the broker lost its token too (a wipe seen first by its counts)."""
+    if not queues or not BrokerEpoch.objects.exists() \
+            or BrokerEpoch.objects.filter(lost=True, closed_at__isnull=True).exists():
+        return None
+    shortfall = short_queue(client, namespace, queues)
+    return _begin_epoch(client, shortfall) if shortfall is not None else None
 
 
 def idempotent_windows(broker: Broker) -> dict[str, float]:
@@ -113,17 +225,12 @@ def reconcile(epoch: BrokerEpoch, windows: Mapping[str, float], *, paused: Itera
         with connection.cursor() as cursor:
             cursor.execute(_CANDIDATES_SQL.format(outbox=outbox), {
                 "actors": list(windows), "windows": list(windows.values()), "began": epoch.began_at,
-                "since": since, "epoch": epoch.pk, "paused": sorted(paused), "limit": limit})
+                "since": since, "epoch": epoch.pk, "queue": epoch.queue, "paused": sorted(paused), "limit": limit})
             rows = cursor.fetchall()
         if not rows:
             return 0, 0
-        message_ids = {pk: message_id_for(pk) for pk, _, _ in rows}
-        ledger_keys = {pk: ledger_key_of(headers, message_ids[pk]) for pk, _, headers in rows}
-        ran = set(ProcessedMessage.objects.filter(message_id__in=ledger_keys.values())
-                  .values_list("message_id", flat=True))
-        failed = set(DeadLetter.objects.filter(message_id__in=message_ids.values())
-                     .values_list("message_id", flat=True))
-        lost = [(pk, actor) for pk, actor, _ in rows if ledger_keys[pk] not in ran and message_ids[pk] not in failed]
+        actors = {pk: actor for pk, actor, _ in rows}
+        lost = [(pk, actors[pk]) for pk in _never_ran((pk, headers) for pk, _, headers in rows)]
         OutboxMessage.objects.filter(pk__in=[pk for pk, _, _ in rows]).update(reconciled_after_loss=epoch.pk)
         if lost:
             OutboxMessage.objects.filter(pk__in=[pk for pk, _ in lost]).update(
@@ -153,9 +260,14 @@ class BrokerLossReconciler(PeriodicComponent):
 
     def tick(self) -> bool:
         close_old_connections()
-        check_epoch(self.broker.client)  # type: ignore[attr-defined]
+        client = self.broker.client  # type: ignore[attr-defined]
+        check_epoch(client)
         more = False
         windows = idempotent_windows(self.broker)
+        queues: dict[str, set[str]] = {}
+        for name in windows:
+            queues.setdefault(self.broker.actors[name].queue_name, set()).add(name)
+        check_counts(client, self.broker.namespace, queues)  # type: ignore[attr-defined]
         longest_s = max(windows.values(), default=0.0)
         for epoch in BrokerEpoch.objects.filter(lost=True, closed_at__isnull=True).order_by("id"):
             looked_at, _ = reconcile(epoch, windows, paused=paused_queues.names)

@@ -159,14 +159,19 @@ class TaskRecord(models.Model):
 class BrokerEpoch(models.Model):
     """One life of the broker's data, as ``composition.jobs.broker_losses`` sees it: the token it
     wrote into the broker when the epoch began. An epoch that began because the token was gone
-    (``lost``) is a detected loss: idempotent jobs sent before it are reconciled from the ledger
-    until ``closed_at``; ``resent`` counts the outbox rows it sent again."""
+    (``lost``), or because a queue held fewer messages than it must (``queue``), is a detected
+    loss: idempotent jobs sent before it (to that queue) are reconciled from the ledger until
+    ``closed_at``; ``resent`` counts the outbox rows it sent again."""
 
     token = models.CharField(max_length=64, unique=True)
     began_at = models.DateTimeField(default=timezone.now)
     lost = models.BooleanField(default=False, help_text="Began because the broker's data was gone.")
     resent = models.PositiveIntegerField(default=0)
     closed_at = models.DateTimeField(null=True, blank=True)
+    cause = models.CharField(max_length=300, blank=True, default="",
+                             help_text="What showed the loss: the token gone, or a queue short of messages.")
+    queue = models.CharField(max_length=200, blank=True, default="",
+                             help_text="The one queue that lost messages; blank: all of them (the token gone).")
 
     class Meta:
         app_label = "composition"

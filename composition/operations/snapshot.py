@@ -80,7 +80,7 @@ def _broker_loss() -> dict[str, Any] | None:
     epoch = BrokerEpoch.objects.filter(lost=True, began_at__gte=since).order_by("-id").first()
     if epoch is None:
         return None
-    return {"began_at": epoch.began_at, "resent": epoch.resent, "open": epoch.closed_at is None}
+    return {"began_at": epoch.began_at, "resent": epoch.resent, "open": epoch.closed_at is None, "cause": epoch.cause}
 
 
 def _workers(now: float) -> tuple[list[WorkerRow], list[dict[str, Any]], str | None, dict[str, int]]:

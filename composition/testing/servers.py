@@ -36,8 +36,9 @@ class ThrowawayRedis:
     ``restart()`` does both. By default nothing is persisted, so a restart comes back empty; with
     ``appendonly=True`` the append-only file is replayed on start, and with
     ``appendfsync="always"`` every write is on disk before it is acknowledged, so a restart (even
-    a crash) loses nothing the server ever answered OK to. ``close()`` stops it and removes its
-    data directory.
+    a crash) loses nothing the server ever answered OK to. ``wipe()`` kills it and starts it again
+    without its data, whatever it persists: a crash of a server that kept nothing, or a failover to
+    an empty replica. ``close()`` stops it and removes its data directory.
     """
 
     def __init__(self, *, appendonly: bool = False, appendfsync: str | None = None) -> None:
@@ -89,6 +90,16 @@ class ThrowawayRedis:
     def restart(self, down_s: float = 0.0) -> None:
         """Stop gracefully, stay down ``down_s`` seconds, start again on the same port and data."""
         self.stop()
+        time.sleep(down_s)
+        self.start()
+
+    def wipe(self, down_s: float = 0.0) -> None:
+        """SIGKILL it (frozen or not), remove its data (its log stays), stay down ``down_s``
+        seconds, start again on the same port, empty."""
+        self.server.terminate()
+        for path in self.data_dir.iterdir():
+            if path.name not in (self.server.log_path.name, "valkey.conf"):
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
         time.sleep(down_s)
         self.start()
 

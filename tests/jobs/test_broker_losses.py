@@ -1,7 +1,8 @@
 """A loss of the Redis broker's data, reconciled from the inbox ledger (composition.jobs.broker_losses):
-the epoch token that tells a loss, and which sent rows a loss sends again: only idempotent jobs'
-rows sent before it, within the look-back, past their redelivery window, never run (no ledger
-row) nor failed (no dead letter), in a queue not paused; each once per loss."""
+the epoch token that tells a loss, the counts that tell one the token survives, and which sent
+rows a loss sends again: only idempotent jobs' rows sent before it, within the look-back, past
+their redelivery window, never run (no ledger row) nor failed (no dead letter), in a queue not
+paused; each once per loss."""
 
 from __future__ import annotations
 
@@ -12,7 +13,16 @@ import pytest
 import redis
 from django.utils import timezone
 
-from composition.jobs.broker_losses import EPOCH_KEY, check_epoch, reconcile
+from composition.broker.keys import messages_key
+from composition.jobs.broker_losses import (
+    COUNT_CHECK_MARGIN_S,
+    EPOCH_KEY,
+    Shortfall,
+    check_counts,
+    check_epoch,
+    reconcile,
+    short_queue,
+)
 from composition.jobs.models import BrokerEpoch, DeadLetter, ProcessedMessage
 from composition.outbox.models import OutboxMessage, message_id_for
 from composition.testing import metric_value
@@ -75,3 +85,60 @@ def test_a_loss_sends_again_only_what_never_ran_and_each_row_once(settings: Any)
     assert reconcile(epoch, windows, paused=["jobs_quorum"]) == (0, 0)
     # Resumed, the paused queue's row is looked at too.
     assert reconcile(epoch, windows) == (1, 1)
+
+
+def test_a_queue_holding_fewer_messages_than_its_unfinished_sent_rows_begins_one_lost_epoch(
+        throwaway_redis_server: Any, settings: Any) -> None:
+    from dramatiq.brokers.redis import RedisBroker
+    from dramatiq.message import Message
+
+    settings.COMPOSITION = {**settings.COMPOSITION, "BROKER_LOSS_LOOKBACK_S": 3600}
+    broker = RedisBroker(url=throwaway_redis_server.url)
+    client, queues = broker.client, {"jobs_crash": {"crash_effect"}}
+    assert check_counts(client, broker.namespace, queues) is None  # no epoch yet: nothing to compare with
+    assert check_epoch(client) is None  # the first epoch
+    rows = [_sent("crash_effect", sent_s_ago=60) for _ in range(5)]
+    ProcessedMessage.objects.create(message_id=message_id_for(rows[0].pk), actor="crash_effect")
+    DeadLetter.objects.create(actor="crash_effect", queue="jobs_crash", message_id=message_id_for(rows[1].pk),
+                              attempts=1, error_class="E", fingerprint="f", first_failed_at=timezone.now(),
+                              last_failed_at=timezone.now())
+    _sent("crash_effect", sent_s_ago=COUNT_CHECK_MARGIN_S / 2)  # may not be on the broker yet: not counted
+    _sent("crash_effect_plain", sent_s_ago=60)  # not idempotent: never counted
+    # Three sent rows never ran: one message ready, one delayed (a retry's backoff), one taken.
+    for delay in (None, 60_000, None):
+        broker.enqueue(Message(queue_name="jobs_crash", actor_name="crash_effect", args=(), kwargs={}, options={}),
+                       delay=delay)
+    broker.consume("jobs_crash", prefetch=1, timeout=100).__next__()  # taken, not acked
+    assert short_queue(client, broker.namespace, queues) is None
+    assert check_counts(client, broker.namespace, queues) is None
+
+    # One message goes (evicted, or a replica that had not received it took over): the token stays.
+    lost_id = client.hkeys(messages_key(broker.namespace, "jobs_crash.DQ"))[0]
+    client.hdel(messages_key(broker.namespace, "jobs_crash.DQ"), lost_id)
+    assert check_epoch(client) is None
+    assert short_queue(client, broker.namespace, queues) == Shortfall("jobs_crash", 2, 3)
+    before = metric_value("composition_broker_losses_total")
+    epoch = check_counts(client, broker.namespace, queues)
+    assert epoch is not None and epoch.lost and (epoch.queue, epoch.cause) == (
+        "jobs_crash", "queue jobs_crash: 2 messages on the broker for 3 sent, unfinished jobs")
+    assert client.get(EPOCH_KEY).decode() == epoch.token
+    assert metric_value("composition_broker_losses_total") == before + 1
+    assert check_counts(client, broker.namespace, queues) is None  # open: one loss, recorded once
+    # The loss sends again what of that queue never ran: the three rows (the two still on the
+    # broker too: the ledger makes the second run a no-op); another queue's row is left alone.
+    other = _sent("quorum_effect", sent_s_ago=60, queue="jobs_quorum")
+    assert reconcile(epoch, {"crash_effect": 10.0, "quorum_effect": 10.0}) == (5, 3)
+    assert OutboxMessage.objects.get(pk=other.pk).status == "sent"
+    broker.close()
+
+
+def test_a_wipe_seen_first_by_the_counts_is_a_loss_of_every_queue(throwaway_redis_server: Any, settings: Any) -> None:
+    settings.COMPOSITION = {**settings.COMPOSITION, "BROKER_LOSS_LOOKBACK_S": 3600}
+    client = redis.Redis.from_url(throwaway_redis_server.url)
+    assert check_epoch(client) is None
+    _sent("crash_effect", sent_s_ago=60)
+    throwaway_redis_server.restart()  # nothing persisted: the token went with the messages
+    epoch = check_counts(client, "dramatiq", {"jobs_crash": {"crash_effect"}})
+    assert epoch is not None and (epoch.queue, epoch.cause) == ("", "its epoch token was gone")
+    assert check_epoch(client) is None  # the same loss, recorded once
+    client.close()

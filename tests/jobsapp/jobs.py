@@ -31,9 +31,11 @@ def _record_attempt(key: str) -> int:
     return attempt
 
 
-@job(queue=CRASH_QUEUE, idempotent=True, max_attempts=50, initial_delay_s=0.05, max_delay_s=0.5)
+# 25 attempts (at least ten seconds of backoff: a database restart's outage) and a 2 s time limit
+# keep its redelivery window near a minute, which a wiped broker's reconciliation waits out.
+@job(queue=CRASH_QUEUE, idempotent=True, max_attempts=25, initial_delay_s=0.05, max_delay_s=0.5, timeout_s=2.0)
 def crash_effect(key: str) -> None:
-    Effect.objects.create(key=key)
+    Effect.objects.create(key=key, host=os.environ.get("TEST_HOST", ""))
     # Long enough inside the transaction that kills land mid-job, not only between jobs.
     time.sleep(0.01)
 
@@ -286,7 +288,7 @@ CRASH_PLAIN_QUEUE = "jobs_crash_plain"
 def crash_effect_plain(key: str) -> None:
     """``crash_effect`` without the inbox ledger (the chaos soak's non-idempotent twin): its effect
     commits on its own, so a redelivered message shows up as a second ``Effect`` row."""
-    Effect.objects.create(key=key)
+    Effect.objects.create(key=key, host=os.environ.get("TEST_HOST", ""))
     time.sleep(0.01)
 
 

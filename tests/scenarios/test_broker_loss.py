@@ -2,7 +2,8 @@
 wait on it: once their redelivery window has passed, ``runworkers`` sends those jobs again from
 the outbox, and every job's effect is committed exactly once; a job waiting out a retry's backoff
 and a paused queue's jobs are not sent again (composition.jobs.broker_losses). 300 jobs in the
-gate, 5,000 under ``make soak``."""
+gate, 5,000 under ``make soak``. And a queue's messages lost while the epoch token stays: the
+counts tell it, and those jobs run once each."""
 
 from __future__ import annotations
 
@@ -78,3 +79,49 @@ def test_jobs_lost_with_the_broker_s_data_run_once_each_after_their_window_and_n
         row = OutboxMessage.objects.get(actor_name=actor)
         assert (row.status, row.reconciled_after_loss) == ("sent", None), actor
     assert "outbox rows sent again after a loss of the broker's data" in worker.output()
+
+
+def test_a_queue_s_messages_lost_with_the_epoch_token_kept_are_found_by_the_counts_and_run_once_each(
+        throwaway_redis_server: Any, worker_processes: Any) -> None:
+    import redis
+
+    from composition.broker.keys import messages_key, queue_key
+    from tests.settings import the_gate_s_own
+
+    worker = worker_processes.spawn(
+        ["--threads", "4", "--queues", f"{jobs.LOSS_QUEUE},composition.outbox"],
+        BROKER_URL=throwaway_redis_server.url,
+        COMPOSITION_TEST_OVERRIDES=json.dumps({"BROKER_LOSS_CHECK_INTERVAL_S": 0.5, "QUEUE_PAUSE_REFRESH_S": 0.2}))
+
+    def log() -> str:
+        return worker.output()[-3000:]
+
+    _publish("loss_effect", [f"ran-{index}" for index in range(100)])
+    wait_until(lambda: Effect.objects.filter(key__startswith="ran-").count() == 100, 60,
+               message=f"the first jobs did not run:\n{log()}")
+    # A hundred wait on the broker in a paused queue, counted again and again: no loss.
+    pause_queue(jobs.LOSS_QUEUE, by="test")
+    time.sleep(1)
+    lost_keys = [f"lost-{index}" for index in range(100)]
+    _publish("loss_effect", lost_keys)
+    wait_until(lambda: not OutboxMessage.objects.filter(status="pending").exists(), 60,
+               message=f"not relayed:\n{log()}")
+    time.sleep(7)  # past the count's margin, a dozen checks
+    assert not BrokerEpoch.objects.filter(lost=True).exists(), log()
+
+    # The queue's messages go (evicted under maxmemory, say); the epoch token stays.
+    client = redis.Redis.from_url(the_gate_s_own(throwaway_redis_server.url))  # the workers' database on it
+    assert client.delete(queue_key("dramatiq", jobs.LOSS_QUEUE), messages_key("dramatiq", jobs.LOSS_QUEUE)) == 2
+    client.close()
+    wait_until(lambda: BrokerEpoch.objects.filter(lost=True).exists(), 30, message=f"no loss detected:\n{log()}")
+    resume_queue(jobs.LOSS_QUEUE, by="test")
+    wait_until(lambda: Effect.objects.filter(key__startswith="lost-").values("key").distinct().count() == 100,
+               120, interval_s=0.5, message=f"the lost jobs did not run again:\n{log()}")
+    assert worker.terminate() == 0, log()
+
+    doubled = list(Effect.objects.values("key").annotate(n=Count("id")).filter(n__gt=1))
+    assert doubled == [], "an effect committed twice"
+    epoch = BrokerEpoch.objects.get(lost=True)
+    assert (epoch.queue, epoch.cause, epoch.resent) == (
+        jobs.LOSS_QUEUE, f"queue {jobs.LOSS_QUEUE}: 0 messages on the broker for 100 sent, unfinished jobs", 100)
+    assert BrokerEpoch.objects.filter(lost=True).count() == 1, "one loss, recorded once"
