@@ -455,7 +455,10 @@ class Soak:
             database = urlsplit(os.environ["DATABASE_URL"])
             self.proxies = [FaultProxy(database.hostname or "127.0.0.1", database.port or 5432).start(),
                             FaultProxy("127.0.0.1", redis_server.port).start()]
-            self.remote_env = {**os.environ, "TEST_HOST": "b",
+            # Nor the sweep: a relay kill must find every lease in the group it kills.
+            overrides = {**json.loads(os.environ.get("COMPOSITION_TEST_OVERRIDES") or "{}"),
+                         "OUTBOX_SWEEP_INTERVAL_S": 24 * 3600.0}
+            self.remote_env = {**os.environ, "TEST_HOST": "b", "COMPOSITION_TEST_OVERRIDES": json.dumps(overrides),
                                "DATABASE_URL": self.proxies[0].proxied_url(os.environ["DATABASE_URL"]),
                                **{name: self.proxies[1].proxied_url(os.environ[name])
                                   for name in ("BROKER_URL", "REDIS_URL")}}

@@ -55,13 +55,16 @@ from composition.lifecycle.periodic import PeriodicComponent
 from composition.metrics import BROKER_LOSSES, OUTBOX_RESENT
 from composition.outbox.models import OutboxMessage, message_id_for
 
-__all__ = ["COUNT_CHECK_MARGIN_S", "COUNT_CHECK_MAX_ROWS", "EPOCH_KEY", "BrokerLossReconciler", "Shortfall",
-           "check_counts", "check_epoch", "idempotent_windows", "reconcile", "short_queue"]
+__all__ = ["COUNT_CHECK_KEY", "COUNT_CHECK_MARGIN_S", "COUNT_CHECK_MAX_ROWS", "EPOCH_KEY", "BrokerLossReconciler",
+           "Shortfall", "check_counts", "check_epoch", "idempotent_windows", "reconcile", "short_queue"]
 
 log = structlog.get_logger("composition.jobs")
 
 # Outside Dramatiq's namespace: emptying the broker's queues leaves it.
 EPOCH_KEY = "composition:broker-epoch"
+# Held for an interval by the process that counts (one count per interval across the cluster:
+# each reads a few hundred rows per queue).
+COUNT_CHECK_KEY = "composition:broker-count-check"
 # pg_advisory_xact_lock's key for the epoch check: "composition broker epoch".
 _EPOCH_LOCK = 0x636F6D70_65706F63
 # Rows looked at per statement.
@@ -194,12 +197,16 @@ def _begin_epoch(client: Any, shortfall: Shortfall | None = None) -> BrokerEpoch
     return epoch
 
 
-def check_counts(client: Any, namespace: str, queues: Mapping[str, Iterable[str]]) -> BrokerEpoch | None:
+def check_counts(client: Any, namespace: str, queues: Mapping[str, Iterable[str]], *,
+                 once_per_s: float = 0.0) -> BrokerEpoch | None:
     """``short_queue``, unless a lost epoch is open (its own shortfall lasts until it has sent its
-    rows again) or none began yet; a shortfall begins a lost epoch of its queue, returned, or of
-    every queue when the broker lost its token too (a wipe seen first by its counts)."""
+    rows again) or none began yet, or (``once_per_s``) another process of the cluster counted
+    within that time; a shortfall begins a lost epoch of its queue, returned, or of every queue
+    when the broker lost its token too (a wipe seen first by its counts)."""
     if not queues or not BrokerEpoch.objects.exists() \
             or BrokerEpoch.objects.filter(lost=True, closed_at__isnull=True).exists():
+        return None
+    if once_per_s > 0 and not client.set(COUNT_CHECK_KEY, "1", nx=True, px=max(1, round(once_per_s * 1000))):
         return None
     shortfall = short_queue(client, namespace, queues)
     return _begin_epoch(client, shortfall) if shortfall is not None else None
@@ -267,7 +274,8 @@ class BrokerLossReconciler(PeriodicComponent):
         queues: dict[str, set[str]] = {}
         for name in windows:
             queues.setdefault(self.broker.actors[name].queue_name, set()).add(name)
-        check_counts(client, self.broker.namespace, queues)  # type: ignore[attr-defined]
+        check_counts(client, self.broker.namespace, queues,  # type: ignore[attr-defined]
+                     once_per_s=self.interval_s)
         longest_s = max(windows.values(), default=0.0)
         for epoch in BrokerEpoch.objects.filter(lost=True, closed_at__isnull=True).order_by("id"):
             looked_at, _ = reconcile(epoch, windows, paused=paused_queues.names)
