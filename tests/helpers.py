@@ -143,3 +143,16 @@ def next_message(consumer: Any, timeout_s: float = 10.0) -> Any:
         if message is not None:
             return message
     raise AssertionError(f"no message within {timeout_s} s")
+
+
+def sent_row(actor: str, *, sent_s_ago: float, queue: str = "jobs_crash", delay_s: float | None = None) -> Any:
+    """An outbox row of ``actor`` marked sent ``sent_s_ago`` seconds ago, as a relay leaves it."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from composition.outbox.models import OutboxMessage
+
+    sent_at = timezone.now() - timedelta(seconds=sent_s_ago)
+    return OutboxMessage.objects.create(actor_name=actor, queue_name=queue, payload={}, status="sent",
+                                        created_at=sent_at, sent_at=sent_at, delay_s=delay_s)

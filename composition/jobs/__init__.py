@@ -5,8 +5,8 @@
 Modules: ``decorator``, ``policy``, ``schema``; ``inbox``, ``models``, ``deadletters``, ``replay``
 (the ledger and dead letters); ``middleware/``, the worker middleware, one concern per module;
 ``current``, ``connection_hygiene``, ``recent_counts`` (what it uses); ``runtime`` (a worker
-process's drain and broker keepalive); ``broker_losses`` (a Redis broker that lost its data,
-reconciled from the ledger).
+process's drain and broker keepalive); ``broker_losses`` and ``shortfalls`` (a Redis broker
+that lost messages, told and reconciled from the ledger).
 """
 
 from composition.errors import PayloadValidationError, PermanentError, TransientError

@@ -1,40 +1,19 @@
-"""When the Redis broker loses its data: idempotent jobs reconciled from the inbox ledger.
+"""When the Redis broker loses messages: idempotent jobs reconciled from the inbox ledger.
 
-The outbox marks a row sent once the broker took it; from then on the job lives only on the
-broker. A Redis broker restarted without its data, flushed, or failed over to a replica that had
-not received the last writes loses some or all of it, and nothing else would notice.
-``BrokerLossReconciler``, in every ``runworkers`` process, every ``BROKER_LOSS_CHECK_INTERVAL_S``:
-
-- checks the broker's epoch: a token the first check writes into the broker (``EPOCH_KEY``) and
-  records as a ``BrokerEpoch``. When the broker no longer holds the latest epoch's token, its
-  data was lost: a new epoch begins, marked ``lost``, under a transaction-scoped advisory lock,
-  so one process records it (none is held across transactions: safe behind PgBouncer);
-- checks the counts (``short_queue``), for a loss the token survives: an idempotent job's
-  message stays on the broker (ready, taken, delayed or dead) until its ledger row or dead letter
-  has committed, so a queue whose broker holds fewer messages than it has sent rows that have
-  neither lost some. The sent rows are counted after the broker, and only those sent a margin
-  before it was read (the relay stamps a row sent after its enqueue, by its host's clock); only
-  the newest rows are looked at, so a loss of old messages under a large backlog goes unseen.
-  A shortfall begins a lost epoch of that queue alone, unless one is open;
-- for each lost epoch still open, takes the outbox rows sent before it (to its queue; within
-  ``BROKER_LOSS_LOOKBACK_S``) of idempotent jobs, once their job's whole redelivery window has
-  passed since their due time (so a retry waiting out its backoff, a limit's or a deploy's wait,
-  is never sent a second time), claimed with ``SKIP LOCKED``; each row is looked at once per
-  loss. Those with neither a ledger row nor a dead letter are made pending again: the relay
-  sends them under their message id, and the ledger makes a duplicate harmless. Rows of a paused
-  (or shed) queue wait until it is resumed (this process's copy of the pauses, which runworkers'
-  refresher keeps). The epoch closes once the longest window has passed.
-
-Plain jobs and ``django.tasks`` tasks with ``ATOMIC: False`` write no ledger row with their
-effects: they are outside this promise. Presence on the broker is never checked: Redis keys a
-message by a per-enqueue id.
+``BrokerLossReconciler`` (every ``runworkers`` process, each ``BROKER_LOSS_CHECK_INTERVAL_S``)
+tells a loss by the epoch token the first check wrote into the broker being gone (every queue),
+or by a queue's counts (``composition.jobs.shortfalls``: that queue), and records it once as a
+lost ``BrokerEpoch`` under a transaction-scoped advisory lock. For an open lost epoch it makes
+pending again the idempotent rows sent before it that never ran (no ledger row, no dead letter),
+once their whole redelivery window has passed since their due time, each once per loss, a paused
+queue's when it is resumed. What a changer must keep: a row still inside its window is never sent
+again (a retry waiting out its backoff would start a second chain). docs/jobs.md has the rest.
 """
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -43,20 +22,18 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 from dramatiq.broker import Broker
-from dramatiq.common import dq_name, xq_name
 
-from composition.broker.keys import messages_key
 from composition.broker.pausing import paused_queues
 from composition.conf import conf
-from composition.jobs.inbox import ledger_key_of
-from composition.jobs.models import BrokerEpoch, DeadLetter, ProcessedMessage
+from composition.jobs.models import BrokerEpoch
 from composition.jobs.policy import JobPolicy, redelivery_window_s
+from composition.jobs.shortfalls import Shortfall, never_ran, short_queue
 from composition.lifecycle.periodic import PeriodicComponent
 from composition.metrics import BROKER_LOSSES, OUTBOX_RESENT
-from composition.outbox.models import OutboxMessage, message_id_for
+from composition.outbox.models import OutboxMessage
 
-__all__ = ["COUNT_CHECK_KEY", "COUNT_CHECK_MARGIN_S", "COUNT_CHECK_MAX_ROWS", "EPOCH_KEY", "BrokerLossReconciler",
-           "Shortfall", "check_counts", "check_epoch", "idempotent_windows", "reconcile", "short_queue"]
+__all__ = ["COUNT_CHECK_KEY", "EPOCH_KEY", "BrokerLossReconciler", "check_counts", "check_epoch", "idempotent_windows",
+           "reconcile"]
 
 log = structlog.get_logger("composition.jobs")
 
@@ -69,12 +46,6 @@ COUNT_CHECK_KEY = "composition:broker-count-check"
 _EPOCH_LOCK = 0x636F6D70_65706F63
 # Rows looked at per statement.
 _BATCH = 500
-# The count check looks at most at this many sent rows of a queue: one whose broker holds more
-# messages cannot be shown short of them this cheaply, and is left to the epoch token.
-COUNT_CHECK_MAX_ROWS = 5_000
-# Rows stamped sent less than this before the broker was read are not counted: the relay stamps a
-# row after its enqueue, by its own host's clock, which may be off the database's by this much.
-COUNT_CHECK_MARGIN_S = 5.0
 
 _CANDIDATES_SQL = """
 SELECT o.id, o.actor_name, o.headers
@@ -97,71 +68,6 @@ def check_epoch(client: Any) -> BrokerEpoch | None:
     """Compare the broker's epoch token (``client``: the broker's Redis) with the latest epoch's;
     begin a new epoch when they differ. Returns it when that is a detected loss."""
     return _begin_epoch(client)
-
-
-@dataclass(frozen=True)
-class Shortfall:
-    """A queue whose broker held fewer messages than it had sent idempotent rows not yet run."""
-
-    queue: str
-    held: int
-    unfinished: int
-
-    def __str__(self) -> str:
-        return f"queue {self.queue}: {self.held} messages on the broker for {self.unfinished} sent, unfinished jobs"
-
-
-_NEWEST_SENT_SQL = """
-SELECT o.id, o.headers
-FROM {outbox} o
-WHERE o.status = 'sent' AND o.queue_name = %(queue)s AND o.actor_name = ANY(%(actors)s::text[])
-  AND o.sent_at < %(before)s AND o.sent_at >= %(since)s
-ORDER BY o.sent_at DESC
-LIMIT %(limit)s
-"""
-
-
-def _never_ran(rows: Iterable[tuple[int, Any]]) -> list[int]:
-    """The ids of the outbox ``rows`` (id, headers) with neither a ledger row nor a dead letter."""
-    rows = list(rows)
-    message_ids = {pk: message_id_for(pk) for pk, _ in rows}
-    ledger_keys = {pk: ledger_key_of(headers, message_ids[pk]) for pk, headers in rows}
-    ran = set(ProcessedMessage.objects.filter(message_id__in=ledger_keys.values())
-              .values_list("message_id", flat=True))
-    failed = set(DeadLetter.objects.filter(message_id__in=message_ids.values())
-                 .values_list("message_id", flat=True))
-    return [pk for pk, _ in rows if ledger_keys[pk] not in ran and message_ids[pk] not in failed]
-
-
-def short_queue(client: Any, namespace: str, queues: Mapping[str, Iterable[str]]) -> Shortfall | None:
-    """The first of ``queues`` (queue name: its idempotent jobs' names) whose Redis broker
-    (``client``, ``namespace``) holds fewer messages than it has sent rows that never ran (see
-    module doc), or None."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT statement_timestamp()")
-        (now,) = cursor.fetchone()
-    # Every row counted below was sent before this, so its message was on the broker when it was
-    # read; and it stays there until the ledger row or dead letter the count would have seen.
-    before = now - timedelta(seconds=COUNT_CHECK_MARGIN_S)
-    pipe = client.pipeline(transaction=False)
-    for queue in queues:
-        for name in (queue, dq_name(queue), xq_name(queue)):
-            pipe.hlen(messages_key(namespace, name))
-    counts = [int(count) for count in pipe.execute()]
-    outbox = connection.ops.quote_name(OutboxMessage._meta.db_table)
-    since = now - timedelta(seconds=float(conf.BROKER_LOSS_LOOKBACK_S))
-    for index, (queue, actors) in enumerate(queues.items()):
-        held = sum(counts[3 * index:3 * index + 3])
-        if held >= COUNT_CHECK_MAX_ROWS:
-            continue
-        with connection.cursor() as cursor:
-            cursor.execute(_NEWEST_SENT_SQL.format(outbox=outbox), {
-                "queue": queue, "actors": sorted(actors), "before": before, "since": since,
-                "limit": min(COUNT_CHECK_MAX_ROWS, 2 * held + 100)})
-            rows = cursor.fetchall()
-        if len(rows) > held and len(unfinished := _never_ran(rows)) > held:
-            return Shortfall(queue, held, len(unfinished))
-    return None
 
 
 def _begin_epoch(client: Any, shortfall: Shortfall | None = None) -> BrokerEpoch | None:
@@ -237,7 +143,7 @@ def reconcile(epoch: BrokerEpoch, windows: Mapping[str, float], *, paused: Itera
         if not rows:
             return 0, 0
         actors = {pk: actor for pk, actor, _ in rows}
-        lost = [(pk, actors[pk]) for pk in _never_ran((pk, headers) for pk, _, headers in rows)]
+        lost = [(pk, actors[pk]) for pk in never_ran((pk, headers) for pk, _, headers in rows)]
         OutboxMessage.objects.filter(pk__in=[pk for pk, _, _ in rows]).update(reconciled_after_loss=epoch.pk)
         if lost:
             OutboxMessage.objects.filter(pk__in=[pk for pk, _ in lost]).update(
