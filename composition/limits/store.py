@@ -51,8 +51,8 @@ local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
 # KEYS: slots, started, starts, meta. ARGV: token, concurrency (0: none), ttl ms, rate starts
 # (0: none), window ms (with its margin), first mean run ms, max delay ms, turns per freed start.
-# Returns {1, 0, ''} (started: a slot
-# held by token, a start logged) or {0, delay ms, kind}.
+# Returns {1, now ms, ''} (started: a slot
+# held by token, a start logged at now) or {0, delay ms, kind}.
 _ADMIT = _NOW + """
 local token = ARGV[1]
 local concurrency, ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -100,7 +100,7 @@ if concurrency > 0 then
   redis.call('PEXPIRE', KEYS[1], ttl)
   redis.call('PEXPIRE', KEYS[2], ttl)
 end
-return {1, 0, ''}
+return {1, now, ''}
 """
 
 # KEYS: slots, started, meta. ARGV: token. Frees the slot if token still holds it and folds the
@@ -147,12 +147,13 @@ return {held, starts, tonumber(meta[1] or '0'), tonumber(meta[2] or '0'), tonumb
 
 @dataclass(frozen=True)
 class Admission:
-    """A start allowed (``started``), or the delay before trying again and the limit (``kind``:
-    ``concurrency`` or ``rate``) that refused it."""
+    """A start allowed (``started``, logged at ``at_s`` on the Redis server's clock), or the delay
+    before trying again and the limit (``kind``: ``concurrency`` or ``rate``) that refused it."""
 
     started: bool
     delay_s: float = 0.0
     kind: str = ""
+    at_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -184,14 +185,14 @@ class LimitStore:
         """Start one run of ``actor`` under ``limits`` as ``token``, or say when to try again.
         Raises the client's errors (the caller decides what an unreachable store means)."""
         rate = limits.rate
-        started, delay_ms, kind = self._admit(
+        started, value_ms, kind = self._admit(
             keys=self._keys(actor, "slots", "started", "starts", "meta"),
             args=[token, limits.concurrency or 0, _ms(float(conf.LIMIT_SLOT_TTL_S)),
                   rate.starts if rate else 0, _window_ms(rate.window_s) if rate else 0,
                   FIRST_MEAN_RUN_MS, _ms(float(conf.LIMIT_MAX_DELAY_S)), TURNS_PER_FREED_START])
         if started:
-            return Admission(True)
-        return Admission(False, int(delay_ms) / 1000, kind.decode() if isinstance(kind, bytes) else str(kind))
+            return Admission(True, at_s=int(value_ms) / 1000)
+        return Admission(False, int(value_ms) / 1000, kind.decode() if isinstance(kind, bytes) else str(kind))
 
     def release(self, actor: str, token: str) -> bool:
         """Free ``token``'s slot; False when it had expired (the run outlived its lease)."""

@@ -104,7 +104,10 @@ def test_a_slot_nobody_renews_comes_back_at_its_ttl_and_a_renewed_one_does_not(s
 
 def test_refused_starts_take_turns_spaced_by_the_mean_run_time_not_a_retry_loop(store: LimitStore) -> None:
     actor, limits = unique("limit"), JobLimits(concurrency=2)
-    assert store.admit(actor, limits, "a").started
+    seconds, micros = store.client.time()
+    started = store.admit(actor, limits, "a")
+    # Its time on the server's clock, the one a rate is counted on.
+    assert started.started and started.at_s == pytest.approx(seconds + micros / 1e6, abs=0.5)
     time.sleep(0.3)
     assert store.release(actor, "a")  # the mean run time is now about 300 ms
     assert store.state(actor, limits).mean_run_s == pytest.approx(0.3, abs=0.1)

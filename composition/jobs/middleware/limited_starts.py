@@ -28,12 +28,15 @@ from composition.limits.leases import held_slots
 from composition.limits.store import Admission, limit_store
 from composition.metrics import JOB_LIMIT_DELAYS_TOTAL
 
-__all__ = ["LIMIT_WAITS_OPTION", "UNREACHABLE_DELAY_S", "LimitedStarts"]
+__all__ = ["LIMIT_STARTED_AT_OPTION", "LIMIT_WAITS_OPTION", "UNREACHABLE_DELAY_S", "LimitedStarts"]
 
 log = structlog.get_logger("composition.jobs")
 
 # How many times a message was put back by a limit (carried in the copy, for its logs).
 LIMIT_WAITS_OPTION = "composition_limit_waits"
+# When the limits let this run start, in seconds on the Redis server's clock (the clock its rate
+# is counted on); each run's admission sets it.
+LIMIT_STARTED_AT_OPTION = "composition_limit_started_at"
 # While the limits' Redis cannot be asked, a limited start waits this long and asks again.
 UNREACHABLE_DELAY_S = 5.0
 
@@ -63,6 +66,7 @@ class LimitedStarts(Middleware):
                         actor=message.actor_name, error=described(exc))
             admission = Admission(False, UNREACHABLE_DELAY_S, "unreachable")
         if admission.started:
+            message.options[LIMIT_STARTED_AT_OPTION] = admission.at_s
             if limits.concurrency is not None:
                 held_slots.add(actor.actor_name, token)
                 self._slot.held = (message, actor.actor_name, token)
