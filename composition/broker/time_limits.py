@@ -4,11 +4,12 @@ Unlike Dramatiq's, the watchdog fires under its lock, so ``disarm()`` either win
 interrupt not yet delivered; ``@job`` disarms the moment the job body returns, so a finished job is
 never interrupted in its retry or dead-letter bookkeeping. ``shielded()`` defers the interrupt
 until a block that must not be cut ends; ``interrupt_job()`` sends a drain's ``Shutdown`` through
-the same watchdog. From ``CUT_AFTER_S`` past a thread's time limit (or its drain interrupt) until
-its message is finished, its database connections busy with a command are cut
+the same watchdog. Past a thread's time limit (or its drain interrupt) and until its message is finished, a
+database call seen waiting for the server for ``CUT_AFTER_S`` is cut
 (``composition.db.blocked_calls``): a call the network never answers blocks in C, where no
 interrupt reaches, and so would a commit after the body returned (no interrupt is meant to
-reach it) or a call inside ``shielded()``. A cut call fails as a lost connection would.
+reach it) or a call inside ``shielded()``. A cut call fails as a lost connection would; the
+quick calls an overdue thread makes after its interrupt (a rollback, a dead letter) are not cut.
 ``boot_worker_process(broker)`` starts the watchdog for ``runworkers``, as Dramatiq's CLI does.
 """
 
@@ -26,7 +27,7 @@ from dramatiq.broker import Broker
 from dramatiq.middleware import Shutdown, ShutdownNotifications, TimeLimit, TimeLimitExceeded
 from dramatiq.middleware.threading import raise_thread_exception
 
-from composition.db.blocked_calls import cut_busy_connections_of
+from composition.db.blocked_calls import cut_busy_connections_of, has_busy_connection
 
 __all__ = [
     "CUT_AFTER_S",
@@ -49,8 +50,8 @@ INTERRUPTS = (TimeLimitExceeded, Shutdown)
 # enforced within this much of its value.
 WATCHDOG_INTERVAL_S = 0.1
 
-# A thread this far past its time limit whose message is not finished, still waiting for the
-# database, waits on a network that does not answer: a healthy database answers a job's last
+# A thread past its time limit whose message is not finished, seen waiting for the database this
+# long, waits on a network that does not answer: a healthy database answers a job's last
 # statements (its commit) well within it.
 CUT_AFTER_S = 1.0
 
@@ -80,6 +81,9 @@ class _Watchdog(threading.Thread):
         # Thread ident -> its time limit (monotonic), until its message is finished: a disarm
         # does not end it, as the commit and the bookkeeping come after.
         self._limits: dict[int, float] = {}
+        # Thread ident -> (its time limit, when it was first seen overdue with a call waiting for
+        # the database, at every look since): the watchdog's own.
+        self._busy_since: dict[int, tuple[float, float]] = {}
         # Thread ident -> what to raise instead of TimeLimitExceeded (a drain's Shutdown).
         self._interrupts: dict[int, type[BaseException]] = {}
         self._boot_lock = threading.Lock()
@@ -135,11 +139,24 @@ class _Watchdog(threading.Thread):
                         del self._deadlines[thread_id]
                         self._fired.add(thread_id)
                         raise_thread_exception(thread_id, self._interrupts.pop(thread_id, TimeLimitExceeded))
-                overdue = [thread_id for thread_id, limit in self._limits.items() if now - limit >= CUT_AFTER_S]
-            for thread_id in overdue:
-                if cut := cut_busy_connections_of(thread_id):
-                    log.warning("a job's thread was blocked in a database call past its time limit: "
-                                "its busy connections were cut", thread=thread_id, connections=cut)
+                overdue = [(thread_id, limit) for thread_id, limit in self._limits.items() if now >= limit]
+            self._cut_blocked_calls(overdue, now)
+
+    def _cut_blocked_calls(self, overdue: list[tuple[int, float]], now: float) -> None:
+        """Cut the calls of overdue threads seen waiting for the database at every look for
+        ``CUT_AFTER_S``: one look could land on any quick call."""
+        busy_since = {}
+        for thread_id, limit in overdue:
+            if not has_busy_connection(thread_id):
+                continue
+            seen_limit, since = self._busy_since.get(thread_id, (limit, now))
+            since = since if seen_limit == limit else now  # a new message: a new watch
+            if now - since < CUT_AFTER_S:
+                busy_since[thread_id] = (limit, since)
+            elif cut := cut_busy_connections_of(thread_id):
+                log.warning("a job's thread was blocked in a database call past its time limit: "
+                            "its busy connections were cut", thread=thread_id, connections=cut)
+        self._busy_since = busy_since
 
 
 class JobTimeLimit(TimeLimit):

@@ -18,7 +18,7 @@ import threading
 import weakref
 from typing import Any
 
-__all__ = ["cut_busy_connections_of", "remember_connection"]
+__all__ = ["cut_busy_connections_of", "has_busy_connection", "remember_connection"]
 
 # libpq's PQTRANS_ACTIVE: a command was sent and its result has not been read.
 _COMMAND_IN_PROGRESS = 1
@@ -35,13 +35,21 @@ def remember_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
         _opened.setdefault(threading.get_ident(), weakref.WeakSet()).add(connection)
 
 
+def _opened_by(thread_id: int) -> list[Any]:
+    with _lock:
+        return list(_opened.get(thread_id, ()))
+
+
+def has_busy_connection(thread_id: int) -> bool:
+    """Whether a connection ``thread_id`` opened is waiting for the server's answer now."""
+    return any(_busy_socket(wrapper.connection) is not None for wrapper in _opened_by(thread_id))
+
+
 def cut_busy_connections_of(thread_id: int) -> int:
     """Shut down the socket of each connection ``thread_id`` opened that is waiting for the
     server's answer to a command (an idle one is left alone); the number cut."""
-    with _lock:
-        wrappers = list(_opened.get(thread_id, ()))
     cut = 0
-    for wrapper in wrappers:
+    for wrapper in _opened_by(thread_id):
         fileno = _busy_socket(wrapper.connection)
         if fileno is None:
             continue
