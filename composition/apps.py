@@ -1,3 +1,7 @@
+"""The ``composition`` Django app: when Django is ready, its checks, logging and connection
+receivers are wired, the configured broker is built and each app's ``jobs`` and ``schedules``
+modules are imported."""
+
 from __future__ import annotations
 
 from django.apps import AppConfig

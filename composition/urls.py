@@ -1,3 +1,5 @@
+"""The app's URLs: health probes and metrics (``include('composition.urls')``)."""
+
 from django.urls import path
 
 from composition import views

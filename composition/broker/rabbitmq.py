@@ -1,18 +1,11 @@
 """Dramatiq's RabbitMQ broker with consumers that stop a paused queue's deliveries.
 
-Not Dramatiq's consumer pause: a paused Dramatiq consumer closes its connection, and RabbitMQ
-then redelivers every unacknowledged message of it, the ones still running on this host
-included (they would run twice). A ``PausableRabbitmqConsumer`` of a paused work queue cancels
-its subscription instead (``basic.cancel``; pika hands back what it had received and not yet
-given out): the connection, the channel and their unacknowledged messages stay, running jobs
-are acknowledged as usual, and a message marked ``hand_back()`` is ``basic_nack``-ed with
-``requeue=True``, which keeps it on the queue with its delivery count. On a quorum queue, whose
-``x-delivery-limit`` counts those returns, it goes back as a copy (same message id) published
-before the original is acknowledged, so pauses never use the limit up (a copy it cannot publish
-is nacked as above). On resume it subscribes again. Delay queues are never paused: a due message
-moves on to its paused queue and waits there.
-
-The queues are declared as ``composition.broker.rabbitmq_queues`` says: classic or quorum.
+Not Dramatiq's consumer pause, which closes its connection: RabbitMQ then redelivers every
+unacknowledged message of it, running ones included (they would run twice). A
+``PausableRabbitmqConsumer`` of a paused work queue cancels its subscription instead
+(``basic.cancel``), keeps its connection and unacknowledged messages, and subscribes again on
+resume. Delay queues are never paused: a due message moves on to its paused queue and waits
+there. The queues are declared as ``composition.broker.rabbitmq_queues`` says: classic or quorum.
 """
 
 from __future__ import annotations
@@ -49,6 +42,11 @@ _PIKA_FAILURES = (pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChann
 
 # Relies on Dramatiq internals (dramatiq>=2.2,<3): _RabbitmqConsumer's connection, channel,
 # iterator and known_tags; docs/architecture.md lists them.
+# Paused, pika hands back what it had received and not yet given out; running jobs are
+# acknowledged as usual, and a message marked hand_back() is basic_nack-ed with requeue=True,
+# which keeps it on the queue with its delivery count. On a quorum queue, whose x-delivery-limit
+# counts those returns, it goes back as a copy (same message id) published before the original is
+# acknowledged, so pauses never use the limit up (a copy it cannot publish is nacked as above).
 class PausableRabbitmqConsumer(_RabbitmqConsumer):
     """Dramatiq's RabbitMQ consumer that unsubscribes while its queue is paused (module doc)."""
 

@@ -3,14 +3,9 @@ classic queues as Dramatiq does, or quorum queues (``RABBITMQ_QUEUE_TYPE = "quor
 over a cluster's nodes (RabbitMQ 3.10 or later: message TTLs on them).
 
 A quorum work queue gets ``x-delivery-limit`` (``RABBITMQ_DELIVERY_LIMIT``): a message returned
-that many times (its consumer died with it each time) goes to the dead queue, as Dramatiq's
-rejected ones do. The delay queue's is unreachable: its messages come back at every consumer
-restart, held until due. Quorum queues take no ``x-max-priority`` (RabbitMQ 3.x has no
-priorities on them; 4.x has two levels, not used here). RabbitMQ never changes a queue's
-arguments: declaring a name that exists with others closes the channel, and every enqueue to it
-would fail; ``declare`` raises ``QueueArgumentsConflict``, saying what to do, instead. (pika, the
-optional ``rabbitmq`` extra, is imported only where a queue is declared: the checks import this
-module.)
+that many times goes to the dead queue, as Dramatiq's rejected ones do. RabbitMQ never changes a
+queue's arguments, so ``declare`` raises ``QueueArgumentsConflict``, saying what to do, for a
+name that exists with others. (pika is imported only where a queue is declared.)
 """
 
 from __future__ import annotations
@@ -46,6 +41,8 @@ class QueueArgumentsConflict(BrokerConfigurationError):
         self.queue_name = queue_name
 
 
+# Quorum queues take no x-max-priority (RabbitMQ 3.x has no priorities on them; 4.x has two
+# levels, not used here).
 def work_queue_arguments(queue_name: str, *, queue_type: str, max_priority: int | None,
                          delivery_limit: int) -> dict[str, Any]:
     """The arguments of a work queue: rejected messages go to its dead queue (as Dramatiq's)."""

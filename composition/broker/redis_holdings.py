@@ -1,17 +1,9 @@
 """What a worker's Redis consumers hold, so that what its unacknowledged set holds beyond that
 goes back to its queue after a lost connection, instead of waiting for the worker's restart.
 
-Dramatiq's fetch moves ids into the worker's unacknowledged set (``__acks__``) and answers with
-their bodies. When the answer never arrives (Redis stalled or the network was cut after the fetch
-ran, or a fetch sent before a stall ran after the client gave up), the ids sit in that set with
-no consumer holding them; the worker still beats, so no other worker's maintenance takes them
-back. So are the delayed messages a consumer thread drops, with its delay queue, when its
-connection is lost.
-
-So a worker keeps the Redis ids its consumers handed out and have not settled (``Holdings``).
 After a consumer of a queue lost its connection, the queue's next consumer first fences the
 queue (every fetch presents the queue's fence: one sent before, arriving late, takes nothing)
-and puts back every id of the set that it does not hold.
+and puts back every id of the worker's unacknowledged set that its consumers do not hold.
 """
 
 from __future__ import annotations
@@ -56,6 +48,12 @@ return {fence, redis.call("smembers", KEYS[2])}
 """
 
 
+# Why: Dramatiq's fetch moves ids into the worker's unacknowledged set (__acks__) and answers with
+# their bodies. When the answer never arrives (Redis stalled or the network was cut after the
+# fetch ran, or a fetch sent before a stall ran after the client gave up), the ids sit in that set
+# with no consumer holding them; the worker still beats, so no other worker's maintenance takes
+# them back. So are the delayed messages a consumer thread drops, with its delay queue, when its
+# connection is lost.
 class Holdings:
     """The Redis ids a worker's consumers handed out and have not acked, nacked or put back, per
     queue; the queues whose consumer lost its connection since; and each queue's fence."""

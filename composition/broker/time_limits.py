@@ -1,16 +1,12 @@
 """Job time limits: Dramatiq's ``TimeLimit`` with a watchdog that can be disarmed and shielded.
 
 Unlike Dramatiq's, the watchdog fires under its lock, so ``disarm()`` either wins or withdraws an
-interrupt not yet delivered; ``@job`` disarms the moment the job body returns, so a finished job is
-never interrupted in its retry or dead-letter bookkeeping. ``shielded()`` defers the interrupt
-until a block that must not be cut ends; ``interrupt_job()`` sends a drain's ``Shutdown`` through
-the same watchdog. Past a thread's time limit (or its drain interrupt) and until its message is finished, a
-database call seen waiting for the server for ``CUT_AFTER_S`` is cut
+interrupt not yet delivered; ``@job`` disarms the moment the job body returns. ``shielded()``
+defers the interrupt until a block that must not be cut ends; ``interrupt_job()`` sends a drain's
+``Shutdown`` through the same watchdog. Past a thread's limit and until its message is finished,
+a database call seen waiting for the server for ``CUT_AFTER_S`` is cut
 (``composition.db.blocked_calls``): a call the network never answers blocks in C, where no
-interrupt reaches, and so would a commit after the body returned (no interrupt is meant to
-reach it) or a call inside ``shielded()``. A cut call fails as a lost connection would; the
-quick calls an overdue thread makes after its interrupt (a rollback, a dead letter) are not cut.
-``boot_worker_process(broker)`` starts the watchdog for ``runworkers``, as Dramatiq's CLI does.
+interrupt reaches. ``boot_worker_process(broker)`` starts the watchdog, as Dramatiq's CLI does.
 """
 
 from __future__ import annotations
@@ -144,7 +140,9 @@ class _Watchdog(threading.Thread):
 
     def _cut_blocked_calls(self, overdue: list[tuple[int, float]], now: float) -> None:
         """Cut the calls of overdue threads seen waiting for the database at every look for
-        ``CUT_AFTER_S``: one look could land on any quick call."""
+        ``CUT_AFTER_S``: one look could land on any quick call (a rollback, a dead letter's
+        write). So is a commit after the body returned (no interrupt is meant to reach it) or a
+        call inside ``shielded()``; a cut call fails as a lost connection would."""
         busy_since = {}
         for thread_id, limit in overdue:
             if not has_busy_connection(thread_id):

@@ -1,22 +1,11 @@
 """Which queued work the running code cannot run, for ``manage.py jobs check-compat`` before a
 deploy: run it with the new code against the live database and broker.
 
-Every message that could still run is grouped by shape (its job's name, the version it was
-published at, the JSON types of its positional and keyword arguments, and for a ``django.tasks``
-row its task path and its arguments' types) and each distinct shape is bound once, on one
-example, with the check the worker makes (``runnable``): its job gone (removed, or renamed
-without an alias), a version no upgrade covers, a required argument added, an argument removed,
-a value of another JSON type than its annotation. It reads only, and takes no lock a running
-system needs.
-
-- The database (``queued_problems``; also ``manage.py check``'s W140): pending outbox rows and
-  open dead letters (a replay would run them), grouped in SQL.
-- The Redis broker (``broker_problems``): every queue's ready and delayed messages, read with
-  ``HSCAN`` in batches and grouped here.
-- RabbitMQ cannot be read without side effects, and what running workers prefetched (every
-  delayed retry) is invisible: there, the outbox rows sent (or, delayed, due) within the retry
-  horizon stand for the broker ("may have run": most did), and each queue's message count is
-  reported. Messages sent straight through Dramatiq have no row, and are not seen.
+Every message that could still run is grouped by shape (its job, the version it was published
+at, its arguments' JSON types; for a ``django.tasks`` row its task path too) and each shape is
+bound once, on one example, with the check the worker makes (``runnable``). It reads only, and
+takes no lock a running system needs. The database (``queued_problems``, also ``manage.py
+check``'s W140) and the Redis broker (``broker_problems``) are read whole; RabbitMQ cannot be.
 """
 
 from __future__ import annotations
@@ -98,7 +87,9 @@ def reads_tables() -> tuple[str, ...]:
 def runnable(broker: Broker, actor_name: str, args: Sequence[Any], kwargs: Mapping[str, Any],
              version: Any = 1) -> str | None:
     """Why the running code would refuse this message, or None when it would run it: the
-    worker's own checks (``JobVersions.fit``, an actor's ``PAYLOAD_CHECK_OPTION``)."""
+    worker's own checks (``JobVersions.fit``, an actor's ``PAYLOAD_CHECK_OPTION``). Its job gone
+    (removed, or renamed without an alias), a version no upgrade covers, a required argument
+    added, an argument removed, a value of another JSON type than its annotation."""
     actor = broker.actors.get(actor_name)
     if actor is None:
         return GONE
@@ -122,6 +113,7 @@ def runnable(broker: Broker, actor_name: str, args: Sequence[Any], kwargs: Mappi
 
 
 # -- the database -----------------------------------------------------------------------------------
+# Pending outbox rows and open dead letters (a replay would run them), grouped in SQL.
 def queued_problems(broker: Broker, *, alias: str = DEFAULT_DB_ALIAS) -> list[Problem]:
     """Every group of pending (or held: they run later) outbox rows and open dead letters the
     running code cannot run, largest first: two grouped queries and one to read an example of
@@ -199,6 +191,11 @@ def largest_first(problems: list[Problem]) -> list[Problem]:
 
 
 # -- the broker -------------------------------------------------------------------------------------
+# Redis: every queue's ready and delayed messages, read with HSCAN in batches and grouped here.
+# RabbitMQ cannot be read without side effects, and what running workers prefetched (every
+# delayed retry) is invisible: there, the outbox rows sent (or, delayed, due) within the retry
+# horizon stand for the broker ("may have run": most did), and each queue's message count is
+# reported. Messages sent straight through Dramatiq have no row, and are not seen.
 def broker_problems(broker: Broker, *, sent_since: datetime, alias: str = DEFAULT_DB_ALIAS) -> Report:
     """What waits on the broker that the running code cannot run (see the module doc):
     ``sent_since`` bounds the outbox rows that stand for RabbitMQ's messages."""

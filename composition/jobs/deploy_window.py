@@ -1,16 +1,11 @@
 """What a worker does with a message its code cannot run (``IncompatibleMessageError``): its job
 unknown here, a version its upgrades do not cover, arguments that do not fit.
 
-During a rolling deploy that is often a matter of minutes: an old worker meets a job, or a
-version, only the new code has, or a new worker meets an old shape an old worker could still
-run. So the message goes back to wait, as a delayed copy (``put_back_delayed``), for
-``DEPLOY_WINDOW_S`` counted from the first refusal; after that it is parked as a dead letter in
-the group "incompatible with the running code", with the reason, and never retried. Replayed
-once the code that runs it is deployed, it runs once (the ledger keeps its first id).
-
-``accept_unknown_jobs`` makes a worker's broker answer unknown job names with a stand-in
-(``composition.broker.stand_ins``), so those messages take the same path instead of being
-rejected by Dramatiq's consumer (on RabbitMQ, into the broker's dead-letter queue).
+During a rolling deploy that is often a matter of minutes, so the message goes back to wait, as
+a delayed copy, for ``DEPLOY_WINDOW_S`` counted from the first refusal; then it is parked as a
+dead letter in the group "incompatible with the running code" and never retried. Replayed once
+the code that runs it is deployed, it runs once (the ledger keeps its first id).
+``accept_unknown_jobs`` makes a worker take unknown job names down the same path.
 """
 
 from __future__ import annotations
@@ -92,8 +87,10 @@ class StandInActor:
 
 
 def accept_unknown_jobs(broker: Broker, accept: bool = True) -> None:
-    """Have ``broker`` answer unknown job names with a ``StandInActor`` (see module doc), or with
-    ``accept=False`` no longer; a broker that cannot (not a ``StandIns``) keeps rejecting them
+    """Have ``broker`` answer unknown job names with a ``StandInActor``
+    (``composition.broker.stand_ins``), so those messages wait out the deploy window instead of
+    being rejected by Dramatiq's consumer (on RabbitMQ, into the broker's dead-letter queue); with
+    ``accept=False`` no longer. A broker that cannot (not a ``StandIns``) keeps rejecting them
     (``UnknownActors``)."""
     if isinstance(broker, StandIns):
         broker.stand_in = StandInActor if accept else None

@@ -3,22 +3,9 @@
 Per job (``<prefix><actor>:``): ``slots``, a sorted set of the concurrency leases (owner token →
 expiry, ms on the Redis server's clock) with ``started`` (token → start) beside it; ``starts``,
 the rate's log of starts in the last window; ``meta``, the job's mean run time, the end of each
-waiting line, and how many starts each limit delayed.
-
-A start over a limit is told when to come back: its turn in that limit's waiting line, spaced
-at ``TURNS_PER_FREED_START`` times the pace at which the limit frees a start (a concurrency limit
-frees one every mean run time ÷ N, a rate one every window ÷ starts), from the earliest moment
-one can free (the first running job's expected end, the oldest logged start leaving the window).
-Turns closer than the pace keep a freed start from waiting long for someone to take it (on
-average half a turn); a start refused again takes the next turn, and turns only move forward,
-so the waiting ones come back at a bounded pace, never in a loop. A turn further away than
-``LIMIT_MAX_DELAY_S`` comes back after that long without advancing the line.
-
-A rate keeps a margin (``RATE_MARGIN_SHARE`` of its window, at least ``RATE_MARGIN_MIN_MS``):
-the start is logged when the limiter admits it, the job's first line runs a moment later, and a
-window measured from there must hold too.
+waiting line, and how many starts each limit delayed. A start over a limit is told when to come
+back: its turn in that limit's waiting line.
 """
-
 from __future__ import annotations
 
 import threading
@@ -34,9 +21,18 @@ from composition.limits.declared import JobLimits
 
 __all__ = ["Admission", "LimitState", "LimitStore", "limit_store"]
 
-# Turns per start the limit frees: each costs a put-back (a few milliseconds of a worker thread)
-# when refused, and a freed start waits half a turn on average for the next one.
+# A refused start's turn is spaced at TURNS_PER_FREED_START times the pace at which the limit
+# frees a start (a concurrency limit frees one every mean run time ÷ N, a rate one every window ÷
+# starts), from the earliest moment one can free (the first running job's expected end, the
+# oldest logged start leaving the window). Turns closer than the pace keep a freed start from
+# waiting long for someone to take it; a start refused again takes the next turn, and turns only
+# move forward, so the waiting ones come back at a bounded pace, never in a loop. A turn further
+# away than LIMIT_MAX_DELAY_S comes back after that long without advancing the line.
+# Each turn costs a put-back (a few milliseconds of a worker thread) when refused, and a freed
+# start waits half a turn on average for the next one.
 TURNS_PER_FREED_START = 3
+# A rate's margin: the start is logged when the limiter admits it, the job's first line runs a
+# moment later, and a window measured from there must hold too.
 RATE_MARGIN_SHARE = 0.01
 RATE_MARGIN_MIN_MS = 20
 # What a job's run time is taken to be until one has ended.

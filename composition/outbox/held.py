@@ -1,16 +1,11 @@
 """Long delays wait in the outbox, not in a broker.
 
 A publish delayed longer than ``OUTBOX_HELD_DELAY_S`` writes its rows ``held``, with ``due_at``
-(publish time plus the delay), and nothing is sent or nudged. Each sweep of the relay
-(``runworkers``, ``manage.py outbox relay``) first makes the rows that came due pending
-(``release_due``), and relays them as any other: a due message reaches its queue within a sweep
-interval, with no delay left. So no broker consumer holds it (RabbitMQ closes one that holds a
-message past its ``consumer_timeout``) and no Redis keeps it in memory for hours.
-
-A held row is no backlog: the queue depth, backpressure, the oldest pending age and its alerts
-count pending rows, and a released row's wait counts from its due time. A held row with a key
-does not hold its key back while it waits; once due it goes before the key's rows still pending
-(its id is older), after any of them already in flight.
+(publish time plus the delay), and nothing is sent or nudged. Each sweep of the relay first makes
+the rows that came due pending (``release_due``) and relays them as any other. So no broker
+consumer holds it (RabbitMQ closes one that holds a message past its ``consumer_timeout``) and no
+Redis keeps it in memory for hours. A held row is no backlog: depth, backpressure and the oldest
+pending age count pending rows, and a released row's wait counts from its due time.
 """
 
 from __future__ import annotations
@@ -30,8 +25,10 @@ __all__ = ["RELEASE_BATCH", "hold", "is_held", "release_due"]
 RELEASE_BATCH = 1000
 HOLD_BATCH = 1000
 
-# A keyed row waits while a row of its key is in flight (leased): released then, it would be its
-# key's head, sent beside that row.
+# A held row with a key does not hold its key back while it waits; once due it goes before the
+# key's rows still pending (its id is older), after any of them already in flight: a keyed row
+# waits while a row of its key is in flight (leased): released then, it would be its key's head,
+# sent beside that row.
 _RELEASE_SQL = """
 UPDATE {table} t SET status = 'pending'
 FROM (SELECT h.id FROM {table} h

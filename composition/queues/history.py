@@ -3,10 +3,7 @@
 paused or shed.
 
 Every worker process adds to the current bucket at each metrics sampling round
-(``HistoryRecorder``, the sampler's ``on_sample``; ``record_buckets``, one statement): the depth
-it sampled (the largest reading of the bucket wins: every process reads the same broker), the
-runs of its own that ended since its last round (summed over the processes), and the queues
-paused or shed then (any reading marks the bucket). ``recent_buckets`` reads the last
+(``HistoryRecorder``; ``record_buckets``, one statement); ``recent_buckets`` reads the last
 ``HISTORY_BUCKETS`` of every queue in one query. Old rows go with retention
 (``QUEUE_HISTORY_RETENTION_S``).
 """
@@ -96,7 +93,10 @@ def record_buckets(depths: Mapping[str, int | None], ended: Mapping[str, tuple[i
 class HistoryRecorder:
     """A sampling round's depths, and the runs this process ended since the last round (from the
     in-flight registry of ``broker``), into the current buckets. A failure is logged and that
-    round's runs are left out of the chart."""
+    round's runs are left out of the chart.
+
+    The largest depth reading of a bucket wins (every process reads the same broker), the runs are
+    summed over the processes, and any reading of a paused or shed queue marks the bucket."""
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker

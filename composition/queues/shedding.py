@@ -1,17 +1,11 @@
 """``ShedController``: non-essential queues that pause on their own under pressure.
 
-Every worker process runs one. Each round (``SHED_INTERVAL_S``) it reads the pressure signals of
-the essential queues (``composition.queues.pressure``). When one is at or over its limit, it
-sheds every queue of ``SHED_QUEUES`` not paused already: a pause marked ``shed``, whose reason
-says which signal, its value and its limit. Once every signal has stayed below
-``SHED_RESUME_BELOW`` of its limit for ``SHED_RESUME_AFTER_S``, it resumes the queues it shed.
-Between the two levels nothing changes: the gap and the hold are what keep it from flapping.
-
-The controllers of all processes measure the same signals and change the same rows under a row
-lock, so one episode of pressure is one pause and one resume, whichever process makes them.
-An operator wins: a queue an operator paused is never resumed by a controller, and one an
-operator resumed during an episode stays resumed until that episode ends (as this process saw
-it begin: a process started since then may shed it again).
+Every worker process runs one. When a pressure signal of the essential queues
+(``composition.queues.pressure``) is at or over its limit, it sheds every queue of
+``SHED_QUEUES`` not paused already (a pause marked ``shed``, whose reason names the signal);
+once every signal has stayed below ``SHED_RESUME_BELOW`` of its limit for
+``SHED_RESUME_AFTER_S``, it resumes them. One episode is one pause and one resume, whichever
+process makes them; an operator's pause or resume wins.
 """
 
 from __future__ import annotations
@@ -48,6 +42,11 @@ def essential_queues() -> list[str]:
     return [queue for queue in declared_queues(configured_broker()) if queue not in shed and queue != RELAY_QUEUE_NAME]
 
 
+# Between the two levels nothing changes: the gap and the hold are what keep it from flapping.
+# The controllers of all processes measure the same signals and change the same rows under a row
+# lock, so one episode is one pause and one resume. A queue an operator paused is never resumed
+# by a controller, and one an operator resumed during an episode stays resumed until that episode
+# ends (as this process saw it begin: a process started since then may shed it again).
 class ShedController(PeriodicComponent):
     """Sheds and resumes ``SHED_QUEUES`` by the pressure (see module doc)."""
 

@@ -1,15 +1,11 @@
 """The errors of the ``django.tasks`` backend, each also the ``django.tasks`` error callers expect.
 
-- ``InvalidBackendOptions``: the backend's ``QUEUES`` or ``OPTIONS`` are unusable; it is
-  ``django.tasks``' ``InvalidTaskBackend`` (an ``ImproperlyConfigured``) and our
-  ``ConfigurationError``, raised when the backend is built (by ``@task`` at import, or at start).
-- ``InvalidTaskArguments``: ``enqueue()`` arguments that no run could accept (not JSON, or not
-  fitting the function's signature); it is ``django.tasks``' ``InvalidTask`` and a ``TypeError``
-  (what Django's own backends raise for arguments that are not JSON). Nothing is written.
+- ``InvalidBackendOptions``: the backend's ``QUEUES`` or ``OPTIONS`` are unusable (an
+  ``InvalidTaskBackend`` and our ``ConfigurationError``), raised when the backend is built.
+- ``InvalidTaskArguments``: ``enqueue()`` arguments that no run could accept (an ``InvalidTask``
+  and a ``TypeError``, what Django's own backends raise). Nothing is written.
 - ``InvalidTaskReturnValue``: a run returned what cannot be kept (not JSON, or over
-  ``TASK_RETURN_VALUE_MAX_BYTES``); a ``PermanentError``, so the run fails for good at once (no
-  retry would return anything else) and, ``ATOMIC``, its effects roll back; and a ``TypeError``,
-  what Django's own backends fail such a run with.
+  ``TASK_RETURN_VALUE_MAX_BYTES``): a ``PermanentError`` and a ``TypeError``.
 """
 
 from __future__ import annotations
@@ -21,7 +17,8 @@ __all__ = ["InvalidBackendOptions", "InvalidTaskArguments", "InvalidTaskReturnVa
 
 
 class InvalidBackendOptions(ConfigurationError, InvalidTaskBackend):
-    """``TASKS[alias]`` of an ``OutboxBackend`` has a bad queue name or option (the message names it)."""
+    """``TASKS[alias]`` of an ``OutboxBackend`` has a bad queue name or option (the message names
+    it); raised when the backend is built (by ``@task`` at import, or at start)."""
 
     def __init__(self, alias: str, problem: str) -> None:
         super().__init__(f"TASKS[{alias!r}] (composition.tasks.OutboxBackend): {problem}")
@@ -33,4 +30,6 @@ class InvalidTaskArguments(CompositionError, InvalidTask, TypeError):
 
 
 class InvalidTaskReturnValue(PermanentError, TypeError):
-    """A task returned a value its result cannot keep (the message says why)."""
+    """A task returned a value its result cannot keep (the message says why). Permanent: the run
+    fails for good at once (no retry would return anything else) and, ``ATOMIC``, its effects
+    roll back; a ``TypeError``, what Django's own backends fail such a run with."""

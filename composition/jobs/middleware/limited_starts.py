@@ -1,14 +1,10 @@
 """``LimitedStarts``: a job declared with ``concurrency=`` or ``rate=`` starts only within its
 limits, counted across the cluster on the cache's Redis (``composition.limits``).
 
-Second in the stack, before anything counts the message as a run: a start the limits allow
-takes its slot (released after the run, however it ends; renewed meanwhile by
-``composition.limits.leases.SlotRenewer``); a start they refuse is put back as a delayed copy of
-the message as fetched (same id, same attempts, ``composition_limit_waits`` + 1) enqueued
-before the original is acknowledged, and skipped. It waits in the queue's delay queue, not in
-a worker thread, and is neither a failure nor a retry. When the copy cannot be enqueued, the
-message goes back to its queue by its broker id instead (``hand_back``). While the limits'
-Redis cannot be reached, a limited job waits rather than run unlimited.
+A start the limits allow takes its slot (released after the run, however it ends); a start they
+refuse is put back as a delayed copy of the message, and skipped: it waits in the delay queue,
+not in a worker thread, and is neither a failure nor a retry. While the limits' Redis cannot be
+reached, a limited job waits rather than run unlimited.
 """
 
 from __future__ import annotations
@@ -41,6 +37,11 @@ LIMIT_STARTED_AT_OPTION = "composition_limit_started_at"
 UNREACHABLE_DELAY_S = 5.0
 
 
+# Second in the stack, before anything counts the message as a run. A slot is renewed during the
+# run by composition.limits.leases.SlotRenewer. A refused start's copy is the message as fetched
+# (same id, same attempts, composition_limit_waits + 1), enqueued before the original is
+# acknowledged; when the copy cannot be enqueued, the message goes back to its queue by its
+# broker id instead (hand_back).
 class LimitedStarts(Middleware):
     """Starts a limited job only within its limits (see the module doc)."""
 

@@ -1,15 +1,10 @@
 """The broker's middleware stack: Dramatiq's defaults with the job middleware in place.
 
-First comes ``PausedQueues``, which hands back a paused queue's message before anything else runs
-for it, then ``LimitedStarts``, which starts a limited job only within its limits (or puts it
-back to wait); neither's skip is logged as a warning (``quiet_skips``). In place of ``Retries``,
-``job_middleware()`` puts, in this order (before-hooks run in list order, after-hooks in
-reverse): ``CurrentMessage``, ``MessageContext`` (log context around all below),
-``UnknownActors``, ``RunSignals`` (``job_run_started``; ``job_run_ended`` once the dead letter is
-written), ``DeadLetters`` (after the outcome is decided and counted), ``JobMetrics``,
-``InFlightRegistry`` (so the drain never interrupts a dead-letter write), ``JobRetries`` (decides
-first). ``JobShutdownNotifications`` replaces Dramatiq's; ``InterruptedQueries`` and ``JobTimeLimit``
-go last, so the limit is armed after every other before-hook and disarmed before any after-hook.
+``PausedQueues`` comes first (it hands back a paused queue's message before anything else runs
+for it), then ``LimitedStarts``; in place of ``Retries``, ``job_middleware()`` puts the job
+middleware; ``JobShutdownNotifications`` replaces Dramatiq's; ``InterruptedQueries`` and
+``JobTimeLimit`` go last, so the limit is armed after every other before-hook and disarmed before
+any after-hook.
 """
 
 from __future__ import annotations
@@ -46,6 +41,12 @@ M = TypeVar("M", bound=Middleware)
 
 def job_middleware() -> list[Middleware]:
     """A new middleware list for one broker, in the order the module doc explains."""
+    # In place of Retries (before-hooks run in list order, after-hooks in reverse): CurrentMessage,
+    # MessageContext (log context around all below), UnknownActors, RunSignals (job_run_started;
+    # job_run_ended once the dead letter is written), DeadLetters (after the outcome is decided
+    # and counted), JobMetrics, InFlightRegistry (so the drain never interrupts a dead-letter
+    # write), JobRetries (decides first). Neither PausedQueues' nor LimitedStarts' skip is logged
+    # as a warning (quiet_skips).
     quiet_put_backs()
     stack: list[Middleware] = [PausedQueues(), LimitedStarts()]
     for middleware_class in default_middleware:

@@ -1,3 +1,5 @@
+"""``manage.py deadletters``: list, show, replay, discard or prune dead letters."""
+
 from __future__ import annotations
 
 import json

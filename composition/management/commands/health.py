@@ -1,3 +1,5 @@
+"""``manage.py health``: liveness, readiness or worker health as an exit code, for probes."""
+
 from __future__ import annotations
 
 import json

@@ -1,3 +1,6 @@
+"""``manage.py outbox``: the outbox's backlog (``status``), its relay run by hand (``relay``) and
+pruning (``prune``)."""
+
 from __future__ import annotations
 
 import json

@@ -1,3 +1,5 @@
+"""``manage.py runworkers``: Dramatiq workers and the outbox relay as one composed system."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,3 +1,5 @@
+"""``manage.py system``: the worker component graph, its start order and the connection budget."""
+
 from __future__ import annotations
 
 import argparse
