@@ -10,6 +10,7 @@ check``'s W140) and the Redis broker (``broker_problems``) are read whole; Rabbi
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,7 +20,9 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, connections
 from dramatiq.broker import Broker
 from dramatiq.brokers.redis import RedisBroker
+from dramatiq.common import xq_name
 
+from composition.broker.keys import messages_key
 from composition.errors import IncompatibleMessageError, PayloadValidationError, described
 from composition.jobs.models import DeadLetter
 from composition.jobs.versions import message_version
@@ -235,9 +238,10 @@ def _redis_messages(broker: RedisBroker) -> Iterator[bytes]:
     """The body of every message of every queue (ready and delayed, the ones workers hold
     included), not of Dramatiq's expiring dead-letter queues."""
     client = broker.client
-    for key in client.scan_iter(f"{broker.namespace}:*.msgs", count=SCAN_BATCH):
+    dead_letters = messages_key(broker.namespace, xq_name("*"))
+    for key in client.scan_iter(messages_key(broker.namespace, "*"), count=SCAN_BATCH):
         name = key.decode() if isinstance(key, bytes) else str(key)
-        if name.endswith(".XQ.msgs"):
+        if fnmatch.fnmatchcase(name, dead_letters):
             continue
         for _, body in client.hscan_iter(name, count=SCAN_BATCH):
             yield body
