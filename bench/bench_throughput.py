@@ -12,7 +12,7 @@ consumes the bench's queue and the outbox relay's only, as the naive worker cons
 
 - naive dramatiq: ``transaction.on_commit(lambda: naive_stamp.send(...))`` 100 times, run by the
   ``dramatiq`` CLI (the same job body as ``bench_stamp``): the baseline of the goals;
-- naive dramatiq, ledger: the same with the inbox ledger's row written by hand in the job's
+- naive dramatiq + ledger: the same with the inbox ledger's row written by hand in the job's
   transaction (as ``bench_stamp_idempotent`` does): what ``idempotent=True``'s durable work costs
   on plain Dramatiq, printed beside ours;
 - on_commit: the same publishing, of ``bench_stamp``, run by ``runworkers``;
@@ -87,14 +87,14 @@ NAIVE = "naive dramatiq"
 RUNWORKERS_QUEUES = (jobs.BENCH_QUEUE, RELAY_QUEUE_NAME)
 # Rate goals: name -> (goal, baseline's name).
 RATE_GOALS = {"outbox": (1.0, NAIVE), "outbox idempotent": (0.9, NAIVE),
-              "outbox idempotent, db effect": (0.8, "on_commit, db effect")}
+              "outbox idempotent + db effect": (0.8, "on_commit + db effect")}
 # Publish rate goals (jobs committed per second of publishing): name -> (goal, baseline's name).
 PUBLISH_RATE_GOALS = {"outbox publish_many": (1.2, NAIVE)}
 # Worker CPU per job goals: name -> (at most this many times the baseline's, baseline's name).
 WORKER_CPU_GOALS = {"outbox": (1.0, NAIVE)}
-NAIVE_LEDGER = "naive dramatiq, ledger"
+NAIVE_LEDGER = "naive dramatiq + ledger"
 # Printed for the breakdown, without a goal.
-BASELINES = {"on_commit": NAIVE, NAIVE_LEDGER: NAIVE, "outbox, db effect": "on_commit, db effect"}
+BASELINES = {"on_commit": NAIVE, NAIVE_LEDGER: NAIVE, "outbox + db effect": "on_commit + db effect"}
 # A second comparison, like with like: the same durable work on plain Dramatiq.
 REFERENCES = {"outbox idempotent": NAIVE_LEDGER}
 
@@ -128,9 +128,9 @@ CONTENDERS = [
     Contender("outbox publish_many", lambda seqs: publish_many(jobs.bench_stamp, [{"seq": seq} for seq in seqs]),
               "runworkers"),
     Contender("outbox idempotent", outbox(jobs.bench_stamp_idempotent), "runworkers"),
-    Contender("on_commit, db effect", on_commit(jobs.bench_effect), "runworkers"),
-    Contender("outbox, db effect", outbox(jobs.bench_effect), "runworkers"),
-    Contender("outbox idempotent, db effect", outbox(jobs.bench_effect_idempotent), "runworkers"),
+    Contender("on_commit + db effect", on_commit(jobs.bench_effect), "runworkers"),
+    Contender("outbox + db effect", outbox(jobs.bench_effect), "runworkers"),
+    Contender("outbox idempotent + db effect", outbox(jobs.bench_effect_idempotent), "runworkers"),
 ]
 
 if os.environ.get("BENCH_CONTENDERS"):
