@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 import redis
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from composition.jobs.broker_losses import EPOCH_KEY, check_counts, check_epoch, reconcile
@@ -33,6 +35,18 @@ def test_the_epoch_token_tells_a_loss_once_and_a_first_check_is_none(throwaway_r
     assert lost is not None and lost.lost
     assert check_epoch(client) is None  # one loss, recorded once
     assert BrokerEpoch.objects.filter(lost=True).count() == 1
+
+
+def test_a_kept_token_is_checked_without_a_transaction_or_the_lock(throwaway_redis_server: Any) -> None:
+    """Every worker process checks each tick: with the token there, one SELECT and one GET, and
+    no advisory lock held across the Redis call."""
+    client = redis.Redis.from_url(throwaway_redis_server.url)
+    assert check_epoch(client) is None  # the first epoch, begun under the lock
+    with CaptureQueriesContext(connection) as queries:
+        assert check_epoch(client) is None
+    statements = [query["sql"] for query in queries.captured_queries]
+    assert len(statements) == 1 and statements[0].startswith("SELECT"), statements
+    assert not any("pg_advisory" in sql for sql in statements)
 
 
 def test_a_loss_sends_again_only_what_never_ran_and_each_row_once(settings: Any) -> None:
