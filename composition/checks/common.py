@@ -1,0 +1,30 @@
+"""What the checks share: ``COMPOSITION`` over its defaults, and the number checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error
+
+from composition.conf import DEFAULTS
+
+__all__ = ["merged_settings", "not_positive_integers", "not_positive_seconds"]
+
+
+def merged_settings() -> dict[str, Any] | None:
+    """COMPOSITION over the defaults, or None when it is not a dict (reported as E001)."""
+    user = getattr(settings, "COMPOSITION", {})
+    return {**DEFAULTS, **user} if isinstance(user, dict) else None
+
+
+def not_positive_seconds(merged: dict[str, Any], keys: tuple[str, ...], check_id: str) -> list[CheckMessage]:
+    return [Error(f"COMPOSITION[{key!r}] must be a positive number of seconds, got {merged[key]!r}.", id=check_id)
+            for key in keys
+            if isinstance(merged[key], bool) or not isinstance(merged[key], int | float) or merged[key] <= 0]
+
+
+def not_positive_integers(merged: dict[str, Any], keys: tuple[str, ...], check_id: str) -> list[CheckMessage]:
+    return [Error(f"COMPOSITION[{key!r}] must be a positive integer, got {merged[key]!r}.", id=check_id)
+            for key in keys
+            if isinstance(merged[key], bool) or not isinstance(merged[key], int) or merged[key] < 1]
