@@ -473,6 +473,10 @@ class Soak:
         # What broker wipes took: every job on the broker, and its non-idempotent ones.
         self.wiped: set[str] = set()
         self.wiped_plain: set[str] = set()
+        # Of those, the ones no effect has been seen for yet: finished() asks only about these, and
+        # drops what it finds (an effect row stays). Changed on the publisher's thread and this one.
+        self.wiped_not_run: set[str] = set()
+        self.wiped_lock = threading.Lock()
         self.faults: list[Fault] = []
         # The Redis databases the settings gave the broker and the cache (tests.settings moves them
         # off the server URL's own): reading the URL's database would find an empty broker and no
@@ -506,11 +510,12 @@ class Soak:
         wait out the idempotent ones' redelivery window, and the non-idempotent ones for ever."""
         from tests.jobsapp.models import Effect
 
-        if not self.wiped:
-            return effects_count()
-        wiped = list(self.wiped)
-        ran = db_call(lambda: Effect.objects.filter(key__in=wiped).values("key").distinct().count())
-        return effects_count() + len(wiped) - ran
+        with self.wiped_lock:
+            if self.wiped_not_run:
+                waiting = list(self.wiped_not_run)
+                ran = db_call(lambda: set(Effect.objects.filter(key__in=waiting).values_list("key", flat=True)))
+                self.wiped_not_run -= ran
+            return effects_count() + len(self.wiped_not_run)
 
     @property
     def worker(self) -> Worker:
@@ -736,6 +741,8 @@ class Soak:
         plain = {key for key in on_it if kind_of(key) == PLAIN}
         # Rebound, not changed in place: the publisher's thread reads them.
         self.wiped, self.wiped_plain = self.wiped | on_it, self.wiped_plain | plain
+        with self.wiped_lock:
+            self.wiped_not_run |= on_it
         fault.note = (f"{len(burst)} jobs in one transaction, then down {fault.done_at - fault.started_at:.1f} s; "
                       f"{len(on_it) - len(plain)} idempotent and {len(plain)} non-idempotent jobs on it")
 
