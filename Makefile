@@ -93,7 +93,7 @@ soak: venv
 # listed folder joins by itself. First `manage.py check` and `makemigrations --check`, which a new
 # Django can fail on its own (a deprecation warning, a changed migration).
 MATRIX_TESTS := \
-	tests/core/test_internals.py tests/core/test_checks.py tests/core/test_logging.py \
+	tests/core/test_internals.py tests/checks/test_settings.py tests/core/test_logging.py \
 	tests/core/test_retention.py tests/core/test_views.py \
 	tests/db tests/admin tests/tasks tests/locks/test_db.py \
 	tests/outbox/test_publish.py tests/outbox/test_publish_many.py tests/outbox/test_maintenance.py \
