@@ -14,7 +14,6 @@ import dataclasses
 import os
 import socket
 import threading
-import traceback
 from functools import partial
 from typing import Any
 
@@ -42,15 +41,13 @@ from composition.tasks._compat import (
     TaskError,
     TaskResult,
     TaskResultStatus,
-    task_finished,
-    task_started,
 )
 from composition.tasks.calls import call, kept_value
 from composition.tasks.leases import running_records
+from composition.tasks.listeners import announce_finished, announce_started, error_dict, running_result, task_error
 from composition.tasks.options import QueuePolicy, actor_name
 from composition.tasks.payload import fitting_task
 from composition.tasks.records import (
-    RunStart,
     dead_letter_resolved,
     mark_ended,
     mark_failed,
@@ -135,7 +132,7 @@ def _run_task(run: TaskRun) -> None:
             refuse(configured_broker(), message, exc)
         except IncompatibleMessageError as parked:
             # Its deploy window is over: parked as a dead letter, the task has failed.
-            run.failure = _task_error(parked)
+            run.failure = task_error(parked)
             _record_end(run)
             raise
     start = None
@@ -150,14 +147,12 @@ def _run_task(run: TaskRun) -> None:
             if start is None:
                 log.info("task already succeeded, skipped", task=run.path)
                 return
-    result = _running_result(task, run, start)
+    result = running_result(task, record_id=run.record_id, alias=run.alias, args=run.args, kwargs=run.kwargs,
+                            worker=worker_id(), start=start)
     if start is not None and record_id is not None:
         running_records.add(record_id)
     try:
-        for receiver, response in task_started.send_robust(sender=type(task.get_backend()), task_result=result):
-            if isinstance(response, Exception):
-                log.error("a task_started listener raised", error=described(response),
-                          listener=getattr(receiver, "__qualname__", repr(receiver)))
+        announce_started(task, result)
         if run.policy.atomic and message is not None:
             run_idempotently(run.actor, message, _run, (task, run, result), {})
             if run.outcome is None:
@@ -176,10 +171,10 @@ def _run_task(run: TaskRun) -> None:
             _record_end(run)
         if run.failure is not None:
             result.errors.append(run.failure)
-            _finished(result, TaskResultStatus.FAILED)
+            announce_finished(result, TaskResultStatus.FAILED)
     if run.outcome == "succeeded":
         # After COMMIT of an atomic run (at once otherwise): only then has the task succeeded.
-        transaction.on_commit(partial(_finished, result, TaskResultStatus.SUCCESSFUL), robust=True)
+        transaction.on_commit(partial(announce_finished, result, TaskResultStatus.SUCCESSFUL), robust=True)
 
 
 def _run(task: Task[Any, Any], run: TaskRun, result: TaskResult[Any, Any]) -> None:
@@ -197,7 +192,7 @@ def _run(task: Task[Any, Any], run: TaskRun, result: TaskResult[Any, Any]) -> No
                                          timeout_s=run.policy.job.timeout_s))
     except BaseException as exc:
         if message is None or _is_final(exc, message, run.policy):
-            run.failure = _task_error(exc)
+            run.failure = task_error(exc)
         raise
     if message is not None and not run.policy.atomic:
         try:
@@ -244,7 +239,7 @@ def _record_end(run: TaskRun) -> None:
         return
     try:
         if run.failure is not None:
-            mark_failed(run.record_id, error=_error_dict(run.failure), message_id=run.message.message_id)
+            mark_failed(run.record_id, error=error_dict(run.failure), message_id=run.message.message_id)
         else:
             mark_ended(run.record_id, worker=worker_id())
     except Exception as exc:
@@ -258,48 +253,8 @@ def _ledger(message: MessageProxy) -> Any:
     return ProcessedMessage.objects.filter(message_id=ledger_key(message))
 
 
-def _running_result(task: Task[Any, Any], run: TaskRun, start: RunStart | None) -> TaskResult[Any, Any]:
-    """The result a task that takes a context sees: this run, as its RUNNING write read it back."""
-    now = timezone.now()
-    if start is None:
-        # No record (a message from before results were kept, a run in-process, or a write that
-        # failed): this run alone.
-        return TaskResult(task=task, id=run.record_id or "", status=TaskResultStatus.RUNNING, enqueued_at=None,
-                          started_at=now, last_attempted_at=now, finished_at=None, args=run.args,
-                          kwargs=run.kwargs, backend=run.alias, errors=[], worker_ids=[worker_id()])
-    return TaskResult(task=task, id=run.record_id or "", status=TaskResultStatus.RUNNING,
-                      enqueued_at=start.enqueued_at, started_at=start.started_at,
-                      last_attempted_at=start.last_attempted_at, finished_at=None, args=run.args, kwargs=run.kwargs,
-                      backend=run.alias, worker_ids=[str(worker) for worker in start.worker_ids],
-                      errors=[TaskError(exception_class_path=str(error.get("exception_class_path", "")),
-                                        traceback=str(error.get("traceback", "")))
-                              for error in start.errors if isinstance(error, dict)])
-
-
 def _is_final(exc: BaseException, message: MessageProxy, policy: QueuePolicy) -> bool:
     """Whether this failure ends the task (a dead letter follows) rather than a retry or a requeue."""
     if isinstance(exc, Shutdown):
         return False
     return isinstance(exc, PermanentError) or attempt_of(message) >= policy.job.max_attempts
-
-
-def _task_error(exc: BaseException) -> TaskError:
-    cls = type(exc)
-    return TaskError(exception_class_path=f"{cls.__module__}.{cls.__qualname__}",
-                     traceback="".join(traceback.format_exception(exc)))
-
-
-def _error_dict(error: TaskError) -> dict[str, str]:
-    return {"exception_class_path": error.exception_class_path, "traceback": error.traceback}
-
-
-def _finished(result: TaskResult[Any, Any], status: TaskResultStatus) -> None:
-    """Send django.tasks' ``task_finished`` for ``result`` with ``status``, to every listener
-    even if one raises (logged): the task's outcome is decided already."""
-    now = timezone.now()
-    object.__setattr__(result, "status", status)
-    object.__setattr__(result, "finished_at", now)
-    for receiver, response in task_finished.send_robust(sender=type(result.task.get_backend()), task_result=result):
-        if isinstance(response, Exception):
-            log.error("a task_finished listener raised", listener=getattr(receiver, "__qualname__", repr(receiver)),
-                      status=str(status), error=described(response))
