@@ -6,7 +6,11 @@ broker: one real ``runworkers``, and Dramatiq's own CLI on ``bench/_naive_dramat
 ``RedisBroker``, Dramatiq's default middleware plus django_dramatiq's ``DbConnectionsMiddleware``:
 the "bench" extra). On a small machine the publisher, the workers, PostgreSQL and Redis share
 the CPU, so CPU per job is printed beside the rate: the publisher's (this process, publishing
-only) and the worker's (the worker's process tree, while its contender runs). ``runworkers``
+only), the worker's (the worker's process tree, while its contender runs), and PostgreSQL's and
+Redis's (each server's process tree, found by the port it listens on; a line of its own, and
+"n/a" when the server is not a TCP listener this user can read, as embedded PostgreSQL on a
+Unix socket is not): together, the machine's CPU per job, which bounds the rate once the cores
+are busy. ``runworkers``
 consumes the bench's queue and the outbox relay's only, as the naive worker consumes its own (as
 ``bench_workers.py`` gives ``--queues``).
 
@@ -152,6 +156,32 @@ def tree_cpu_s(process: psutil.Process) -> float:
     return total
 
 
+def listener(port: int) -> psutil.Process | None:
+    """The process listening on TCP ``port`` on this machine, if this user may see it."""
+    try:
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+                return psutil.Process(conn.pid)
+    except psutil.Error:
+        pass
+    return None
+
+
+def servers() -> dict[str, psutil.Process]:
+    """PostgreSQL's postmaster and the Redis server, by the ports the bench connects to. The
+    postmaster's tree holds every connection's backend: the workers' and the publisher's stay
+    open through the runs."""
+    loopback = ("127.", "localhost", "::1")
+    found = {}
+    database = settings.DATABASES["default"]
+    if str(database.get("HOST") or "").startswith(loopback):
+        found["PostgreSQL"] = listener(int(database.get("PORT") or 5432))
+    cache = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"]).connection_pool.connection_kwargs
+    if str(cache.get("host", "")).startswith(loopback) and "port" in cache:  # not a Unix socket
+        found["Redis"] = listener(int(cache["port"]))
+    return {name: process for name, process in found.items() if process is not None}
+
+
 def vacuum() -> None:
     """The tables the runs churn, vacuumed: deleted rows otherwise stay for the next runs' inserts
     and index scans to wade through."""
@@ -167,9 +197,11 @@ def clean_up() -> None:
     vacuum()
 
 
-def run(contender: Contender, jobs_count: int, client: redis.Redis, worker: psutil.Process) -> dict[str, float]:
+def run(contender: Contender, jobs_count: int, client: redis.Redis, worker: psutil.Process,
+        watched: dict[str, psutil.Process]) -> dict[str, float]:
     client.delete(jobs.BENCH_STAMPS_KEY)
     worker_cpu = tree_cpu_s(worker)
+    server_cpu = {name: tree_cpu_s(process) for name, process in watched.items()}
     publisher_cpu = 0.0
     began = time.time()
     for start in range(0, jobs_count, PER_TRANSACTION):
@@ -184,10 +216,12 @@ def run(contender: Contender, jobs_count: int, client: redis.Redis, worker: psut
             raise SystemExit(f"{contender.name}: only {done} of {jobs_count} jobs ran")
         time.sleep(0.02)
     worker_s = tree_cpu_s(worker) - worker_cpu
+    servers_ms = {f"{name}_ms": (tree_cpu_s(process) - server_cpu[name]) / jobs_count * 1000
+                  for name, process in watched.items()}
     last = max(float(raw.split()[1]) for raw in client.lrange(jobs.BENCH_STAMPS_KEY, 0, -1))
     return {"rate": jobs_count / (last - began), "publish_rate": jobs_count / (published - began),
             "publisher_ms": publisher_cpu / jobs_count * 1000,
-            "worker_ms": worker_s / jobs_count * 1000}
+            "worker_ms": worker_s / jobs_count * 1000, **servers_ms}
 
 
 def start(argv: list[str], env: dict[str, str], log: TextIO) -> subprocess.Popen[bytes]:
@@ -245,7 +279,22 @@ def report(results: dict[str, list[dict[str, float]]]) -> list[str]:
         print(f"{name:>28}: {median['rate']:7,.0f} jobs/s (published {median['publish_rate']:7,.0f}/s), "
               f"publisher CPU {median['publisher_ms']:.3f} ms/job, "
               f"worker CPU {median['worker_ms']:.3f} ms/job" + ("; " + "; ".join(notes) if notes else ""))
+    print_machine_cpu(medians)
     return missed
+
+
+def print_machine_cpu(medians: dict[str, dict[str, float]]) -> None:
+    """CPU per job of every process a run keeps busy, and their sum: on a machine whose cores are
+    all busy, the rate is about the cores over that sum, whoever spends it."""
+    print("CPU ms/job across the machine (publisher + worker + servers = total):")
+    for name, median in medians.items():
+        parts = [("publisher", median["publisher_ms"]), ("worker", median["worker_ms"])]
+        for server in ("PostgreSQL", "Redis"):
+            parts.append((server, median.get(f"{server}_ms")))
+        known = [ms for _, ms in parts if ms is not None]
+        cells = ", ".join(f"{label} {ms:.3f}" if ms is not None else f"{label} n/a" for label, ms in parts)
+        total = f"{sum(known):.3f}" + ("" if len(known) == len(parts) else " (servers not all seen)")
+        print(f"{name:>30}: {cells}; total {total}")
 
 
 def main() -> int:
@@ -271,14 +320,15 @@ def main() -> int:
              "--threads", str(THREADS)],
             {**os.environ, "DJANGO_SETTINGS_MODULE": "bench._naive_settings"}, log)
         processes = {kind: psutil.Process(process.pid) for kind, process in workers.items()}
+        watched = servers()
         time.sleep(3)  # past Django's start-up
         for contender in CONTENDERS:  # warm-up: connections, caches, the first fetches
-            run(contender, WARM_UP_JOBS, client, processes[contender.worker])
+            run(contender, WARM_UP_JOBS, client, processes[contender.worker], watched)
             clean_up()
         for round_index in range(ROUNDS):
             shift = round_index % len(CONTENDERS)
             for contender in CONTENDERS[shift:] + CONTENDERS[:shift]:
-                results[contender.name].append(run(contender, JOBS, client, processes[contender.worker]))
+                results[contender.name].append(run(contender, JOBS, client, processes[contender.worker], watched))
                 clean_up()
     finally:
         for process in workers.values():
