@@ -62,10 +62,16 @@ class OperationsAdmin(ReadOnlyRows, admin.ModelAdmin):
         return TemplateResponse(request, "admin/composition/operations.html", context)
 
     def get_urls(self) -> list[URLPattern]:
-        own = [path("schedule/", self.admin_site.admin_view(self.schedule_view),
-                    name="composition_operations_schedule"),
-               path("queue/", self.admin_site.admin_view(self.queue_view), name="composition_operations_queue")]
-        return own + super().get_urls()
+        # The page and its two forms only: Operations is a proxy of DeadLetter, so ModelAdmin's
+        # per-row pages (change, history, ...) would show a dead letter in full to who may see
+        # this page but not the dead letters.
+        return [path("", self.admin_site.admin_view(self.changelist_view), name="composition_operations_changelist"),
+                path("schedule/", self.admin_site.admin_view(self.schedule_view),
+                     name="composition_operations_schedule"),
+                path("queue/", self.admin_site.admin_view(self.queue_view), name="composition_operations_queue")]
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return obj is None and super().has_view_permission(request)
 
     def schedule_view(self, request: HttpRequest) -> HttpResponse:
         """Pause or resume a schedule (POST ``name``, ``action``, ``reason``) for every host."""

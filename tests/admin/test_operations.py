@@ -75,6 +75,21 @@ def test_staff_need_the_view_permission() -> None:
 
 
 @pytest.mark.django_db
+def test_the_page_shows_no_dead_letter_to_who_may_not_see_them() -> None:
+    """Operations is a proxy of DeadLetter: none of ModelAdmin's per-row pages may answer under it."""
+    bulk_dead_letters(1)
+    letter = DeadLetter.objects.get()
+    viewer = staff_client("view_operations", username="ops-only")
+    assert viewer.get("/admin/composition/deadletter/").status_code == 403
+    for row_page in (f"{letter.pk}/change/", f"{letter.pk}/history/", f"{letter.pk}/delete/", f"{letter.pk}/",
+                     "add/"):
+        response = viewer.get(URL + row_page)
+        assert response.status_code == 404, (row_page, response.status_code)
+        assert letter.message_id.encode() not in response.content
+    assert viewer.get(URL).status_code == 200
+
+
+@pytest.mark.django_db
 def test_the_admin_index_links_to_it(admin_client: Client) -> None:
     assert URL.encode() in admin_client.get("/admin/").content
 
