@@ -23,8 +23,12 @@ __all__ = ["ProcessedMessageAdmin"]
 
 
 class EstimatedCountPaginator(Paginator):
-    """Django's paginator, counting an unfiltered ledger by the planner's estimate instead of a
-    scan of every row; a search is counted exactly (it matches a row or none)."""
+    """Django's paginator, counting an unfiltered list by the planner's estimate instead of a scan
+    of every row; a search is counted exactly (it matches a row or none). An estimate under
+    ``EXACT_UP_TO`` is checked by a count that stops there: a stale one (the table grew since it
+    was last analysed) under a page's size would make the changelist load every row on one page."""
+
+    EXACT_UP_TO = 10_000
 
     @cached_property
     def count(self) -> int:
@@ -35,8 +39,11 @@ class EstimatedCountPaginator(Paginator):
             cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass",
                            [queryset.model._meta.db_table])
             row = cursor.fetchone()
-        # -1 (or nothing) until the table was first analysed: then count, once.
-        return int(row[0]) if row is not None and row[0] >= 0 else super().count
+        # -1 (or nothing) until the table was first analysed.
+        estimate = int(row[0]) if row is not None else -1
+        if estimate >= self.EXACT_UP_TO:
+            return estimate
+        return int(queryset.order_by()[:self.EXACT_UP_TO + 1].count())
 
 
 @admin.register(ProcessedMessage)
