@@ -4,6 +4,7 @@ alone which the reconciler then begins (composition.jobs.broker_losses.check_cou
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -67,4 +68,29 @@ def test_a_queue_holding_fewer_messages_than_its_unfinished_sent_rows_begins_one
     other = sent_row("quorum_effect", sent_s_ago=60, queue="jobs_quorum")
     assert reconcile(epoch, {"crash_effect": 10.0, "quorum_effect": 10.0}) == (5, 3)
     assert OutboxMessage.objects.get(pk=other.pk).status == "sent"
+    broker.close()
+
+
+@pytest.mark.empty_queues("jobs_crash")  # the replay's own send, to the test broker
+def test_a_replay_that_ran_is_not_counted_unfinished(throwaway_redis_server: Any, settings: Any) -> None:
+    """A replayed dead letter's row ran under its original message's ledger key: an empty queue
+    is not short of it, and a loss would not send it again."""
+    from dramatiq.brokers.redis import RedisBroker
+
+    from composition.jobs.replay import replay
+
+    settings.COMPOSITION = {**settings.COMPOSITION, "BROKER_LOSS_LOOKBACK_S": 3600}
+    broker = RedisBroker(url=throwaway_redis_server.url)
+    client, queues = broker.client, {"jobs_crash": {"crash_effect"}}
+    assert check_epoch(client) is None  # the first epoch
+    now = timezone.now()
+    letter = DeadLetter.objects.create(actor="crash_effect", queue="jobs_crash", message_id="the-original",
+                                       payload={"key": "k"}, attempts=1, error_class="E", fingerprint="f",
+                                       first_failed_at=now, last_failed_at=now)
+    row = OutboxMessage.objects.get(pk=replay(letter.pk).replay_outbox_id)
+    sent_at = now - timedelta(seconds=60)
+    OutboxMessage.objects.filter(pk=row.pk).update(status="sent", created_at=sent_at, sent_at=sent_at)
+    ProcessedMessage.objects.create(message_id="the-original", actor="crash_effect")  # as the worker runs it
+    assert short_queue(client, broker.namespace, queues) is None
+    assert check_counts(client, broker.namespace, queues) is None
     broker.close()
