@@ -90,6 +90,22 @@ def test_the_page_shows_no_dead_letter_to_who_may_not_see_them() -> None:
 
 
 @pytest.mark.django_db
+def test_unreadable_heartbeats_are_unknown_not_no_workers() -> None:
+    from composition.conf import conf
+    from composition.testing import free_port
+
+    caches = {**settings.CACHES, "default": {**settings.CACHES["default"],
+                                             "LOCATION": f"redis://127.0.0.1:{free_port()}/0"}}
+    with override_settings(CACHES=caches, COMPOSITION=conf.as_dict()):
+        page = staff_client("view_operations", username="ops-night").get(URL + "?refresh=off").content.decode()
+    assert "Heartbeats unavailable" in page
+    count = page[page.index('id="ops-workers-count"'):]
+    assert count[:count.index("</div>")].count("heartbeats unavailable") == 1
+    assert "No worker process is beating" not in page
+    assert "the heartbeats could not be read" in page
+
+
+@pytest.mark.django_db
 def test_the_admin_index_links_to_it(admin_client: Client) -> None:
     assert URL.encode() in admin_client.get("/admin/").content
 
