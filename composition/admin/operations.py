@@ -1,7 +1,8 @@
 """The operations page in the admin: one screen for the night a queue piles up (see
 ``composition.operations.snapshot`` for where each figure comes from). It reloads itself with a meta
 refresh, every ``REFRESH_S`` seconds unless turned off (``?refresh=off``): no JavaScript. Who may
-pause pauses and resumes queues and schedules from it."""
+pause pauses and resumes queues and schedules from it; a pause's reason is typed on the page with
+its reload off, which a reload would otherwise wipe."""
 
 from __future__ import annotations
 
@@ -103,6 +104,8 @@ class OperationsAdmin(ReadOnlyRows, admin.ModelAdmin):
             raise PermissionDenied
         name, action = request.POST.get("name", ""), request.POST.get("action", "")
         page = reverse("admin:composition_operations_changelist")
+        if request.POST.get("refresh") == "off":  # back as it was: a page that does not reload
+            page += "?refresh=off"
         try:
             if action not in ("pause", "resume"):
                 raise PauseRefused(f"No action {action!r} for {what.lower()} {name!r}.")

@@ -40,6 +40,19 @@ def test_an_operator_who_may_pauses_and_resumes_a_queue_from_the_page() -> None:
     assert history == ["Paused: provider outage", "Resumed"]
 
 
+def test_a_reason_is_typed_on_the_page_that_does_not_reload() -> None:
+    """The reloading page has no field its reload would wipe; without reloads it has one, and a
+    change made there comes back to the page without reloads."""
+    client = staff_client("view_operations", "change_pauses")
+    live = table_row(client.get(PAGE).content.decode(), "data-queue", QUEUE)
+    assert 'name="reason"' not in live and 'href="?refresh=off"' in live and 'value="Pause"' in live
+    still = client.get(PAGE + "?refresh=off").content.decode()
+    assert 'name="reason"' in table_row(still, "data-queue", QUEUE) and 'http-equiv="refresh"' not in still
+    answer = client.post(POST, {"name": QUEUE, "action": "pause", "reason": "provider outage", "refresh": "off"})
+    assert answer["Location"] == PAGE + "?refresh=off"
+    assert client.post(POST, {"name": QUEUE, "action": "resume"})["Location"] == PAGE
+
+
 def test_without_the_permission_there_is_no_button_and_a_post_is_refused() -> None:
     client = staff_client("view_operations")
     assert 'value="Pause"' not in table_row(client.get(PAGE).content.decode(), "data-queue", QUEUE)
