@@ -31,7 +31,7 @@ class OutboxMessageAdmin(admin.ModelAdmin):
     # list uses the small partial index instead.
     show_full_result_count = False
     readonly_fields = ("id", "actor_name", "queue_name", "key", "status", "message_id", "pretty_payload",
-                       "pretty_headers", "delay_s", "created_at", "claimed_until", "claimed_by", "attempts",
+                       "pretty_headers", "delay_s", "created_at", "due_at", "claimed_until", "claimed_by", "attempts",
                        "sent_at", "last_error")
     fields = readonly_fields
 

@@ -11,7 +11,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.management import CommandError, call_command
 from django.test import Client
-from django.utils import timezone
+from django.utils import formats, timezone
 from dramatiq.brokers.redis import RedisBroker
 from prometheus_client import REGISTRY
 
@@ -185,6 +185,10 @@ def test_admin_detail_is_read_only_with_a_pretty_payload(staff_client: Client) -
                              {"key": "changed"}).status_code == 403
     row.refresh_from_db()
     assert row.key == "k"
+    due = timezone.now() + timedelta(hours=2)
+    OutboxMessage.objects.filter(pk=row.pk).update(status="held", due_at=due)
+    held = staff_client.get(f"/admin/composition/outboxmessage/{row.pk}/change/").content.decode()
+    assert "field-due_at" in held and formats.date_format(timezone.localtime(due), "DATETIME_FORMAT") in held
 
 
 # -- system checks ---------------------------------------------------------------------------------------------
