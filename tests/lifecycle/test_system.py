@@ -372,3 +372,15 @@ def test_runworkers_refuses_bad_arguments_as_usage_errors(argument: list[str], s
                           env=subprocess_env(), capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr[-2000:]
     assert said in done.stderr
+
+
+def test_runworkers_refuses_a_queue_no_job_declares() -> None:
+    """A misspelt queue would be consumed for nothing while the worker looks healthy."""
+    from composition.testing import subprocess_env
+
+    done = subprocess.run([sys.executable, str(ROOT / "manage.py"), "runworkers", "--queues", "reminder,default",
+                           "--metrics-port", "off"], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "no queue named 'reminder' (the queues: " in done.stderr and "reminders" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -8,11 +8,14 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from composition.broker.configured import configured_broker
 from composition.conf import conf
 from composition.errors import SystemStartError
 from composition.jobs.queue_order import QueueOrder
 from composition.lifecycle.workers import WorkerOptions, build_supervisor, build_worker_system
+from composition.outbox.relay import RELAY_QUEUE_NAME
 from composition.prometheus.directory import multiproc_dir
+from composition.sampling import declared_queues
 
 # A drain longer than a day is a mistake, not a plan (and thread joins overflow near 1e308).
 MAX_SHUTDOWN_TIMEOUT_S = 86_400.0
@@ -62,6 +65,19 @@ def _queue_order(value: str) -> QueueOrder:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
+def _check_declared(order: QueueOrder | None) -> None:
+    """A listed queue no job declares would be consumed for nothing while the worker looks
+    healthy (a misspelt name): refused, as ``queues pause`` refuses it."""
+    if order is None:
+        return
+    declared = set(declared_queues(configured_broker()))
+    unknown = [name for name in order.names if name not in declared]
+    if unknown:
+        known = ", ".join(sorted(declared - {RELAY_QUEUE_NAME})) or "none is declared"
+        raise CommandError(f"no queue named {', '.join(map(repr, unknown))} (the queues: {known}; "
+                           f"the outbox relay's: {RELAY_QUEUE_NAME})")
+
+
 def _option_or(options: dict[str, Any], name: str, default: Any) -> Any:
     """The command-line value of ``name``, or ``default`` when it was not given."""
     return default if options[name] is None else options[name]
@@ -103,6 +119,7 @@ class Command(BaseCommand):
             raise CommandError("--processes and --threads must be at least 1")
         if worker_options.shutdown_timeout_s <= 0:
             raise CommandError("--shutdown-timeout must be a positive number of seconds")
+        _check_declared(worker_options.queue_order)
         if worker_options.metrics_port is not None and worker_options.processes > 1 and multiproc_dir() is None:
             raise CommandError("serving /metrics for several processes needs PROMETHEUS_MULTIPROC_DIR: "
                                "without it the children's metrics stay in the children")
