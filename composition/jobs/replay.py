@@ -209,9 +209,9 @@ class BulkResult:
                 "done_count": len(self.done), "refused_count": len(self.refused)}
 
 
-def _bulk(action: Any, rows: QuerySet[DeadLetter], user: Any, permission: str) -> BulkResult:
+def _bulk(action: Any, rows: QuerySet[DeadLetter], user: Any, permission: str, into: BulkResult | None) -> BulkResult:
     _require(user, permission)
-    result = BulkResult()
+    result = BulkResult() if into is None else into
     for pk in rows.values_list("pk", flat=True):
         try:
             action(pk, user=user)
@@ -226,11 +226,13 @@ def _bulk(action: Any, rows: QuerySet[DeadLetter], user: Any, permission: str) -
     return result
 
 
-def replay_many(rows: QuerySet[DeadLetter], *, user: Any = None) -> BulkResult:
-    """Replay every dead letter in ``rows``, each in its own transaction."""
-    return _bulk(replay, rows, user, REPLAY_PERMISSION)
+def replay_many(rows: QuerySet[DeadLetter], *, user: Any = None, into: BulkResult | None = None) -> BulkResult:
+    """Replay every dead letter in ``rows``, each in its own transaction. The result (``into``,
+    else a new one) is filled as it goes: a caller interrupted midway reads what was done."""
+    return _bulk(replay, rows, user, REPLAY_PERMISSION, into)
 
 
-def discard_many(rows: QuerySet[DeadLetter], *, user: Any = None) -> BulkResult:
-    """Discard every dead letter in ``rows``, each in its own transaction."""
-    return _bulk(discard, rows, user, DISCARD_PERMISSION)
+def discard_many(rows: QuerySet[DeadLetter], *, user: Any = None, into: BulkResult | None = None) -> BulkResult:
+    """Discard every dead letter in ``rows``, each in its own transaction; ``into`` as for
+    ``replay_many``."""
+    return _bulk(discard, rows, user, DISCARD_PERMISSION, into)

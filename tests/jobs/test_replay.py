@@ -164,7 +164,10 @@ def test_an_interrupted_bulk_replay_says_how_far_it_got(monkeypatch: pytest.Monk
 
     def replay_then_interrupt(pk: int, **kwargs: object) -> DeadLetter:
         if len(done) == 2:
-            raise KeyboardInterrupt  # the operator's Ctrl-C, during the third
+            # A replayed job failed again meanwhile, into the same group, then the operator's
+            # Ctrl-C, during the third: a recount of the group would count that one as not done.
+            dead_letter(key="failed-again")
+            raise KeyboardInterrupt
         done.append(pk)
         return real(pk, **kwargs)  # type: ignore[arg-type]
 
@@ -172,9 +175,22 @@ def test_an_interrupted_bulk_replay_says_how_far_it_got(monkeypatch: pytest.Monk
     with pytest.raises(CommandError, match=r"interrupted: 2 of 3 dead letter\(s\) replayed, 1 left") as raised:
         run("replay", "--actor", "charge", "--yes")
     assert raised.value.returncode == 130
-    assert sorted(DeadLetter.objects.values_list("status", flat=True)) == ["dead", "replayed", "replayed"]
+    assert sorted(DeadLetter.objects.values_list("status", flat=True)) == ["dead", "dead", "replayed", "replayed"]
     assert OutboxMessage.objects.count() == 2
     assert {letter.pk for letter in letters} >= set(done)
+
+
+@pytest.mark.django_db
+def test_a_json_dry_run_names_what_the_run_would_refuse() -> None:
+    dead_letter(key="fine")
+    gone = dead_letter("removed_by_a_deploy", key="gone")
+    out = StringIO()
+    with pytest.raises(CommandError, match="1 dead letter"):
+        call_command("deadletters", "replay", "--all", "--dry-run", "--json", stdout=out, stderr=StringIO())
+    report = json.loads(out.getvalue())
+    assert (report["dry_run"], report["count"], report["done_count"]) == (True, 2, 1)
+    assert list(report["refused"]) == [str(gone.pk)]
+    assert DeadLetter.objects.filter(status="dead").count() == 2 and not OutboxMessage.objects.exists()
 
 
 def _operator() -> Client:

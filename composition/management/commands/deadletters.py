@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Max, QuerySet
 
 from composition.errors import CompositionError
@@ -170,17 +170,17 @@ class Command(BaseCommand):
                                      or options["all"] or options["max_id"] is not None)
         if options["dry_run"] or (bulk and not options["yes"]):
             upto = rows.aggregate(upto=Max("id"))["upto"]
-            if options["json"]:
+            if options["json"] and not options["dry_run"]:
                 self._emit({"action": action, "count": count, "max_id": upto, "done": False})
             if count == 0:
                 # As the run itself would: a mistyped id or filter must not look like success.
                 refused = "; ".join(f"{pk}: {_why_not_open(pk)}" for pk in dict.fromkeys(ids))
                 raise CommandError(f"no open dead letter matches; nothing would be {action}ed"
                                    + (f" ({refused})" if refused else ""))
-            if options["json"]:
-                return
             if options["dry_run"]:
-                self._trial(action, rows, count)
+                self._trial(action, rows, count, upto, as_json=options["json"])
+            elif options["json"]:
+                return
             else:
                 keep = f" --max-id {upto}" if upto is not None and options["max_id"] is None else ""
                 self.stdout.write(f"{count} dead letter(s) would be {action}ed: add --yes{keep} to carry it out"
@@ -191,14 +191,18 @@ class Command(BaseCommand):
             return
         # Ids asked for by number that are not open dead letters are refused by name, not dropped.
         not_open = _missing(ids, rows.filter(pk__in=ids))
+        result = service.BulkResult()
         try:
-            result = (service.replay_many if action == "replay" else service.discard_many)(rows)
-        except KeyboardInterrupt:
+            (service.replay_many if action == "replay" else service.discard_many)(rows, into=result)
+        except (KeyboardInterrupt, DatabaseError) as exc:
             # Each letter is done in its own transaction: what was done stays done, once, and
-            # the same command does the rest (the done ones are no longer dead).
-            left = rows.count()
-            raise CommandError(f"interrupted: {count - left} of {count} dead letter(s) {action}ed, {left} left; "
-                               "run the same command again for the rest", returncode=130) from None
+            # the same command does the rest (the done ones are no longer dead). Counted as they
+            # went: a recount of the open ones would also count those failing again meanwhile.
+            left = count - len(result.done) - len(result.refused)
+            stopped = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"the database failed ({exc})"
+            raise CommandError(f"{stopped}: {len(result.done)} of {count} dead letter(s) {action}ed, {left} left; "
+                               "run the same command again for the rest",
+                               returncode=130 if isinstance(exc, KeyboardInterrupt) else 1) from None
         for pk in not_open:
             result.refused[pk] = _why_not_open(pk)
         asked = count + len(not_open)
@@ -215,7 +219,8 @@ class Command(BaseCommand):
         if not result.done:
             raise CommandError(f"no open dead letter matches; nothing was {action}ed")
 
-    def _trial(self, action: str, rows: QuerySet[DeadLetter], count: int) -> None:
+    def _trial(self, action: str, rows: QuerySet[DeadLetter], count: int, upto: int | None, *,
+               as_json: bool) -> None:
         """The dry run: the action itself, every check included (an actor a deploy removed,
         arguments that no longer fit), in a transaction rolled back at the end, so it says what
         the run would refuse. Nothing is published: sending waits for a COMMIT that never comes."""
@@ -223,15 +228,22 @@ class Command(BaseCommand):
         class RolledBack(Exception):
             pass
 
+        result = service.BulkResult()
         try:
             with transaction.atomic():
-                result = (service.replay_many if action == "replay" else service.discard_many)(rows)
+                (service.replay_many if action == "replay" else service.discard_many)(rows, into=result)
                 raise RolledBack
         except RolledBack:
             pass
-        self.stdout.write(f"{len(result.done)} of {count} dead letter(s) would be {action}ed (dry run).")
-        for reason, pks in result.refused_by_reason():
-            self.stderr.write(f"{len(pks)} would be refused: {reason}: ids {' '.join(map(str, pks))}")
+        except KeyboardInterrupt:
+            raise CommandError("interrupted: the dry run stopped; nothing was changed", returncode=130) from None
+        if as_json:
+            self._emit({"action": action, "count": count, "max_id": upto, "done": False, "dry_run": True,
+                        **result.as_dict()})
+        else:
+            self.stdout.write(f"{len(result.done)} of {count} dead letter(s) would be {action}ed (dry run).")
+            for reason, pks in result.refused_by_reason():
+                self.stderr.write(f"{len(pks)} would be refused: {reason}: ids {' '.join(map(str, pks))}")
         if result.refused:
             raise CommandError(f"{len(result.refused)} dead letter(s) would not be {action}ed (see above)")
 
