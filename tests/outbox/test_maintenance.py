@@ -72,6 +72,18 @@ def test_relay_command_relays_everything_pending() -> None:
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("nudge_only")
+def test_an_option_the_action_does_not_take_is_refused_not_ignored() -> None:
+    publish(PROBE, {"seq": 1})
+    for args, says in ((("relay", "--dry-run"), "--dry-run is for prune only, not relay"),
+                       (("status", "--older-than", "3"), "--older-than is for prune only, not status"),
+                       (("prune", "--batch-size", "5"), "--batch-size is for relay only, not prune")):
+        with pytest.raises(CommandError, match=says):
+            call_command("outbox", *args, stdout=StringIO())
+    assert _outbox("status")["pending"] == 1  # the refused relay sent nothing
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("nudge_only")
 def test_relay_command_with_the_broker_away_says_nothing_is_lost(monkeypatch: pytest.MonkeyPatch) -> None:
     # What the runbook sends an operator to run after an outage: a broker still away is an
     # answer, not a traceback, and the rows stay pending.

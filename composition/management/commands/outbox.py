@@ -40,6 +40,10 @@ class Command(BaseCommand):
 
     def _handle(self, options: dict[str, Any]) -> None:
         action = options["action"]
+        # An option the action does not take is refused, not ignored: `relay --dry-run` relayed.
+        for name, takes_it in (("dry_run", "prune"), ("older_than", "prune"), ("batch_size", "relay")):
+            if options[name] not in (None, False) and action != takes_it:
+                raise CommandError(f"--{name.replace('_', '-')} is for {takes_it} only, not {action}")
         if action == "status":
             # The operations page's window: its per-queue figures are these.
             result: dict[str, Any] = outbox_status(window_s=RUNS_WINDOW_S).as_dict()
