@@ -91,7 +91,10 @@ class PauseCommand(BaseCommand):
                 return
             by, user = operator_name(options["by"]), operator_user(options["by"])
             change = self.pause_one if action == "pause" else self.resume_one
-            self.stdout.write(change(name, by=by, reason=options["reason"], user=user))
+            try:
+                self.stdout.write(change(name, by=by, reason=options["reason"], user=user))
+            except ValueError as exc:  # a --by too long for the record
+                raise CommandError(str(exc)) from None
 
     def write_table(self, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         """Columns padded to their widest cell; the last one, free text, left as it is."""

@@ -27,6 +27,9 @@ def _kind(kind: str) -> str:
 
 def _change(kind: str, name: str, *, paused: bool, by: str, reason: str, user: Any,
             shed: bool) -> tuple[Pause | None, bool]:
+    longest = Pause._meta.get_field("changed_by").max_length or 0
+    if len(by) > longest:
+        raise ValueError(f"who paused or resumed is at most {longest} characters, got {len(by)}")
     with transaction.atomic():
         row = Pause.objects.select_for_update().filter(kind=_kind(kind), name=name).first()
         if row is None and not paused:
@@ -67,7 +70,8 @@ def pause(kind: str, name: str, *, by: str, reason: str = "", user: Any = None,
 
     ``by`` says who, on the row and in the log; with a ``user`` (a Django user) the change is in
     the admin's history of the row too; ``shed`` marks the shedding controller's pause. Returns
-    the row and whether this call changed it (False: it was paused already)."""
+    the row and whether this call changed it (False: it was paused already). Raises ValueError
+    for an unknown kind or a ``by`` over 150 characters."""
     row, changed = _change(kind, name, paused=True, by=by, reason=reason, user=user, shed=shed)
     assert row is not None  # a pause always has its row
     return row, changed

@@ -52,6 +52,10 @@ def test_a_name_that_is_no_queue_and_the_relay_s_queue_are_refused_with_the_reas
         _run("pause")
     with pytest.raises(CommandError, match="list takes no name"):
         _run("list", QUEUE)
+    with pytest.raises(CommandError, match="at most 150 characters, got 200"):
+        _run("pause", QUEUE, "--by", "x" * 200)
+    with pytest.raises(ValueError, match="at most 150 characters"):
+        pause_queue(QUEUE, by="x" * 151)
     assert not Pause.objects.exists()
 
 
