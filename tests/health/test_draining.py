@@ -65,6 +65,25 @@ def test_a_drain_wait_it_cannot_keep_is_refused_before_the_mark_is_written(tmp_p
     assert not drain_file.exists()
 
 
+def test_an_unwritable_mark_and_a_ctrl_c_during_the_wait_are_said_in_one_line(tmp_path: Path) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    result = _manage("drain", "--wait", "0", env=_drain_env(blocked / "web.draining", 0))
+    assert result.returncode == 1 and "could not write the drain mark" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+    drain_file = tmp_path / "web.draining"
+    waiting = subprocess.Popen([sys.executable, "manage.py", "drain", "--wait", "30"], cwd=ROOT,
+                               env=_drain_env(drain_file, 0), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert waiting.stdout is not None and waiting.stdout.readline().startswith("draining:")
+    waiting.send_signal(signal.SIGINT)
+    _, stderr = waiting.communicate(timeout=30)
+    assert waiting.returncode == 130 and "still marked draining" in stderr and "drain --clear" in stderr, stderr
+    assert "Traceback" not in stderr and drain_file.exists()
+    refused = _manage("drain", "--clear", "--wait", "5", env=_drain_env(drain_file, 0))
+    assert refused.returncode == 1 and "--clear takes no --wait" in refused.stderr
+
+
 def test_drain_without_a_drain_file_setting_says_what_to_set() -> None:
     result = _manage("drain", "--wait", "0")
     assert result.returncode == 1

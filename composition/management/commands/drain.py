@@ -31,7 +31,12 @@ class Command(BaseCommand):
             raise CommandError("COMPOSITION['HEALTH_DRAIN_FILE'] is not set: there is no host-wide "
                                "draining mark to write. Set it to a path every web process can see.")
         if options["clear"]:
-            clear_drain_file(path)
+            if options["wait"] is not None:
+                raise CommandError("--clear takes no --wait: it withdraws the mark at once")
+            try:
+                clear_drain_file(path)
+            except OSError as exc:
+                raise CommandError(f"could not remove the drain mark {path}: {exc}") from None
             self.stdout.write(f"drain mark cleared: {path}")
             return
         wait_s = float(conf.HEALTH_DRAIN_WAIT_S) if options["wait"] is None else options["wait"]
@@ -39,7 +44,16 @@ class Command(BaseCommand):
         # draining, every web process answering /readyz 503, with nothing to stop it.
         if not 0 <= wait_s <= MAX_WAIT_S:
             raise CommandError(f"--wait must be between 0 and {MAX_WAIT_S:g} seconds, got {wait_s:g}")
-        mark_drain_file(path)
-        self.stdout.write(f"draining: {path} written; waiting {wait_s:g}s for load balancers")
-        self.stdout.flush()
-        time.sleep(wait_s)
+        try:
+            mark_drain_file(path)
+        except OSError as exc:
+            raise CommandError(f"could not write the drain mark {path}: {exc} (HEALTH_DRAIN_FILE must be a path "
+                               "this user may write and every web process can see)") from None
+        try:
+            self.stdout.write(f"draining: {path} written; waiting {wait_s:g}s for load balancers")
+            self.stdout.flush()
+            time.sleep(wait_s)
+        except KeyboardInterrupt:
+            # The mark stays: the host keeps answering /readyz 503 until it is withdrawn.
+            raise CommandError(f"interrupted: the host is still marked draining ({path}); "
+                               "./manage.py drain --clear withdraws the mark", returncode=130) from None
