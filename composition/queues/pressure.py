@@ -51,7 +51,9 @@ class Reading:
 
 
 def _largest(values: Mapping[str, float | None]) -> tuple[float | None, str]:
-    if not values or any(value is None for value in values.values()):
+    if not values:
+        return 0.0, ""  # no essential queue to wait in: nothing waits
+    if any(value is None for value in values.values()):
         return None, ""
     queue = max(values, key=lambda name: values[name] or 0.0)
     return values[queue], queue

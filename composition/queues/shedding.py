@@ -5,7 +5,8 @@ Every worker process runs one. When a pressure signal of the essential queues
 ``SHED_QUEUES`` not paused already (a pause marked ``shed``, whose reason names the signal);
 once every signal has stayed below ``SHED_RESUME_BELOW`` of its limit for
 ``SHED_RESUME_AFTER_S``, it resumes them. One episode is one pause and one resume, whichever
-process makes them; an operator's pause or resume wins.
+process makes them; an operator's pause or resume wins, and an essential queue an operator
+paused is not measured.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from composition.conf import conf
 from composition.lifecycle.periodic import PeriodicComponent
 from composition.metrics import QUEUE_SHEDS_TOTAL, SHEDDING_PRESSURE_RATIO
 from composition.outbox.relay import RELAY_QUEUE_NAME
-from composition.pauses import Pause, pause, resume
+from composition.pauses import Pause, pause, paused_names, resume
 from composition.queues.pressure import Reading, read_pressure
 from composition.sampling.queues import declared_queues
 
@@ -66,7 +67,11 @@ class ShedController(PeriodicComponent):
         shed = list(conf.SHED_QUEUES or ())
         if not shed:
             return
-        readings = read_pressure(configured_broker(), essential_queues(), dict(conf.SHED_WHEN or {}))
+        # A queue an operator paused waits on purpose (as the alerts leave it out): its backlog
+        # is no pressure to shed others for.
+        paused = paused_names(Pause.QUEUE)
+        essential = [queue for queue in essential_queues() if queue not in paused]
+        readings = read_pressure(configured_broker(), essential, dict(conf.SHED_WHEN or {}))
         for reading in readings:
             if reading.value is not None:
                 SHEDDING_PRESSURE_RATIO.labels(reading.signal).set(reading.value / reading.limit)

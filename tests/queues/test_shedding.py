@@ -118,6 +118,19 @@ def test_an_operator_s_pause_is_never_resumed_by_the_controller() -> None:
 
 
 @pytest.mark.usefixtures("shedding")
+def test_an_essential_queue_an_operator_paused_is_no_pressure() -> None:
+    """Its backlog waits on purpose: shedding the others for it would stop work for nothing."""
+    controller = ShedController()
+    pause(Pause.QUEUE, jobs.SHED_ESSENTIAL_QUEUE, by="ops", reason="provider outage")
+    _backlog(5)
+    controller.tick()
+    assert _state(OPTIONAL) is None and _state("reminders") is None
+    resume(Pause.QUEUE, jobs.SHED_ESSENTIAL_QUEUE, by="ops")
+    controller.tick()  # resumed, its backlog is pressure again
+    assert _state(OPTIONAL) == (True, True, SHEDDING_BY)
+
+
+@pytest.mark.usefixtures("shedding")
 def test_an_operator_s_resume_during_an_episode_holds_until_it_ends() -> None:
     controller = ShedController()
     _backlog(5)
