@@ -43,6 +43,8 @@ class OperationsAdmin(ReadOnlyRows, admin.ModelAdmin):
         context = {
             **self.admin_site.each_context(request),
             "title": "Operations",
+            # A wide dashboard: without the admin's side menu its tables fit a laptop's screen.
+            "is_nav_sidebar_enabled": False,
             "opts": self.model._meta,
             "snapshot": snapshot,
             "charts": [(name, queue_chart(name, buckets), latest(buckets))
