@@ -4,11 +4,10 @@
 in the caller's transaction and run under ``runworkers`` with the jobs' retries, time limit and dead
 letters, on ``django.tasks`` (Django 6) or the ``django-tasks`` backport (the ``tasks`` extra).
 Modules: ``backend``, ``options`` (``QUEUES``, ``OPTIONS``), ``errors``, ``payload`` (a task in an
-outbox payload), ``actors`` (the workers' side), ``listeners`` (the result a run's context and
-signal receivers see), ``calls`` (a task called, its return value kept),
-``records`` (a result as its runs write it), ``leases`` (running results kept RUNNING),
-``results`` (``get_result``), ``setup`` (what ``ready()`` does) and ``_compat`` (``django.tasks``
-or ``django_tasks``).
+outbox payload), ``actors`` (the workers' side), ``listeners`` (the result its context and signal
+receivers see), ``calls`` (a task called, its return value kept), ``records`` (a result as its runs
+write it), ``leases`` (running results kept RUNNING), ``results`` (``get_result``), ``setup``
+(what ``ready()`` does) and ``_compat`` (``django.tasks`` or ``django_tasks``).
 """
 
 from composition.tasks.backend import OutboxBackend
