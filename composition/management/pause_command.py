@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from composition.management.database_errors import database_must_answer
 from composition.pauses import Pause
 
-__all__ = ["PauseCommand", "moment", "operator_name", "operator_user", "pause_json", "paused_state"]
+__all__ = ["PauseCommand", "kept_reason", "moment", "operator_name", "operator_user", "pause_json", "paused_state"]
 
 
 def operator_name(by: str | None) -> str:
@@ -50,6 +50,14 @@ def paused_state(pause: Pause | None) -> str:
         f" ({pause.reason})" if pause.reason else "")
 
 
+def kept_reason(pause: Pause, given: str) -> str:
+    """What a pause of something paused already says of a reason it did not record."""
+    if not given or given == pause.reason:
+        return ""
+    return (f" (by {pause.changed_by}: {pause.reason or 'no reason'}); the new reason is not recorded: "
+            "resume and pause again to change it")
+
+
 def pause_json(pause: Pause | None) -> dict[str, str | bool] | None:
     """``--json``'s view of a pause: who, since when (ISO 8601), why, and whether the shedding
     controller made it; None when not paused."""
@@ -65,29 +73,42 @@ class PauseCommand(BaseCommand):
 
     thing: ClassVar[str]
     extra_actions: ClassVar[tuple[str, ...]] = ()
+    # The extra actions that take a name (the others take none), and those that print --json.
+    extra_named: ClassVar[tuple[str, ...]] = ()
+    extra_json: ClassVar[tuple[str, ...]] = ()
 
     def add_arguments(self, parser: CommandParser) -> None:
         actions = ["list", "pause", "resume", *self.extra_actions]
         parser.add_argument("action", choices=actions)
-        parser.add_argument("name", nargs="?", help=f"the {self.thing} ({', '.join(actions[1:])})")
+        named = ", ".join(["pause", "resume", *self.extra_named])
+        parser.add_argument("name", nargs="?", help=f"the {self.thing} ({named})")
         parser.add_argument("--reason", default="", help="pause/resume: why, shown with the pause")
         parser.add_argument("--by", default=None,
                             help="pause/resume: who (default: the login name); a Django username puts the "
                                  "change in the admin's history of the pause too")
-        parser.add_argument("--json", action="store_true", help="list: machine-readable output")
+        parser.add_argument("--json", action="store_true",
+                            help=f"{', '.join(['list', *self.extra_json])}: machine-readable output")
 
     def handle(self, *args: Any, **options: Any) -> None:
         with database_must_answer():
             action, name = options["action"], options["name"]
-            if action == "list":
+            # An option the action does not take is refused, not ignored.
+            if action not in ("pause", "resume") and (options["by"] is not None or options["reason"]):
+                raise CommandError(f"--by and --reason are for pause and resume, not {action}")
+            if options["json"] and action not in ("list", *self.extra_json):
+                raise CommandError(f"--json is for {' and '.join(['list', *self.extra_json])}, not {action}")
+            if action not in ("pause", "resume", *self.extra_named):
                 if name:
-                    raise CommandError("list takes no name")
-                self.list_rows(options["json"])
+                    raise CommandError(f"{action} takes no name")
+                if action == "list":
+                    self.list_rows(options["json"])
+                else:
+                    self.other_action(action, None, as_json=options["json"])
                 return
             if not name:
                 raise CommandError(f"{action} needs a {self.thing}'s name ({self.thing}s list shows them)")
             if action not in ("pause", "resume"):
-                self.other_action(action, name)
+                self.other_action(action, name, as_json=options["json"])
                 return
             by, user = operator_name(options["by"]), operator_user(options["by"])
             change = self.pause_one if action == "pause" else self.resume_one
@@ -114,5 +135,6 @@ class PauseCommand(BaseCommand):
     def resume_one(self, name: str, *, by: str, reason: str, user: Any) -> str:
         raise NotImplementedError
 
-    def other_action(self, action: str, name: str) -> None:
+    def other_action(self, action: str, name: str | None, *, as_json: bool) -> None:
+        """An extra action (``name`` None for one in ``extra_named``'s complement)."""
         raise NotImplementedError

@@ -30,6 +30,14 @@ def _run(*args: str) -> str:
     return out.getvalue()
 
 
+def test_a_second_pause_says_its_reason_was_not_recorded() -> None:
+    assert "paused: no job" in _run("pause", QUEUE, "--reason", "provider outage", "--by", "alice")
+    assert _run("pause", QUEUE, "--reason", "provider outage").strip() == f"queue {QUEUE} was paused already"
+    again = _run("pause", QUEUE, "--reason", "deploy")
+    assert "was paused already (by alice: provider outage); the new reason is not recorded" in again
+    assert Pause.objects.get(kind=Pause.QUEUE, name=QUEUE).reason == "provider outage"
+
+
 def test_pause_and_resume_change_the_row_once_and_say_so() -> None:
     assert QUEUE in known_queues()
     row, changed = pause_queue(QUEUE, by="ops", reason="provider outage")
@@ -52,6 +60,12 @@ def test_a_name_that_is_no_queue_and_the_relay_s_queue_are_refused_with_the_reas
         _run("pause")
     with pytest.raises(CommandError, match="list takes no name"):
         _run("list", QUEUE)
+    for args, says in ((("limits", QUEUE), "limits takes no name"),
+                       (("list", "--by", "ops"), "--by and --reason are for pause and resume, not list"),
+                       (("limits", "--reason", "x"), "--by and --reason are for pause and resume, not limits"),
+                       (("pause", QUEUE, "--json"), "--json is for list and limits, not pause")):
+        with pytest.raises(CommandError, match=says):
+            _run(*args)
     with pytest.raises(CommandError, match="at most 150 characters, got 200"):
         _run("pause", QUEUE, "--by", "x" * 200)
     with pytest.raises(ValueError, match="at most 150 characters"):

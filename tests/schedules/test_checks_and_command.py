@@ -106,3 +106,8 @@ def test_the_command_lists_pauses_resumes_and_runs_a_schedule(declared_names: li
         _command("pause", "nope")
     with pytest.raises(CommandError, match="needs a schedule's name"):
         _command("run")
+    with pytest.raises(CommandError, match="--by and --reason are for pause and resume, not run"):
+        _command("run", name, "--by", "alice")  # who ran it would not be recorded
+    with pytest.raises(CommandError, match="--json is for list, not run"):
+        _command("run", name, "--json")
+    assert ScheduleTick.objects.filter(schedule=name).count() == 1  # neither ran

@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import CommandError
 
 from composition.broker.configured import configured_broker
-from composition.management.pause_command import PauseCommand, pause_json, paused_state
+from composition.management.pause_command import PauseCommand, kept_reason, pause_json, paused_state
 from composition.queues import QueueNotPausable, QueueRow, pause_queue, queue_rows, resume_queue
 from composition.sampling.limits import LimitSample, sample_limits
 
@@ -56,15 +56,11 @@ class Command(PauseCommand):
             "its messages wait on the broker, and publishing into it goes on.")
     thing = "queue"
     extra_actions = ("limits",)
+    extra_json = ("limits",)
 
-    def handle(self, *args: Any, **options: Any) -> None:
-        if options["action"] != "limits":
-            super().handle(*args, **options)
-            return
-        if options["name"]:
-            raise CommandError("limits takes no name")
+    def other_action(self, action: str, name: str | None, *, as_json: bool) -> None:  # limits
         samples = sample_limits(configured_broker())
-        if options["json"]:
+        if as_json:
             self.stdout.write(json.dumps({"limits": [_json_limit(sample) for sample in samples]}, indent=2))
         elif not samples:
             self.stdout.write("no job declares a limit")
@@ -74,11 +70,11 @@ class Command(PauseCommand):
 
     def pause_one(self, name: str, *, by: str, reason: str, user: Any) -> str:
         try:
-            _, changed = pause_queue(name, by=by, reason=reason, user=user)
+            row, changed = pause_queue(name, by=by, reason=reason, user=user)
         except QueueNotPausable as exc:
             raise CommandError(str(exc)) from exc
         return f"queue {name} paused: no job of it starts on any worker from now on" if changed \
-            else f"queue {name} was paused already"
+            else f"queue {name} was paused already" + kept_reason(row, reason)
 
     def resume_one(self, name: str, *, by: str, reason: str, user: Any) -> str:
         try:

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from composition.management.pause_command import PauseCommand, moment, pause_json, paused_state
+from composition.management.pause_command import PauseCommand, kept_reason, moment, pause_json, paused_state
 from composition.pauses import Pause, pause, resume
 from composition.schedules import TZDATA_VERSION, Schedule, declared
 from composition.schedules.firing import run_now
@@ -30,6 +30,7 @@ class Command(PauseCommand):
             "pause or resume one for every host (durably), or run one now.")
     thing = "schedule"
     extra_actions = ("run",)
+    extra_named = ("run",)
 
     def _declared(self, name: str) -> Schedule:
         entry = declared().get(name)
@@ -39,14 +40,16 @@ class Command(PauseCommand):
         return entry
 
     def pause_one(self, name: str, *, by: str, reason: str, user: Any) -> str:
-        _, changed = pause(Pause.SCHEDULE, self._declared(name).name, by=by, reason=reason, user=user)
-        return f"schedule {name} paused" if changed else f"schedule {name} was paused already"
+        row, changed = pause(Pause.SCHEDULE, self._declared(name).name, by=by, reason=reason, user=user)
+        return (f"schedule {name} paused" if changed
+                else f"schedule {name} was paused already" + kept_reason(row, reason))
 
     def resume_one(self, name: str, *, by: str, reason: str, user: Any) -> str:
         _, changed = resume(Pause.SCHEDULE, self._declared(name).name, by=by, reason=reason, user=user)
         return f"schedule {name} resumed: the next tick fires" if changed else f"schedule {name} was not paused"
 
-    def other_action(self, action: str, name: str) -> None:  # run
+    def other_action(self, action: str, name: str | None, *, as_json: bool) -> None:  # run
+        assert name is not None  # run is in extra_named
         entry = self._declared(name)
         found = problems(entry)
         if found:
