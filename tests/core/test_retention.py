@@ -35,6 +35,7 @@ from composition.retention import (
     pruning_lock_name,
 )
 from composition.testing import metric_value, use_broker, wait_until
+from tests.jobsapp import jobs
 
 DAY_S = 86_400.0
 
@@ -319,7 +320,7 @@ def test_outbox_prune_defaults_to_the_outbox_retention() -> None:
 @pytest.fixture
 def pruning_worker(worker_processes: Any) -> Iterator[Any]:
     overrides = {"RETENTION_INTERVAL_S": 0.5, "RETENTION_BATCH_SIZE": 2}
-    worker = worker_processes.spawn(["--threads", "1", "--queues", "retention_idle", "--shutdown-timeout", "10"],
+    worker = worker_processes.spawn(["--threads", "1", "--queues", jobs.IDLE_QUEUE, "--shutdown-timeout", "10"],
                                     COMPOSITION_TEST_OVERRIDES=json.dumps(overrides))
     yield worker
     assert worker.terminate(timeout_s=20) == 0, worker.output()

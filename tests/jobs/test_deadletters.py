@@ -146,6 +146,15 @@ def test_command_single_actions_and_refusals() -> None:
         run("replay")
     with pytest.raises(CommandError, match="no dead letter with id"):
         run("discard", "--id", "999999")
+    with pytest.raises(CommandError, match=f"no dead letter with id {letter.pk} that matches the filters"):
+        run("show", "--id", str(letter.pk), "--actor", "another_actor")
+    for args, says in ((("list", "--older-than", "3"), "--older-than is for prune, not list"),
+                       (("list", "--yes"), "--yes is for replay and discard, not list"),
+                       (("prune", "--yes"), "--yes is for replay and discard, not prune"),
+                       (("show", "--id", str(letter.pk), "--dry-run"), "--dry-run is for replay and discard and prune"),
+                       (("prune", "--max-id", "3"), "--max-id is for replay and discard, not prune")):
+        with pytest.raises(CommandError, match=says):
+            run(*args)
 
 
 # -- the admin --------------------------------------------------------------------------------------

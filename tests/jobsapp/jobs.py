@@ -97,6 +97,16 @@ def noop() -> None:
     """The benchmark's job: nothing but the machinery around it."""
 
 
+# A queue no test publishes to: a worker run for its background components alone consumes it
+# (runworkers refuses a queue no job declares).
+IDLE_QUEUE = "jobs_idle"
+
+
+@job(queue=IDLE_QUEUE, max_attempts=1)
+def never_sent() -> None:
+    """Declares IDLE_QUEUE; nothing sends it."""
+
+
 RABBIT_QUEUE = "jobs_rabbit"
 
 

@@ -48,6 +48,11 @@ def _missing(ids: list[int] | None, found: Any) -> list[int]:
     return [pk for pk in dict.fromkeys(ids or []) if pk not in present]
 
 
+def _filtered(options: dict[str, Any]) -> bool:
+    """Whether a filter narrows the ids asked for."""
+    return bool(options["actor"] or options["error"] or options["fingerprint"])
+
+
 def _why_not_open(pk: int) -> str:
     status = DeadLetter.objects.filter(pk=pk).values_list("status", flat=True).first()
     if status is None:
@@ -86,6 +91,11 @@ class Command(BaseCommand):
 
     def _handle(self, options: dict[str, Any]) -> None:
         action = options["action"]
+        # An option the action does not take is refused, not ignored.
+        for name, takers in (("older_than", ("prune",)), ("max_id", ("replay", "discard")),
+                             ("yes", ("replay", "discard")), ("dry_run", ("replay", "discard", "prune"))):
+            if options[name] not in (None, False) and action not in takers:
+                raise CommandError(f"--{name.replace('_', '-')} is for {' and '.join(takers)}, not {action}")
         for name in ("actor", "error", "fingerprint"):
             # A blank filter would match every dead letter (it filters on nothing): refused.
             if options[name] is not None and not options[name].strip():
@@ -102,7 +112,7 @@ class Command(BaseCommand):
         elif action == "show":
             if not options["ids"]:
                 raise CommandError("show needs --id")
-            self._show(self._select(options, None), options["ids"], options["json"])
+            self._show(self._select(options, None), options)
         else:
             if not filtered and not options["all"]:
                 raise CommandError(f"{action} needs --id, a filter (--actor/--error/--fingerprint) or --all")
@@ -146,11 +156,13 @@ class Command(BaseCommand):
                           + (f"; {group_count} groups, largest {LIST_GROUPS} shown" if group_count > len(groups)
                              else ""))
 
-    def _show(self, rows: QuerySet[DeadLetter], ids: list[int], as_json: bool) -> None:
+    def _show(self, rows: QuerySet[DeadLetter], options: dict[str, Any]) -> None:
+        ids, as_json = options["ids"], options["json"]
         found = list(rows)
         missing = _missing(ids, found)
         if not found:
-            raise CommandError(f"no dead letter with id {', '.join(map(str, missing))}")
+            raise CommandError(f"no dead letter with id {', '.join(map(str, missing))}"
+                               + (" that matches the filters" if _filtered(options) else ""))
         if as_json:
             self._emit([_detail(row) for row in found])
         else:
@@ -160,7 +172,8 @@ class Command(BaseCommand):
                         self.stdout.write(f"{name}: {value}")
                 self.stdout.write(row.traceback)
         if missing:
-            raise CommandError(f"no dead letter with id {', '.join(map(str, missing))}")
+            raise CommandError(f"no dead letter with id {', '.join(map(str, missing))}"
+                               + (" that matches the filters" if _filtered(options) else ""))
 
     def _act(self, action: str, rows: QuerySet[DeadLetter], options: dict[str, Any]) -> None:
         count = rows.count()
