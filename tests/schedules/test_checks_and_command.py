@@ -98,7 +98,7 @@ def test_the_command_lists_pauses_resumes_and_runs_a_schedule(declared_names: li
     assert "resumed" in _command("resume", name, "--by", "bob")
     assert Pause.objects.get(kind=Pause.SCHEDULE, name=name).paused is False
 
-    assert "run now" in _command("run", name)
+    assert _command("run", name).strip().endswith("its regular ticks are unchanged")
     tick = ScheduleTick.objects.get(schedule=name)
     assert tick.manual and OutboxMessage.objects.filter(headers__schedule__tick=tick.pk).count() == 1
 
@@ -111,3 +111,5 @@ def test_the_command_lists_pauses_resumes_and_runs_a_schedule(declared_names: li
     with pytest.raises(CommandError, match="--json is for list, not run"):
         _command("run", name, "--json")
     assert ScheduleTick.objects.filter(schedule=name).count() == 1  # neither ran
+    _command("pause", name)
+    assert "(paused: they stay paused)" in _command("run", name)

@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import CommandError
 
 from composition.management.pause_command import PauseCommand, kept_reason, moment, pause_json, paused_state
-from composition.pauses import Pause, pause, resume
+from composition.pauses import Pause, pause, paused_names, resume
 from composition.schedules import TZDATA_VERSION, Schedule, declared
 from composition.schedules.firing import run_now
 from composition.schedules.problems import problems
@@ -55,7 +55,9 @@ class Command(PauseCommand):
         if found:
             raise CommandError(f"schedule {name} cannot run: {'; '.join(found)}")
         tick = run_now(entry)
-        self.stdout.write(f"schedule {name} run now (tick {tick}); its regular ticks are unchanged")
+        paused = entry.name in paused_names(Pause.SCHEDULE)
+        self.stdout.write(f"schedule {name} run now (tick {tick}); its regular ticks are unchanged"
+                          + (" (paused: they stay paused)" if paused else ""))
 
     def list_rows(self, as_json: bool) -> None:
         rows = schedule_rows()
