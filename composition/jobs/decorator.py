@@ -13,6 +13,7 @@ the broker's registry, which Dramatiq's consumer reads before any middleware run
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
@@ -100,12 +101,20 @@ def job(*, queue: str = "default", max_attempts: int = 5, initial_delay_s: float
     """
     limits = JobLimits.of(concurrency, rate)
     versions = JobVersions.of(version, upgrade)
-    policy = JobPolicy(queue=queue, max_attempts=max_attempts, initial_delay_s=float(initial_delay_s),
-                       max_delay_s=float(max_delay_s), timeout_s=float(timeout_s),
+    if isinstance(permanent, type) or not isinstance(permanent, Sequence):
+        raise TypeError(f"permanent must be a sequence of exception classes, got {permanent!r} "
+                        "(for one class: permanent=(TheError,))")
+    policy = JobPolicy(queue=queue, max_attempts=max_attempts, initial_delay_s=initial_delay_s,
+                       max_delay_s=max_delay_s, timeout_s=timeout_s,
                        permanent=tuple(permanent), idempotent=idempotent, priority=priority)
     old_names = _aliases(aliases, queue)
 
     def decorate(fn: Callable[..., R]) -> Actor[Any, R]:
+        if inspect.iscoroutinefunction(fn):
+            # Dramatiq would call it and drop the coroutine unrun: the job would "succeed" doing
+            # nothing, and its effects would never be.
+            raise TypeError(f"@job cannot run {fn.__qualname__}, an async def: declare a plain function "
+                            "(asgiref.sync.async_to_sync(...) runs async code from one)")
         name = actor_name or fn.__name__
         schema = PayloadSchema.of(fn, name)
         broker = configured_broker()

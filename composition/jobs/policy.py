@@ -12,13 +12,15 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-__all__ = ["JITTER_FRACTION", "JobPolicy", "backoff_s", "redelivery_window_s"]
+__all__ = ["JITTER_FRACTION", "MAX_SECONDS", "JobPolicy", "backoff_s", "redelivery_window_s"]
 
 # Up to half a step of random extra delay spreads a burst of failures (thundering herd) while
 # keeping step n's band [b, 1.5 b] below step n+1's floor 2 b.
 JITTER_FRACTION = 0.5
 # 2**32 steps overflow nothing and every realistic cap is reached long before.
 _MAX_EXPONENT = 32
+# A delay or a time limit past a year is a typo (inf and 1e20 overflowed the millisecond fields).
+MAX_SECONDS = 365 * 86_400.0
 
 
 def backoff_s(retries: int, *, initial_s: float, max_s: float, rng: random.Random | None = None) -> float:
@@ -48,13 +50,23 @@ class JobPolicy:
     priority: int = 0
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be at least 1, got {self.max_attempts}")
-        if self.initial_delay_s <= 0 or self.initial_delay_s > self.max_delay_s:
+        # Checked here, at declaration: a bad value accepted would fail later, in a worker or in
+        # every system check of the project, far from the line that wrote it.
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be a whole number of at least 1, got {self.max_attempts!r}")
+        for name in ("initial_delay_s", "max_delay_s", "timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_SECONDS:
+                raise ValueError(f"{name} must be a number of seconds above 0 and at most {MAX_SECONDS:g}, "
+                                 f"got {value!r}")
+        if self.initial_delay_s > self.max_delay_s:
             raise ValueError("need 0 < initial_delay_s <= max_delay_s, got "
                              f"{self.initial_delay_s} and {self.max_delay_s}")
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            raise ValueError(f"priority must be a whole number, got {self.priority!r}")
+        if not isinstance(self.queue, str) or not self.queue.strip() or self.queue.endswith((".DQ", ".XQ")):
+            raise ValueError(f"queue must be a queue's name (not empty, not a delay or dead-letter queue's), "
+                             f"got {self.queue!r}")
         for error in self.permanent:
             if not (isinstance(error, type) and issubclass(error, BaseException)):
                 raise TypeError(f"permanent must hold exception classes, got {error!r}")

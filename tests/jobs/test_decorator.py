@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 import threading
 from typing import Any
 
@@ -68,6 +69,35 @@ def test_job_returns_a_dramatiq_actor_configured_with_the_policy() -> None:
 def test_job_defaults_follow_the_worker_policy() -> None:
     policy = JobPolicy()
     assert (policy.max_attempts, policy.initial_delay_s, policy.max_delay_s, policy.timeout_s) == (5, 10, 900, 120)
+
+
+@pytest.mark.parametrize(("options", "says"), [
+    ({"max_attempts": 2.5}, "max_attempts must be a whole number of at least 1, got 2.5"),
+    ({"max_attempts": "3"}, "max_attempts must be a whole number"),
+    ({"max_attempts": True}, "max_attempts must be a whole number"),
+    ({"initial_delay_s": float("nan")}, "initial_delay_s must be a number of seconds above 0"),
+    ({"max_delay_s": float("inf")}, "max_delay_s must be a number of seconds above 0"),
+    ({"timeout_s": 1e20}, "timeout_s must be a number of seconds above 0 and at most"),
+    ({"timeout_s": 0}, "timeout_s must be a number of seconds above 0"),
+    ({"priority": "high"}, "priority must be a whole number, got 'high'"),
+    ({"queue": "jobs_check.DQ"}, "not a delay or dead-letter queue's"),
+    ({"permanent": ValueError}, "permanent must be a sequence of exception classes"),
+])
+def test_job_refuses_a_bad_policy_at_declaration(options: dict[str, Any], says: str) -> None:
+    """Accepted, each failed later: in a worker thread (priority), in every system check
+    (max_attempts), or deep in the broker (an infinite delay)."""
+    with pytest.raises((ValueError, TypeError), match=re.escape(says)):
+        job(**options)(lambda: None)
+
+
+def test_job_refuses_an_async_function() -> None:
+    """Dramatiq would call it and drop the coroutine unrun: a success that did nothing."""
+    async def send_mail() -> None:
+        pass
+
+    with pytest.raises(TypeError, match=r"@job cannot run .*send_mail, an async def"):
+        job(queue=jobs.CHECK_QUEUE, actor_name="never_declared_async")(send_mail)
+    assert "never_declared_async" not in configured_broker().actors
 
 
 def test_job_declared_twice_under_one_name_is_refused() -> None:
