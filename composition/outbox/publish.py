@@ -59,6 +59,11 @@ log = structlog.get_logger("composition.outbox")
 # Deepest nesting a payload may have; payloads are meant to be a few ids, and the limit keeps the
 # validation walk from recursing without bound.
 _MAX_DEPTH = 32
+# Python writes an int of at most 4,300 digits as text (sys.get_int_max_str_digits): 14,000 bits
+# stay within it.
+_MAX_INT_BITS = 14_000
+# A delay of more than ten years is a mistake (and 1e12 s overflows a date).
+MAX_DELAY_S = 10 * 365 * 86_400.0
 # Set only by composition.testing.left_to_the_relay(): rows are then written unleased and the
 # relay is nudged after COMMIT, for tests that relay them, or watch the relay take them, themselves.
 LEFT_TO_THE_RELAY = threading.Event()
@@ -192,16 +197,28 @@ def checked_key(key: Any) -> str | None:
     if key is not None and (not isinstance(key, str) or not key or len(key) > KEY_MAX_LENGTH):
         raise InvalidKeyError(f"key must be a non-empty string of at most {KEY_MAX_LENGTH} characters, "
                               f"got {key!r}")
+    if key is not None and ("\x00" in key or not _is_unicode(key)):
+        # PostgreSQL would refuse it at the INSERT, aborting the caller's transaction.
+        raise InvalidKeyError(f"key must be text PostgreSQL can store (no NUL, no lone surrogate), got {key!r}")
     return key
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def checked_delay(delay_s: Any) -> float | None:
     """``delay_s`` as seconds (a float), or None; raises ``InvalidDelayError``."""
     if delay_s is None:
         return None
-    if isinstance(delay_s, bool) or not isinstance(delay_s, int | float) or not math.isfinite(delay_s) \
-            or delay_s < 0:
-        raise InvalidDelayError(f"delay_s must be a finite number of seconds >= 0, got {delay_s!r}")
+    # The comparison refuses nan and inf too, and compares a huge int exactly (no overflow).
+    if isinstance(delay_s, bool) or not isinstance(delay_s, int | float) or not 0 <= delay_s <= MAX_DELAY_S:
+        raise InvalidDelayError(f"delay_s must be a number of seconds from 0 to {MAX_DELAY_S:g} (ten years), "
+                                f"got {delay_s!r}")
     return float(delay_s)
 
 
@@ -236,6 +253,7 @@ def encode_payload(payload: Any) -> bytes:
     if not isinstance(payload, Mapping):
         raise PayloadNotSerializableError(
             f"payload must be a dict of keyword arguments, got {type(payload).__name__}")
+    payload = dict(payload)  # any mapping of keyword arguments, written as the dict it holds
     _check_json(payload, "payload", 0)
     encoded = storable_json(payload, "payload")
     limit = int(conf.OUTBOX_MAX_PAYLOAD_BYTES)
@@ -265,6 +283,8 @@ def _check_json(value: Any, path: str, depth: int) -> None:
     # and the job would receive something else than what was published; refuse instead.
     if depth > _MAX_DEPTH:
         raise PayloadNotSerializableError(f"{path} is nested deeper than {_MAX_DEPTH} levels")
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > _MAX_INT_BITS:
+        raise PayloadNotSerializableError(f"{path} is an integer of more than 4,000 digits; pass it as a string")
     if value is None or isinstance(value, str | bool | int):
         return
     if isinstance(value, float):
@@ -275,7 +295,7 @@ def _check_json(value: Any, path: str, depth: int) -> None:
         for index, item in enumerate(value):
             _check_json(item, f"{path}[{index}]", depth + 1)
         return
-    if isinstance(value, Mapping):
+    if isinstance(value, dict):  # json writes dicts, not every Mapping (a mappingproxy, ...)
         for item_key, item in value.items():
             if not isinstance(item_key, str):
                 raise PayloadNotSerializableError(f"{path} has a non-string key {item_key!r}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import types
 from typing import Any
 
 import pytest
@@ -54,6 +55,13 @@ pytestmark = [pytest.mark.empty_queues()]
     (PROBE, {"seq": 1}, {"delay_s": -1}, InvalidDelayError),
     (PROBE, {"seq": 1}, {"delay_s": float("inf")}, InvalidDelayError),
     (PROBE, {"seq": 1}, {"delay_s": "5"}, InvalidDelayError),
+    # Each escaped as a raw OverflowError, DataError, UnicodeEncodeError, ValueError or TypeError.
+    (PROBE, {"seq": 1}, {"delay_s": 1e12}, InvalidDelayError),
+    (PROBE, {"seq": 1}, {"delay_s": 10**400}, InvalidDelayError),
+    (PROBE, {"seq": 1}, {"key": "k\x00"}, InvalidKeyError),
+    (PROBE, {"seq": 1}, {"key": "k\ud800"}, InvalidKeyError),
+    (PROBE, {"seq": 10**5000}, {}, PayloadNotSerializableError),
+    (PROBE, {"seq": types.MappingProxyType({"a": 1})}, {}, PayloadNotSerializableError),
 ])
 def test_bad_input_raises_at_publish_and_writes_nothing(actor: Any, payload: Any, kwargs: dict[str, Any],
                                                         error: type[Exception]) -> None:
@@ -62,6 +70,12 @@ def test_bad_input_raises_at_publish_and_writes_nothing(actor: Any, payload: Any
     assert isinstance(caught.value, PublishError)
     assert isinstance(caught.value, ValueError)
     assert OutboxMessage.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_any_mapping_of_keyword_arguments_is_published_as_a_dict() -> None:
+    message = publish(PROBE, types.MappingProxyType({"seq": 1}))
+    assert OutboxMessage.objects.get(pk=message.pk).payload == {"seq": 1}
 
 
 @pytest.mark.django_db
