@@ -48,18 +48,8 @@ def cache_aside_result(key: str, loader: Callable[[], Any], *, ttl_s: float, jit
                        early_refresh: float = 0.0) -> CacheResult:
     """``cache_aside`` that also says how the value was obtained (``CacheResult.outcome``:
     hit, loaded, waited, coalesced, stale, uncached or degraded)."""
-    _validate(ttl_s, jitter, stale_ttl_s)
     return get_cache_aside().fetch(key, loader, ttl_s=ttl_s, jitter=jitter, stale_ttl_s=stale_ttl_s,
                                    pattern=pattern, early_refresh=early_refresh)
-
-
-def _validate(ttl_s: float, jitter: float, stale_ttl_s: float | None) -> None:
-    if not ttl_s > 0:
-        raise ValueError(f"ttl_s must be positive, got {ttl_s!r}")
-    if not 0 <= jitter < 1:
-        raise ValueError(f"jitter must be in [0, 1), got {jitter!r}")
-    if stale_ttl_s is not None and stale_ttl_s < 0:
-        raise ValueError(f"stale_ttl_s must not be negative, got {stale_ttl_s!r}")
 
 
 def invalidate(key: str, *, using: str | None = None) -> None:

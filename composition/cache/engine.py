@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import random
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,12 +43,31 @@ from composition.cache.serializers import Serializer
 from composition.cache.store import FRESH, LEASED, Entry, KeySpace, LeaseStore, decode_entry, encode_entry
 from composition.errors import REDIS_ERRORS
 from composition.metrics import CACHE_OPERATION_SECONDS
+from composition.seconds import checked_seconds
 
 __all__ = ["CacheAside", "CacheResult", "namespace_of"]
 
 log = structlog.get_logger("composition.cache")
 
 _MAX_POLL_S = 0.05
+# A value cached for more than a year is a mistake (1e20 s went to Redis as an out-of-range
+# expiry, which was taken for an outage: served degraded, every time).
+MAX_TTL_S = 365 * 86_400.0
+
+
+def check_arguments(key: Any, *, ttl_s: Any, jitter: Any, stale_ttl_s: Any) -> None:
+    """Raise TypeError or ValueError, naming the argument, for what ``fetch`` cannot use."""
+    check_key(key)
+    checked_seconds("ttl_s", ttl_s, at_most=MAX_TTL_S)
+    if isinstance(jitter, bool) or not isinstance(jitter, int | float) or not 0 <= jitter < 1:
+        raise ValueError(f"jitter must be in [0, 1), got {jitter!r}")
+    if stale_ttl_s is not None:
+        checked_seconds("stale_ttl_s", stale_ttl_s, at_most=MAX_TTL_S, zero=True)
+
+
+def check_key(key: Any) -> None:
+    if not isinstance(key, str) or not key:
+        raise TypeError(f"a cache key is a non-empty string, got {key!r}")
 
 
 @dataclass(frozen=True)
@@ -96,9 +116,13 @@ class CacheAside:
 
     def invalidate(self, key: str, *, using: str | None = None) -> None:
         """``composition.cache.invalidate`` on this alias: durable at COMMIT, replayed if not applied."""
+        check_key(key)
         self.invalidations.schedule(KIND_KEY, key, using=using)
 
     def invalidate_namespace(self, namespace: str, *, using: str | None = None) -> None:
+        # A namespace is the text before a key's first ":", so one holding ":" matches no key.
+        if not isinstance(namespace, str) or not namespace or ":" in namespace:
+            raise ValueError(f"a cache namespace is a non-empty string without ':', got {namespace!r}")
         self.invalidations.schedule(KIND_NAMESPACE, namespace, using=using)
 
     # -- reads ----------------------------------------------------------------------------------
@@ -107,6 +131,7 @@ class CacheAside:
               stale_ttl_s: float | None = None, pattern: str | None = None,
               early_refresh: float = 0.0) -> CacheResult:
         """The value for ``key``: cached, or ``loader()`` (see ``composition.cache.cache_aside``)."""
+        check_arguments(key, ttl_s=ttl_s, jitter=jitter, stale_ttl_s=stale_ttl_s)
         namespace = key.split(":", 1)[0]
         label = pattern or namespace
         metrics = self._metrics.get(label) or self._metrics.setdefault(label, PatternMetrics(label))
@@ -168,10 +193,17 @@ class CacheAside:
         ``fallback`` (the stale value, or the fresh one an early refresh replaces) at once."""
         flight, leader = self._flights.join(call.key)
         if not leader:
+            if flight.leader == threading.get_ident():
+                # Its own loader asking for the key it loads: it would wait on itself for good.
+                raise RuntimeError(f"the loader of cache key {call.key!r} asked for that key itself")
             if fallback is not None:
                 return self._serve(fallback, call.metrics)
             call.metrics.coalesced.inc()
-            return CacheResult(self.serializer.loads(flight.wait()), COALESCED)
+            payload = flight.wait(self.lease_wait_s)
+            if payload is None:  # as long as another process waits for the lease, then uncached
+                call.metrics.error("lease_wait_timeout")
+                return CacheResult(self.serializer.loads(self.serializer.dumps(call.loader())), UNCACHED)
+            return CacheResult(self.serializer.loads(payload), COALESCED)
         try:
             result = produce()
         except BaseException as exc:

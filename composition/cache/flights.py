@@ -1,8 +1,9 @@
 """In-process coalescing: at most one rebuild per key at a time in this process.
 
 The first thread to ask for a key leads its flight and rebuilds; threads asking for the same key
-meanwhile join the flight and wait for the leader's payload, or its exception. The lease in Redis
-does the same across processes; this keeps a process's own threads from queueing on it.
+meanwhile join the flight and wait for the leader's payload, or its exception, as long as another
+process would wait for the lease. The lease in Redis does the same across processes; this keeps
+a process's own threads from queueing on it.
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ class Flight:
         self._done = threading.Event()
         self._payload: bytes | None = None
         self._error: BaseException | None = None
+        self.leader = threading.get_ident()
 
-    def wait(self) -> bytes:
-        """The leader's payload once it landed; raises the leader's exception instead."""
-        self._done.wait()
+    def wait(self, timeout_s: float) -> bytes | None:
+        """The leader's payload once it landed, None after ``timeout_s`` (the leader is still
+        loading); raises the leader's exception instead."""
+        if not self._done.wait(timeout_s):
+            return None
         if self._error is not None:
             raise self._error
         assert self._payload is not None

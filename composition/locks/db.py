@@ -20,12 +20,15 @@ from django.db.models import Model, QuerySet
 
 from composition.locks.errors import LockNotAcquired, TransactionRequired
 from composition.metrics import LOCK_ACQUIRE, LOCK_HOLD_SECONDS, LOCK_TIMEOUTS_TOTAL, LOCK_WAIT_SECONDS
+from composition.seconds import checked_seconds
 
 __all__ = ["advisory_key", "advisory_lock", "row_lock"]
 
 M = TypeVar("M", bound=Model)
 T = TypeVar("T")
 
+# PostgreSQL's lock_timeout holds at most 2**31 - 1 ms (24.8 days); a day of waiting is a mistake.
+MAX_TIMEOUT_S = 86_400.0
 _LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE of both NOWAIT failures and lock_timeout expiries
 # row_lock's own savepoint (released before row_lock returns, so nesting cannot clash), and the
 # transaction-local placeholder setting that carries lock_timeout's previous value from the
@@ -202,8 +205,8 @@ def row_lock(queryset: QuerySet[M], *, nowait: bool = False, skip_locked: bool =
     """
     if skip_locked and (nowait or timeout_s is not None):
         raise ValueError("skip_locked cannot be combined with nowait or timeout_s")
-    if timeout_s is not None and timeout_s < 0:
-        raise ValueError(f"timeout_s must not be negative, got {timeout_s!r}")
+    if timeout_s is not None:
+        timeout_s = checked_seconds("timeout_s", timeout_s, at_most=MAX_TIMEOUT_S, zero=True)
     if timeout_s == 0:
         nowait, timeout_s = True, None
     name = queryset.model._meta.label
@@ -238,8 +241,8 @@ def advisory_lock(namespace: str, key: object, *, timeout_s: float | None = None
     LockNotAcquired (name ``"namespace:key"``) when not obtained, leaving the transaction usable;
     TransactionRequired outside ``transaction.atomic()``. The metric label is ``namespace``.
     """
-    if timeout_s is not None and timeout_s < 0:
-        raise ValueError(f"timeout_s must not be negative, got {timeout_s!r}")
+    if timeout_s is not None:
+        timeout_s = checked_seconds("timeout_s", timeout_s, at_most=MAX_TIMEOUT_S, zero=True)
     connection = _require_transaction(using or DEFAULT_DB_ALIAS, "advisory_lock")
     lock_id = advisory_key(namespace, key)
     suffix = "_shared" if shared else ""

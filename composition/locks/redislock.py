@@ -34,6 +34,7 @@ from composition.metrics import (
     LOCK_TIMEOUTS_TOTAL,
     LOCK_WAIT_SECONDS,
 )
+from composition.seconds import checked_seconds
 
 __all__ = ["RedisLock", "acquire_redis_lock", "redis_lock"]
 
@@ -41,6 +42,8 @@ log = structlog.get_logger("composition.locks")
 
 _UNAVAILABLE: tuple[type[BaseException], ...] = (*REDIS_ERRORS, DatabaseError)
 _MAX_POLL_S = 0.05
+# A lock held, or waited for, longer than a week is a mistake (1e20 s overflowed Redis's PX).
+MAX_TTL_S = 7 * 86_400.0
 
 # Both scripts start with the server process's run_id: new at every start, other on every replica.
 # A new run_id means a new epoch: a restart from an older snapshot or a truncated AOF, or a replica
@@ -145,7 +148,9 @@ class RedisLock:
 
     def extend(self, ttl_s: float) -> None:
         """Make the lock expire ``ttl_s`` seconds from now. Raises LockLost if it is no longer
-        ours (it expired, maybe someone else holds it), LockBackendUnavailable if Redis is down."""
+        ours (it expired, maybe someone else holds it), LockBackendUnavailable if Redis is down,
+        ValueError for a ``ttl_s`` ``acquire_redis_lock`` would refuse (``extend(0)`` let it go)."""
+        ttl_s = checked_seconds("ttl_s", ttl_s, at_most=MAX_TTL_S)
         try:
             ok = self._store.extend(keys=[self._key], args=[self.token, max(1, round(ttl_s * 1000))])
         except REDIS_ERRORS as exc:
@@ -174,8 +179,8 @@ def acquire_redis_lock(name: str, *, ttl_s: float, wait_s: float = 0) -> RedisLo
     Raises LockNotAcquired(name) when it stays busy, LockBackendUnavailable (a LockNotAcquired)
     when Redis cannot be reached. The caller must ``release()`` it (``redis_lock`` does).
     """
-    if not ttl_s > 0:
-        raise ValueError(f"ttl_s must be positive, got {ttl_s!r}")
+    ttl_s = checked_seconds("ttl_s", ttl_s, at_most=MAX_TTL_S)
+    wait_s = checked_seconds("wait_s", wait_s, at_most=MAX_TTL_S, zero=True)
     store = _store()
     label = _label(name)
     token = secrets.token_hex(16)

@@ -84,6 +84,22 @@ def test_invalid_arguments() -> None:
         cache_aside("k:1", lambda: 1, ttl_s=0)
     with pytest.raises(ValueError):
         cache_aside("k:1", lambda: 1, ttl_s=1, jitter=1)
+    # Each was taken for a Redis outage (served degraded, every time), or raised deep inside.
+    loaded = []
+    for ttl_s, stale_ttl_s, says in ((1e20, None, "ttl_s must be a number of seconds above 0 and at most"),
+                                     (float("inf"), None, "ttl_s must be"), (float("nan"), None, "ttl_s must be"),
+                                     (30, float("nan"), "stale_ttl_s must be a number of seconds from 0")):
+        with pytest.raises(ValueError, match=says):
+            cache_aside("k:1", lambda: loaded.append(1), ttl_s=ttl_s, stale_ttl_s=stale_ttl_s)
+        with pytest.raises(ValueError, match=says):
+            get_cache_aside().fetch("k:1", lambda: loaded.append(1), ttl_s=ttl_s, stale_ttl_s=stale_ttl_s)
+    assert loaded == []  # refused before any load
+    with pytest.raises(TypeError, match="a cache key is a non-empty string, got 42"):
+        cache_aside(42, lambda: 1, ttl_s=30)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="a cache key is a non-empty string"):
+        invalidate(42)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="without ':'"):
+        invalidate_namespace("a:b")  # a namespace is the text before a key's first ':': it matches nothing
 
 
 @pytest.mark.django_db(transaction=True)

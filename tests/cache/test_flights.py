@@ -50,6 +50,34 @@ def test_stampede_64_threads_one_loader_call() -> None:
     assert sorted({result.outcome for result in results}) == ["coalesced", "loaded"]
 
 
+def test_a_thread_waits_for_another_s_rebuild_as_long_as_a_process_would(settings: Any) -> None:
+    """Then it loads uncached, as a process waiting out the lease does; a loader asking for its
+    own key raises instead of waiting on itself for good."""
+    settings.COMPOSITION = {**settings.COMPOSITION, "CACHE_LEASE_WAIT_S": 0.3}
+    key = f"{unique('slow')}:1"
+    started = threading.Event()
+
+    def slow() -> str:
+        started.set()
+        time.sleep(2.0)
+        return "slow"
+
+    leader = threading.Thread(target=lambda: cache_aside(key, slow, ttl_s=30))
+    leader.start()
+    assert started.wait(5)
+    began = time.monotonic()
+    result = cache_aside_result(key, lambda: "mine", ttl_s=30)
+    waited = time.monotonic() - began
+    leader.join(10)
+    assert (result.value, result.outcome) == ("mine", "uncached")
+    assert waited < 1.5, waited
+
+    own = f"{unique('own')}:1"
+    with pytest.raises(RuntimeError, match="asked for that key itself"):
+        cache_aside(own, lambda: cache_aside(own, lambda: 1, ttl_s=5) + 1, ttl_s=5)
+    assert cache_aside_result(own, lambda: 2, ttl_s=5).value == 2  # the key is not stuck
+
+
 def _process_reader(key: str, barrier: Any, calls: Any, out: Any) -> None:
     def loader() -> dict[str, int]:
         with calls.get_lock():

@@ -193,6 +193,14 @@ def test_row_lock_needs_a_transaction(row: str) -> None:
     with pytest.raises(ValueError), transaction.atomic(), \
             row_lock(LockFence.objects.all(), nowait=True, skip_locked=True):
         pass
+    # 1e10 was PostgreSQL's DataError (lock_timeout out of range); nan and inf raised deep inside.
+    for timeout_s in (1e10, float("nan"), float("inf"), -1):
+        with pytest.raises(ValueError, match="timeout_s must be a number of seconds from 0"), \
+                transaction.atomic(), row_lock(LockFence.objects.filter(resource=row), timeout_s=timeout_s):
+            pass
+        with pytest.raises(ValueError, match="timeout_s must be a number of seconds from 0"), \
+                transaction.atomic(), advisory_lock("t", row, timeout_s=timeout_s):
+            pass
 
 
 # A second process: takes the advisory lock, reports, then on a stdin command either finishes

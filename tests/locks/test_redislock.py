@@ -205,3 +205,21 @@ def test_redis_down_raises_instead_of_proceeding(outage: str, throwaway_redis_se
 def test_invalid_ttl() -> None:
     with pytest.raises(ValueError):
         acquire_redis_lock(unique("rl"), ttl_s=0)
+    # 1e20 was taken for an unreachable lock store; nan and inf raised deep inside.
+    for ttl_s in (1e20, float("inf"), float("nan"), -1):
+        with pytest.raises(ValueError, match="ttl_s must be a number of seconds above 0 and at most"):
+            acquire_redis_lock(unique("rl"), ttl_s=ttl_s)
+    with pytest.raises(ValueError, match="wait_s must be a number of seconds from 0"):
+        acquire_redis_lock(unique("rl"), ttl_s=5, wait_s=float("nan"))
+
+
+def test_extend_refuses_what_acquire_refuses() -> None:
+    """extend(0) let the lock go within a millisecond while its holder still believed it held it."""
+    name = unique("rl")
+    with redis_lock(name, ttl_s=30) as lock:
+        for ttl_s in (0, -10, float("nan"), 1e20):
+            with pytest.raises(ValueError, match="ttl_s must be a number of seconds above 0"):
+                lock.extend(ttl_s)
+        time.sleep(0.05)
+        with pytest.raises(LockNotAcquired):
+            acquire_redis_lock(name, ttl_s=5)  # still held: nothing was shortened
