@@ -179,6 +179,8 @@ def acquire_redis_lock(name: str, *, ttl_s: float, wait_s: float = 0) -> RedisLo
     Raises LockNotAcquired(name) when it stays busy, LockBackendUnavailable (a LockNotAcquired)
     when Redis cannot be reached. The caller must ``release()`` it (``redis_lock`` does).
     """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"a lock name is a non-empty string, got {name!r}")
     ttl_s = checked_seconds("ttl_s", ttl_s, at_most=MAX_TTL_S)
     wait_s = checked_seconds("wait_s", wait_s, at_most=MAX_TTL_S, zero=True)
     store = _store()

@@ -211,6 +211,8 @@ def test_invalid_ttl() -> None:
             acquire_redis_lock(unique("rl"), ttl_s=ttl_s)
     with pytest.raises(ValueError, match="wait_s must be a number of seconds from 0"):
         acquire_redis_lock(unique("rl"), ttl_s=5, wait_s=float("nan"))
+    with pytest.raises(TypeError, match="a lock name is a non-empty string, got 42"):
+        acquire_redis_lock(42, ttl_s=5)  # type: ignore[arg-type]
 
 
 def test_extend_refuses_what_acquire_refuses() -> None:
