@@ -20,7 +20,8 @@ PARENT = textwrap.dedent("""
     import django
     django.setup()
     from composition.testing import WorkerProcess
-    worker = WorkerProcess(["--threads", "1", "--shutdown-timeout", "5", "--queues", "nobody_sends_here"],
+    # jobs_idle: tests.jobsapp.jobs.IDLE_QUEUE, declared and never sent to.
+    worker = WorkerProcess(["--threads", "1", "--shutdown-timeout", "5", "--queues", "jobs_idle"],
                            env=dict(os.environ)).start()
     print(worker.pid, worker.log_path, flush=True)
     time.sleep(120)
