@@ -234,8 +234,8 @@ class DeadLetterAdmin(ReadOnlyRows, admin.ModelAdmin):
                                          action_flag=CHANGE, change_message=f"{verb.capitalize()}ed from the admin.")
         if not result.done and not batch:
             # A second submit of the same confirmation (a double click, Back and submit again).
-            self.message_user(request, f"Nothing to {verb}: the selected dead letters were replayed or discarded "
-                              "already.", messages.INFO)
+            self.message_user(request, f"Nothing to {verb}: the selected dead letters were replayed, discarded "
+                              "or deleted already.", messages.INFO)
         for reason, pks in result.refused_by_reason():
             named = ", ".join(str(pk) for pk in pks[:REFUSED_IDS_SHOWN]) + ("…" if len(pks) > REFUSED_IDS_SHOWN else "")
             self.message_user(request, f"{len(pks)} dead letter(s) refused: {reason} (ids {named})", messages.WARNING)
@@ -243,5 +243,5 @@ class DeadLetterAdmin(ReadOnlyRows, admin.ModelAdmin):
         if more:
             self.message_user(request, f"{more} more open dead letter(s) match this selection (beyond the "
                               f"{BULK_ACTION_LIMIT} one action takes, or failed since); run it again for them.",
-                              messages.INFO)
+                              messages.WARNING)  # work left: not to be read as done
         return None

@@ -221,7 +221,7 @@ def test_admin_replay_confirms_the_count_then_acts() -> None:
 
     # The same confirmation again (a double click, Back and submit): said, and nothing done twice.
     again = client.post(url, {**selection, "confirm": "yes", "upto": upto.group(1).decode()}, follow=True)
-    assert b"Nothing to replay: the selected dead letters were replayed or discarded already." in again.content
+    assert b"Nothing to replay: the selected dead letters were replayed, discarded or deleted already." in again.content
     assert OutboxMessage.objects.filter(actor_name="charge").count() == 2
     # And asked again for rows handled meanwhile: no "replay 0" button, a way back to the same filter.
     filtered = f"{url}?fingerprint={letters[0].fingerprint}"

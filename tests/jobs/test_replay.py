@@ -219,6 +219,8 @@ def test_the_admin_acts_on_what_its_confirmation_counted_not_on_what_failed_sinc
     assert {row.pk for row in DeadLetter.objects.filter(status="replayed")} == {row.pk for row in counted}
     assert DeadLetter.objects.get(pk=arrived.pk).status == "dead"
     assert b"1 more open dead letter(s) match this selection" in done.content
+    left = [m for m in done.context["messages"] if "more open dead letter" in m.message]
+    assert [m.level_tag for m in left] == ["warning"]  # work left, not read as done
     # A confirmation without the count's bound (a hand-made POST) does nothing.
     client.post(URL, {**selection, "confirm": "yes"})
     assert DeadLetter.objects.get(pk=arrived.pk).status == "dead"
