@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
-import re
 import threading
 import time
 from collections.abc import Mapping
@@ -26,7 +24,6 @@ from django.utils import timezone
 from dramatiq.actor import Actor
 
 from composition.broker.configured import configured_broker
-from composition.conf import conf
 from composition.errors import IncompatibleMessageError, PayloadValidationError
 from composition.outbox.after_commit import (
     committing_transaction,
@@ -39,16 +36,15 @@ from composition.outbox.errors import (
     InvalidDelayError,
     InvalidKeyError,
     PayloadDoesNotFitError,
-    PayloadNotSerializableError,
-    PayloadTooLargeError,
     UnknownActorError,
 )
 from composition.outbox.held import hold, is_held
 from composition.outbox.models import KEY_MAX_LENGTH, OutboxMessage
+from composition.outbox.payload_json import check_json, encode_payload, storable_json
 
 __all__ = ["PAYLOAD_SCHEMA_OPTION", "VERSIONS_OPTION", "VERSION_HEADER", "checked_delay", "checked_key",
-           "declared_actor", "encode_payload", "fitting_payload", "publish", "publish_headers",
-           "publish_with_headers", "read_back", "version_header"]
+           "declared_actor", "fitting_payload", "publish", "publish_headers", "publish_with_headers", "read_back",
+           "version_header"]
 
 # The actor option under which ``@job`` leaves its payload check (``jobs.schema.PayloadSchema``,
 # anything with ``validate(args, kwargs)``): publish() runs it without importing ``jobs``.
@@ -56,12 +52,6 @@ PAYLOAD_SCHEMA_OPTION = "payload_schema"
 
 log = structlog.get_logger("composition.outbox")
 
-# Deepest nesting a payload may have; payloads are meant to be a few ids, and the limit keeps the
-# validation walk from recursing without bound.
-_MAX_DEPTH = 32
-# Python writes an int of at most 4,300 digits as text (sys.get_int_max_str_digits): 14,000 bits
-# stay within it.
-_MAX_INT_BITS = 14_000
 # A delay of more than ten years is a mistake (and 1e12 s overflows a date).
 MAX_DELAY_S = 10 * 365 * 86_400.0
 # Set only by composition.testing.left_to_the_relay(): rows are then written unleased and the
@@ -73,8 +63,6 @@ VERSION_HEADER = "job_version"
 VERSIONS_OPTION = "job_versions"
 # Headers publish() sets itself; extra headers cannot replace them.
 _OWN_HEADERS = frozenset({"request_id", "published_at"})
-# JSON's escape of NUL, not preceded by an escaped backslash (the text "\\u0000" is harmless).
-_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def publish(actor: Any, payload: Mapping[str, Any], *, key: str | None = None,
@@ -108,7 +96,7 @@ def publish_with_headers(actor: Any, payload: Mapping[str, Any], *, headers: Map
     declared = declared_actor(actor)
     name = declared.actor_name
     extra = {header: value for header, value in headers.items() if header not in _OWN_HEADERS}
-    _check_json(extra, "headers", 0)
+    check_json(extra, "headers")
     extra.update(version_header(declared, extra))
     encoded = fitting_payload(declared, payload, extra.get(VERSION_HEADER))
     key = checked_key(key)
@@ -246,63 +234,6 @@ def read_back(inserted: Inserted, actor_name: str, queue_name: str, payload: Map
 @functools.cache
 def _field_names() -> list[str]:
     return [field.attname for field in OutboxMessage._meta.concrete_fields]
-
-
-def encode_payload(payload: Any) -> bytes:
-    """The payload as compact UTF-8 JSON; raises the publish errors for a bad or oversize payload."""
-    if not isinstance(payload, Mapping):
-        raise PayloadNotSerializableError(
-            f"payload must be a dict of keyword arguments, got {type(payload).__name__}")
-    payload = dict(payload)  # any mapping of keyword arguments, written as the dict it holds
-    _check_json(payload, "payload", 0)
-    encoded = storable_json(payload, "payload")
-    limit = int(conf.OUTBOX_MAX_PAYLOAD_BYTES)
-    if len(encoded) > limit:
-        raise PayloadTooLargeError(len(encoded), limit)
-    return encoded
-
-
-def storable_json(value: Any, what: str) -> bytes:
-    """``value`` (checked by ``_check_json``) as compact UTF-8 JSON that PostgreSQL's jsonb stores
-    as it is. Raises PayloadNotSerializableError for a NUL character (jsonb refuses ``\\u0000``)
-    and for text that is not Unicode (a lone surrogate): PostgreSQL's error would come only at the
-    INSERT or the COMMIT, and abort the caller's transaction."""
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    if "\\u0000" in text and _JSON_NUL.search(text):
-        raise PayloadNotSerializableError(f"{what} holds a NUL character (\\u0000), which PostgreSQL cannot store")
-    try:
-        return text.encode()
-    except UnicodeEncodeError as exc:
-        raise PayloadNotSerializableError(
-            f"{what} holds text that is not valid Unicode (a lone surrogate, {exc.object[exc.start:exc.end]!r})"
-        ) from None
-
-
-def _check_json(value: Any, path: str, depth: int) -> None:
-    # json.dumps alone would turn {1: "a"} into {"1": "a"} and a tuple into a list without a word,
-    # and the job would receive something else than what was published; refuse instead.
-    if depth > _MAX_DEPTH:
-        raise PayloadNotSerializableError(f"{path} is nested deeper than {_MAX_DEPTH} levels")
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > _MAX_INT_BITS:
-        raise PayloadNotSerializableError(f"{path} is an integer of more than 4,000 digits; pass it as a string")
-    if value is None or isinstance(value, str | bool | int):
-        return
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise PayloadNotSerializableError(f"{path} is {value!r}, which JSON cannot represent")
-        return
-    if isinstance(value, list):
-        for index, item in enumerate(value):
-            _check_json(item, f"{path}[{index}]", depth + 1)
-        return
-    if isinstance(value, dict):  # json writes dicts, not every Mapping (a mappingproxy, ...)
-        for item_key, item in value.items():
-            if not isinstance(item_key, str):
-                raise PayloadNotSerializableError(f"{path} has a non-string key {item_key!r}")
-            _check_json(item, f"{path}[{item_key!r}]", depth + 1)
-        return
-    raise PayloadNotSerializableError(
-        f"{path} is a {type(value).__name__}, which is not JSON; pass ids and plain values")
 
 
 def _actor_name(actor: Any) -> str:

@@ -29,6 +29,7 @@ from composition.outbox.claims import ClaimedMessage, Inserted
 from composition.outbox.errors import PayloadNotSerializableError, PublishError
 from composition.outbox.held import hold, is_held
 from composition.outbox.models import OutboxMessage
+from composition.outbox.payload_json import storable_json
 from composition.outbox.publish import (
     LEFT_TO_THE_RELAY,
     checked_delay,
@@ -37,7 +38,6 @@ from composition.outbox.publish import (
     fitting_payload,
     publish_headers,
     read_back,
-    storable_json,
     version_header,
 )
 

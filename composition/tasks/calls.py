@@ -11,7 +11,7 @@ from asgiref.sync import async_to_sync
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from composition.conf import conf
-from composition.outbox.publish import storable_json
+from composition.outbox.payload_json import storable_json
 from composition.tasks._compat import Task, normalize_json
 from composition.tasks.errors import InvalidTaskReturnValue
 
