@@ -14,10 +14,10 @@ from __future__ import annotations
 import math
 import random
 import secrets
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import structlog
@@ -25,6 +25,7 @@ from django.core.cache import caches
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from composition.breaker import CircuitBreaker
+from composition.cache.arguments import check_arguments, check_key, check_namespace
 from composition.cache.flights import Flights
 from composition.cache.invalidation import KIND_KEY, KIND_NAMESPACE, Invalidations
 from composition.cache.results import (
@@ -43,31 +44,12 @@ from composition.cache.serializers import Serializer
 from composition.cache.store import FRESH, LEASED, Entry, KeySpace, LeaseStore, decode_entry, encode_entry
 from composition.errors import REDIS_ERRORS
 from composition.metrics import CACHE_OPERATION_SECONDS
-from composition.seconds import checked_seconds
 
 __all__ = ["CacheAside", "CacheResult", "namespace_of"]
 
 log = structlog.get_logger("composition.cache")
 
 _MAX_POLL_S = 0.05
-# A value cached for more than a year is a mistake (1e20 s went to Redis as an out-of-range
-# expiry, which was taken for an outage: served degraded, every time).
-MAX_TTL_S = 365 * 86_400.0
-
-
-def check_arguments(key: Any, *, ttl_s: Any, jitter: Any, stale_ttl_s: Any) -> None:
-    """Raise TypeError or ValueError, naming the argument, for what ``fetch`` cannot use."""
-    check_key(key)
-    checked_seconds("ttl_s", ttl_s, at_most=MAX_TTL_S)
-    if isinstance(jitter, bool) or not isinstance(jitter, int | float) or not 0 <= jitter < 1:
-        raise ValueError(f"jitter must be in [0, 1), got {jitter!r}")
-    if stale_ttl_s is not None:
-        checked_seconds("stale_ttl_s", stale_ttl_s, at_most=MAX_TTL_S, zero=True)
-
-
-def check_key(key: Any) -> None:
-    if not isinstance(key, str) or not key:
-        raise TypeError(f"a cache key is a non-empty string, got {key!r}")
 
 
 @dataclass(frozen=True)
@@ -92,10 +74,15 @@ class CacheAside:
         self.serializer = serializer
         self.lease_ttl_s = lease_ttl_s
         self.lease_wait_s = lease_wait_s
-        # No trial calls: the probe (which replays deferred invalidations first) closes it.
-        self.breaker = CircuitBreaker(f"cache:{alias}", failure_threshold=breaker_failures,
-                                      reset_timeout_s=breaker_reset_s, probe=self._recover,
-                                      after_close=self._replay_stragglers)
+        # No trial calls: the probe closes it once Redis answers, after replaying the deferred
+        # invalidations, so nothing stale is served once it closes. After the close, once more:
+        # a commit refused while the probe ran (half-open) left its rows before the close, and the
+        # periodic replay (which a web-only deployment does not run) would come too late.
+        self.breaker = CircuitBreaker(
+            f"cache:{alias}", failure_threshold=breaker_failures, reset_timeout_s=breaker_reset_s,
+            probe=partial(self._replay_deferred, "replayed deferred cache invalidations", ping=True),
+            after_close=partial(self._replay_deferred,
+                                "replayed cache invalidations deferred while the breaker probed"))
         self.keys = KeySpace(str(cache.make_key("composition:ca:")))
         self._flights = Flights()
         self.invalidations = Invalidations(alias, self.client, self.keys, self.breaker, db_alias=db_alias,
@@ -120,9 +107,7 @@ class CacheAside:
         self.invalidations.schedule(KIND_KEY, key, using=using)
 
     def invalidate_namespace(self, namespace: str, *, using: str | None = None) -> None:
-        # A namespace is the text before a key's first ":", so one holding ":" matches no key.
-        if not isinstance(namespace, str) or not namespace or ":" in namespace:
-            raise ValueError(f"a cache namespace is a non-empty string without ':', got {namespace!r}")
+        check_namespace(namespace)
         self.invalidations.schedule(KIND_NAMESPACE, namespace, using=using)
 
     # -- reads ----------------------------------------------------------------------------------
@@ -193,13 +178,10 @@ class CacheAside:
         ``fallback`` (the stale value, or the fresh one an early refresh replaces) at once."""
         flight, leader = self._flights.join(call.key)
         if not leader:
-            if flight.leader == threading.get_ident():
-                # Its own loader asking for the key it loads: it would wait on itself for good.
-                raise RuntimeError(f"the loader of cache key {call.key!r} asked for that key itself")
             if fallback is not None:
                 return self._serve(fallback, call.metrics)
             call.metrics.coalesced.inc()
-            payload = flight.wait(self.lease_wait_s)
+            payload = flight.wait(self.lease_wait_s)  # raises in the thread that leads it
             if payload is None:  # as long as another process waits for the lease, then uncached
                 call.metrics.error("lease_wait_timeout")
                 return CacheResult(self.serializer.loads(self.serializer.dumps(call.loader())), UNCACHED)
@@ -304,26 +286,12 @@ class CacheAside:
             metrics.error("redis_error")
         log.warning("cache redis call failed", alias=self.alias, error=str(exc))
 
-    def _replay_stragglers(self) -> None:
-        """Once the probe closed the breaker: a commit refused while the probe ran (half-open)
-        left its rows, committed before it asked, so before the close; replaying once more
-        now finds them, rather than leaving them to the periodic replay (which a web-only
-        deployment does not run) while the old entries are served as hits."""
+    def _replay_deferred(self, event: str, *, ping: bool = False) -> None:
         try:
+            if ping:
+                self.client.ping()
             replayed = self.invalidations.replay_pending()
             if replayed:
-                log.info("replayed cache invalidations deferred while the breaker probed", alias=self.alias,
-                         count=replayed)
+                log.info(event, alias=self.alias, count=replayed)
         finally:
             connections.close_all()  # the probe thread's own connections
-
-    def _recover(self) -> None:
-        """The breaker's probe: Redis answers again; deferred invalidations go first, so nothing
-        stale is served once the breaker closes."""
-        try:
-            self.client.ping()
-            replayed = self.invalidations.replay_pending()
-            if replayed:
-                log.info("replayed deferred cache invalidations", alias=self.alias, count=replayed)
-        finally:
-            connections.close_all()  # this probe thread's own connections

@@ -18,15 +18,19 @@ __all__ = ["Flight", "Flights"]
 class Flight:
     """One in-process rebuild that other threads asking for the same key wait on."""
 
-    def __init__(self) -> None:
+    def __init__(self, key: str) -> None:
+        self.key = key
         self._done = threading.Event()
         self._payload: bytes | None = None
         self._error: BaseException | None = None
-        self.leader = threading.get_ident()
+        self._leader = threading.get_ident()
 
     def wait(self, timeout_s: float) -> bytes | None:
         """The leader's payload once it landed, None after ``timeout_s`` (the leader is still
-        loading); raises the leader's exception instead."""
+        loading); raises the leader's exception instead, and RuntimeError in the leader's own
+        thread (its loader asked for the key it loads: it would wait on itself for good)."""
+        if self._leader == threading.get_ident():
+            raise RuntimeError(f"the loader of cache key {self.key!r} asked for that key itself")
         if not self._done.wait(timeout_s):
             return None
         if self._error is not None:
@@ -48,7 +52,7 @@ class Flights:
             flight = self._flights.get(key)
             if flight is not None:
                 return flight, False
-            flight = self._flights[key] = Flight()
+            flight = self._flights[key] = Flight(key)
             return flight, True
 
     def land(self, key: str, flight: Flight, *, payload: bytes | None = None,

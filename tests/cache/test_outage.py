@@ -124,7 +124,7 @@ def test_an_invalidation_refused_while_the_probe_ran_is_applied_when_it_closes(
         engine = get_cache_aside()
         _cached_then_frozen(throwaway_redis_server, key, f"{ns}:other")
         throwaway_redis_server.thaw()
-        recover = engine._recover
+        recover = engine.breaker._probe
 
         def probe_then_a_refused_commit() -> None:
             recover()  # its replay found nothing pending

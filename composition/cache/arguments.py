@@ -1,0 +1,37 @@
+"""What the cache API accepts, checked where it is given: a key (a non-empty string), a namespace
+(the text before a key's first ``:``), ``ttl_s`` and ``stale_ttl_s`` within a year, a jitter in
+[0, 1). Anything else raises TypeError or ValueError naming the argument, before any load."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from composition.seconds import checked_seconds
+
+__all__ = ["MAX_TTL_S", "check_arguments", "check_key", "check_namespace"]
+
+# A value cached for more than a year is a mistake (1e20 s went to Redis as an out-of-range
+# expiry, which was taken for an outage: served degraded, every time).
+MAX_TTL_S = 365 * 86_400.0
+
+
+def check_arguments(key: Any, *, ttl_s: Any, jitter: Any, stale_ttl_s: Any) -> None:
+    """Raise TypeError or ValueError, naming the argument, for what ``fetch`` cannot use."""
+    check_key(key)
+    checked_seconds("ttl_s", ttl_s, at_most=MAX_TTL_S)
+    if isinstance(jitter, bool) or not isinstance(jitter, int | float) or not 0 <= jitter < 1:
+        raise ValueError(f"jitter must be in [0, 1), got {jitter!r}")
+    if stale_ttl_s is not None:
+        checked_seconds("stale_ttl_s", stale_ttl_s, at_most=MAX_TTL_S, zero=True)
+
+
+def check_key(key: Any) -> None:
+    if not isinstance(key, str) or not key:
+        raise TypeError(f"a cache key is a non-empty string, got {key!r}")
+
+
+
+def check_namespace(namespace: Any) -> None:
+    # A namespace is the text before a key's first ":", so one holding ":" would match no key.
+    if not isinstance(namespace, str) or not namespace or ":" in namespace:
+        raise ValueError(f"a cache namespace is a non-empty string without ':', got {namespace!r}")
