@@ -3,9 +3,9 @@
 ``cache_aside(key, loader, ttl_s=...)`` returns the cached value or runs ``loader()`` once to
 rebuild it; ``invalidate(key)`` deletes it after the current transaction commits;
 ``invalidate_namespace(ns)`` drops every key of a namespace (the text before the first ``:``).
-Modules: ``api``, ``handler`` (one engine per alias, rebuilt when settings change), ``engine``
-(serving policy), ``store`` (Redis keys and scripts), ``flights`` (in-process coalescing),
-``invalidation`` (durable invalidations), ``replay``, ``serializers`` and ``errors``.
+Modules: ``api``, ``arguments`` (what it accepts), ``handler`` (one engine per alias, rebuilt when
+settings change), ``engine`` (serving policy), ``store`` (Redis keys and scripts), ``flights``
+(in-process coalescing), ``invalidation`` (durable invalidations), ``replay``, ``serializers``, ``errors``.
 """
 
 from __future__ import annotations
