@@ -12,6 +12,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from composition.seconds import checked_seconds
+
 __all__ = ["JITTER_FRACTION", "MAX_SECONDS", "JobPolicy", "backoff_s", "redelivery_window_s"]
 
 # Up to half a step of random extra delay spreads a burst of failures (thundering herd) while
@@ -55,10 +57,7 @@ class JobPolicy:
         if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or self.max_attempts < 1:
             raise ValueError(f"max_attempts must be a whole number of at least 1, got {self.max_attempts!r}")
         for name in ("initial_delay_s", "max_delay_s", "timeout_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_SECONDS:
-                raise ValueError(f"{name} must be a number of seconds above 0 and at most {MAX_SECONDS:g}, "
-                                 f"got {value!r}")
+            checked_seconds(name, getattr(self, name), at_most=MAX_SECONDS)
         if self.initial_delay_s > self.max_delay_s:
             raise ValueError("need 0 < initial_delay_s <= max_delay_s, got "
                              f"{self.initial_delay_s} and {self.max_delay_s}")
