@@ -1,8 +1,8 @@
 """PostgreSQL policy under Django's ORM: session timeouts and their lift for ``migrate``
 (``timeouts``), databases behind a transaction pooler (``pooling``), hooks run once after a commit
 (``transactions``), slow-query logging (``slow_queries``), batched deletes (``pruning``), the
-connection budget (``budget``) and the connections each thread opened, which a job's time limit
-cuts when the network never answers (``blocked_calls``).
+connection budget (``budget``), the connections each thread opened, which a job's time limit
+cuts when the network never answers (``blocked_calls``), and jsonb as raw SQL reads it (``jsonb``).
 Invariant: any PostgreSQL backend gives the same guarantees.
 """
 

@@ -23,6 +23,7 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import xq_name
 
 from composition.broker.keys import messages_key
+from composition.db.jsonb import decoded
 from composition.errors import IncompatibleMessageError, PayloadValidationError, described
 from composition.jobs.models import DeadLetter
 from composition.jobs.versions import message_version
@@ -160,10 +161,8 @@ def _grouped(alias: str, table: str, actor: str, args: str, payload: str, where:
 
 
 def _version(value: Any) -> Any:
-    """A version header as read from jsonb (psycopg hands jsonb back decoded, or as text)."""
-    if value is None:
-        return 1
-    return json.loads(value) if isinstance(value, str) else value
+    """A version header as a raw query reads it from jsonb (none: version 1)."""
+    return 1 if value is None else decoded(value)
 
 
 def _examples(alias: str, model: Any, groups: list[_Group], actor: str, args: str | None) -> dict[int, tuple[Any, Any]]:

@@ -10,7 +10,6 @@ messages under a backlog of ``COUNT_CHECK_MAX_ROWS`` or more goes unseen.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -21,6 +20,7 @@ from dramatiq.common import dq_name, xq_name
 
 from composition.broker.keys import messages_key
 from composition.conf import conf
+from composition.db.jsonb import decoded
 from composition.jobs.inbox import ledger_key_of
 from composition.jobs.models import DeadLetter, ProcessedMessage
 from composition.outbox.models import OutboxMessage, message_id_for
@@ -59,8 +59,8 @@ LIMIT %(limit)s
 
 def never_ran(rows: Iterable[tuple[int, Any]]) -> list[int]:
     """The ids of the outbox ``rows`` (id, headers) with neither a ledger row nor a dead letter;
-    headers as a raw query returns the column (JSON text, as Django sets psycopg up) or decoded."""
-    rows = [(pk, json.loads(headers) if isinstance(headers, str) else headers) for pk, headers in rows]
+    headers as a raw query returns the column (``composition.db.jsonb``)."""
+    rows = [(pk, decoded(headers)) for pk, headers in rows]
     message_ids = {pk: message_id_for(pk) for pk, _ in rows}
     # A replay's ledger key is its original message's id, in its headers.
     ledger_keys = {pk: ledger_key_of(headers, message_ids[pk]) for pk, headers in rows}

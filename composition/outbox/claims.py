@@ -10,7 +10,6 @@ a lease or sent mark lost in a crash only relays a row again (at least once, nev
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -20,6 +19,7 @@ from django.db import connection
 from dramatiq.message import Message
 
 from composition.broker.priorities import PRIORITY_HEADER, PRIORITY_OPTION, message_priority
+from composition.db.jsonb import decoded
 from composition.outbox.claim_sql import (
     CLAIM_SQL,
     CONFIRM_SQL,
@@ -102,13 +102,6 @@ def _table() -> str:
     return connection.ops.quote_name(OutboxMessage._meta.db_table)
 
 
-def _decode_json(value: Any) -> Any:
-    # psycopg returns jsonb decoded; a raw cursor on another driver might hand back text.
-    if isinstance(value, str | bytes):
-        return json.loads(value)
-    return value
-
-
 def _insert_params(actor_name: str, queue_name: str, payload_json: str, key: str | None, headers_json: str,
                    delay_s: float | None, created_at: datetime, claim_for: str | None,
                    lease_s: float) -> dict[str, Any]:
@@ -147,8 +140,8 @@ def claim(*, limit: int, lease_s: float, relay_id: str,
     rows = _execute(CLAIM_SQL, {
         "limit": limit, "lease_s": lease_s, "relay_id": relay_id,
         "only_ids": _id_array(only_ids) if only_ids is not None else None})
-    claimed = [ClaimedMessage(id=row[0], actor_name=row[1], queue_name=row[2], payload=_decode_json(row[3]),
-                              key=row[4], headers=_decode_json(row[5]) or {}, delay_s=row[6], created_at=row[7],
+    claimed = [ClaimedMessage(id=row[0], actor_name=row[1], queue_name=row[2], payload=decoded(row[3]),
+                              key=row[4], headers=decoded(row[5]) or {}, delay_s=row[6], created_at=row[7],
                               due_at=row[8])
                for row in rows]
     claimed.sort(key=lambda message: message.id)

@@ -18,6 +18,7 @@ from typing import Any
 from django.db import connection
 
 from composition.conf import conf
+from composition.db.jsonb import decoded
 
 __all__ = ["RunStart", "dead_letter_resolved", "exception_class_path", "lease_s", "mark_discarded", "mark_ended",
            "mark_failed", "mark_replayed", "mark_running", "mark_succeeded"]
@@ -105,9 +106,8 @@ def mark_failed(record_id: str, *, error: dict[str, str], message_id: str) -> No
 
 
 def _json(value: Any, kind: type) -> Any:
-    # psycopg returns jsonb decoded; a str is a driver that did not.
-    decoded = json.loads(value) if isinstance(value, str) else value
-    return decoded if isinstance(decoded, kind) else kind()
+    found = decoded(value)
+    return found if isinstance(found, kind) else kind()
 
 
 def mark_replayed(record_id: str, *, message_id: str) -> None:
