@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from composition.testing import metric_value
@@ -25,10 +26,23 @@ def test_labels_select_and_the_samples_they_leave_open_are_summed() -> None:
     assert metric_value("demo_seconds_count", registry, actor="pay") == 1
 
 
-def test_what_is_not_there_reads_zero() -> None:
+def test_labels_not_seen_yet_read_zero() -> None:
     registry = _registry()
     assert metric_value("demo_jobs_total", registry, actor="nobody") == 0
-    assert metric_value("no_such_metric", registry) == 0
+    Counter("demo_unused", "never incremented", ["actor"], registry=registry)
+    assert metric_value("demo_unused_total", registry) == 0
+    assert metric_value("demo_unused_total", generate_latest(registry).decode()) == 0
+
+
+def test_a_name_no_metric_exposes_is_refused_not_read_as_zero() -> None:
+    registry = _registry()
+    # A misspelt name would otherwise read 0, and a test asserting "nothing happened" could not fail.
+    with pytest.raises(LookupError, match="did you mean 'demo_jobs_total'"):
+        metric_value("demo_job_total", registry)
+    with pytest.raises(LookupError, match="'demo_jobs'"):
+        metric_value("demo_jobs", generate_latest(registry).decode())
+    with pytest.raises(LookupError):
+        metric_value("no_such_metric", CollectorRegistry())
 
 
 def test_a_scrape_s_text_reads_as_its_registry_does() -> None:
@@ -37,3 +51,10 @@ def test_a_scrape_s_text_reads_as_its_registry_does() -> None:
     for labels in ({"actor": "pay"}, {"outcome": "success"}, {}):
         assert metric_value("demo_jobs_total", text, **labels) == metric_value("demo_jobs_total", registry, **labels)
     assert metric_value("demo_seconds_count", text, actor="pay") == 1
+
+
+def test_a_scrape_without_a_metric_this_process_declares_reads_zero() -> None:
+    # Other processes' scrape (multiprocess mode) shows no metric none of them wrote yet.
+    assert metric_value("composition_jobs_total", "", actor="anyone") == 0
+    with pytest.raises(LookupError, match="composition_jobs_total"):
+        metric_value("composition_job_total", "")
