@@ -85,3 +85,19 @@ def test_queues_limits_lists_the_same_from_the_command_line() -> None:
     assert rows["limited_call"]["slots_held"] == 1 and rows["rated_call"]["rate"] == {"starts": 50, "window_s": 5.0}
     with pytest.raises(CommandError, match="limits takes no name"):
         call_command("queues", "limits", "limited_call")
+
+
+def test_queues_limits_with_an_unreachable_limits_redis_prints_the_rest_and_exits_1() -> None:
+    import io
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    caches = {**settings.CACHES, "default": {**settings.CACHES["default"],
+                                             "LOCATION": f"redis://127.0.0.1:{free_port()}/0"}}
+    out = io.StringIO()
+    with override_settings(CACHES=caches, COMPOSITION=conf.as_dict()), \
+            pytest.raises(CommandError, match=r"the limits' Redis could not be read: how .*limited_call.* is unknown"):
+        call_command("queues", "limits", stdout=out)
+    line = next(line for line in out.getvalue().splitlines() if line.startswith("limited_call "))
+    assert "5 at once" in line and "limits' Redis unavailable" in line

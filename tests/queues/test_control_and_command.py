@@ -98,3 +98,26 @@ def test_list_shows_depth_oldest_wait_and_who_paused_it_when_and_why() -> None:
     assert listed[jobs.NOOP_QUEUE]["paused"] is None
     assert "was paused already" in _run("pause", QUEUE)
     assert "resumed: its waiting jobs run" in _run("resume", QUEUE)
+
+
+def test_list_with_the_broker_down_prints_the_pauses_and_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    from composition.broker.configured import build_broker
+    from composition.queues import status
+    from composition.testing import free_port
+
+    # A real Redis client on a port nobody listens on: what `queues list` meets at 3 a.m.
+    down = build_broker(f"redis://127.0.0.1:{free_port()}/0", heartbeat_timeout_s=4, maintenance_chance=0,
+                        socket_timeout_s=0.3, connect_timeout_s=0.3, middleware=[])
+    down.declare_queue(QUEUE)
+    monkeypatch.setattr(status, "configured_broker", lambda: down)
+    pause_queue(QUEUE, by="ops", reason="provider outage")
+    out = io.StringIO()
+    with pytest.raises(CommandError, match=f"the broker could not be read: the depth of .*{QUEUE}.* is unknown"):
+        call_command("queues", "list", stdout=out)
+    line = next(line for line in out.getvalue().splitlines() if line.startswith(QUEUE + " "))
+    assert "? (broker: " in line and "provider outage" in line
+    out = io.StringIO()
+    with pytest.raises(CommandError, match="the broker could not be read"):
+        call_command("queues", "list", "--json", stdout=out)
+    row = next(row for row in json.loads(out.getvalue())["queues"] if row["name"] == QUEUE)
+    assert row["depth"] is None and row["broker_error"]

@@ -67,6 +67,9 @@ class Command(PauseCommand):
         else:
             self.write_table(("job", "queue", "limit", "now", "starts put back to wait (all time)"),
                              [_limit_line(sample) for sample in samples])
+        # What could be read is printed; a script or a check still learns that part is unknown.
+        if unread := [sample.actor for sample in samples if sample.state is None]:
+            raise CommandError(f"the limits' Redis could not be read: how {', '.join(unread)} stand is unknown")
 
     def pause_one(self, name: str, *, by: str, reason: str, user: Any) -> str:
         try:
@@ -87,15 +90,18 @@ class Command(PauseCommand):
         rows = queue_rows()
         if as_json:
             self.stdout.write(json.dumps({"queues": [_json_row(row) for row in rows]}, indent=2))
-            return
-        if not rows:
+        elif not rows:
             self.stdout.write("no queues declared")
-            return
-        lines = []
-        for row in rows:
-            depth = "?" if row.depth is None else str(row.depth)
-            if row.broker_error:
-                depth += f" (broker: {row.broker_error})"
-            oldest = "-" if row.oldest_age_s is None else f"{row.oldest_age_s:.1f} s"
-            lines.append((row.name, depth, oldest, paused_state(row.pause)))
-        self.write_table(("name", "depth", "oldest waiting", "state"), lines)
+        else:
+            lines = []
+            for row in rows:
+                depth = "?" if row.depth is None else str(row.depth)
+                if row.broker_error:
+                    depth += f" (broker: {row.broker_error})"
+                oldest = "-" if row.oldest_age_s is None else f"{row.oldest_age_s:.1f} s"
+                lines.append((row.name, depth, oldest, paused_state(row.pause)))
+            self.write_table(("name", "depth", "oldest waiting", "state"), lines)
+        # The pauses are printed (the database answered); a script or a check still learns that
+        # the depths are unknown, not zero.
+        if unread := [row.name for row in rows if row.broker_error]:
+            raise CommandError(f"the broker could not be read: the depth of {', '.join(unread)} is unknown")
