@@ -115,6 +115,11 @@ def job(*, queue: str = "default", max_attempts: int = 5, initial_delay_s: float
             # nothing, and its effects would never be.
             raise TypeError(f"@job cannot run {fn.__qualname__}, an async def: declare a plain function "
                             "(asgiref.sync.async_to_sync(...) runs async code from one)")
+        if positional_only := [name for name, parameter in inspect.signature(fn).parameters.items()
+                               if parameter.kind is inspect.Parameter.POSITIONAL_ONLY]:
+            # A payload fills the parameters by keyword: this one could never be given.
+            raise TypeError(f"@job cannot run {fn.__qualname__}: its parameter {', '.join(positional_only)} is "
+                            "positional-only, and a payload gives arguments by keyword (drop the '/')")
         name = actor_name or fn.__name__
         schema = PayloadSchema.of(fn, name)
         broker = configured_broker()

@@ -100,6 +100,16 @@ def test_job_refuses_an_async_function() -> None:
     assert "never_declared_async" not in configured_broker().actors
 
 
+def test_job_refuses_a_positional_only_parameter() -> None:
+    """publish() gives the payload by keyword: the job could never be published."""
+    def charge(invoice_id: int, /, amount: int = 0) -> None:
+        pass
+
+    with pytest.raises(TypeError, match=r"its parameter invoice_id is positional-only"):
+        job(queue=jobs.CHECK_QUEUE, actor_name="never_declared_positional")(charge)
+    assert "never_declared_positional" not in configured_broker().actors
+
+
 def test_job_declared_twice_under_one_name_is_refused() -> None:
     with pytest.raises(ValueError, match="already registered"):
         job(queue="jobs_check", actor_name="typed")(lambda: None)
