@@ -233,23 +233,23 @@ def _shape(actor: str, args: list[Any], kwargs: dict[str, Any], version: Any) ->
     return shape
 
 
-def _redis_messages(broker: RedisBroker) -> Iterator[bytes]:
-    """The body of every message of every queue (ready and delayed, the ones workers hold
-    included), not of Dramatiq's expiring dead-letter queues."""
+def _redis_messages(broker: RedisBroker) -> Iterator[tuple[str, bytes]]:
+    """The id (its field in the queue's hash) and body of every message of every queue (ready and
+    delayed, the ones workers hold included), not of Dramatiq's expiring dead-letter queues."""
     client = broker.client
     dead_letters = messages_key(broker.namespace, xq_name("*"))
     for key in client.scan_iter(messages_key(broker.namespace, "*"), count=SCAN_BATCH):
         name = key.decode() if isinstance(key, bytes) else str(key)
         if fnmatch.fnmatchcase(name, dead_letters):
             continue
-        for _, body in client.hscan_iter(name, count=SCAN_BATCH):
-            yield body
+        for message_id, body in client.hscan_iter(name, count=SCAN_BATCH):
+            yield (message_id.decode(errors="replace") if isinstance(message_id, bytes) else str(message_id)), body
 
 
 def _redis_report(broker: RedisBroker) -> Report:
     groups: dict[tuple[Any, ...], list[Any]] = {}
     read = 0
-    for body in _redis_messages(broker):
+    for message_id, body in _redis_messages(broker):
         read += 1
         try:
             message = json.loads(body)
@@ -259,10 +259,10 @@ def _redis_report(broker: RedisBroker) -> Report:
         except (ValueError, KeyError, TypeError, AttributeError):
             shape = ("(unreadable)",)
             actor, args, kwargs, version = "(unreadable)", [], {}, 1
-            message = {"message_id": "?"}
         group = groups.get(shape)
         if group is None:
-            groups[shape] = [1, message.get("message_id", "?"), actor, args, kwargs, version]
+            # The hash field is the message id, readable when the body is not.
+            groups[shape] = [1, message_id, actor, args, kwargs, version]
         else:
             group[0] += 1
     found: dict[tuple[str, str], list[Any]] = {}

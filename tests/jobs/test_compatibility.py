@@ -123,6 +123,18 @@ def test_the_redis_broker_s_ready_and_delayed_messages_are_read_and_bound() -> N
     assert code == 1 and "broker: 3 of compat_job (e.g. id " in out and "read 7 messages on the broker" in out
 
 
+def test_a_broker_message_that_is_not_json_is_reported_by_its_id() -> None:
+    from composition.broker.keys import messages_key
+
+    broker = configured_broker()
+    broker.declare_queue(COMPAT_QUEUE)
+    garbled = f"garbled-{uuid.uuid4().hex}"
+    broker.client.hset(messages_key(broker.namespace, COMPAT_QUEUE), garbled, b"\x00not json")
+    [problem] = broker_problems(broker, sent_since=timezone.now()).problems
+    assert (problem.actor, problem.reason, problem.count) == ("(unreadable)", "not a Dramatiq message", 1)
+    assert problem.example_id == garbled, "the operator needs the id to find and remove it"
+
+
 def test_a_task_row_is_bound_to_its_task_path_and_arguments() -> None:
     from composition.tasks.options import actor_name
 
