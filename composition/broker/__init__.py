@@ -5,7 +5,8 @@
 its queues classic or quorum (``rabbitmq_queues``); the
 process's paused queues and handing a message back (``pausing``); message priorities on both
 brokers (``priorities``); a worker's stand-in for a job name no actor declares (``stand_ins``);
-job time limits, shared by the workers and the relay's batches (``time_limits``). Invariant: the
+job time limits, shared by the workers and the relay's batches (``time_limits``); middleware hooks
+called only where a middleware has one (``hooks``). Invariant: the
 configured broker is set before any actor is declared.
 """
 

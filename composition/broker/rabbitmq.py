@@ -21,6 +21,7 @@ from dramatiq.common import dq_name, q_name, xq_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.message import Message
 
+from composition.broker.hooks import DefinedHooks
 from composition.broker.pausing import HAND_BACK_OPTION, LOCAL_OPTIONS, handed_back, paused_queues
 from composition.broker.priorities import rabbitmq_priority
 from composition.broker.rabbitmq_queues import (
@@ -121,7 +122,7 @@ class PausableRabbitmqConsumer(_RabbitmqConsumer):
         return True
 
 
-class PausableRabbitmqBroker(StandIns, RabbitmqBroker):
+class PausableRabbitmqBroker(DefinedHooks, StandIns, RabbitmqBroker):
     """Dramatiq's ``RabbitmqBroker`` whose consumers are ``PausableRabbitmqConsumer``, whose
     queues are classic or quorum (``queue_type``; ``delivery_limit`` on quorum work queues), and
     whose messages carry their priority to queues declared with ``x-max-priority``."""

@@ -20,6 +20,7 @@ import structlog
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.message import Message
 
+from composition.broker.hooks import DefinedHooks
 from composition.broker.keys import acks_key, lanes_key, messages_key, queue_key
 from composition.broker.priorities import LANES_LUA, PRIORITY_OPTION
 from composition.broker.redis_consumer import WakingRedisConsumer, has_wake_list, wake_key
@@ -152,7 +153,7 @@ def requeue_as_new(broker: RedisBroker, redis_message_id: str, message: Message[
 
 # Relies on Dramatiq internals (dramatiq>=2.2,<3): scripts["dispatch"] and its arguments, the
 # do_<command> methods, dispatch.lua's key names; docs/architecture.md lists them.
-class WakingRedisBroker(StandIns, RedisBroker):
+class WakingRedisBroker(DefinedHooks, StandIns, RedisBroker):
     """Dramatiq's ``RedisBroker`` whose idle consumers wait for a wake token (see module doc).
 
     Takes ``RedisBroker``'s arguments. Its client's ``socket_timeout``, when set, bounds how long
