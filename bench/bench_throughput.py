@@ -38,12 +38,14 @@ effect, ``idempotent=True`` through the outbox >= 0.8x on_commit (issue 9). Exit
 a goal is missed.
 Run: ``python bench/bench_throughput.py`` (env BENCH_JOBS, default 5000; BENCH_ROUNDS, default 5;
 BENCH_CONTENDERS, a comma-separated subset of the names above, naive dramatiq always included:
-"outbox" alone measures the worker's CPU per plain job against naive's in a third of the time).
+"outbox" alone measures the worker's CPU per plain job against naive's in a third of the time;
+BENCH_PROCESSES, default 1: worker processes of both workers, the goals' setting being 1).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -83,6 +85,7 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
 WARM_UP_JOBS = 300
 PER_TRANSACTION = 100
 THREADS = 8
+PROCESSES = int(os.environ.get("BENCH_PROCESSES", "1"))
 RUN_TIMEOUT_S = 300.0
 NAIVE = "naive dramatiq"
 # What runworkers consumes: the bench's queue and the outbox relay's, as the naive worker consumes
@@ -108,6 +111,10 @@ class Contender:
     name: str
     send: Callable[[range], None]  # publishes the jobs of these seqs, inside one transaction
     worker: str  # "runworkers" or "naive"
+    # Writes a ledger row per job, committed after the job's stamp: the run waits for the rows, so
+    # that the clean-up after it deletes them all (a row committed after it would make the next
+    # run's job of that seq a "processed already" skip, and the run would wait for it in vain).
+    ledger: bool = False
 
 
 def outbox(actor: Any) -> Callable[[range], None]:
@@ -126,15 +133,16 @@ def on_commit(actor: Any) -> Callable[[range], None]:
 
 CONTENDERS = [
     Contender(NAIVE, on_commit(naive.naive_stamp), "naive"),
-    Contender(NAIVE_LEDGER, on_commit(naive.naive_ledger_stamp), "naive"),
+    Contender(NAIVE_LEDGER, on_commit(naive.naive_ledger_stamp), "naive", ledger=True),
     Contender("on_commit", on_commit(jobs.bench_stamp), "runworkers"),
     Contender("outbox", outbox(jobs.bench_stamp), "runworkers"),
     Contender("outbox publish_many", lambda seqs: publish_many(jobs.bench_stamp, [{"seq": seq} for seq in seqs]),
               "runworkers"),
-    Contender("outbox idempotent", outbox(jobs.bench_stamp_idempotent), "runworkers"),
+    Contender("outbox idempotent", outbox(jobs.bench_stamp_idempotent), "runworkers", ledger=True),
     Contender("on_commit + db effect", on_commit(jobs.bench_effect), "runworkers"),
     Contender("outbox + db effect", outbox(jobs.bench_effect), "runworkers"),
-    Contender("outbox idempotent + db effect", outbox(jobs.bench_effect_idempotent), "runworkers"),
+    Contender("outbox idempotent + db effect", outbox(jobs.bench_effect_idempotent), "runworkers",
+              ledger=True),
 ]
 
 if os.environ.get("BENCH_CONTENDERS"):
@@ -214,6 +222,10 @@ def run(contender: Contender, jobs_count: int, client: redis.Redis, worker: psut
     while (done := client.llen(jobs.BENCH_STAMPS_KEY)) < jobs_count:
         if time.monotonic() > deadline:
             raise SystemExit(f"{contender.name}: only {done} of {jobs_count} jobs ran")
+        time.sleep(0.02)
+    while contender.ledger and ProcessedMessage.objects.filter(actor__startswith="bench_").count() < jobs_count:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{contender.name}: the ledger rows of its {jobs_count} jobs did not all commit")
         time.sleep(0.02)
     worker_s = tree_cpu_s(worker) - worker_cpu
     servers_ms = {f"{name}_ms": (tree_cpu_s(process) - server_cpu[name]) / jobs_count * 1000
@@ -309,15 +321,20 @@ def main() -> int:
 
     log = tempfile.NamedTemporaryFile(prefix="bench-throughput-", suffix=".log", delete=False, mode="w")  # noqa: SIM115
     workers: dict[str, subprocess.Popen[bytes]] = {}
+    cleanups: list[str] = []  # directories to remove at the end
     results: dict[str, list[dict[str, float]]] = {contender.name: [] for contender in CONTENDERS}
     try:
+        # Several processes serve /metrics from one multiprocess directory (runworkers refuses without).
+        metrics_dir = {"PROMETHEUS_MULTIPROC_DIR": tempfile.mkdtemp(prefix="bench-throughput-metrics-")} \
+            if PROCESSES > 1 else {}
+        cleanups.extend(metrics_dir.values())
         workers["runworkers"] = start(
-            [sys.executable, str(ROOT / "manage.py"), "runworkers", "--processes", "1", "--threads", str(THREADS),
-             "--queues", ",".join(RUNWORKERS_QUEUES)],
-            dict(os.environ), log)
+            [sys.executable, str(ROOT / "manage.py"), "runworkers", "--processes", str(PROCESSES), "--threads",
+             str(THREADS), "--queues", ",".join(RUNWORKERS_QUEUES)],
+            {**os.environ, **metrics_dir}, log)
         workers["naive"] = start(
-            [str(Path(sys.executable).parent / "dramatiq"), "bench._naive_dramatiq:broker", "--processes", "1",
-             "--threads", str(THREADS)],
+            [str(Path(sys.executable).parent / "dramatiq"), "bench._naive_dramatiq:broker", "--processes",
+             str(PROCESSES), "--threads", str(THREADS)],
             {**os.environ, "DJANGO_SETTINGS_MODULE": "bench._naive_settings"}, log)
         processes = {kind: psutil.Process(process.pid) for kind, process in workers.items()}
         watched = servers()
@@ -335,9 +352,11 @@ def main() -> int:
             stop(process)
         log.close()
         client.delete(jobs.BENCH_STAMPS_KEY)
+        for directory in cleanups:
+            shutil.rmtree(directory, ignore_errors=True)
 
-    print(f"{JOBS} jobs, {PER_TRANSACTION} per transaction, 1 process x {THREADS} threads per worker, Redis "
-          f"broker; medians of {ROUNDS} interleaved rounds")
+    print(f"{JOBS} jobs, {PER_TRANSACTION} per transaction, {PROCESSES} process(es) x {THREADS} threads per "
+          f"worker, Redis broker; medians of {ROUNDS} interleaved rounds")
     missed = report(results)
     print(f"workers' log: {log.name}")
     if missed:
