@@ -30,7 +30,6 @@ def check_key(key: Any) -> None:
         raise TypeError(f"a cache key is a non-empty string, got {key!r}")
 
 
-
 def check_namespace(namespace: Any) -> None:
     # A namespace is the text before a key's first ":", so one holding ":" would match no key.
     if not isinstance(namespace, str) or not namespace or ":" in namespace:

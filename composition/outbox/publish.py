@@ -41,6 +41,7 @@ from composition.outbox.errors import (
 from composition.outbox.held import hold, is_held
 from composition.outbox.models import KEY_MAX_LENGTH, OutboxMessage
 from composition.outbox.payload_json import check_json, encode_payload, storable_json
+from composition.seconds import checked_seconds
 
 __all__ = ["PAYLOAD_SCHEMA_OPTION", "VERSIONS_OPTION", "VERSION_HEADER", "checked_delay", "checked_key",
            "declared_actor", "fitting_payload", "publish", "publish_headers", "publish_with_headers", "read_back",
@@ -203,11 +204,10 @@ def checked_delay(delay_s: Any) -> float | None:
     """``delay_s`` as seconds (a float), or None; raises ``InvalidDelayError``."""
     if delay_s is None:
         return None
-    # The comparison refuses nan and inf too, and compares a huge int exactly (no overflow).
-    if isinstance(delay_s, bool) or not isinstance(delay_s, int | float) or not 0 <= delay_s <= MAX_DELAY_S:
-        raise InvalidDelayError(f"delay_s must be a number of seconds from 0 to {MAX_DELAY_S:g} (ten years), "
-                                f"got {delay_s!r}")
-    return float(delay_s)
+    try:
+        return checked_seconds("delay_s", delay_s, at_most=MAX_DELAY_S, zero=True)
+    except ValueError as exc:
+        raise InvalidDelayError(str(exc)) from None
 
 
 def publish_headers(extra: Mapping[str, Any]) -> dict[str, Any]:
