@@ -10,6 +10,7 @@ a lease or sent mark lost in a crash only relays a row again (at least once, nev
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -40,6 +41,7 @@ __all__ = ["CLAIM_SQL", "CONFIRM_SQL", "INSERT_SQL", "INSERT_UNLESS_KEY_PENDING_
            "MARK_SENT_UNKEYED_SQL", "RELEASE_SQL", "RENEW_SQL", "ClaimedMessage", "Inserted", "claim", "confirm",
            "insert", "mark_sent", "release", "renew"]
 
+
 @dataclass(frozen=True)
 class ClaimedMessage:
     """One claimed outbox row, as much of it as the relay needs."""
@@ -61,7 +63,10 @@ class ClaimedMessage:
             due_s = self.due_at.timestamp() if self.due_at is not None else self.created_at.timestamp() + self.delay_s
             remaining_s = due_s - now_s
             if remaining_s > 0:
-                delay_ms = int(remaining_s * 1000)
+                # A message's eta is whole milliseconds added to a floored clock (Dramatiq's
+                # current_millis), and it starts once that clock reaches the eta: rounding up and
+                # one millisecond more keep a start from falling before the time it is due.
+                delay_ms = math.ceil(remaining_s * 1000) + 1
         headers = {**self.headers, "outbox_id": self.id, "key": self.key}
         options: dict[str, Any] = {"composition": headers}
         priority = message_priority({PRIORITY_OPTION: headers.get(PRIORITY_HEADER)})

@@ -75,13 +75,16 @@ def test_only_the_claimant_marks_its_rows_sent(key: str | None) -> None:
     assert row.sent_at is not None
 
 
-def test_delayed_message_goes_to_the_delay_queue_with_an_eta() -> None:
-    row = publish(PROBE, {"seq": 1}, delay_s=30)
+def test_delayed_message_goes_to_the_delay_queue_with_an_eta_never_before_it_is_due() -> None:
+    # Fractions of a millisecond in the delays: an eta truncated to whole milliseconds (on a
+    # floored clock) fell up to 2 ms before the due time, and the job started that early.
+    rows = [publish(PROBE, {"seq": seq}, delay_s=30 + seq * 0.000137) for seq in range(20)]
     Relay(configured_broker()).run_until_idle()
     assert enqueued(QUEUE) == []
-    [message] = delayed(QUEUE)
-    expected_eta_ms = (row.created_at.timestamp() + 30) * 1000
-    assert abs(message.options["eta"] - expected_eta_ms) < 2000
+    etas = {message.kwargs["seq"]: message.options["eta"] for message in delayed(QUEUE)}
+    for seq, row in enumerate(rows):
+        due_ms = (row.created_at.timestamp() + row.delay_s) * 1000
+        assert due_ms <= etas[seq] < due_ms + 2000
 
 
 def test_a_relayed_row_is_not_relayed_again() -> None:
