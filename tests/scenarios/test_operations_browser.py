@@ -118,3 +118,30 @@ def _open() -> int:
 
 def _pending() -> int:
     return OutboxMessage.objects.filter(status="pending", queue_name=jobs.CHECK_QUEUE).count()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_dead_letter_s_title_never_runs_under_its_replay_and_discard_buttons(live_server: Any) -> None:
+    # Django's admin floats the object tools up beside the title with a negative margin, so a
+    # long title (actor, message id, error class) ran on underneath the buttons, half hidden.
+    from selenium.webdriver.common.by import By
+
+    from tests.jobs.test_deadletters import dead_letter
+
+    User.objects.create_superuser("operator", "ops@example.com", "a long operator password")
+    letter = dead_letter("send_quarterly_statement_reminder_to_every_customer")
+    with chrome() as driver:
+        log_in_to_admin(driver, live_server.url, "operator", "a long operator password")
+        driver.get(f"{live_server.url}/admin/composition/deadletter/{letter.pk}/change/")
+        wait_for(driver, "form.dead-letter-action button", "Replay…")
+        driver.save_screenshot(str(artifacts_dir("dead-letter-page") / "dead-letter.png"))
+        title = driver.find_element(By.XPATH, f"//h2[contains(., '{letter.message_id}')]")
+        overlaps = driver.execute_script("""
+            const tools = document.querySelector('ul.object-tools').getBoundingClientRect();
+            const text = document.createRange();
+            text.selectNodeContents(arguments[0]);
+            return Array.from(text.getClientRects()).filter(line => line.right > tools.left
+                && line.left < tools.right && line.bottom > tools.top && line.top < tools.bottom).length;
+        """, title)
+        assert overlaps == 0, "the title's text runs under the object tools"
+        assert title.is_displayed()
