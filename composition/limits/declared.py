@@ -35,8 +35,10 @@ class Rate:
         return rate
 
     def check(self) -> None:
-        if self.starts < 1:
-            raise ValueError(f"a rate allows at least 1 start per window, got {self.starts}")
+        # An int: the limiter's script counts starts in whole numbers, and refused 2.5 on every
+        # start (a Redis error, taken for the limits' Redis being down) rather than here.
+        if isinstance(self.starts, bool) or not isinstance(self.starts, int) or self.starts < 1:
+            raise ValueError(f"a rate allows a whole number of starts per window, at least 1, got {self.starts!r}")
         if not MIN_WINDOW_S <= self.window_s <= MAX_WINDOW_S:
             raise ValueError(f"a rate's window is {MIN_WINDOW_S:g} s to {MAX_WINDOW_S:g} s, got {self.window_s:g} s")
 

@@ -23,8 +23,9 @@ __all__ = ["Admission", "LimitState", "LimitStore", "limit_store"]
 
 # A refused start's turn is spaced at TURNS_PER_FREED_START times the pace at which the limit
 # frees a start (a concurrency limit frees one every mean run time ÷ N, a rate one every window ÷
-# starts), from the earliest moment one can free (the first running job's expected end, the
-# oldest logged start leaving the window). Turns closer than the pace keep a freed start from
+# starts), from the earliest moment one can free (the first running job's expected end: its
+# start plus the mean run time, or twice what it has run so far once past that; the oldest
+# logged start leaving the window). Turns closer than the pace keep a freed start from
 # waiting long for someone to take it; a start refused again takes the next turn, and turns only
 # move forward, so the waiting ones come back at a bounded pace, never in a loop. A turn further
 # away than LIMIT_MAX_DELAY_S comes back after that long without advancing the line.
@@ -73,7 +74,10 @@ if concurrency > 0 then
     local mean = tonumber(redis.call('HGET', KEYS[4], 'mean_run_ms') or ARGV[6])
     local first_end = nil
     for _, started in ipairs(redis.call('HVALS', KEYS[2])) do
-      local expected = tonumber(started) + mean
+      started = tonumber(started)
+      -- A run past its mean is expected to take as long again as it has so far: its expected
+      -- end never lies in the past, where every refused start would come back at once.
+      local expected = started + math.max(mean, 2 * (now - started))
       if first_end == nil or expected < first_end then first_end = expected end
     end
     return come_back('concurrency', first_end or now, mean / (turns * concurrency))

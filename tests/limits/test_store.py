@@ -43,6 +43,9 @@ def test_rates_parse_as_written_and_bad_ones_say_what_is_expected() -> None:
             Rate.parse(bad)
     assert JobLimits.of(None, None) is None
     assert JobLimits.of(5, "50/5s") == JobLimits(5, Rate(50, 5.0))
+    for starts in (2.5, True, "5", 0):
+        with pytest.raises(ValueError, match="whole number of starts"):
+            JobLimits.of(None, Rate(starts, 10.0))  # type: ignore[arg-type]
     for concurrency in (0, -1, 1.5, True, "5"):
         with pytest.raises(ValueError, match="concurrency"):
             JobLimits.of(concurrency, None)  # type: ignore[arg-type]
@@ -120,6 +123,23 @@ def test_refused_starts_take_turns_spaced_by_the_mean_run_time_not_a_retry_loop(
     assert all(0.04 < step < 0.11 for step in steps), delays
     state = store.state(actor, limits)
     assert (state.slots_held, state.delayed_by_concurrency) == (2, 6)
+
+
+def test_a_run_past_its_mean_sends_the_waiting_ones_back_as_long_again_not_into_a_loop(store: LimitStore) -> None:
+    # A fast job's mean run time rounds down to 0 ms; then one run holds the only slot for long.
+    # Its expected end (start + mean) lay in the past, so every refused start was told to come
+    # back at once: thousands of put-backs a second for as long as the run lasted.
+    actor, limits = unique("limit"), JobLimits(concurrency=1)
+    for index in range(40):
+        assert store.admit(actor, limits, f"quick-{index}").started
+        assert store.release(actor, f"quick-{index}")
+    mean_run_s = store.state(actor, limits).mean_run_s
+    assert mean_run_s is not None and mean_run_s < 0.005
+    assert store.admit(actor, limits, "slow").started
+    time.sleep(0.5)
+    delays = [store.admit(actor, limits, f"waiting-{index}").delay_s for index in range(5)]
+    # It has run 0.5 s: expected to take as long again, so the waiting ones come back then.
+    assert all(0.4 < delay < 1.0 for delay in delays), delays
 
 
 def test_a_long_line_comes_back_after_the_longest_delay_without_growing(store: LimitStore) -> None:
