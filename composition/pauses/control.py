@@ -39,7 +39,8 @@ def _change(kind: str, name: str, *, paused: bool, by: str, reason: str, user: A
         if row is None:
             # The first pause of this name (the unique constraint settles two at once).
             row, changed = Pause.objects.get_or_create(kind=kind, name=name, defaults={
-                "paused": True, "changed_by": by, "reason": reason, "changed_at": Now(), "shed": shed})
+                "paused": True, "changed_by": by, "reason": reason, "changed_at": Now(), "paused_at": Now(),
+                "shed": shed})
             if not changed:
                 row = Pause.objects.select_for_update().get(pk=row.pk)
         else:
@@ -47,11 +48,16 @@ def _change(kind: str, name: str, *, paused: bool, by: str, reason: str, user: A
         # An operator pausing what the shedding controller paused makes it theirs (it then
         # stays paused when the pressure ends).
         if not changed and (row.paused != paused or (paused and row.shed and not shed)):
+            fields = ["paused", "changed_by", "reason", "changed_at", "shed"]
+            if paused and not row.paused:
+                # A pause begins; a resume keeps its start (a schedule's ticks between are paused).
+                row.paused_at = Now()
+                fields.append("paused_at")
             row.paused, row.changed_by, row.reason, row.changed_at, row.shed = paused, by, reason, Now(), shed
-            row.save(update_fields=["paused", "changed_by", "reason", "changed_at", "shed"])
+            row.save(update_fields=fields)
             changed = True
         if changed:
-            row.refresh_from_db(fields=["changed_at"])
+            row.refresh_from_db(fields=["changed_at", "paused_at"])
             if user is not None:
                 # The admin's history of the row: who did what, as for any admin change.
                 action = "Paused" if paused else "Resumed"

@@ -23,6 +23,8 @@ class Pause(models.Model):
     reason = models.TextField(blank=True, default="")
     changed_by = models.CharField(max_length=150, help_text="who paused or resumed it last")
     changed_at = models.DateTimeField()
+    paused_at = models.DateTimeField(null=True, blank=True,
+                                     help_text="when the last pause began (kept by a resume: ticks between are paused)")
     shed = models.BooleanField(default=False,
                                help_text="the last change was the shedding controller's, not an operator's")
 

@@ -54,6 +54,14 @@ class Schedule:
             return f"cron {self.cron}"
         return f"every {self.every.total_seconds():g}s" if self.every is not None else "-"
 
+    @property
+    def timing(self) -> str:
+        """What decides the ticks' instants (``when``, with the zone or the start): a schedule
+        whose timing changed starts again from the deploy, as a new one does."""
+        if self.cron is not None:
+            return f"{self.when} tz={self.tz}"
+        return f"{self.when} start={self.start.isoformat() if self.start else '-'}"
+
 
 def schedule(job: Any, *, cron: str | None = None, every: timedelta | None = None, tz: str = "UTC",
              catch_up: str = "latest", overlap: str = "allow", payload: Mapping[str, Any] | None = None,

@@ -21,7 +21,7 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from composition.jobs.middleware.run_signals import FOLLOW_RUNS_HEADER
 from composition.metrics import SCHEDULE_LAG_SECONDS, SCHEDULE_NEXT_FIRE_TIMESTAMP, SCHEDULE_TICKS_TOTAL
 from composition.outbox.publish import publish_with_headers
-from composition.pauses import Pause, paused_names
+from composition.pauses import Pause
 from composition.schedules.declaration import SCHEDULE_HEADER, Schedule
 from composition.schedules.models import ScheduleState, ScheduleTick
 from composition.schedules.ticks import next_tick, ticks_after
@@ -92,18 +92,28 @@ def plan(declared: Schedule, due: Sequence[datetime], now: datetime, *, paused: 
     return result
 
 
+def _followed(declared: Schedule) -> bool:
+    """Whether its runs are followed (started, ended): only where the overlap rule needs them."""
+    return declared.overlap == "skip" or declared.max_pending is not None
+
+
 def _running(name: str, now: datetime) -> int:
-    return ScheduleTick.objects.filter(schedule=name, finished_at__isnull=True, lease_until__gt=now).count()
+    # Regular ticks only: a run by hand neither suppresses nor is suppressed by one.
+    return ScheduleTick.objects.filter(schedule=name, manual=False, finished_at__isnull=True,
+                                       lease_until__gt=now).count()
 
 
-def _insert_tick(name: str, fire_at: datetime, *, catch_up: bool, manual: bool, now: datetime) -> int | None:
+def _insert_tick(declared: Schedule, fire_at: datetime, *, catch_up: bool, manual: bool, now: datetime) -> int | None:
     table = connections[DEFAULT_DB_ALIAS].ops.quote_name(ScheduleTick._meta.db_table)
+    # A run nobody follows never reports its end: it gets no lease, or a schedule switched to
+    # overlap="skip" would take it for pending and skip every tick for an hour.
+    lease_until = now + PENDING_LEASE if _followed(declared) else None
     with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {table} (schedule, fire_at, manual, catch_up, created_at, lease_until)"
             " VALUES (%s, %s, %s, %s, %s, %s)"
             " ON CONFLICT (schedule, fire_at) WHERE NOT manual DO NOTHING RETURNING id",
-            [name, fire_at, manual, catch_up, now, now + PENDING_LEASE])
+            [declared.name, fire_at, manual, catch_up, now, lease_until])
         row = cursor.fetchone()
     return None if row is None else int(row[0])
 
@@ -111,10 +121,19 @@ def _insert_tick(name: str, fire_at: datetime, *, catch_up: bool, manual: bool, 
 def _publish(declared: Schedule, tick_id: int, fire_at: datetime, *, catch_up: bool, manual: bool) -> None:
     header = {"name": declared.name, "tick": tick_id, "fire_at": fire_at.isoformat(),
               "catch_up": catch_up, "manual": manual}
-    # Its runs signalled (started, ended) only where the overlap rule needs them.
-    follow = declared.overlap == "skip" or declared.max_pending is not None
-    publish_with_headers(declared.actor_name, declared.payload,
-                         headers={SCHEDULE_HEADER: header, **({FOLLOW_RUNS_HEADER: True} if follow else {})})
+    follow = {FOLLOW_RUNS_HEADER: True} if _followed(declared) else {}
+    publish_with_headers(declared.actor_name, declared.payload, headers={SCHEDULE_HEADER: header, **follow})
+
+
+def _paused_span(name: str) -> tuple[bool, datetime, datetime] | None:
+    """(paused now, since when the last pause began, when it last changed) of schedule ``name``,
+    None when it was never paused. A pause from before its start was kept counts from the start
+    of time."""
+    row = Pause.objects.filter(kind=Pause.SCHEDULE, name=name).values_list("paused", "paused_at", "changed_at").first()
+    if row is None:
+        return None
+    paused, paused_at, changed_at = row
+    return paused, paused_at or datetime.min.replace(tzinfo=changed_at.tzinfo), changed_at
 
 
 def _count(name: str, outcome: str, amount: int) -> None:
@@ -131,9 +150,22 @@ def fire_due(declared: Schedule, clock: Clock = database_now) -> Plan | None:
         state = ScheduleState.objects.select_for_update(skip_locked=True).filter(name=declared.name).first()
         if state is None:
             # New, or held by another scheduler (then the insert finds its row and does nothing).
-            ScheduleState.objects.bulk_create([ScheduleState(name=declared.name, watermark=now, updated_at=now)],
-                                              ignore_conflicts=True)
+            ScheduleState.objects.bulk_create([ScheduleState(name=declared.name, watermark=now, timing=declared.timing,
+                                                             updated_at=now)], ignore_conflicts=True)
             return None
+        if state.timing != declared.timing:
+            # A new period, expression, zone or start: the new timing's ticks since the watermark
+            # were not missed by a scheduler that was down, so it starts from now, as a new
+            # schedule does (a state from before timings were kept only records its timing).
+            restart = bool(state.timing)
+            if restart:
+                log.info("schedule timing changed, starting from now", schedule=declared.name,
+                         was=state.timing, now=declared.timing)
+                state.watermark = now
+            state.timing, state.updated_at = declared.timing, now
+            state.save(update_fields=["watermark", "timing", "updated_at"])
+            if restart:
+                return None
         # After a long outage only the most recent ticks can fire (on time, or caught up): the
         # older ones are counted as missed without being kept.
         due: deque[datetime] = deque(maxlen=MAX_TICKS_PER_ROUND)
@@ -144,23 +176,30 @@ def fire_due(declared: Schedule, clock: Clock = database_now) -> Plan | None:
         older = evaluated - len(due)
         if not due:  # another scheduler fired it between this one's read and its lock
             return None
-        paused = declared.name in paused_names(Pause.SCHEDULE)
-        running = 0 if paused or (declared.overlap == "allow" and declared.max_pending is None) \
-            else _running(declared.name, now)
-        decided = plan(declared, list(due), now, paused=paused, running=running)
+        last = due[-1]
+        span = _paused_span(declared.name)
+        paused = span is not None and span[0]
+        kept = list(due)
+        if span is not None and not paused:
+            # Resumed since: the ticks due while it was paused stay paused, even when no
+            # scheduler ran to see them then.
+            kept = [tick for tick in due if not span[1] <= tick <= span[2]]
+        running = 0 if paused or not _followed(declared) else _running(declared.name, now)
+        decided = plan(declared, kept, now, paused=paused, running=running)
+        decided.paused += len(due) - len(kept)
         if paused:
             decided.paused += older
         else:
             decided.missed += older
         fired = []
         for fire_at, catch_up in decided.fire:
-            tick_id = _insert_tick(declared.name, fire_at, catch_up=catch_up, manual=False, now=now)
+            tick_id = _insert_tick(declared, fire_at, catch_up=catch_up, manual=False, now=now)
             if tick_id is None:  # fired already: the constraint, not the lock, has the last word
                 continue
             _publish(declared, tick_id, fire_at, catch_up=catch_up, manual=False)
             fired.append((fire_at, catch_up))
         caught_up = sum(1 for _, catch_up in fired if catch_up)
-        state.watermark = due[-1]
+        state.watermark = last
         state.fired += len(fired) - caught_up
         state.caught_up += caught_up
         state.missed += decided.missed
@@ -180,14 +219,14 @@ def fire_due(declared: Schedule, clock: Clock = database_now) -> Plan | None:
     # Paused ticks are not logged: the pause was, and they are counted.
     if decided.missed:
         log.warning("schedule ticks missed", schedule=declared.name, missed=decided.missed,
-                    policy=declared.catch_up, through=due[-1].isoformat())
+                    policy=declared.catch_up, through=last.isoformat())
     if decided.skipped:
         log.info("schedule ticks skipped", schedule=declared.name, skipped=decided.skipped,
                  overlap=declared.overlap, max_pending=declared.max_pending)
     for fire_at, catch_up in fired:
         log.info("schedule fired", schedule=declared.name, fire_at=fire_at.isoformat(), catch_up=catch_up,
                  lag_s=round((now - fire_at).total_seconds(), 3))
-    _set_next_fire(declared, due[-1])
+    _set_next_fire(declared, last)
     return decided
 
 
@@ -204,7 +243,7 @@ def run_now(declared: Schedule, *, clock: Clock = database_now) -> int:
     suppresses nor is suppressed by a regular tick. Returns the tick's id."""
     with transaction.atomic():
         now = clock().replace(microsecond=0)
-        tick_id = _insert_tick(declared.name, now, catch_up=False, manual=True, now=now)
+        tick_id = _insert_tick(declared, now, catch_up=False, manual=True, now=now)
         assert tick_id is not None  # manual ticks are outside the unique constraint
         _publish(declared, tick_id, now, catch_up=False, manual=True)
     _count(declared.name, "manual", 1)

@@ -11,6 +11,8 @@ class ScheduleState(models.Model):
 
     name = models.CharField(primary_key=True, max_length=200)
     watermark = models.DateTimeField(help_text="the last tick evaluated")
+    timing = models.CharField(max_length=300, blank=True, default="",
+                              help_text="the timing the watermark was taken on (Schedule.timing)")
     last_fired_at = models.DateTimeField(null=True, blank=True, help_text="the last tick that fired")
     fired = models.BigIntegerField(default=0)
     caught_up = models.BigIntegerField(default=0)

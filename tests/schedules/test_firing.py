@@ -285,3 +285,61 @@ def test_a_run_that_started_and_never_reported_back_frees_its_schedule_when_its_
     mark_run_ended(None, broker=broker, message=message, outcome="dead")
     tick.refresh_from_db()
     assert tick.finished_at is not None
+
+
+def test_a_schedule_switched_from_overlap_allow_to_skip_is_not_held_by_its_unfollowed_runs(name: str) -> None:
+    # Runs fired under overlap="allow" are not followed (nothing marks them ended): they held a
+    # pending lease of an hour all the same, and the redeployed overlap="skip" skipped every tick.
+    allow, clock = _every(name), DbClock(T0)
+    fire_due(allow, clock)
+    _run_through(allow, clock, T0 + PERIOD * 3 + timedelta(seconds=1))
+    assert len(_ticks(name)) == 3
+    skip = _every(name, overlap="skip")
+    _run_through(skip, clock, T0 + PERIOD * 4 + timedelta(seconds=1))
+    assert _ticks(name)[-1] == (T0 + PERIOD * 4, False)
+
+
+def test_a_run_by_hand_does_not_hold_back_the_regular_ticks_of_an_overlap_skip_schedule(name: str) -> None:
+    declared, clock = _every(name, overlap="skip"), DbClock(T0)
+    fire_due(declared, clock)
+    clock.now = T0 + timedelta(seconds=5)
+    run_now(declared, clock=clock)
+    _run_through(declared, clock, T0 + PERIOD + timedelta(seconds=1))
+    assert _ticks(name) == [(T0 + PERIOD, False)]
+
+
+def test_ticks_due_while_paused_stay_paused_when_no_scheduler_ran_until_after_the_resume(name: str) -> None:
+    # pause, stop the workers, resume, start them: nobody saw the ticks while paused, and the
+    # catch-up policy replayed them.
+    declared, clock = _every(name, catch_up="all", catch_up_window=PERIOD * 100), DbClock(T0)
+    fire_due(declared, clock)
+    pause(Pause.SCHEDULE, name, by="test", reason="maintenance")
+    Pause.objects.filter(name=name).update(paused_at=T0)  # on the test's clock, as the ticks are
+    clock.now = T0 + PERIOD * 5 + timedelta(seconds=5)
+    resume(Pause.SCHEDULE, name, by="test")
+    assert Pause.objects.get(name=name).paused_at == T0, "a resume keeps when the pause began"
+    Pause.objects.filter(name=name).update(changed_at=clock.now)
+    fire_due(declared, clock)
+    assert _ticks(name) == []
+    assert ScheduleState.objects.get(name=name).paused == 5
+    _run_through(declared, clock, T0 + PERIOD * 6 + timedelta(seconds=1))
+    assert _ticks(name) == [(T0 + PERIOD * 6, False)]
+
+
+def test_a_new_period_starts_from_its_deploy_instead_of_catching_up_the_new_timing_s_ticks(name: str) -> None:
+    hourly = Schedule(name=name, actor_name=jobs.scheduled_effect.actor_name, every=timedelta(hours=1),
+                      catch_up="all", catch_up_window=timedelta(hours=1), payload={"label": name})
+    clock = DbClock(T0)
+    fire_due(hourly, clock)
+    clock.now = T0 + timedelta(hours=1)
+    fire_due(hourly, clock)
+    assert len(_ticks(name)) == 1
+    every_minute = Schedule(name=name, actor_name=jobs.scheduled_effect.actor_name, every=timedelta(minutes=1),
+                            catch_up="all", catch_up_window=timedelta(hours=1), payload={"label": name})
+    clock.now = T0 + timedelta(hours=1, minutes=59, seconds=30)
+    assert fire_due(every_minute, clock) is None  # the deploy of the new period: a fresh start
+    assert len(_ticks(name)) == 1, "no burst of the new timing's ticks since the last hourly one"
+    clock.now = T0 + timedelta(hours=2, seconds=1)
+    fire_due(every_minute, clock)
+    assert _ticks(name)[1:] == [(T0 + timedelta(hours=2), False)]
+    assert ScheduleState.objects.get(name=name).timing == "every 60s start=-"
