@@ -4,7 +4,11 @@ raising on failure. Readiness runs them; components run them at start."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from django.conf import settings
@@ -18,9 +22,9 @@ __all__ = ["PROBES", "cache_redis_url", "heartbeat_client", "probe_broker", "pro
 
 def probe_database(timeout_s: float) -> None:
     """A fresh connection (never one a request or job is using) with the probe's own connect
-    and statement timeouts, so a frozen server cannot hold the probe for long: ``timeout_s``
-    for the query, and for the connect ``timeout_s`` rounded up to whole seconds, at least 2
-    (libpq's floor: it reads 1 as 2)."""
+    and query timeouts, so a frozen server or a silent network cannot hold the probe for long:
+    ``timeout_s`` for the query, and for the connect ``timeout_s`` rounded up to whole seconds,
+    at least 2 (libpq's floor: it reads 1 as 2)."""
     import psycopg
 
     # Everything the application connects with (TLS client certificates, service files,
@@ -29,11 +33,36 @@ def probe_database(timeout_s: float) -> None:
               if key not in ("cursor_factory", "context", "prepare_threshold", "pool", "server_side_binding",
                              "assume_role")}
     params["connect_timeout"] = max(2, math.ceil(timeout_s))
-    with psycopg.connect(**params, autocommit=True) as conn, conn.transaction():
+    with psycopg.connect(**params, autocommit=True) as conn, _cut_after(conn.pgconn.socket, timeout_s), \
+            conn.transaction():
         # SET LOCAL, not a startup option (poolers such as PgBouncer refuse unknown ones) nor a
         # session SET (behind a transaction pooler it would stay with the pooler's next client).
         conn.execute(f"SET LOCAL statement_timeout = {max(1, int(timeout_s * 1000))}")
         conn.execute("SELECT 1").fetchone()
+
+
+@contextmanager
+def _cut_after(fileno: int, timeout_s: float) -> Iterator[None]:
+    """Shut the connection's socket down if the block is still running after ``timeout_s``.
+
+    ``statement_timeout`` is the server's: on a path that went silent after the connect (a
+    partition, a dropped NAT entry, a frozen host whose kernel still answers) the query waited
+    until the operating system gave up, a quarter of an hour, and every readiness round till
+    then said the database was down. A shutdown wakes the wait: psycopg raises at once."""
+    sock = socket.socket(fileno=os.dup(fileno))
+    cut = threading.Timer(timeout_s, _shut_down, args=(sock,))
+    cut.daemon = True
+    cut.start()
+    try:
+        yield
+    finally:
+        cut.cancel()
+        sock.close()
+
+
+def _shut_down(sock: socket.socket) -> None:
+    with suppress(OSError):  # closed already: the probe ended as the timer fired
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 def cache_redis_url() -> str:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -26,7 +27,7 @@ from composition.health.probes import (
     probe_cache,
     probe_database,
 )
-from composition.testing import free_port
+from composition.testing import current_database_url, fault_proxy, free_port
 from tests.helpers import unique
 
 RABBITMQ_URL = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
@@ -91,6 +92,33 @@ def test_the_database_probe_gives_up_on_a_server_that_never_answers() -> None:
     error, took = _timed_failure(probe_database, 2.0)
     assert isinstance(error, psycopg.OperationalError), error
     assert took < 2.0 + SLACK_S, took
+
+
+@pytest.mark.django_db
+def test_the_database_probe_gives_up_on_a_connection_that_goes_silent_after_it_connected(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A partition right after the handshake: the server never sees the query, so its
+    # statement_timeout never fires, and the kernel on the far side still ACKs (the proxy's):
+    # the probe waited for the operating system, a quarter of an hour.
+    import psycopg
+
+    parts = urlsplit(current_database_url())
+    if not (parts.hostname or "").startswith("127.") or parts.port is None:
+        pytest.skip(f"the fault proxy needs the test database on TCP loopback; this one is {parts.hostname}")
+    real_connect = psycopg.connect
+    with fault_proxy(parts.hostname or "127.0.0.1", parts.port) as proxy:
+        monkeypatch.setitem(connections["default"].settings_dict, "HOST", proxy.host)
+        monkeypatch.setitem(connections["default"].settings_dict, "PORT", str(proxy.port))
+
+        def connect_then_cut(*args: Any, **kwargs: Any) -> Any:
+            opened = real_connect(*args, **kwargs)
+            proxy.blackhole()
+            return opened
+
+        monkeypatch.setattr(psycopg, "connect", connect_then_cut)
+        error, took = _timed_failure(probe_database, 1.0)
+    assert isinstance(error, psycopg.OperationalError), error
+    assert took < 1.0 + SLACK_S, took
 
 
 def test_the_cache_probe_pings_the_cache_alias_s_first_server() -> None:
