@@ -9,7 +9,7 @@ from django.core.checks import CheckMessage, Error
 
 from composition.conf import DEFAULTS
 
-__all__ = ["merged_settings", "not_positive_integers", "not_positive_seconds"]
+__all__ = ["MAX_SETTING_S", "merged_settings", "not_positive_integers", "not_positive_seconds"]
 
 
 def merged_settings() -> dict[str, Any] | None:
@@ -18,10 +18,19 @@ def merged_settings() -> dict[str, Any] | None:
     return {**DEFAULTS, **user} if isinstance(user, dict) else None
 
 
+# No duration setting needs more: a thousand years, as the prune commands' --older-than. Past it
+# a date computed from the setting overflows (a retention cutoff raised on every round).
+MAX_SETTING_S = 1000 * 365 * 86_400
+
+
 def not_positive_seconds(merged: dict[str, Any], keys: tuple[str, ...], check_id: str) -> list[CheckMessage]:
-    return [Error(f"COMPOSITION[{key!r}] must be a positive number of seconds, got {merged[key]!r}.", id=check_id)
+    # The comparison refuses nan and inf too: both passed, then failed where they were used (a
+    # shed request's Retry-After a 500, every retention round an OverflowError).
+    return [Error(f"COMPOSITION[{key!r}] must be a positive number of seconds, at most {MAX_SETTING_S:g} "
+                  f"(1000 years), got {merged[key]!r}.", id=check_id)
             for key in keys
-            if isinstance(merged[key], bool) or not isinstance(merged[key], int | float) or merged[key] <= 0]
+            if isinstance(merged[key], bool) or not isinstance(merged[key], int | float)
+            or not 0 < merged[key] <= MAX_SETTING_S]
 
 
 def not_positive_integers(merged: dict[str, Any], keys: tuple[str, ...], check_id: str) -> list[CheckMessage]:

@@ -108,6 +108,9 @@ def test_backpressure_settings_are_checked() -> None:
     assert ids(BACKPRESSURE_PATHS={"api": "q"}) == {"composition.E052"}
     assert ids(BACKPRESSURE_PATHS={"/api": "unlimited"}) == {"composition.W050"}
     assert ids(BACKPRESSURE_RETRY_AFTER_S=0) == {"composition.E050"}
+    # nan and inf passed the check, then a shed request's Retry-After raised (a 500, not a 503).
+    assert ids(BACKPRESSURE_RETRY_AFTER_S=float("inf")) == ids(BACKPRESSURE_RETRY_AFTER_S=float("nan")) \
+        == {"composition.E050"}
 
 
 @pytest.mark.django_db
