@@ -13,7 +13,7 @@ lets one prune at a time.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import timedelta
 from typing import Any
 
@@ -188,10 +188,24 @@ def _sole_pruner(using: str = DEFAULT_DB_ALIAS) -> Iterator[Callable[[], None] |
     except LockNotAcquired:
         yield None
         return
+    unreachable: list[bool] = []
+
+    def renew() -> None:
+        if unreachable:
+            return
+        try:
+            lock.extend(PRUNER_LOCK_TTL_S)
+        except LockBackendUnavailable as exc:
+            # Lost mid-round, as at its start: go on (the lock lapses at its TTL).
+            log.warning("retention goes on without its one-pruner lock: Redis became unreachable",
+                        error=described(exc))
+            unreachable.append(True)
+
     try:
-        yield lambda: lock.extend(PRUNER_LOCK_TTL_S)
+        yield renew
     finally:
-        lock.release()
+        with suppress(LockBackendUnavailable):  # unreachable: the lock lapses at its TTL
+            lock.release()
 
 
 def prune_expired(*, batch_size: int | None = None,
