@@ -12,7 +12,7 @@ operator paused is admitted as usual: its publishes wait on the broker.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import structlog
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -24,7 +24,7 @@ from composition.errors import CompositionError
 from composition.logging import already_logged
 from composition.metrics import BACKPRESSURE_REJECTIONS_TOTAL
 
-__all__ = ["Backpressure", "BackpressureMiddleware", "admit"]
+__all__ = ["Backpressure", "BackpressureMiddleware", "admit", "queue_for_path"]
 
 log = structlog.get_logger("composition.backpressure")
 
@@ -70,6 +70,19 @@ def admit(queue: str) -> None:
         raise Backpressure(queue, depth, int(limit), float(conf.BACKPRESSURE_RETRY_AFTER_S))
 
 
+def queue_for_path(path: str, prefixes: Mapping[str, str]) -> str | None:
+    """The queue of the longest prefix of ``path`` (below the mount point, as URLs are) that
+    ends at a segment boundary, or None. Not the first prefix in the setting's order that is a
+    plain string prefix: ``/api/remind`` took ``/api/reminders-export`` for its own queue's."""
+    found: str | None = None
+    length = -1
+    for prefix, queue in prefixes.items():
+        if len(prefix) > length and path.startswith(prefix) and (
+                len(path) == len(prefix) or prefix.endswith("/") or path[len(prefix)] == "/"):
+            found, length = str(queue), len(prefix)
+    return found
+
+
 class BackpressureMiddleware:
     """503 with Retry-After for unsafe requests whose queue is full (see module doc)."""
 
@@ -82,10 +95,7 @@ class BackpressureMiddleware:
     def _queue_for(self, request: HttpRequest) -> str | None:
         if request.method in SAFE_METHODS:
             return None
-        for prefix, queue in (conf.BACKPRESSURE_PATHS or {}).items():
-            if request.path_info.startswith(prefix):  # below the mount point (SCRIPT_NAME), as URLs are
-                return str(queue)
-        return None
+        return queue_for_path(request.path_info, conf.BACKPRESSURE_PATHS or {})
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         queue = self._queue_for(request)

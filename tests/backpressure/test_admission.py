@@ -93,6 +93,13 @@ def test_middleware_sheds_unsafe_requests_with_503_and_retry_after(api_client: C
         request = RequestFactory().post("/api/invoices", SCRIPT_NAME="/billing-service")
         assert request.path == "/billing-service/api/invoices"
         assert mounted(request).status_code == 503
+        # The longest prefix decides, on a segment boundary: the first one in the setting's order
+        # that was a plain string prefix shed other queues' requests with billing's.
+        paths = {"/api/invoices": "billing", "/api/invoices/export": "reports"}  # reports: no limit
+        with override_settings(COMPOSITION={**overrides, "BACKPRESSURE_PATHS": paths}):
+            assert mounted(RequestFactory().post("/api/invoices/export/2026")).status_code == 201
+            assert mounted(RequestFactory().post("/api/invoices-archive")).status_code == 201
+            assert mounted(RequestFactory().post("/api/invoices/7/pay")).status_code == 503
     created = client.post("/api/invoices", data=json.dumps({"number": "X", "customer": "c", "amount_cents": 5}),
                           content_type="application/json")
     assert created.status_code == 201
