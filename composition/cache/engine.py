@@ -11,6 +11,7 @@ nothing raises because Redis is down; failures and an open breaker degrade to th
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import secrets
@@ -61,6 +62,10 @@ class _Call:
     jitter: float
     stale_ttl_s: float | None
     metrics: PatternMetrics
+
+
+class UnreadablePayload(Exception):
+    """A cached payload this process's serializer cannot read (``CacheAside.fetch`` handles it)."""
 
 
 class CacheAside:
@@ -117,6 +122,24 @@ class CacheAside:
               early_refresh: float = 0.0) -> CacheResult:
         """The value for ``key``: cached, or ``loader()`` (see ``composition.cache.cache_aside``)."""
         check_arguments(key, ttl_s=ttl_s, jitter=jitter, stale_ttl_s=stale_ttl_s)
+        try:
+            return self._fetch(key, loader, ttl_s=ttl_s, jitter=jitter, stale_ttl_s=stale_ttl_s, pattern=pattern,
+                               early_refresh=early_refresh)
+        except UnreadablePayload as exc:
+            # Written with another serializer (CACHE_SERIALIZER changed by a deploy) or by
+            # something else: every call for the key raised until its TTL. The database answers,
+            # and the entry goes, so the next call fills it again.
+            label = pattern or namespace_of(key)
+            metrics = self._metrics.get(label) or self._metrics.setdefault(label, PatternMetrics(label))
+            metrics.error("unreadable_entry")
+            log.warning("cache entry unreadable, loaded from the database and removed", key=key,
+                        error=str(exc.__cause__))
+            with contextlib.suppress(*REDIS_ERRORS):
+                self._execute("DEL", self.keys.entry(key))
+            return CacheResult(self.serializer.loads(self.serializer.dumps(loader())), UNCACHED)
+
+    def _fetch(self, key: str, loader: Callable[[], Any], *, ttl_s: float, jitter: float,
+               stale_ttl_s: float | None, pattern: str | None, early_refresh: float) -> CacheResult:
         namespace = key.split(":", 1)[0]
         label = pattern or namespace
         metrics = self._metrics.get(label) or self._metrics.setdefault(label, PatternMetrics(label))
@@ -136,7 +159,7 @@ class CacheAside:
                 entry = decode_entry(raw, ns_raw)
                 if entry is not None and entry[0] > time.time() * 1000 and early_refresh <= 0:
                     metrics.hits.inc()
-                    return CacheResult(self.serializer.loads(entry[2]), HIT)
+                    return CacheResult(self._loads(entry[2]), HIT)
                 call = _Call(key, (ns_key, entry_key, keys.lease(key)), loader, ttl_s, jitter,
                              stale_ttl_s, metrics)
                 return self._slow_path(call, entry, early_refresh)
@@ -155,7 +178,7 @@ class CacheAside:
         if entry is not None and entry.fresh_until_ms > now_ms:
             metrics.hits.inc()  # a hit either way
             if not self._refresh_early(entry, now_ms, early_refresh):
-                return CacheResult(self.serializer.loads(entry.payload), HIT)
+                return CacheResult(self._loads(entry.payload), HIT)
             fallback = CacheResult(entry.payload, HIT)
         else:
             metrics.misses.inc()
@@ -185,19 +208,25 @@ class CacheAside:
             if payload is None:  # as long as another process waits for the lease, then uncached
                 call.metrics.error("lease_wait_timeout")
                 return CacheResult(self.serializer.loads(self.serializer.dumps(call.loader())), UNCACHED)
-            return CacheResult(self.serializer.loads(payload), COALESCED)
+            return CacheResult(self._loads(payload), COALESCED)
         try:
             result = produce()
         except BaseException as exc:
             self._flights.land(call.key, flight, error=exc)
             raise
         self._flights.land(call.key, flight, payload=result.value)
-        return CacheResult(self.serializer.loads(result.value), result.outcome)
+        return CacheResult(self._loads(result.value), result.outcome)
 
     def _serve(self, fallback: CacheResult, metrics: PatternMetrics) -> CacheResult:
         if fallback.outcome == STALE:
             metrics.stale.inc()
-        return CacheResult(self.serializer.loads(fallback.value), fallback.outcome)
+        return CacheResult(self._loads(fallback.value), fallback.outcome)
+
+    def _loads(self, payload: bytes) -> Any:
+        try:
+            return self.serializer.loads(payload)
+        except Exception as exc:
+            raise UnreadablePayload from exc
 
     # The producers below return CacheResult whose value is the serialized payload (bytes), so
     # every caller, leader or not, gets its own copy decoded the same way.

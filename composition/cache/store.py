@@ -44,13 +44,13 @@ class Entry(NamedTuple):
 
 
 def decode_entry(raw: bytes | None, ns_raw: bytes | None) -> Entry | None:
-    """The entry, or None when absent or written under an older namespace version."""
+    """The entry, or None when absent, written under an older namespace version, or not one."""
     if raw is None:
         return None
-    version, fresh, rebuild, payload = raw.split(b"|", 3)
-    if version != (ns_raw or b"0"):
-        return None
-    return Entry(int(fresh), int(rebuild), payload)
+    parts = raw.split(b"|", 3)
+    if len(parts) != 4 or parts[0] != (ns_raw or b"0") or not parts[1].isdigit() or not parts[2].isdigit():
+        return None  # not an entry of ours (written by something else): absent, and refilled
+    return Entry(int(parts[1]), int(parts[2]), parts[3])
 
 
 def encode_entry(ns_raw: bytes, fresh_until_ms: int, rebuild_ms: int, payload: bytes) -> bytes:

@@ -255,6 +255,24 @@ def test_serializer_is_configurable() -> None:
         assert cache_aside(f"{unique()}:1", lambda: 7, ttl_s=30) == "decoded:7"
 
 
+def test_an_entry_this_serializer_cannot_read_is_loaded_from_the_database_and_replaced() -> None:
+    # CACHE_SERIALIZER changed by a deploy: every call for a key cached before raised the
+    # serializer's error until the entry's TTL ran out (up to a year).
+    key, source = f"{unique()}:1", Source({"total": 10})
+    with override_settings(COMPOSITION={**conf.as_dict(), "CACHE_SERIALIZER": f"{__name__}.PickyReprSerializer"}):
+        assert cache_aside_result(key, source, ttl_s=300).outcome == "loaded"  # "{'total': 10}": not JSON
+    before = metric_value("composition_cache_errors_total", pattern=key.split(":")[0], reason="unreadable_entry")
+    assert cache_aside_result(key, source, ttl_s=300) == ({"total": 10}, "uncached")
+    after = metric_value("composition_cache_errors_total", pattern=key.split(":")[0], reason="unreadable_entry")
+    assert after - before == 1
+    assert [cache_aside_result(key, source, ttl_s=300).outcome for _ in range(2)] == ["loaded", "hit"]
+    # Something else's value under the entry's key: absent, loaded and replaced.
+    other = f"{unique()}:2"
+    engine = get_cache_aside()
+    engine.client.set(engine.keys.entry(other), b"not an entry at all", ex=300)
+    assert [cache_aside_result(other, Source(5), ttl_s=300).outcome for _ in range(2)] == ["loaded", "hit"]
+
+
 def test_bad_serializer_path_is_a_configuration_error_and_a_check() -> None:
     composition = {**conf.as_dict(), "CACHE_SERIALIZER": "no.such.Serializer"}
     with override_settings(COMPOSITION=composition):
