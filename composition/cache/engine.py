@@ -94,11 +94,16 @@ class CacheAside:
                                            on_applied=self._flights.detach_invalidated)
         self.store = LeaseStore(self.client)
         self._execute = self.client.execute_command
+        self._db_alias = db_alias
         self._metrics: dict[str, PatternMetrics] = {}
         # Resolved once: observing a labelled child costs a lookup the hit path need not pay.
         self._get_seconds = CACHE_OPERATION_SECONDS.labels("get")
         self._acquire_seconds = CACHE_OPERATION_SECONDS.labels("acquire")
         self._fill_seconds = CACHE_OPERATION_SECONDS.labels("fill")
+
+    @property
+    def _db(self) -> Any:
+        return connections[self._db_alias]
 
     def peek(self, key: str) -> Any:
         """The value cached for ``key`` now (fresh or stale), or None; for tests and debugging."""
@@ -122,6 +127,11 @@ class CacheAside:
               early_refresh: float = 0.0) -> CacheResult:
         """The value for ``key``: cached, or ``loader()`` (see ``composition.cache.cache_aside``)."""
         check_arguments(key, ttl_s=ttl_s, jitter=jitter, stale_ttl_s=stale_ttl_s)
+        if self._db.in_atomic_block and self.invalidations.invalidated_in_transaction(key, namespace_of(key)):
+            # Written and invalidated by the open transaction: the cache still holds what the write
+            # replaces until COMMIT, and what the loader reads here is not committed (cached, a
+            # rollback left it there till its TTL). The database answers; nothing is stored.
+            return CacheResult(self.serializer.loads(self.serializer.dumps(loader())), UNCACHED)
         try:
             return self._fetch(key, loader, ttl_s=ttl_s, jitter=jitter, stale_ttl_s=stale_ttl_s, pattern=pattern,
                                early_refresh=early_refresh)

@@ -19,7 +19,7 @@ from django.utils import timezone
 from composition.breaker import CircuitBreaker
 from composition.cache.pending_replay import ReplaysPending
 from composition.cache.store import KeySpace
-from composition.db.transactions import on_commit_once, open_savepoints
+from composition.db.transactions import on_commit_once, open_savepoints, queued_once
 from composition.errors import REDIS_ERRORS
 from composition.metrics import CACHE_INVALIDATIONS
 
@@ -99,6 +99,12 @@ class Invalidations(ReplaysPending):
             return
         self._insert_pending_row(kind, target, db_alias, batch.row_ids.append)
         batch.targets[item] = savepoints
+
+    def invalidated_in_transaction(self, key: str, namespace: str) -> bool:
+        """Whether the transaction open on this alias's database invalidated ``key`` (or its
+        ``namespace``) and has not committed yet."""
+        batch = queued_once(self, using=self.db_alias)
+        return batch is not None and ((KIND_KEY, key) in batch.targets or (KIND_NAMESPACE, namespace) in batch.targets)
 
     def _insert_pending_row(self, kind: str, target: str, db_alias: str, on_id: Callable[[int], None]) -> None:
         """Record the invalidation as a PendingInvalidation row; ``on_id`` gets its id."""

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from django.db import transaction
 
-__all__ = ["on_commit_once", "open_savepoints"]
+__all__ = ["on_commit_once", "open_savepoints", "queued_once"]
 
 H = TypeVar("H", bound=Callable[[], object])
 
@@ -48,6 +48,17 @@ def on_commit_once(key: Hashable, hook: H, *, using: str | None = None, robust: 
     registered[key] = (len(connection.run_on_commit), function, hook)
     transaction.on_commit(function, using=using, robust=robust)
     return hook
+
+
+def queued_once(key: Hashable, *, using: str | None = None) -> Any:
+    """The hook ``on_commit_once`` registered under ``key`` in the current transaction on
+    ``using`` and still queued, or None (none, outside a transaction, or rolled back)."""
+    connection = transaction.get_connection(using)
+    if not connection.in_atomic_block:
+        return None
+    registered = getattr(connection, _REGISTERED_ATTR, None) or {}
+    earlier = registered.get(key)
+    return earlier[2] if earlier is not None and _queued(connection, earlier[0], earlier[1]) else None
 
 
 def _as_function(hook: Callable[[], object]) -> Callable[[], None]:

@@ -136,6 +136,34 @@ def test_rolled_back_transaction_leaves_no_row_and_no_delete() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_read_after_an_invalidation_in_the_same_transaction_sees_the_write_and_caches_nothing() -> None:
+    # Write, invalidate, read, in one transaction: the read hit the value the write replaces
+    # (the invalidation waits for COMMIT), and with nothing cached it stored the uncommitted
+    # value, which a rollback then left in the cache against the database.
+    key, other = f"{unique('dur')}:1", f"{unique('dur')}:2"
+    engine = get_cache_aside()
+
+    def fence(resource: str) -> int:
+        return LockFence.objects.get(resource=resource).fence
+
+    LockFence.objects.create(resource=key, fence=1)
+    LockFence.objects.create(resource=other, fence=1)
+    assert cache_aside(key, lambda: fence(key), ttl_s=60) == 1
+    with transaction.atomic():
+        LockFence.objects.filter(resource=key).update(fence=2)
+        invalidate(key)
+        assert get_cache_aside().fetch(key, lambda: fence(key), ttl_s=60) == (2, "uncached")
+    assert cache_aside(key, lambda: fence(key), ttl_s=60) == 2
+    with pytest.raises(RuntimeError), transaction.atomic():
+        LockFence.objects.filter(resource=other).update(fence=2)
+        invalidate(other)
+        assert cache_aside(other, lambda: fence(other), ttl_s=60) == 2
+        raise RuntimeError("the write failed")
+    assert engine.peek(other) is None, "nothing read inside the rolled-back transaction was cached"
+    assert cache_aside(other, lambda: fence(other), ttl_s=60) == 1
+
+
+@pytest.mark.django_db(transaction=True)
 def test_autocommit_invalidation_applies_at_once_without_a_row() -> None:
     key = f"{unique('dur')}:1"
     engine = get_cache_aside()
