@@ -19,7 +19,7 @@ from django.utils import timezone
 from composition.breaker import CircuitBreaker
 from composition.cache.pending_replay import ReplaysPending
 from composition.cache.store import KeySpace
-from composition.db.transactions import on_commit_once, open_savepoints, queued_once
+from composition.db.transactions import on_commit_once, open_savepoints, queued_once, savepoint_outside_atomic
 from composition.errors import REDIS_ERRORS
 from composition.metrics import CACHE_INVALIDATIONS
 
@@ -95,7 +95,10 @@ class Invalidations(ReplaysPending):
         batch = on_commit_once(self, TransactionInvalidations(self, db_alias), using=db_alias, robust=True)
         item = (kind, target)
         savepoints = open_savepoints(db_alias)
-        if batch.recorded(item, savepoints):
+        # A savepoint atomic does not know of (transaction.savepoint()) may have taken the row
+        # back: then it is recorded again (a duplicate row costs an INSERT, a missing one the
+        # invalidation when Redis fails at COMMIT).
+        if batch.recorded(item, savepoints) and not savepoint_outside_atomic(db_alias):
             return
         self._insert_pending_row(kind, target, db_alias, batch.row_ids.append)
         batch.targets[item] = savepoints

@@ -189,6 +189,17 @@ def test_invalidation_repeated_after_a_rolled_back_savepoint_is_still_recorded()
         assert pending(key) == 1
     assert engine.peek(key) is None
     assert pending(key) == 0
+    # The same with a savepoint atomic does not know of (transaction.savepoint()): its rollback
+    # took the row, the target stayed in the batch, and the repeat was taken for recorded.
+    cache_aside(key, lambda: "old", ttl_s=60)
+    with transaction.atomic():
+        savepoint = transaction.savepoint()
+        invalidate(key)
+        transaction.savepoint_rollback(savepoint)
+        assert pending(key) == 0
+        invalidate(key)
+        assert pending(key) == 1, "the repeat is recorded: a Redis failure at COMMIT is replayed from it"
+    assert engine.peek(key) is None
 
 
 @pytest.mark.django_db(transaction=True)
