@@ -28,9 +28,12 @@ def check_arguments(key: Any, *, ttl_s: Any, jitter: Any, stale_ttl_s: Any) -> N
 def check_key(key: Any) -> None:
     if not isinstance(key, str) or not key:
         raise TypeError(f"a cache key is a non-empty string, got {key!r}")
+    if "\x00" in key:
+        # Cached fine, then its invalidation's durable record (a PostgreSQL text) was refused.
+        raise ValueError(f"a cache key cannot hold a NUL character, got {key!r}")
 
 
 def check_namespace(namespace: Any) -> None:
     # A namespace is the text before a key's first ":", so one holding ":" would match no key.
-    if not isinstance(namespace, str) or not namespace or ":" in namespace:
-        raise ValueError(f"a cache namespace is a non-empty string without ':', got {namespace!r}")
+    if not isinstance(namespace, str) or not namespace or ":" in namespace or "\x00" in namespace:
+        raise ValueError(f"a cache namespace is a non-empty string without ':' or NUL, got {namespace!r}")

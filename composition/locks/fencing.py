@@ -30,6 +30,14 @@ def fenced_write(resource: str, fence: int, *, using: str | None = None) -> Iter
     otherwise. The record and the write commit or roll back together; the resource's fence row
     stays locked until then, so fenced writers of one resource are serialised.
     """
+    from composition.locks.models import LockFence  # here: the app registry may not be ready at import
+
+    longest = LockFence._meta.get_field("resource").max_length or 0
+    if not isinstance(resource, str) or not resource or len(resource) > longest or "\x00" in resource:
+        raise ValueError(f"a fenced resource is a non-empty string of at most {longest} characters without NUL, "
+                         f"got {resource!r:.80}")
+    if isinstance(fence, bool) or not isinstance(fence, int):
+        raise TypeError(f"a fence is an integer (a lock's .fence), got {fence!r}")
     alias = using or DEFAULT_DB_ALIAS
     with transaction.atomic(using=alias):
         with connections[alias].cursor() as cursor:

@@ -100,6 +100,10 @@ def test_invalid_arguments() -> None:
         invalidate(42)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="without ':'"):
         invalidate_namespace("a:b")  # a namespace is the text before a key's first ':': it matches nothing
+    # Cached fine, then its invalidation's row was refused by PostgreSQL (text holds no NUL).
+    for call in (lambda: cache_aside("k:a\x00b", lambda: 1, ttl_s=30), lambda: invalidate("k:a\x00b")):
+        with pytest.raises(ValueError, match="NUL"):
+            call()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -63,6 +63,11 @@ def test_expired_lock_passes_to_b_and_a_late_release_and_write_change_nothing() 
         pytest.fail("A's late write must not run")
     assert (stale.value.fence, stale.value.newest) == (a.fence, b.fence)
     assert b.release() is True
+    # Refused before the transaction: a name over the column's 255 characters was PostgreSQL's
+    # DataError, raised from inside the caller's atomic block.
+    for resource in ("r" * 256, "", "a\x00b"):
+        with pytest.raises(ValueError, match="fenced resource"), fenced_write(resource, b.fence):
+            pytest.fail("refused before the block")
 
 
 def test_context_manager_releases_also_when_the_body_raises() -> None:
