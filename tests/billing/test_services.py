@@ -46,7 +46,9 @@ def test_the_default_service_is_built_once_from_settings_and_again_when_they_cha
         build_service(db=None)
 
 
-@pytest.mark.django_db
+# Each statement its own transaction: inside one, a read after _fresh's invalidation of the
+# namespace would go to the database and cache nothing (docs/cache_and_locks.md).
+@pytest.mark.django_db(transaction=True)
 def test_another_cache_alias_holds_the_invoice_and_the_default_one_does_not() -> None:
     invoice = open_invoice("INV-S1", email="ada@example.com")
     service = _alternate()
