@@ -56,6 +56,11 @@ def _policies(declared: Schedule) -> list[str]:
         found.append(f"grace= must be a timedelta of zero or more, got {declared.grace!r}")
     if declared.tz != "UTC" and declared.every is not None:
         found.append("tz= applies to cron= only: every= ticks are counted in UTC")
+    # Silently ignored, both: the author meant something the schedule would not do.
+    if declared.start is not None and declared.cron is not None:
+        found.append("start= applies to every= only: a cron= schedule's ticks come from its expression")
+    if declared.catch_up_window is not None and declared.catch_up != "all":
+        found.append(f"catch_up_window= applies to catch_up='all' only, not {declared.catch_up!r}")
     return found
 
 

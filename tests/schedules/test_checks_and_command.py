@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.core.checks import run_checks
@@ -44,6 +44,10 @@ def _errors_naming(name: str) -> list[str]:
     ({"cron": "* * * * *", "every": timedelta(seconds=1)}, "exactly one of cron= and every="),
     ({"every": timedelta(seconds=5), "catch_up": "all"}, "needs catch_up_window="),
     ({"every": timedelta(seconds=5), "overlap": "queue"}, "overlap= must be one of"),
+    # Silently ignored before: the schedule would not do what its author wrote.
+    ({"cron": "0 3 * * *", "start": datetime(2027, 1, 1, tzinfo=UTC)}, "start= applies to every= only"),
+    ({"every": timedelta(seconds=5), "catch_up_window": timedelta(hours=1)},
+     "catch_up_window= applies to catch_up='all' only"),
 ])
 def test_check_refuses_a_bad_schedule_naming_it(declared_names: list[str], options: dict, says: str) -> None:
     name = unique("bad")
