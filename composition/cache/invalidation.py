@@ -41,14 +41,15 @@ class TransactionInvalidations:
     """The invalidations one transaction recorded for one cache alias on one database: applied
     together by one hook after that transaction commits (the hook is the object itself).
 
-    ``targets`` maps (kind, target) to the savepoints that were open when its row was inserted;
-    ``row_ids`` are every row this transaction inserted.
+    ``targets`` maps (kind, target) to the savepoints that were open when its row was inserted,
+    ``rows`` to that row's id; ``row_ids`` are every row this transaction inserted.
     """
 
     def __init__(self, invalidations: Invalidations, db_alias: str) -> None:
         self.invalidations = invalidations
         self.db_alias = db_alias
         self.targets: dict[tuple[str, str], frozenset[str | None]] = {}
+        self.rows: dict[tuple[str, str], int] = {}  # (kind, target) -> the id of its latest row
         self.row_ids: list[int] = []
 
     def __call__(self) -> None:
@@ -96,18 +97,30 @@ class Invalidations(ReplaysPending):
         item = (kind, target)
         savepoints = open_savepoints(db_alias)
         # A savepoint atomic does not know of (transaction.savepoint()) may have taken the row
-        # back: then it is recorded again (a duplicate row costs an INSERT, a missing one the
+        # back: once one may have, the row is looked for (a missing one would lose the
         # invalidation when Redis fails at COMMIT).
-        if batch.recorded(item, savepoints) and not savepoint_outside_atomic(db_alias):
+        if batch.recorded(item, savepoints) and (not savepoint_outside_atomic(db_alias)
+                                                 or self._still_there(batch.rows[item], db_alias)):
             return
         self._insert_pending_row(kind, target, db_alias, batch.row_ids.append)
         batch.targets[item] = savepoints
+        batch.rows[item] = batch.row_ids[-1]
 
     def invalidated_in_transaction(self, key: str, namespace: str) -> bool:
         """Whether the transaction open on this alias's database invalidated ``key`` (or its
         ``namespace``) and has not committed yet."""
         batch = queued_once(self, using=self.db_alias)
         return batch is not None and ((KIND_KEY, key) in batch.targets or (KIND_NAMESPACE, namespace) in batch.targets)
+
+    @staticmethod
+    def _still_there(row_id: int, db_alias: str) -> bool:
+        from composition.cache.models import PendingInvalidation
+
+        connection = connections[db_alias]
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT 1 FROM {connection.ops.quote_name(PendingInvalidation._meta.db_table)} "
+                           "WHERE id = %s", [row_id])
+            return cursor.fetchone() is not None
 
     def _insert_pending_row(self, kind: str, target: str, db_alias: str, on_id: Callable[[int], None]) -> None:
         """Record the invalidation as a PendingInvalidation row; ``on_id`` gets its id."""
