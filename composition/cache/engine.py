@@ -101,10 +101,6 @@ class CacheAside:
         self._acquire_seconds = CACHE_OPERATION_SECONDS.labels("acquire")
         self._fill_seconds = CACHE_OPERATION_SECONDS.labels("fill")
 
-    @property
-    def _db(self) -> Any:
-        return connections[self._db_alias]
-
     def peek(self, key: str) -> Any:
         """The value cached for ``key`` now (fresh or stale), or None; for tests and debugging."""
         ns_raw, raw = self.client.mget(self.keys.namespace(namespace_of(key)), self.keys.entry(key))
@@ -127,11 +123,12 @@ class CacheAside:
               early_refresh: float = 0.0) -> CacheResult:
         """The value for ``key``: cached, or ``loader()`` (see ``composition.cache.cache_aside``)."""
         check_arguments(key, ttl_s=ttl_s, jitter=jitter, stale_ttl_s=stale_ttl_s)
-        if self._db.in_atomic_block and self.invalidations.invalidated_in_transaction(key, namespace_of(key)):
+        if connections[self._db_alias].in_atomic_block \
+                and self.invalidations.invalidated_in_transaction(key, namespace_of(key)):
             # Written and invalidated by the open transaction: the cache still holds what the write
             # replaces until COMMIT, and what the loader reads here is not committed (cached, a
             # rollback left it there till its TTL). The database answers; nothing is stored.
-            return CacheResult(self.serializer.loads(self.serializer.dumps(loader())), UNCACHED)
+            return self._uncached(loader)
         try:
             return self._fetch(key, loader, ttl_s=ttl_s, jitter=jitter, stale_ttl_s=stale_ttl_s, pattern=pattern,
                                early_refresh=early_refresh)
@@ -139,20 +136,24 @@ class CacheAside:
             # Written with another serializer (CACHE_SERIALIZER changed by a deploy) or by
             # something else: every call for the key raised until its TTL. The database answers,
             # and the entry goes, so the next call fills it again.
-            label = pattern or namespace_of(key)
-            metrics = self._metrics.get(label) or self._metrics.setdefault(label, PatternMetrics(label))
-            metrics.error("unreadable_entry")
+            self._metrics_for(pattern or namespace_of(key)).error("unreadable_entry")
             log.warning("cache entry unreadable, loaded from the database and removed", key=key,
                         error=str(exc.__cause__))
             with contextlib.suppress(*REDIS_ERRORS):
                 self._execute("DEL", self.keys.entry(key))
-            return CacheResult(self.serializer.loads(self.serializer.dumps(loader())), UNCACHED)
+            return self._uncached(loader)
+
+    def _metrics_for(self, label: str) -> PatternMetrics:
+        return self._metrics.get(label) or self._metrics.setdefault(label, PatternMetrics(label))
+
+    def _uncached(self, loader: Callable[[], Any]) -> CacheResult:
+        """``loader()``'s value, not stored, in the form every caller gets (serialized and back)."""
+        return CacheResult(self.serializer.loads(self.serializer.dumps(loader())), UNCACHED)
 
     def _fetch(self, key: str, loader: Callable[[], Any], *, ttl_s: float, jitter: float,
                stale_ttl_s: float | None, pattern: str | None, early_refresh: float) -> CacheResult:
         namespace = key.split(":", 1)[0]
-        label = pattern or namespace
-        metrics = self._metrics.get(label) or self._metrics.setdefault(label, PatternMetrics(label))
+        metrics = self._metrics_for(pattern or namespace)
         keys = self.keys
         ns_key, entry_key = keys.namespace(namespace), keys.entry(key)
         if self.breaker.allow():
@@ -217,7 +218,7 @@ class CacheAside:
             payload = flight.wait(self.lease_wait_s)  # raises in the thread that leads it
             if payload is None:  # as long as another process waits for the lease, then uncached
                 call.metrics.error("lease_wait_timeout")
-                return CacheResult(self.serializer.loads(self.serializer.dumps(call.loader())), UNCACHED)
+                return self._uncached(call.loader)
             return CacheResult(self._loads(payload), COALESCED)
         try:
             result = produce()
