@@ -27,7 +27,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from composition.breaker import CircuitBreaker
 from composition.cache.arguments import check_arguments, check_key, check_namespace
-from composition.cache.flights import Flights
+from composition.cache.flights import Flight, Flights
 from composition.cache.invalidation import KIND_KEY, KIND_NAMESPACE, Invalidations
 from composition.cache.results import (
     COALESCED,
@@ -178,7 +178,7 @@ class CacheAside:
             metrics.error("breaker_open")
         call = _Call(key, (ns_key, entry_key, keys.lease(key)), loader, ttl_s, jitter, stale_ttl_s,
                      metrics)
-        return self._coalesce(call, None, lambda: self._load_degraded(call))
+        return self._coalesce(call, None, lambda _flight: self._load_degraded(call))
 
     def _slow_path(self, call: _Call, entry: Entry | None, early_refresh: float) -> CacheResult:
         """A miss, a stale entry, or a fresh entry that early refresh picked for rebuilding."""
@@ -195,7 +195,7 @@ class CacheAside:
             metrics.misses.inc()
             if entry is not None and stale_ttl_s and now_ms < entry.fresh_until_ms + stale_ttl_s * 1000:
                 fallback = CacheResult(entry.payload, STALE)
-        return self._coalesce(call, fallback, lambda: self._rebuild(call, fallback))
+        return self._coalesce(call, fallback, partial(self._rebuild, call, fallback))
 
     @staticmethod
     def _refresh_early(entry: Entry, now_ms: float, beta: float) -> bool:
@@ -207,10 +207,12 @@ class CacheAside:
         return now_ms + gap_ms >= entry.fresh_until_ms
 
     def _coalesce(self, call: _Call, fallback: CacheResult | None,
-                  produce: Callable[[], CacheResult]) -> CacheResult:
+                  produce: Callable[[Flight], CacheResult]) -> CacheResult:
         """Run ``produce`` once per key in this process; other threads share its payload, or take
         ``fallback`` (the stale value, or the fresh one an early refresh replaces) at once."""
         flight, leader = self._flights.join(call.key)
+        if not leader and fallback is None and self._outdated(flight, call):
+            flight, leader = self._flights.leave(call.key, flight)
         if not leader:
             if fallback is not None:
                 return self._serve(fallback, call.metrics)
@@ -221,12 +223,24 @@ class CacheAside:
                 return self._uncached(call.loader)
             return CacheResult(self._loads(payload), COALESCED)
         try:
-            result = produce()
+            result = produce(flight)
         except BaseException as exc:
             self._flights.land(call.key, flight, error=exc)
             raise
         self._flights.land(call.key, flight, payload=result.value)
         return CacheResult(self._loads(result.value), result.outcome)
+
+    def _outdated(self, flight: Flight, call: _Call) -> bool:
+        """Whether the lease ``flight``'s leader rebuilds under is gone or its namespace bumped:
+        another process invalidated the key since, and the leader may have read the data before
+        that write. (Its fill will be refused; a caller who began after the write must not take
+        its value.) A leader without a lease yet takes it after now, and reads after the write."""
+        if flight.lease is None:
+            return False
+        try:
+            return not self.store.holds(call.keys, *flight.lease)
+        except REDIS_ERRORS:
+            return False  # the leader's value, as before this check: the read degrades, not fails
 
     def _serve(self, fallback: CacheResult, metrics: PatternMetrics) -> CacheResult:
         if fallback.outcome == STALE:
@@ -245,7 +259,7 @@ class CacheAside:
     def _load_degraded(self, call: _Call) -> CacheResult:
         return CacheResult(self.serializer.dumps(call.loader()), DEGRADED)
 
-    def _rebuild(self, call: _Call, fallback: CacheResult | None) -> CacheResult:
+    def _rebuild(self, call: _Call, fallback: CacheResult | None, flight: Flight) -> CacheResult:
         token = secrets.token_hex(16)
         lease_ms = int(self.lease_ttl_s * 1000)
         # Early refresh: the entry is fresh and this caller rebuilds it anyway.
@@ -267,6 +281,7 @@ class CacheAside:
                 assert entry is not None
                 return CacheResult(entry.payload, WAITED if waited else HIT)
             if status == LEASED:
+                flight.lease = (token, ns_raw)
                 return self._load_and_fill(call, token, ns_raw, lease_ms)
             if not waited:
                 call.metrics.lease_rejected("acquire")

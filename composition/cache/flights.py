@@ -3,7 +3,8 @@
 The first thread to ask for a key leads its flight and rebuilds; threads asking for the same key
 meanwhile join the flight and wait for the leader's payload, or its exception, as long as another
 process would wait for the lease. The lease in Redis does the same across processes; this keeps
-a process's own threads from queueing on it.
+a process's own threads from queueing on it. An invalidation applied here detaches the key's
+flight; one applied by another process is seen by the joiner in Redis (``Flight.lease``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ class Flight:
         self._payload: bytes | None = None
         self._error: BaseException | None = None
         self._leader = threading.get_ident()
+        # (token, namespace version) of the rebuild lease the leader holds, once it holds one: an
+        # invalidation by another process deletes that lease or bumps the version, and a caller
+        # who sees that must not take what the leader loaded (it may predate the write).
+        self.lease: tuple[str, bytes] | None = None
 
     def wait(self, timeout_s: float) -> bytes | None:
         """The leader's payload once it landed, None after ``timeout_s`` (the leader is still
@@ -63,6 +68,14 @@ class Flights:
             if self._flights.get(key) is flight:  # not if detached (and maybe replaced) meanwhile
                 del self._flights[key]
         flight._done.set()
+
+    def leave(self, key: str, flight: Flight) -> tuple[Flight, bool]:
+        """``flight`` is outdated for the caller: detach it (unless replaced already) and join
+        the key's flight anew, as ``join``."""
+        with self._lock:
+            if self._flights.get(key) is flight:
+                del self._flights[key]
+        return self.join(key)
 
     def detach(self, key: str) -> None:
         """An invalidation of ``key`` was applied: a rebuild in flight may have read the data

@@ -62,6 +62,7 @@ class LeaseStore:
     are the (namespace, entry, lease) Redis keys of one cached key."""
 
     def __init__(self, client: Any) -> None:
+        self._client = client
         self._acquire = client.register_script(ACQUIRE)
         self._fill = client.register_script(FILL)
         self._release = client.register_script(RELEASE)
@@ -79,6 +80,12 @@ class LeaseStore:
         """Store ``entry`` for ``expire_ms`` and give the lease back, only while ``token`` still
         holds the lease and the namespace version is still ``ns_raw``; False when refused."""
         return bool(self._fill(keys=keys, args=[token, ns_raw, entry, expire_ms]) == 1)
+
+    def holds(self, keys: tuple[str, str, str], token: str, ns_raw: bytes) -> bool:
+        """Whether ``token`` still holds the lease and the namespace version is still ``ns_raw``
+        (no invalidation since it was taken: the fill would be accepted)."""
+        ns_now, holder = self._client.execute_command("MGET", keys[0], keys[2])
+        return bool(holder == token.encode() and (ns_now or b"0") == ns_raw)
 
     def release(self, lease_key: str, token: str) -> None:
         """Give the lease back unless it has passed to someone else."""

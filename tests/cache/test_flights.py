@@ -147,6 +147,16 @@ class SlowReader:
         return self.result
 
 
+def write_version_2(key: str, how: str) -> None:
+    """The writer: version 2 of the row committed with the key's (or its namespace's) invalidation."""
+    with transaction.atomic():
+        LockFence.objects.filter(resource=key).update(fence=2)
+        if how == "key":
+            invalidate(key)
+        else:
+            invalidate_namespace(key.split(":")[0])
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("how", ["key", "namespace"])
 def test_slow_reader_cannot_back_fill_the_old_value(how: str) -> None:
@@ -155,12 +165,7 @@ def test_slow_reader_cannot_back_fill_the_old_value(how: str) -> None:
     engine = get_cache_aside()
 
     reader = SlowReader(key, key).start()  # has read version 1, not cached it yet
-    with transaction.atomic():  # the writer commits version 2 and invalidates
-        LockFence.objects.filter(resource=key).update(fence=2)
-        if how == "key":
-            invalidate(key)
-        else:
-            invalidate_namespace(key.split(":")[0])
+    write_version_2(key, how)
     result = reader.finish()  # now the slow reader tries to cache version 1
 
     assert result.value == 1 and result.outcome == "uncached"
@@ -178,15 +183,57 @@ def test_a_read_that_begins_after_the_invalidation_does_not_join_a_rebuild_from_
     key = f"{unique('race')}:1"
     LockFence.objects.create(resource=key, fence=1)
     reader = SlowReader(key, key).start()
-    with transaction.atomic():
-        LockFence.objects.filter(resource=key).update(fence=2)
-        if how == "key":
-            invalidate(key)
-        else:
-            invalidate_namespace(key.split(":")[0])
+    write_version_2(key, how)
     after = cache_aside_result(key, lambda: LockFence.objects.get(resource=key).fence, ttl_s=60)
     assert after.value == 2, f"a read begun after the write got the old value ({after.outcome})"
     assert reader.finish().value == 1  # the one that began before may see either
+
+
+def _write_and_invalidate(key: str, how: str, go: Any) -> None:
+    """Another process's write: version 2 committed, then its invalidation applied."""
+    assert go.wait(10)
+    write_version_2(key, how)
+    connections.close_all()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("how", ["key", "namespace"])
+def test_a_read_after_another_process_s_write_does_not_join_a_rebuild_from_before_it(how: str) -> None:
+    # The same across processes: the write (and its invalidation) happen in another process, as
+    # when a pay is served by one web process and the GET after it by another, whose rebuild in
+    # flight read version 1. That process never hears of the invalidation but through Redis.
+    key = f"{unique('race')}:1"
+    LockFence.objects.create(resource=key, fence=1)
+    context = multiprocessing.get_context("fork")
+    go = context.Event()
+    connections.close_all()  # no database connection may be shared with the child
+    writer = context.Process(target=_write_and_invalidate, args=(key, how, go))
+    writer.start()
+    try:
+        reader = SlowReader(key, key).start()
+        go.set()
+        writer.join(20)
+        assert writer.exitcode == 0
+        # The read after the write, in this process, while the rebuild from before it still runs;
+        # the rebuild ends well within the read's wait (CACHE_LEASE_WAIT_S, 2 s).
+        after: list[CacheResult] = []
+
+        def read_after() -> None:
+            try:
+                after.append(cache_aside_result(key, lambda: LockFence.objects.get(resource=key).fence, ttl_s=60))
+            finally:
+                connections.close_all()
+
+        later = threading.Thread(target=read_after)
+        later.start()
+        time.sleep(0.3)
+        assert reader.finish().value == 1  # the one that began before may see either
+        later.join(10)
+        assert after[0].value == 2, f"a read after the other process's write got the old value ({after[0].outcome})"
+        assert get_cache_aside().peek(key) == 2
+    finally:
+        go.set()
+        writer.join(20)
 
 
 @pytest.mark.django_db(transaction=True)
