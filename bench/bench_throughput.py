@@ -19,6 +19,11 @@ consumes the bench's queue and the outbox relay's only, as the naive worker cons
 - naive dramatiq + ledger: the same with the inbox ledger's row written by hand in the job's
   transaction (as ``bench_stamp_idempotent`` does): what ``idempotent=True``'s durable work costs
   on plain Dramatiq, printed beside ours;
+- hand-written outbox, and hand-written outbox + ledger: the durable work of ``publish()`` done
+  by hand around naive Dramatiq (each job's row INSERTed into the outbox table in the
+  transaction, sent after COMMIT, then all marked sent with one UPDATE), run by the ``dramatiq``
+  CLI without and with the ledger: what the durability itself costs on the same cores, the
+  reference that says how much of a gap to naive is the library's own;
 - on_commit: the same publishing, of ``bench_stamp``, run by ``runworkers``;
 - outbox: ``publish(bench_stamp, ...)`` 100 times in one transaction;
 - outbox publish_many: ``publish_many(bench_stamp, [...])`` once per transaction;
@@ -35,7 +40,8 @@ Goals (issue 30): the outbox's rate >= 1.0x naive Dramatiq's for plain jobs and 
 ``idempotent=True``, the worker's CPU per plain job <= naive Dramatiq's, and ``publish_many``'s
 publish rate (jobs committed per second of publishing) >= 1.2x naive Dramatiq's; with a database
 effect, ``idempotent=True`` through the outbox >= 0.8x on_commit (issue 9). Exit status 1 when
-a goal is missed.
+a goal is missed. The outbox's contenders are also printed against the hand-written outbox
+(with the ledger for ``idempotent=True``), which has no goal: it prices the durable work.
 Run: ``python bench/bench_throughput.py`` (env BENCH_JOBS, default 5000; BENCH_ROUNDS, default 5;
 BENCH_CONTENDERS, a comma-separated subset of the names above, naive dramatiq always included:
 "outbox" alone measures the worker's CPU per plain job against naive's in a third of the time;
@@ -44,6 +50,7 @@ BENCH_PROCESSES, default 1: worker processes of both workers, the goals' setting
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -100,10 +107,13 @@ PUBLISH_RATE_GOALS = {"outbox publish_many": (1.2, NAIVE)}
 # Worker CPU per job goals: name -> (at most this many times the baseline's, baseline's name).
 WORKER_CPU_GOALS = {"outbox": (1.0, NAIVE)}
 NAIVE_LEDGER = "naive dramatiq + ledger"
+HAND_OUTBOX = "hand-written outbox"
+HAND_OUTBOX_LEDGER = "hand-written outbox + ledger"
 # Printed for the breakdown, without a goal.
-BASELINES = {"on_commit": NAIVE, NAIVE_LEDGER: NAIVE, "outbox + db effect": "on_commit + db effect"}
+BASELINES = {"on_commit": NAIVE, NAIVE_LEDGER: NAIVE, HAND_OUTBOX: NAIVE, HAND_OUTBOX_LEDGER: NAIVE,
+             "outbox + db effect": "on_commit + db effect"}
 # A second comparison, like with like: the same durable work on plain Dramatiq.
-REFERENCES = {"outbox idempotent": NAIVE_LEDGER}
+REFERENCES = {"outbox": [HAND_OUTBOX], "outbox idempotent": [NAIVE_LEDGER, HAND_OUTBOX_LEDGER]}
 
 
 @dataclass(frozen=True)
@@ -131,9 +141,37 @@ def on_commit(actor: Any) -> Callable[[range], None]:
     return send
 
 
+# The columns a hand-written outbox row needs in the outbox table (the others may be NULL).
+_HAND_INSERT = ("INSERT INTO {table} (actor_name, queue_name, payload, headers, status, created_at, claimed_by,"
+                " attempts, last_error) VALUES (%s, %s, %s::jsonb, '{{}}', 'pending', now(), '', 0, '') RETURNING id")
+_HAND_MARK = "UPDATE {table} SET status = 'sent', sent_at = now() WHERE id = ANY(%s)"
+
+
+def hand_outbox(actor: Any) -> Callable[[range], None]:
+    def send(seqs: range) -> None:
+        table = connection.ops.quote_name(OutboxMessage._meta.db_table)
+        ids = []
+        with connection.cursor() as cursor:
+            for seq in seqs:
+                cursor.execute(_HAND_INSERT.format(table=table), [actor.actor_name, naive.NAIVE_QUEUE,
+                                                                  json.dumps({"seq": seq})])
+                ids.append(cursor.fetchone()[0])
+
+        def send_and_mark() -> None:
+            for seq in seqs:
+                actor.send(seq=seq)
+            with connection.cursor() as cursor:
+                cursor.execute(_HAND_MARK.format(table=table), [ids])
+
+        transaction.on_commit(send_and_mark)
+    return send
+
+
 CONTENDERS = [
     Contender(NAIVE, on_commit(naive.naive_stamp), "naive"),
     Contender(NAIVE_LEDGER, on_commit(naive.naive_ledger_stamp), "naive", ledger=True),
+    Contender(HAND_OUTBOX, hand_outbox(naive.naive_stamp), "naive"),
+    Contender(HAND_OUTBOX_LEDGER, hand_outbox(naive.naive_ledger_stamp), "naive", ledger=True),
     Contender("on_commit", on_commit(jobs.bench_stamp), "runworkers"),
     Contender("outbox", outbox(jobs.bench_stamp), "runworkers"),
     Contender("outbox publish_many", lambda seqs: publish_many(jobs.bench_stamp, [{"seq": seq} for seq in seqs]),
@@ -199,7 +237,7 @@ def vacuum() -> None:
 
 
 def clean_up() -> None:
-    OutboxMessage.objects.filter(queue_name=jobs.BENCH_QUEUE).delete()
+    OutboxMessage.objects.filter(queue_name__in=[jobs.BENCH_QUEUE, naive.NAIVE_QUEUE]).delete()
     ProcessedMessage.objects.filter(actor__startswith="bench_").delete()  # naive.LEDGER_ACTOR's too
     Effect.objects.filter(key__startswith="bench-effect-").delete()
     vacuum()
@@ -274,10 +312,10 @@ def report(results: dict[str, list[dict[str, float]]]) -> list[str]:
                          f"(goal >= {publish_goal}x: {'met' if ratio >= publish_goal else 'MISSED'})")
             if ratio < publish_goal:
                 missed.append(f"{name} publish rate")
-        if name in REFERENCES and REFERENCES[name] in medians:
-            reference = REFERENCES[name]
-            notes.append(f"rate {median['rate'] / medians[reference]['rate']:.2f}x, worker CPU "
-                         f"{median['worker_ms'] / medians[reference]['worker_ms']:.2f}x {reference}")
+        for reference in REFERENCES.get(name, ()):
+            if reference in medians:
+                notes.append(f"rate {median['rate'] / medians[reference]['rate']:.2f}x, worker CPU "
+                             f"{median['worker_ms'] / medians[reference]['worker_ms']:.2f}x {reference}")
         if name != NAIVE:
             ratio = median["worker_ms"] / medians[NAIVE]["worker_ms"]
             note = f"worker CPU {ratio:.2f}x {NAIVE}"
