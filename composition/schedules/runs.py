@@ -3,7 +3,7 @@ row's ``finished_at`` and ``lease_until``, kept from the jobs layer's run signal
 
 A fired tick is pending until ``firing.PENDING_LEASE`` after it fired; when its run starts, the
 lease becomes the job's time limit plus ``RUN_LEASE_MARGIN``; a retry extends it by the backoff;
-success or a dead letter ends it. A run killed without a word (SIGKILL, a lost message) stops
+success, a dead letter or a skip (``SkipMessage``) ends it. A run killed without a word (SIGKILL, a lost message) stops
 holding its schedule when its lease ends.
 """
 

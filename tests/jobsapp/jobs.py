@@ -350,6 +350,16 @@ def scheduled_slow(label: str, seconds: float) -> None:
     Effect.objects.create(key=f"{label}|end|{tick}")
 
 
+@job(queue=SCHEDULE_QUEUE, max_attempts=1)
+def scheduled_skip(label: str) -> None:
+    """A scheduled run that ends itself with Dramatiq's SkipMessage, after marking its start."""
+    from composition.schedules import current_fire_at
+
+    fire_at = current_fire_at()
+    Effect.objects.create(key=f"{label}|run|{fire_at.isoformat() if fire_at else 'none'}")
+    raise dramatiq.middleware.SkipMessage
+
+
 PAUSE_QUEUE = "jobs_pause"
 # Redis list of "<key> <unix time>" per run's start, written outside the job's transaction: a
 # run that started and was rolled back, or ran twice, still shows.

@@ -15,3 +15,6 @@ if os.environ.get("JOBSAPP_SCHEDULES") == "every-second":
 elif os.environ.get("JOBSAPP_SCHEDULES") == "overlap":
     schedule(jobs.scheduled_slow, every=timedelta(seconds=1), name="overlap", overlap="skip",
              payload={"label": "overlap", "seconds": 1.5})
+elif os.environ.get("JOBSAPP_SCHEDULES") == "skipping":
+    schedule(jobs.scheduled_skip, every=timedelta(seconds=1), name="skipping", overlap="skip",
+             payload={"label": "skipping"})

@@ -1,5 +1,6 @@
 """``overlap="skip"`` with real processes: a job of 1.5 s on an every-second schedule never runs
-twice at once; the ticks it held back are counted as skipped; two hosts run the scheduler."""
+twice at once; the ticks it held back are counted as skipped; two hosts run the scheduler; a run
+that skips itself frees its schedule."""
 
 from __future__ import annotations
 
@@ -43,3 +44,21 @@ def test_a_run_longer_than_its_period_never_overlaps_and_held_back_ticks_are_ski
     # last: with overlap="skip" only it can still have been waiting when the hosts stopped.
     assert not ScheduleTick.objects.filter(schedule=NAME, finished_at__isnull=True).exclude(
         fire_at=ScheduleTick.objects.filter(schedule=NAME).order_by("-fire_at").values("fire_at")[:1])
+
+
+SKIPPING = "skipping"  # tests/jobsapp/schedules.py, under JOBSAPP_SCHEDULES=skipping
+
+
+def test_a_run_that_skips_itself_ends_its_tick_and_the_next_tick_fires(
+        transactional_db: None, worker_processes) -> None:
+    # A run that ends in Dramatiq's SkipMessage is over (acknowledged, never retried): held as
+    # still running, it kept an overlap="skip" schedule from firing for its time limit plus 30 s.
+    ScheduleState.objects.filter(name=SKIPPING).delete()
+    ScheduleTick.objects.filter(schedule=SKIPPING).delete()
+    Effect.objects.filter(key__startswith=f"{SKIPPING}|").delete()
+    host = worker_processes.spawn(["--threads", "2", "--queues", f"{jobs.SCHEDULE_QUEUE},{RELAY_QUEUE_NAME}"],
+                                  JOBSAPP_SCHEDULES=SKIPPING)
+    wait_until(lambda: Effect.objects.filter(key__startswith=f"{SKIPPING}|run|").count() >= 3, timeout_s=20)
+    host.terminate()
+    ended = ScheduleTick.objects.filter(schedule=SKIPPING, finished_at__isnull=False).count()
+    assert ended >= 2, list(ScheduleTick.objects.filter(schedule=SKIPPING).values("fire_at", "finished_at"))

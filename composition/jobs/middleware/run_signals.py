@@ -1,5 +1,6 @@
 """``RunSignals`` sends ``job_run_started`` before a run's body and ``job_run_ended`` once its
-outcome is decided (``success``, ``retry`` or ``dead``), for the messages published with the
+outcome is decided (``success``, ``retry``, ``dead``, or ``skipped``: Dramatiq's ``SkipMessage``
+ended it, acknowledged and never retried), for the messages published with the
 ``FOLLOW_RUNS_HEADER`` header, for code above the jobs layer that follows their runs (the
 schedules' overlap rule). Any other message costs one dictionary lookup per hook."""
 
@@ -10,6 +11,9 @@ from typing import Any
 from django.dispatch import Signal
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import Middleware, Shutdown
+
+from composition.broker.pausing import handed_back
+from composition.jobs.middleware.put_backs import put_back
 
 __all__ = ["FOLLOW_RUNS_HEADER", "RunSignals", "job_run_ended", "job_run_started"]
 
@@ -41,4 +45,13 @@ class RunSignals(Middleware):
             outcome = "dead" if message.failed else "success"
         else:
             outcome = "dead" if message.failed and not isinstance(exception, Shutdown) else "retry"
+        job_run_ended.send(sender=RunSignals, broker=broker, message=message, outcome=outcome)
+
+    def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
+        # A message put back to wait (a limit, a deploy) or handed back (a paused queue) has not
+        # run: its own run, later, ends it. Any other skip (the body's SkipMessage, an expired
+        # message) is the end of the message, dead-lettered when it failed.
+        if not _followed(message) or put_back(message) or handed_back(message):
+            return
+        outcome = "dead" if message.failed else "skipped"
         job_run_ended.send(sender=RunSignals, broker=broker, message=message, outcome=outcome)
