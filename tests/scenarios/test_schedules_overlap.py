@@ -19,11 +19,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.empty_queues(jobs.SCHEDULE_QUEUE, RE
 NAME = "overlap"  # tests/jobsapp/schedules.py, under JOBSAPP_SCHEDULES=overlap
 
 
+def forget(name: str) -> None:
+    """No state, tick or effect of the schedule ``name`` left by an earlier run."""
+    ScheduleState.objects.filter(name=name).delete()
+    ScheduleTick.objects.filter(schedule=name).delete()
+    Effect.objects.filter(key__startswith=f"{name}|").delete()
+
+
 def test_a_run_longer_than_its_period_never_overlaps_and_held_back_ticks_are_skipped(
         transactional_db: None, worker_processes) -> None:
-    ScheduleState.objects.filter(name=NAME).delete()
-    ScheduleTick.objects.filter(schedule=NAME).delete()
-    Effect.objects.filter(key__startswith=f"{NAME}|").delete()
+    forget(NAME)
     args = ["--threads", "4", "--queues", f"{jobs.SCHEDULE_QUEUE},{RELAY_QUEUE_NAME}"]
     hosts = [worker_processes.spawn(args, JOBSAPP_SCHEDULES=NAME) for _ in range(2)]
     wait_until(lambda: Effect.objects.filter(key__startswith=f"{NAME}|end|").count() >= 2, timeout_s=40)
@@ -53,9 +58,7 @@ def test_a_run_that_skips_itself_ends_its_tick_and_the_next_tick_fires(
         transactional_db: None, worker_processes) -> None:
     # A run that ends in Dramatiq's SkipMessage is over (acknowledged, never retried): held as
     # still running, it kept an overlap="skip" schedule from firing for its time limit plus 30 s.
-    ScheduleState.objects.filter(name=SKIPPING).delete()
-    ScheduleTick.objects.filter(schedule=SKIPPING).delete()
-    Effect.objects.filter(key__startswith=f"{SKIPPING}|").delete()
+    forget(SKIPPING)
     host = worker_processes.spawn(["--threads", "2", "--queues", f"{jobs.SCHEDULE_QUEUE},{RELAY_QUEUE_NAME}"],
                                   JOBSAPP_SCHEDULES=SKIPPING)
     wait_until(lambda: Effect.objects.filter(key__startswith=f"{SKIPPING}|run|").count() >= 3, timeout_s=20)
