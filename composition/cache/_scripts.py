@@ -1,39 +1,58 @@
 """Lua scripts of the cache-aside protocol. Each runs atomically in Redis, so a check and the
 write it guards can never be split by another client's command.
 
-Entry layout: ``b"<namespace version>|<fresh until, unix ms>|<rebuild ms>|<payload>"``.
-A missing namespace key means version ``0``.
+Entry layout: ``b"<version>|<fresh until, unix ms>|<rebuild ms>|<payload>"``, the version being
+``<epoch>/<namespace version>`` (``VERSION`` below; ``composition.cache.store`` says why).
+A missing namespace key means version ``0``, a missing epoch the empty string.
 """
 
 from __future__ import annotations
 
-# KEYS: namespace, entry, lease. ARGV: token, lease ms, now ms, rebuild even if fresh (1: take
-# the lease even when the entry is fresh; the early-refresh path). Returns {status, namespace version, entry}
-# with status 0 = fresh hit, 1 = lease taken (rebuild now), 2 = someone else holds the lease.
-ACQUIRE = """
-local ns = redis.call('GET', KEYS[1]) or '0'
-local e = redis.call('GET', KEYS[2])
+# The version entries are written under, from KEYS[4] (the epoch) and KEYS[1] (the namespace).
+VERSION = """
+local version = (redis.call('GET', KEYS[4]) or '') .. '/' .. (redis.call('GET', KEYS[1]) or '0')
+"""
+
+# KEYS: namespace, entry, lease, epoch. ARGV: token, lease ms, now ms, rebuild even if fresh (1:
+# take the lease even when the entry is fresh; the early-refresh path). Returns {status, version,
+# entry} with status 0 = fresh hit, 1 = lease taken (rebuild now), 2 = someone else holds the lease.
+ACQUIRE = VERSION + """local e = redis.call('GET', KEYS[2])
 if e and ARGV[4] == '0' then
-  local v, fresh = string.match(e, '^(%d+)|(%d+)|')
-  if v == ns and tonumber(fresh) > tonumber(ARGV[3]) then
-    return {0, ns, e}
+  local v, fresh = string.match(e, '^([^|]*)|(%d+)|')
+  if v == version and tonumber(fresh) > tonumber(ARGV[3]) then
+    return {0, version, e}
   end
 end
 if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1, ns, e or false}
+  return {1, version, e or false}
 end
-return {2, ns, e or false}
+return {2, version, e or false}
 """
 
-# KEYS: namespace, entry, lease. ARGV: token, namespace version read with the lease, entry, px.
+# KEYS: namespace, entry, lease, epoch. ARGV: token, version read with the lease, entry, px.
 # The fill happens only while the caller still owns its lease (an invalidation deletes leases)
-# and the namespace was not bumped meanwhile: this is what stops a slow reader from writing back
-# a value loaded before a writer's invalidation. Returns 1 filled, 0 lease lost, -1 ns bumped.
+# and the version did not change meanwhile (namespace bumped, new epoch): this is what stops a
+# slow reader from writing back a value loaded before a writer's invalidation. Returns 1 filled,
+# 0 lease lost, -1 version changed.
 FILL = """
 if redis.call('GET', KEYS[3]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[3])
-if (redis.call('GET', KEYS[1]) or '0') ~= ARGV[2] then return -1 end
+""" + VERSION + """if version ~= ARGV[2] then return -1 end
 redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
+return 1
+"""
+
+# KEYS: epoch. ARGV: a new random token. The epoch is "<run_id>:<token>", run_id being the Redis
+# server process's (new at every start, other on a replica): when the running server is not the
+# one that installed the epoch, it restarted (maybe from an older snapshot) or a replica took
+# over, and a new token makes every entry from before a miss. A provider that refuses INFO in
+# scripts gets '' (no restart detection; not a failure). Returns 1 when it installed one.
+ENSURE_EPOCH = """
+local info = redis.pcall('INFO', 'server')
+local server = type(info) == 'string' and string.match(info, 'run_id:(%x+)') or ''
+local current = redis.call('GET', KEYS[1])
+if current and string.sub(current, 1, #server + 1) == server .. ':' then return 0 end
+redis.call('SET', KEYS[1], server .. ':' .. ARGV[1])
 return 1
 """
 

@@ -1,7 +1,8 @@
 """The cache-aside engine for one django-redis cache alias: who loads, who waits, what is served
 (the Redis key layout, entry format and scripts are ``composition.cache.store``).
 
-A hit is one ``MGET`` of the namespace version and the entry. On a miss one caller per process
+A hit is one ``MGET`` of the epoch, the namespace version and the entry; once a second a process
+checks the epoch is the running Redis server's (``EPOCH_CHECK_S``). On a miss one caller per process
 runs the ACQUIRE script: a fresh entry, a short rebuild lease, or another process's lease (then
 serve stale when allowed, else poll until ``CACHE_LEASE_WAIT_S``, then load uncached). FILL
 refuses a revoked lease or a bumped namespace. Invalidation (``composition.cache.invalidation``)
@@ -42,7 +43,7 @@ from composition.cache.results import (
     namespace_of,
 )
 from composition.cache.serializers import Serializer
-from composition.cache.store import FRESH, LEASED, Entry, KeySpace, LeaseStore, decode_entry, encode_entry
+from composition.cache.store import FRESH, LEASED, Entry, KeySpace, LeaseStore, decode_entry, encode_entry, version_of
 from composition.errors import REDIS_ERRORS
 from composition.metrics import CACHE_OPERATION_SECONDS
 
@@ -51,12 +52,15 @@ __all__ = ["CacheAside", "CacheResult", "namespace_of"]
 log = structlog.get_logger("composition.cache")
 
 _MAX_POLL_S = 0.05
+# How often a process makes sure the cache's epoch is the running Redis server's: how long entries
+# a restarted Redis brought back from an older snapshot can still be served, at most.
+EPOCH_CHECK_S = 1.0
 
 
 @dataclass(frozen=True)
 class _Call:
     key: str
-    keys: tuple[str, str, str]  # namespace, entry, lease
+    keys: tuple[str, str, str, str]  # namespace, entry, lease, epoch (KeySpace.of)
     loader: Callable[[], Any]
     ttl_s: float
     jitter: float
@@ -86,8 +90,7 @@ class CacheAside:
         self.breaker = CircuitBreaker(
             f"cache:{alias}", failure_threshold=breaker_failures, reset_timeout_s=breaker_reset_s,
             probe=partial(self._replay_deferred, "replayed deferred cache invalidations", ping=True),
-            after_close=partial(self._replay_deferred,
-                                "replayed cache invalidations deferred while the breaker probed"))
+            after_close=self._after_close)
         self.keys = KeySpace(str(cache.make_key("composition:ca:")))
         self._flights = Flights()
         self.invalidations = Invalidations(alias, self.client, self.keys, self.breaker, db_alias=db_alias,
@@ -100,11 +103,26 @@ class CacheAside:
         self._get_seconds = CACHE_OPERATION_SECONDS.labels("get")
         self._acquire_seconds = CACHE_OPERATION_SECONDS.labels("acquire")
         self._fill_seconds = CACHE_OPERATION_SECONDS.labels("fill")
+        self._epoch_due = 0.0  # time.monotonic() of the next epoch check
+
+    def _after_close(self) -> None:
+        # Redis answers again, maybe a restarted one: its epoch is checked before the next read.
+        self._epoch_due = 0.0
+        self._replay_deferred("replayed cache invalidations deferred while the breaker probed")
+
+    def _check_epoch(self) -> None:
+        self._epoch_due = time.monotonic() + EPOCH_CHECK_S
+        try:
+            if self.store.ensure_epoch(self.keys.epoch, secrets.token_hex(8)):
+                log.info("cache epoch installed: what Redis held before is a miss", alias=self.alias)
+        except REDIS_ERRORS:
+            pass  # the read that follows finds Redis failing, and counts it
 
     def peek(self, key: str) -> Any:
         """The value cached for ``key`` now (fresh or stale), or None; for tests and debugging."""
-        ns_raw, raw = self.client.mget(self.keys.namespace(namespace_of(key)), self.keys.entry(key))
-        entry = decode_entry(raw, ns_raw)
+        ns_key, entry_key, _, epoch_key = self.keys.of(key)
+        epoch_raw, ns_raw, raw = self.client.mget(epoch_key, ns_key, entry_key)
+        entry = decode_entry(raw, version_of(epoch_raw, ns_raw))
         return None if entry is None else self.serializer.loads(entry.payload)
 
     def invalidate(self, key: str, *, using: str | None = None) -> None:
@@ -152,32 +170,30 @@ class CacheAside:
 
     def _fetch(self, key: str, loader: Callable[[], Any], *, ttl_s: float, jitter: float,
                stale_ttl_s: float | None, pattern: str | None, early_refresh: float) -> CacheResult:
-        namespace = key.split(":", 1)[0]
-        metrics = self._metrics_for(pattern or namespace)
-        keys = self.keys
-        ns_key, entry_key = keys.namespace(namespace), keys.entry(key)
+        metrics = self._metrics_for(pattern or key.split(":", 1)[0])
+        keys = self.keys.of(key)
         if self.breaker.allow():
+            if time.monotonic() >= self._epoch_due:
+                self._check_epoch()
             started = time.perf_counter()
             try:
                 # The hit path: this one round trip and nothing else (kept flat, it is hot).
-                ns_raw, raw = self._execute("MGET", ns_key, entry_key)
+                epoch_raw, ns_raw, raw = self._execute("MGET", keys[3], keys[0], keys[1])
             except REDIS_ERRORS as exc:
                 self._get_seconds.observe(time.perf_counter() - started)
                 self._redis_failed(metrics, exc)
             else:
                 self._get_seconds.observe(time.perf_counter() - started)
                 self.breaker.record_success()
-                entry = decode_entry(raw, ns_raw)
+                entry = decode_entry(raw, version_of(epoch_raw, ns_raw))
                 if entry is not None and entry[0] > time.time() * 1000 and early_refresh <= 0:
                     metrics.hits.inc()
                     return CacheResult(self._loads(entry[2]), HIT)
-                call = _Call(key, (ns_key, entry_key, keys.lease(key)), loader, ttl_s, jitter,
-                             stale_ttl_s, metrics)
+                call = _Call(key, keys, loader, ttl_s, jitter, stale_ttl_s, metrics)
                 return self._slow_path(call, entry, early_refresh)
         else:
             metrics.error("breaker_open")
-        call = _Call(key, (ns_key, entry_key, keys.lease(key)), loader, ttl_s, jitter, stale_ttl_s,
-                     metrics)
+        call = _Call(key, keys, loader, ttl_s, jitter, stale_ttl_s, metrics)
         return self._coalesce(call, None, lambda _flight: self._load_degraded(call))
 
     def _slow_path(self, call: _Call, entry: Entry | None, early_refresh: float) -> CacheResult:
@@ -270,7 +286,7 @@ class CacheAside:
         while True:
             started = time.perf_counter()
             try:
-                status, ns_raw, entry = self.store.acquire(call.keys, token, lease_ms,
+                status, version, entry = self.store.acquire(call.keys, token, lease_ms,
                                                            rebuild_even_if_fresh=rebuild_even_if_fresh)
             except REDIS_ERRORS as exc:
                 self._acquire_seconds.observe(time.perf_counter() - started)
@@ -281,8 +297,8 @@ class CacheAside:
                 assert entry is not None
                 return CacheResult(entry.payload, WAITED if waited else HIT)
             if status == LEASED:
-                flight.lease = (token, ns_raw)
-                return self._load_and_fill(call, token, ns_raw, lease_ms)
+                flight.lease = (token, version)
+                return self._load_and_fill(call, token, version, lease_ms)
             if not waited:
                 call.metrics.lease_rejected("acquire")
                 waited = True
@@ -297,7 +313,7 @@ class CacheAside:
             time.sleep(min(poll_s, remaining_s))
             poll_s = min(poll_s * 2, _MAX_POLL_S)
 
-    def _load_and_fill(self, call: _Call, token: str, ns_raw: bytes, lease_ms: int) -> CacheResult:
+    def _load_and_fill(self, call: _Call, token: str, version: bytes, lease_ms: int) -> CacheResult:
         started = time.monotonic()
         try:
             payload = self.serializer.dumps(call.loader())
@@ -309,10 +325,10 @@ class CacheAside:
         ttl_s = call.ttl_s * (1.0 - call.jitter * random.random())  # jitter only shortens the TTL
         fresh_until_ms = int((time.time() + ttl_s) * 1000)
         expire_ms = max(1, int((ttl_s + (call.stale_ttl_s or 0.0)) * 1000))
-        entry = encode_entry(ns_raw, fresh_until_ms, int(rebuild_s * 1000), payload)
+        entry = encode_entry(version, fresh_until_ms, int(rebuild_s * 1000), payload)
         started = time.perf_counter()
         try:
-            filled = self.store.fill(call.keys, token, ns_raw, entry, expire_ms)
+            filled = self.store.fill(call.keys, token, version, entry, expire_ms)
         except REDIS_ERRORS as exc:
             self._fill_seconds.observe(time.perf_counter() - started)
             self._redis_failed(call.metrics, exc)

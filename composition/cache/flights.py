@@ -25,7 +25,7 @@ class Flight:
         self._payload: bytes | None = None
         self._error: BaseException | None = None
         self._leader = threading.get_ident()
-        # (token, namespace version) of the rebuild lease the leader holds, once it holds one: an
+        # (token, version) of the rebuild lease the leader holds, once it holds one: an
         # invalidation by another process deletes that lease or bumps the version, and a caller
         # who sees that must not take what the leader loaded (it may predate the write).
         self.lease: tuple[str, bytes] | None = None

@@ -1,5 +1,6 @@
-"""cache_aside when Redis is unreachable: a closed port, a frozen server (SIGSTOP), and a process
-that dies right after an invalidation could not reach Redis."""
+"""cache_aside when Redis is unreachable: a closed port, a frozen server (SIGSTOP), a process
+that dies right after an invalidation could not reach Redis, and a Redis restarted from an older
+snapshot."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from composition.cache import (
     cache_aside_result,
     get_cache_aside,
     invalidate,
+    invalidate_namespace,
 )
 from composition.cache.models import PendingInvalidation
 from composition.conf import conf
@@ -220,3 +222,42 @@ def test_invalidation_survives_the_death_of_the_process_that_deferred_it(breaker
     assert cache_aside(key, lambda: LockFence.objects.get(resource=key).fence, ttl_s=60) == 2
     assert not PendingInvalidation.objects.filter(target=key).exists()
 
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("how", ["key", "namespace"])
+def test_a_redis_restarted_from_an_older_snapshot_serves_nothing_cached_before_it(
+        how: str, throwaway_redis_server: ThrowawayRedis) -> None:
+    """The snapshot holds an entry whose invalidation Redis applied after it (the durable row is
+    gone by then): once the restarted server answers, the entry is a miss within
+    ``EPOCH_CHECK_S``, not the old value until its TTL."""
+    from composition.cache.engine import EPOCH_CHECK_S
+
+    ns = unique("snap")
+    key = f"{ns}:1"
+    database = {"value": "v1"}
+    with cache_at(throwaway_redis_server.url, CACHE_BREAKER_RESET_S=0.3):
+        engine = get_cache_aside()
+        assert cache_aside_result(key, lambda: database["value"], ttl_s=300).outcome == "loaded"
+        engine.client.save()  # the snapshot: the entry holds v1
+        with transaction.atomic():
+            database["value"] = "v2"
+            if how == "key":
+                invalidate(key)
+            else:
+                invalidate_namespace(ns)
+        assert not PendingInvalidation.objects.exists() and engine.peek(key) is None
+        throwaway_redis_server.restart()  # back from the snapshot
+        assert engine.peek(key) == "v1", "the restarted server holds the old entry (the test's premise)"
+
+        served: list[Any] = []
+
+        def read_through_redis() -> bool:
+            served.append(cache_aside_result(key, lambda: database["value"], ttl_s=300))
+            return served[-1].outcome not in ("degraded", "uncached")
+
+        wait_until(read_through_redis, 10, interval_s=0.05, message="the cache never used Redis again")
+        time.sleep(EPOCH_CHECK_S)
+        served.append(cache_aside_result(key, lambda: database["value"], ttl_s=300))
+        assert served[-1].value == "v2", f"{served[-1].outcome} {served[-1].value!r} after the restart"
+        assert engine.peek(key) == "v2"
