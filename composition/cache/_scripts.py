@@ -46,14 +46,16 @@ return 1
 # server process's (new at every start, other on a replica): when the running server is not the
 # one that installed the epoch, it restarted (maybe from an older snapshot) or a replica took
 # over, and a new token makes every entry from before a miss. A provider that refuses INFO in
-# scripts gets '' (no restart detection; not a failure). Returns 1 when it installed one.
+# scripts gets '' (no restart detection; not a failure). Returns {1 when it installed one, else
+# 0; the epoch}.
 ENSURE_EPOCH = """
 local info = redis.pcall('INFO', 'server')
 local server = type(info) == 'string' and string.match(info, 'run_id:(%x+)') or ''
 local current = redis.call('GET', KEYS[1])
-if current and string.sub(current, 1, #server + 1) == server .. ':' then return 0 end
-redis.call('SET', KEYS[1], server .. ':' .. ARGV[1])
-return 1
+if current and string.sub(current, 1, #server + 1) == server .. ':' then return {0, current} end
+current = server .. ':' .. ARGV[1]
+redis.call('SET', KEYS[1], current)
+return {1, current}
 """
 
 # KEYS: lease. ARGV: token. Give a lease back (the loader failed) unless it is someone else's.

@@ -1,8 +1,9 @@
 """The cache-aside engine for one django-redis cache alias: who loads, who waits, what is served
 (the Redis key layout, entry format and scripts are ``composition.cache.store``).
 
-A hit is one ``MGET`` of the epoch, the namespace version and the entry; once a second a process
-checks the epoch is the running Redis server's (``EPOCH_CHECK_S``). On a miss one caller per process
+A hit is one ``MGET`` of the namespace version and the entry, whose version must be the epoch and
+that namespace version; once a second a process reads the epoch, after making sure it is the
+running Redis server's (``EPOCH_CHECK_S``). On a miss one caller per process
 runs the ACQUIRE script: a fresh entry, a short rebuild lease, or another process's lease (then
 serve stale when allowed, else poll until ``CACHE_LEASE_WAIT_S``, then load uncached). FILL
 refuses a revoked lease or a bumped namespace. Invalidation (``composition.cache.invalidation``)
@@ -104,6 +105,7 @@ class CacheAside:
         self._acquire_seconds = CACHE_OPERATION_SECONDS.labels("acquire")
         self._fill_seconds = CACHE_OPERATION_SECONDS.labels("fill")
         self._epoch_due = 0.0  # time.monotonic() of the next epoch check
+        self._epoch = b""  # the epoch as last read (a stale one only sends hits to the slow path)
 
     def _after_close(self) -> None:
         # Redis answers again, maybe a restarted one: its epoch is checked before the next read.
@@ -113,7 +115,8 @@ class CacheAside:
     def _check_epoch(self) -> None:
         self._epoch_due = time.monotonic() + EPOCH_CHECK_S
         try:
-            if self.store.ensure_epoch(self.keys.epoch, secrets.token_hex(8)):
+            installed, self._epoch = self.store.ensure_epoch(self.keys.epoch, secrets.token_hex(8))
+            if installed:
                 log.info("cache epoch installed: what Redis held before is a miss", alias=self.alias)
         except REDIS_ERRORS:
             pass  # the read that follows finds Redis failing, and counts it
@@ -141,8 +144,7 @@ class CacheAside:
               early_refresh: float = 0.0) -> CacheResult:
         """The value for ``key``: cached, or ``loader()`` (see ``composition.cache.cache_aside``)."""
         check_arguments(key, ttl_s=ttl_s, jitter=jitter, stale_ttl_s=stale_ttl_s)
-        if connections[self._db_alias].in_atomic_block \
-                and self.invalidations.invalidated_in_transaction(key, namespace_of(key)):
+        if self.invalidations.invalidated_in_transaction(key):
             # Written and invalidated by the open transaction: the cache still holds what the write
             # replaces until COMMIT, and what the loader reads here is not committed (cached, a
             # rollback left it there till its TTL). The database answers; nothing is stored.
@@ -170,30 +172,31 @@ class CacheAside:
 
     def _fetch(self, key: str, loader: Callable[[], Any], *, ttl_s: float, jitter: float,
                stale_ttl_s: float | None, pattern: str | None, early_refresh: float) -> CacheResult:
-        metrics = self._metrics_for(pattern or key.split(":", 1)[0])
-        keys = self.keys.of(key)
+        namespace = key.split(":", 1)[0]
+        metrics = self._metrics_for(pattern or namespace)
+        ns_key, entry_key = self.keys.namespace(namespace), self.keys.entry(key)
         if self.breaker.allow():
             if time.monotonic() >= self._epoch_due:
                 self._check_epoch()
             started = time.perf_counter()
             try:
                 # The hit path: this one round trip and nothing else (kept flat, it is hot).
-                epoch_raw, ns_raw, raw = self._execute("MGET", keys[3], keys[0], keys[1])
+                ns_raw, raw = self._execute("MGET", ns_key, entry_key)
             except REDIS_ERRORS as exc:
                 self._get_seconds.observe(time.perf_counter() - started)
                 self._redis_failed(metrics, exc)
             else:
                 self._get_seconds.observe(time.perf_counter() - started)
                 self.breaker.record_success()
-                entry = decode_entry(raw, version_of(epoch_raw, ns_raw))
+                entry = decode_entry(raw, version_of(self._epoch, ns_raw))
                 if entry is not None and entry[0] > time.time() * 1000 and early_refresh <= 0:
                     metrics.hits.inc()
                     return CacheResult(self._loads(entry[2]), HIT)
-                call = _Call(key, keys, loader, ttl_s, jitter, stale_ttl_s, metrics)
+                call = _Call(key, self.keys.of(key), loader, ttl_s, jitter, stale_ttl_s, metrics)
                 return self._slow_path(call, entry, early_refresh)
         else:
             metrics.error("breaker_open")
-        call = _Call(key, keys, loader, ttl_s, jitter, stale_ttl_s, metrics)
+        call = _Call(key, self.keys.of(key), loader, ttl_s, jitter, stale_ttl_s, metrics)
         return self._coalesce(call, None, lambda _flight: self._load_degraded(call))
 
     def _slow_path(self, call: _Call, entry: Entry | None, early_refresh: float) -> CacheResult:
@@ -293,6 +296,7 @@ class CacheAside:
                 self._redis_failed(call.metrics, exc)
                 return self._load_degraded(call)
             self._acquire_seconds.observe(time.perf_counter() - started)
+            self._epoch = version.rpartition(b"/")[0]  # another process may have installed a new one
             if status == FRESH:
                 assert entry is not None
                 return CacheResult(entry.payload, WAITED if waited else HIT)

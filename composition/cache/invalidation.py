@@ -9,6 +9,7 @@ once. Applying an invalidation twice is harmless, so writer and replayer need no
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -77,6 +78,10 @@ class Invalidations(ReplaysPending):
         # Told (kind, target) of every invalidation applied in Redis by this process.
         self.on_applied = on_applied
         self._replayed_databases: list[str] | None = None
+        # Idents of the threads that queued a batch on db_alias and may not have ended its
+        # transaction yet (a connection belongs to one thread): the others, nearly every read,
+        # skip the look at their connection.
+        self._threads_with_batch: set[int] = set()
 
     def schedule(self, kind: str, target: str, *, using: str | None = None) -> None:
         """Invalidate after the transaction on ``using`` commits (at once outside one); nothing
@@ -94,6 +99,8 @@ class Invalidations(ReplaysPending):
         # batch with it, since they were all inserted inside it). Keyed by this object, so an
         # engine rebuilt mid-transaction (new settings) starts its own batch.
         batch = on_commit_once(self, TransactionInvalidations(self, db_alias), using=db_alias, robust=True)
+        if db_alias == self.db_alias:
+            self._threads_with_batch.add(threading.get_ident())
         item = (kind, target)
         savepoints = open_savepoints(db_alias)
         # A savepoint atomic does not know of (transaction.savepoint()) may have taken the row
@@ -106,11 +113,16 @@ class Invalidations(ReplaysPending):
         batch.targets[item] = savepoints
         batch.rows[item] = batch.row_ids[-1]
 
-    def invalidated_in_transaction(self, key: str, namespace: str) -> bool:
+    def invalidated_in_transaction(self, key: str) -> bool:
         """Whether the transaction open on this alias's database invalidated ``key`` (or its
-        ``namespace``) and has not committed yet."""
+        namespace) and has not committed yet."""
+        if not self._threads_with_batch or threading.get_ident() not in self._threads_with_batch:
+            return False
         batch = queued_once(self, using=self.db_alias)
-        return batch is not None and ((KIND_KEY, key) in batch.targets or (KIND_NAMESPACE, namespace) in batch.targets)
+        if batch is None:  # committed or rolled back since
+            self._threads_with_batch.discard(threading.get_ident())
+            return False
+        return (KIND_KEY, key) in batch.targets or (KIND_NAMESPACE, key.split(":", 1)[0]) in batch.targets
 
     @staticmethod
     def _still_there(row_id: int, db_alias: str) -> bool:

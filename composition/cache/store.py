@@ -100,10 +100,11 @@ class LeaseStore:
         ns_now, holder, epoch_now = self._client.execute_command("MGET", keys[0], keys[2], keys[3])
         return bool(holder == token.encode() and version_of(epoch_now, ns_now) == version)
 
-    def ensure_epoch(self, epoch_key: str, token: str) -> bool:
+    def ensure_epoch(self, epoch_key: str, token: str) -> tuple[bool, bytes]:
         """Install a new epoch (``token``) unless the running Redis server installed the current
-        one; True when it did: every entry cached before is a miss from now on."""
-        return bool(self._ensure_epoch(keys=[epoch_key], args=[token]) == 1)
+        one; (whether it did: every entry cached before is a miss from now on, the epoch)."""
+        installed, epoch = self._ensure_epoch(keys=[epoch_key], args=[token])
+        return installed == 1, epoch
 
     def release(self, lease_key: str, token: str) -> None:
         """Give the lease back unless it has passed to someone else."""
