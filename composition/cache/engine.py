@@ -1,12 +1,11 @@
 """The cache-aside engine for one django-redis cache alias: who loads, who waits, what is served
 (the Redis key layout, entry format and scripts are ``composition.cache.store``).
 
-A hit is one ``MGET`` of the namespace version and the entry, whose version must be the epoch and
-that namespace version; once a second a process reads the epoch, after making sure it is the
-running Redis server's (``EPOCH_CHECK_S``). On a miss one caller per process
-runs the ACQUIRE script: a fresh entry, a short rebuild lease, or another process's lease (then
-serve stale when allowed, else poll until ``CACHE_LEASE_WAIT_S``, then load uncached). FILL
-refuses a revoked lease or a bumped namespace. Invalidation (``composition.cache.invalidation``)
+A hit is one ``MGET`` of the namespace version and the entry (its version: the epoch, read once
+a second per process (``EPOCH_CHECK_S``), and that namespace version). On a miss one caller per
+process runs the ACQUIRE script: a fresh entry, a short rebuild lease, or another process's lease
+(then serve stale when allowed, else poll until ``CACHE_LEASE_WAIT_S``, then load uncached). FILL
+refuses a revoked lease or a changed version. Invalidation (``composition.cache.invalidation``)
 is recorded with the write and replayed if it never reached Redis. What a changer must keep:
 nothing raises because Redis is down; failures and an open breaker degrade to the loader.
 """
