@@ -2,7 +2,7 @@
 (the Redis key layout, entry format and scripts are ``composition.cache.store``).
 
 A hit is one ``MGET`` of the namespace version and the entry (its version: the epoch, read once
-a second per process (``EPOCH_CHECK_S``), and that namespace version). On a miss one caller per
+a second per process (``composition.cache.epoch``), and that namespace version). On a miss one caller per
 process runs the ACQUIRE script: a fresh entry, a short rebuild lease, or another process's lease
 (then serve stale when allowed, else poll until ``CACHE_LEASE_WAIT_S``, then load uncached). FILL
 refuses a revoked lease or a changed version. Invalidation (``composition.cache.invalidation``)
@@ -28,6 +28,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from composition.breaker import CircuitBreaker
 from composition.cache.arguments import check_arguments, check_key, check_namespace
+from composition.cache.epoch import Epoch
 from composition.cache.flights import Flight, Flights
 from composition.cache.invalidation import KIND_KEY, KIND_NAMESPACE, Invalidations
 from composition.cache.results import (
@@ -52,9 +53,6 @@ __all__ = ["CacheAside", "CacheResult", "namespace_of"]
 log = structlog.get_logger("composition.cache")
 
 _MAX_POLL_S = 0.05
-# How often a process makes sure the cache's epoch is the running Redis server's: how long entries
-# a restarted Redis brought back from an older snapshot can still be served, at most.
-EPOCH_CHECK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -103,22 +101,11 @@ class CacheAside:
         self._get_seconds = CACHE_OPERATION_SECONDS.labels("get")
         self._acquire_seconds = CACHE_OPERATION_SECONDS.labels("acquire")
         self._fill_seconds = CACHE_OPERATION_SECONDS.labels("fill")
-        self._epoch_due = 0.0  # time.monotonic() of the next epoch check
-        self._epoch = b""  # the epoch as last read (a stale one only sends hits to the slow path)
+        self.epoch = Epoch(self.store, self.keys.epoch, alias)
 
     def _after_close(self) -> None:
-        # Redis answers again, maybe a restarted one: its epoch is checked before the next read.
-        self._epoch_due = 0.0
+        self.epoch.recheck()
         self._replay_deferred("replayed cache invalidations deferred while the breaker probed")
-
-    def _check_epoch(self) -> None:
-        self._epoch_due = time.monotonic() + EPOCH_CHECK_S
-        try:
-            installed, self._epoch = self.store.ensure_epoch(self.keys.epoch, secrets.token_hex(8))
-            if installed:
-                log.info("cache epoch installed: what Redis held before is a miss", alias=self.alias)
-        except REDIS_ERRORS:
-            pass  # the read that follows finds Redis failing, and counts it
 
     def peek(self, key: str) -> Any:
         """The value cached for ``key`` now (fresh or stale), or None; for tests and debugging."""
@@ -175,8 +162,7 @@ class CacheAside:
         metrics = self._metrics_for(pattern or namespace)
         ns_key, entry_key = self.keys.namespace(namespace), self.keys.entry(key)
         if self.breaker.allow():
-            if time.monotonic() >= self._epoch_due:
-                self._check_epoch()
+            epoch = self.epoch.current()
             started = time.perf_counter()
             try:
                 # The hit path: this one round trip and nothing else (kept flat, it is hot).
@@ -187,7 +173,7 @@ class CacheAside:
             else:
                 self._get_seconds.observe(time.perf_counter() - started)
                 self.breaker.record_success()
-                entry = decode_entry(raw, version_of(self._epoch, ns_raw))
+                entry = decode_entry(raw, version_of(epoch, ns_raw))
                 if entry is not None and entry[0] > time.time() * 1000 and early_refresh <= 0:
                     metrics.hits.inc()
                     return CacheResult(self._loads(entry[2]), HIT)
@@ -295,7 +281,7 @@ class CacheAside:
                 self._redis_failed(call.metrics, exc)
                 return self._load_degraded(call)
             self._acquire_seconds.observe(time.perf_counter() - started)
-            self._epoch = version.rpartition(b"/")[0]  # another process may have installed a new one
+            self.epoch.seen(version)  # another process may have installed a new one
             if status == FRESH:
                 assert entry is not None
                 return CacheResult(entry.payload, WAITED if waited else HIT)

@@ -231,7 +231,7 @@ def test_a_redis_restarted_from_an_older_snapshot_serves_nothing_cached_before_i
     """The snapshot holds an entry whose invalidation Redis applied after it (the durable row is
     gone by then): once the restarted server answers, the entry is a miss within
     ``EPOCH_CHECK_S``, not the old value until its TTL."""
-    from composition.cache.engine import EPOCH_CHECK_S
+    from composition.cache.epoch import EPOCH_CHECK_S
 
     ns = unique("snap")
     key = f"{ns}:1"

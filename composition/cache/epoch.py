@@ -1,0 +1,57 @@
+"""The cache's epoch as this process last read it: the part of every entry's version that is new
+after Redis restarts or fails over (``composition.cache.store`` says why). Read, and installed
+anew when the running server is another, at most once per ``EPOCH_CHECK_S`` and at once after the
+breaker closes; every ACQUIRE's answer refreshes it too."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+import structlog
+
+from composition.cache.store import LeaseStore
+from composition.errors import REDIS_ERRORS
+
+__all__ = ["EPOCH_CHECK_S", "Epoch"]
+
+log = structlog.get_logger("composition.cache")
+
+# How long entries a restarted Redis brought back from an older snapshot can still be served
+# by a process, at most.
+EPOCH_CHECK_S = 1.0
+
+
+class Epoch:
+    """The epoch of one cache alias (its Redis key ``key``), as this process knows it."""
+
+    def __init__(self, store: LeaseStore, key: str, alias: str) -> None:
+        self._store = store
+        self._key = key
+        self._alias = alias
+        self._due = 0.0  # time.monotonic() of the next check
+        # A stale value only sends hits to the slow path, whose ACQUIRE reads the real one.
+        self.value = b""
+
+    def current(self) -> bytes:
+        """The epoch, checked first when a check is due."""
+        if time.monotonic() >= self._due:
+            self._check()
+        return self.value
+
+    def recheck(self) -> None:
+        """Check before the next read (Redis answers again: maybe a restarted one)."""
+        self._due = 0.0
+
+    def seen(self, version: bytes) -> None:
+        """A version Redis answered with (``<epoch>/<namespace version>``): its epoch is current."""
+        self.value = version.rpartition(b"/")[0]
+
+    def _check(self) -> None:
+        self._due = time.monotonic() + EPOCH_CHECK_S
+        try:
+            installed, self.value = self._store.ensure_epoch(self._key, secrets.token_hex(8))
+        except REDIS_ERRORS:
+            return  # the read that follows finds Redis failing, and counts it
+        if installed:
+            log.info("cache epoch installed: what Redis held before is a miss", alias=self._alias)
