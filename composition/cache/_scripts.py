@@ -42,17 +42,27 @@ redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
 return 1
 """
 
-# KEYS: epoch. ARGV: a new random token. The epoch is "<run_id>:<token>", run_id being the Redis
-# server process's (new at every start, other on a replica): when the running server is not the
-# one that installed the epoch, it restarted (maybe from an older snapshot) or a replica took
-# over, and a new token makes every entry from before a miss. A provider that refuses INFO in
-# scripts gets '' (no restart detection; not a failure). Returns {1 when it installed one, else
-# 0; the epoch}.
+# KEYS: epoch. ARGV: a new random token, the epoch this process read last ('' if none). The epoch
+# is "<run_id>:<token>", run_id being the Redis server process's (new at every start, other on a
+# replica): when the running server is not the one that installed the epoch, it restarted (maybe
+# from an older snapshot) or a replica took over, and a new token makes every entry from before a
+# miss. A missing key on the same server (deleted, evicted) gets the caller's last epoch back,
+# not a new one: nothing went back in time. A client refused INFO (a provider's ACL) sees server
+# '': it keeps whatever epoch is there and installs one only where there is none, so clients that
+# differ on INFO never take turns replacing it. Returns {1 when it installed a new one, else 0;
+# the epoch}.
 ENSURE_EPOCH = """
 local info = redis.pcall('INFO', 'server')
 local server = type(info) == 'string' and string.match(info, 'run_id:(%x+)') or ''
 local current = redis.call('GET', KEYS[1])
-if current and string.sub(current, 1, #server + 1) == server .. ':' then return {0, current} end
+if current and (server == '' or string.sub(current, 1, #server + 1) == server .. ':') then
+  return {0, current}
+end
+local last = ARGV[2]
+if not current and last ~= '' and server ~= '' and string.sub(last, 1, #server + 1) == server .. ':' then
+  redis.call('SET', KEYS[1], last)
+  return {0, last}
+end
 current = server .. ':' .. ARGV[1]
 redis.call('SET', KEYS[1], current)
 return {1, current}

@@ -281,7 +281,6 @@ class CacheAside:
                 self._redis_failed(call.metrics, exc)
                 return self._load_degraded(call)
             self._acquire_seconds.observe(time.perf_counter() - started)
-            self.epoch.seen(version)  # another process may have installed a new one
             if status == FRESH:
                 assert entry is not None
                 return CacheResult(entry.payload, WAITED if waited else HIT)

@@ -1,7 +1,7 @@
 """The cache's epoch as this process last read it: the part of every entry's version that is new
 after Redis restarts or fails over (``composition.cache.store`` says why). Read, and installed
-anew when the running server is another, at most once per ``EPOCH_CHECK_S`` and at once after the
-breaker closes; every ACQUIRE's answer refreshes it too."""
+anew when the running server is another (``composition.cache._scripts.ENSURE_EPOCH``), at most
+once per ``EPOCH_CHECK_S`` and at once after the breaker closes."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ class Epoch:
         self._key = key
         self._alias = alias
         self._due = 0.0  # time.monotonic() of the next check
-        # A stale value only sends hits to the slow path, whose ACQUIRE reads the real one.
+        # Only a check sets it: a stale value sends hits to the slow path, whose scripts read the
+        # real one, until the next check.
         self.value = b""
 
     def current(self) -> bytes:
@@ -43,14 +44,10 @@ class Epoch:
         """Check before the next read (Redis answers again: maybe a restarted one)."""
         self._due = 0.0
 
-    def seen(self, version: bytes) -> None:
-        """A version Redis answered with (``<epoch>/<namespace version>``): its epoch is current."""
-        self.value = version.rpartition(b"/")[0]
-
     def _check(self) -> None:
         self._due = time.monotonic() + EPOCH_CHECK_S
         try:
-            installed, self.value = self._store.ensure_epoch(self._key, secrets.token_hex(8))
+            installed, self.value = self._store.ensure_epoch(self._key, secrets.token_hex(8), self.value)
         except REDIS_ERRORS:
             return  # the read that follows finds Redis failing, and counts it
         if installed:

@@ -100,10 +100,12 @@ class LeaseStore:
         ns_now, holder, epoch_now = self._client.execute_command("MGET", keys[0], keys[2], keys[3])
         return bool(holder == token.encode() and version_of(epoch_now, ns_now) == version)
 
-    def ensure_epoch(self, epoch_key: str, token: str) -> tuple[bool, bytes]:
+    def ensure_epoch(self, epoch_key: str, token: str, last: bytes) -> tuple[bool, bytes]:
         """Install a new epoch (``token``) unless the running Redis server installed the current
-        one; (whether it did: every entry cached before is a miss from now on, the epoch)."""
-        installed, epoch = self._ensure_epoch(keys=[epoch_key], args=[token])
+        one (``last``, the epoch the caller read before, comes back if the key was lost on the same
+        server); (whether it installed one: every entry cached before is a miss from now on, the
+        epoch)."""
+        installed, epoch = self._ensure_epoch(keys=[epoch_key], args=[token, last])
         return installed == 1, epoch
 
     def release(self, lease_key: str, token: str) -> None:

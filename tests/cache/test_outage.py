@@ -261,3 +261,35 @@ def test_a_redis_restarted_from_an_older_snapshot_serves_nothing_cached_before_i
         served.append(cache_aside_result(key, lambda: database["value"], ttl_s=300))
         assert served[-1].value == "v2", f"{served[-1].outcome} {served[-1].value!r} after the restart"
         assert engine.peek(key) == "v2"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_epoch_key_lost_on_the_same_server_comes_back_and_clients_refused_info_do_not_replace_it(
+        throwaway_redis_server: ThrowawayRedis) -> None:
+    """Two ways a new epoch would turn the whole cache into misses for nothing: its key evicted or
+    deleted while the server runs on, and clients that differ on whether INFO is allowed taking
+    turns to replace each other's epoch."""
+    import redis
+
+    from composition.cache.store import LeaseStore
+
+    key = f"{unique('epoch')}:1"
+    with cache_at(throwaway_redis_server.url):
+        engine = get_cache_aside()
+        assert cache_aside_result(key, lambda: "v1", ttl_s=300).outcome == "loaded"
+        engine.client.delete(engine.keys.epoch)  # evicted, say
+        engine.epoch.recheck()
+        assert cache_aside_result(key, lambda: "v2", ttl_s=300).outcome == "hit"
+
+        admin = redis.Redis.from_url(throwaway_redis_server.url)
+        admin.execute_command("ACL", "SETUSER", "noinfo", "on", ">secret", "~*", "&*", "+@all", "-info")
+        limited = redis.Redis(host=admin.connection_pool.connection_kwargs["host"],
+                              port=admin.connection_pool.connection_kwargs["port"], username="noinfo",
+                              password="secret")
+        stores = [LeaseStore(engine.client), LeaseStore(limited)]
+        installs, last = 0, b""
+        for turn in range(10):
+            installed, last = stores[turn % 2].ensure_epoch(engine.keys.epoch, f"t{turn}", last)
+            installs += installed
+        assert installs == 0, f"{installs} new epochs in 10 checks"
+        assert cache_aside_result(key, lambda: "v3", ttl_s=300).outcome == "hit"
