@@ -95,7 +95,6 @@ class CacheAside:
                                            on_applied=self._flights.detach_invalidated)
         self.store = LeaseStore(self.client)
         self._execute = self.client.execute_command
-        self._db_alias = db_alias
         self._metrics: dict[str, PatternMetrics] = {}
         # Resolved once: observing a labelled child costs a lookup the hit path need not pay.
         self._get_seconds = CACHE_OPERATION_SECONDS.labels("get")

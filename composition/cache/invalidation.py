@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from composition.breaker import CircuitBreaker
 from composition.cache.pending_replay import ReplaysPending
+from composition.cache.results import namespace_of
 from composition.cache.store import KeySpace
 from composition.db.transactions import on_commit_once, open_savepoints, queued_once, savepoint_outside_atomic
 from composition.errors import REDIS_ERRORS
@@ -122,7 +123,7 @@ class Invalidations(ReplaysPending):
         if batch is None:  # committed or rolled back since
             self._threads_with_batch.discard(threading.get_ident())
             return False
-        return (KIND_KEY, key) in batch.targets or (KIND_NAMESPACE, key.split(":", 1)[0]) in batch.targets
+        return (KIND_KEY, key) in batch.targets or (KIND_NAMESPACE, namespace_of(key)) in batch.targets
 
     @staticmethod
     def _still_there(row_id: int, db_alias: str) -> bool:

@@ -16,6 +16,7 @@ import time
 from typing import Any, NamedTuple
 
 from composition.cache._scripts import ACQUIRE, ENSURE_EPOCH, FILL, RELEASE
+from composition.cache.results import namespace_of
 
 __all__ = ["BUSY", "FRESH", "LEASED", "Entry", "KeySpace", "LeaseStore", "decode_entry", "encode_entry", "version_of"]
 
@@ -32,7 +33,7 @@ class KeySpace:
 
     def of(self, key: str) -> tuple[str, str, str, str]:
         """The (namespace, entry, lease, epoch) keys of the cached ``key``, as the scripts take them."""
-        return self.namespace(key.split(":", 1)[0]), self.entry(key), self.lease(key), self.epoch
+        return self.namespace(namespace_of(key)), self.entry(key), self.lease(key), self.epoch
 
     def entry(self, key: str) -> str:
         return f"{self.prefix}e:{key}"
