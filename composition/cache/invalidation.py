@@ -79,10 +79,10 @@ class Invalidations(ReplaysPending):
         # Told (kind, target) of every invalidation applied in Redis by this process.
         self.on_applied = on_applied
         self._replayed_databases: list[str] | None = None
-        # Idents of the threads that queued a batch on db_alias and may not have ended its
-        # transaction yet (a connection belongs to one thread): the others, nearly every read,
-        # skip the look at their connection.
-        self._threads_with_batch: set[int] = set()
+        # By thread ident, the databases on which that thread queued a batch and may not have
+        # ended the transaction yet (a connection belongs to one thread): the other threads,
+        # nearly every read, skip the look at their connections.
+        self._batch_databases: dict[int, set[str]] = {}
 
     def schedule(self, kind: str, target: str, *, using: str | None = None) -> None:
         """Invalidate after the transaction on ``using`` commits (at once outside one); nothing
@@ -100,8 +100,7 @@ class Invalidations(ReplaysPending):
         # batch with it, since they were all inserted inside it). Keyed by this object, so an
         # engine rebuilt mid-transaction (new settings) starts its own batch.
         batch = on_commit_once(self, TransactionInvalidations(self, db_alias), using=db_alias, robust=True)
-        if db_alias == self.db_alias:
-            self._threads_with_batch.add(threading.get_ident())
+        self._batch_databases.setdefault(threading.get_ident(), set()).add(db_alias)
         item = (kind, target)
         savepoints = open_savepoints(db_alias)
         # A savepoint atomic does not know of (transaction.savepoint()) may have taken the row
@@ -115,15 +114,21 @@ class Invalidations(ReplaysPending):
         batch.rows[item] = batch.row_ids[-1]
 
     def invalidated_in_transaction(self, key: str) -> bool:
-        """Whether the transaction open on this alias's database invalidated ``key`` (or its
-        namespace) and has not committed yet."""
-        if not self._threads_with_batch or threading.get_ident() not in self._threads_with_batch:
+        """Whether a transaction this thread has open, on any database, invalidated ``key`` (or
+        its namespace) and has not committed yet."""
+        databases = self._batch_databases.get(threading.get_ident()) if self._batch_databases else None
+        if not databases:
             return False
-        batch = queued_once(self, using=self.db_alias)
-        if batch is None:  # committed or rolled back since
-            self._threads_with_batch.discard(threading.get_ident())
-            return False
-        return (KIND_KEY, key) in batch.targets or (KIND_NAMESPACE, namespace_of(key)) in batch.targets
+        items = ((KIND_KEY, key), (KIND_NAMESPACE, namespace_of(key)))
+        for db_alias in list(databases):
+            batch = queued_once(self, using=db_alias)
+            if batch is None:  # committed or rolled back since
+                databases.discard(db_alias)
+            elif any(item in batch.targets for item in items):
+                return True
+        if not databases:
+            self._batch_databases.pop(threading.get_ident(), None)
+        return False
 
     @staticmethod
     def _still_there(row_id: int, db_alias: str) -> bool:

@@ -267,7 +267,8 @@ def test_concurrent_replayers_skip_rows_another_one_holds() -> None:
 
 
 # A project with a second database ("other") that writes cached data: the invalidation is
-# recorded in that database's transaction while Redis is down, and the replay must find it there.
+# recorded in that database's transaction while Redis is down, and the replay must find it there;
+# a read in a transaction that invalidated on "other" goes to the database, as on "default".
 # A child process: the alias has to be in DATABASES when Django starts.
 OTHER_DATABASE_CHILD = """
 import json, sys
@@ -291,15 +292,22 @@ recorded = PendingInvalidation.objects.using("other").filter(target=key).count()
 engine = get_cache_aside()
 engine.client.set(engine.keys.entry(key), b"stale")
 replayed = engine.invalidations.replay_pending()
-print(json.dumps({"recorded": recorded, "replayed": replayed,
-                  "left": PendingInvalidation.objects.using("other").filter(target=key).count(),
-                  "entry": engine.client.get(engine.keys.entry(key)) is not None}))
+left = PendingInvalidation.objects.using("other").filter(target=key).count()
+entry = engine.client.get(engine.keys.entry(key)) is not None
+# A read later in the transaction that invalidated on "other" must not get what the write
+# replaces (the invalidation waits for that COMMIT).
+engine.fetch(key, lambda: "old", ttl_s=60)
+with transaction.atomic(using="other"):
+    invalidate(key, using="other")
+    inside = list(engine.fetch(key, lambda: "new", ttl_s=60))
+print(json.dumps({"recorded": recorded, "replayed": replayed, "left": left, "entry": entry, "inside": inside,
+                  "after": engine.peek(key)}))
 connections.close_all()
 """
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_invalidation_recorded_on_another_database_is_replayed() -> None:
+def test_an_invalidation_recorded_on_another_database_is_replayed_and_seen_by_reads_in_its_transaction() -> None:
     key = f"{unique('dur')}:1"
     other = f"{connection.settings_dict['NAME']}_other"
     with connection.cursor() as cursor:
@@ -312,7 +320,8 @@ def test_an_invalidation_recorded_on_another_database_is_replayed() -> None:
                                capture_output=True, text=True, timeout=60)
         assert child.returncode == 0, child.stderr[-3000:]
         outcome = json.loads(child.stdout.strip().splitlines()[-1])
-        assert outcome == {"recorded": 1, "replayed": 1, "left": 0, "entry": False}, outcome
+        assert outcome == {"recorded": 1, "replayed": 1, "left": 0, "entry": False,
+                           "inside": ["new", "uncached"], "after": None}, outcome
     finally:
         with connection.cursor() as cursor:
             cursor.execute(f'DROP DATABASE IF EXISTS "{other}" WITH (FORCE)')
