@@ -58,7 +58,7 @@ def build_broker(url: str, *, heartbeat_timeout_s: float, maintenance_chance: in
     frozen Redis (accepting, never answering) would hold a publishing request or a draining
     worker for as long as the client's default allows. The Redis broker is
     ``composition.broker.redis.WakingRedisBroker``, whose idle consumers wait for a message in
-    ``BLPOP`` instead of sleeping between polls; a wait lasts one idle poll at most, and never
+    ``BLPOP`` instead of sleeping between polls; a wait lasts 1 s at most, and never
     more than half of ``socket_timeout_s``, so short timeouts stay safe for it. The RabbitMQ broker
     is ``composition.broker.rabbitmq.PausableRabbitmqBroker``, its queues declared as
     ``queue_type`` ("classic" or "quorum", with ``delivery_limit``), classic ones with

@@ -1,11 +1,10 @@
 """Dramatiq's Redis broker, with consumers that wake when a message arrives instead of polling.
 
 ``WakingRedisBroker`` keeps Dramatiq's queue layout, commands, heartbeats and maintenance, and
-adds a wake list per queue (``<ns>:<queue>.wake``): every enqueue and requeue pushes one token per
-message, and an idle consumer (``redis_consumer.WakingRedisConsumer``) waits on it in ``BLPOP`` for
-at most one idle poll instead of sleeping. A token is a hint, never work: a stale one costs one
-empty fetch, a missing one one poll. Delay queues keep Dramatiq's polling: their consumer must wake
-every poll anyway to move due messages.
+adds a wake list per queue (``<ns>:<queue>.wake``), delay queues included: every enqueue and
+requeue pushes one token per message, and an idle consumer (``redis_consumer.WakingRedisConsumer``)
+waits on it in ``BLPOP`` for at most ``idle_wait_s`` instead of polling every Dramatiq timeout. A
+token is a hint, never work: a stale one costs one empty fetch, a missing one one idle wait.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from uuid import uuid4
 import redis
 import structlog
 from dramatiq.brokers.redis import RedisBroker
+from dramatiq.common import dq_name
 from dramatiq.message import Message
 
 from composition.broker.hooks import DefinedHooks
@@ -37,11 +37,14 @@ log = structlog.get_logger("composition.broker")
 WAKE_TOKENS_MAX = 16
 # A wake list nobody pops disappears this long after its last push.
 WAKE_TTL_MS = 5_000
-# A wait lasts at most this share of the client's socket timeout, so a long idle poll never
+# A wait lasts at most this share of the client's socket timeout, so a long idle wait never
 # outlasts the socket and looks like a dead connection.
 WAIT_SHARE_OF_SOCKET_TIMEOUT = 0.5
 # BLPOP's timeout 0 means "forever": a wait is never shorter than this.
 MIN_WAIT_S = 0.001
+# The longest an idle consumer waits on its wake list (Dramatiq's idle poll): what a missing
+# token costs. A new message's token and the worker's stop end the wait at once.
+IDLE_WAIT_S = 1.0
 
 # Lua pushing wake tokens, for any script that enqueues (the broker's own below, the outbox's
 # batched enqueue): ``push_wake_tokens(first)`` reads from ARGV[first] on what ``wake_args``
@@ -124,7 +127,7 @@ return result
 
 def wake_args(broker: RedisBroker, queue_names: Iterable[str]) -> list[Any]:
     """``WAKE_LUA``'s arguments for messages just put on ``queue_names`` (one name per message):
-    a token per message, at most ``WAKE_TOKENS_MAX`` per queue; none for delay queues, and none
+    a token per message, at most ``WAKE_TOKENS_MAX`` per queue; none for dead-letter queues, and none
     at all unless ``broker`` is a ``WakingRedisBroker`` (nobody would listen)."""
     listened = isinstance(broker, WakingRedisBroker)
     counts = Counter(name for name in queue_names if has_wake_list(name)) if listened else {}
@@ -160,11 +163,12 @@ class WakingRedisBroker(DefinedHooks, StandIns, RedisBroker):
     a consumer waits in one call (half of it).
     """
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, idle_wait_s: float = IDLE_WAIT_S, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         socket_timeout_s = self.client.connection_pool.connection_kwargs.get("socket_timeout")
         self.max_wait_s: float | None = (
             float(socket_timeout_s) * WAIT_SHARE_OF_SOCKET_TIMEOUT if socket_timeout_s else None)
+        self.idle_wait_s = idle_wait_s
         self._wake = self.client.register_script(_WAKE_SCRIPT)
         # Every do_<command> runs scripts["dispatch"]; this one also wakes on an enqueue.
         source = self.scripts["dispatch"].script
@@ -182,8 +186,8 @@ class WakingRedisBroker(DefinedHooks, StandIns, RedisBroker):
         return super().__getattr__("do_fetch")(queue_name, prefetch, self.holdings.fence(queue_name))
 
     def do_enqueue(self, queue_name: str, message_id: str, data: bytes) -> None:
-        """``dispatch.lua``'s enqueue with the queue's wake token, in one script call (no token
-        for a delay queue). ``RedisBroker.enqueue`` calls it, so a send keeps all of Dramatiq's
+        """``dispatch.lua``'s enqueue with the queue's wake token, in one script call.
+        ``RedisBroker.enqueue`` calls it, so a send keeps all of Dramatiq's
         enqueue: the Redis id, the delay queue and ``eta``, the before/after enqueue hooks.
 
         The token is best effort, as ``wake`` says: a failed push is logged, never raised."""
@@ -192,7 +196,7 @@ class WakingRedisBroker(DefinedHooks, StandIns, RedisBroker):
             args = self._enqueue_wake_args[queue_name] = wake_args(self, [queue_name])
         failure = super().__getattr__("do_enqueue")(queue_name, message_id, data, *args)
         if failure:
-            log.warning("could not wake consumers; they find the messages at their next poll",
+            log.warning("could not wake consumers; they find the messages after their idle wait",
                         error=failure.decode() if isinstance(failure, bytes) else str(failure))
 
     def do_requeue(self, queue_name: str, *message_ids: str) -> Any:
@@ -205,7 +209,7 @@ class WakingRedisBroker(DefinedHooks, StandIns, RedisBroker):
     def wake(self, queue_names: Iterable[str]) -> None:
         """Push wake tokens for messages just put on ``queue_names`` (one name per message).
 
-        Best effort: the messages are already enqueued, and a lost token costs one idle poll, so
+        Best effort: the messages are already enqueued, and a lost token costs one idle wait, so
         a failure is logged, never raised (the caller would take it for a failed enqueue).
         """
         args = wake_args(self, queue_names)
@@ -214,12 +218,13 @@ class WakingRedisBroker(DefinedHooks, StandIns, RedisBroker):
         try:
             self._wake(args=args)
         except redis.RedisError as exc:
-            log.warning("could not wake consumers; they find the messages at their next poll",
+            log.warning("could not wake consumers; they find the messages after their idle wait",
                         error=described(exc))
 
-    def wait_s(self, idle_poll_ms: int) -> float:
-        """How long an idle consumer waits for a token: the idle poll, within the socket timeout."""
-        wait_s = idle_poll_ms / 1000
+    def wait_s(self, wait_ms: int) -> float:
+        """A consumer's wait of ``wait_ms`` (for a token, or a paused queue's resume), within the
+        socket timeout."""
+        wait_s = wait_ms / 1000
         if self.max_wait_s is not None:
             wait_s = min(wait_s, self.max_wait_s)
         return max(wait_s, MIN_WAIT_S)
@@ -227,4 +232,4 @@ class WakingRedisBroker(DefinedHooks, StandIns, RedisBroker):
     def flush(self, queue_name: str) -> None:
         super().flush(queue_name)
         lanes = lanes_key(self.namespace, queue_name)
-        self.client.delete(wake_key(self, queue_name), lanes, f"{lanes}.seq")
+        self.client.delete(wake_key(self, queue_name), wake_key(self, dq_name(queue_name)), lanes, f"{lanes}.seq")

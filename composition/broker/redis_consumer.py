@@ -1,12 +1,11 @@
 """The consumer of ``composition.broker.redis.WakingRedisBroker`` (that module's doc says what
-it adds to Dramatiq's): it waits on a wake list instead of sleeping on an empty queue, raises a
-Redis that stops answering as a lost connection, and keeps its worker's ``Holdings``
-(``composition.broker.redis_holdings``) so that what a lost connection left unacknowledged with
-nobody holding it goes back to the queue. A delay queue's consumer sleeps, when
-idle, no longer than until the earliest delayed message it holds is due, so a message delayed
-by 20 ms moves to its queue then, not after a whole idle poll. While its queue is paused
-(``composition.broker.pausing``) it fetches nothing, and a message marked ``hand_back()`` goes back
-to the queue instead of being acknowledged."""
+it adds to Dramatiq's): on an empty queue it waits on the wake list, ended at once by a new
+message or its worker's stop (``end_wait``); it raises a Redis that stops answering as a lost
+connection, and keeps its worker's ``Holdings`` (``composition.broker.redis_holdings``) so that
+what a lost connection left unacknowledged with nobody holding it goes back to the queue. A delay
+queue's consumer waits no longer than until the earliest delayed message it holds is due. While
+its queue is paused (``composition.broker.pausing``) it fetches nothing, and a message marked
+``hand_back()`` goes back to the queue instead of being acknowledged."""
 
 from __future__ import annotations
 
@@ -14,11 +13,12 @@ import heapq
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
+from uuid import uuid4
 
 import redis
 from dramatiq.broker import MessageProxy
 from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
-from dramatiq.common import current_millis, q_name
+from dramatiq.common import current_millis
 from dramatiq.errors import ConnectionClosed
 
 from composition.broker.pausing import handed_back, paused_queues
@@ -38,14 +38,16 @@ def wake_key(broker: RedisBroker, queue_name: str) -> str:
 
 
 def has_wake_list(queue_name: str) -> bool:
-    # Delay (".DQ") and dead-letter (".XQ") queues poll (composition.broker.redis says why).
-    return q_name(queue_name) == queue_name
+    # Every queue a worker consumes, delay queues (".DQ") too; not the dead-letter ones (".XQ").
+    return not queue_name.endswith(".XQ")
 
 
 # What a lost connection looks like from redis-py: refused, reset, or no answer in time. Raised
 # as itself, a timeout reached the consumer thread's generic handler, whose clean-up timed out
 # too and ended the thread for good; as ConnectionClosed, Dramatiq restarts the consumer.
 _LOST: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError)
+# An end_wait's push that no wait popped (the consumer was not waiting) goes after this.
+_STOP_TTL_MS = 10_000
 
 
 @contextmanager
@@ -59,9 +61,10 @@ def _lost_as_closed() -> Iterator[None]:
 
 class WakingRedisConsumer(_RedisConsumer):
     """Dramatiq's Redis consumer that, when a fetch comes back empty, waits on the queue's wake
-    list for at most one idle poll (``timeout``, ms) instead of sleeping. ``__next__`` returns
-    ``None`` after a wait, as Dramatiq's does after a sleep, so the consumer thread checks its
-    stop flag then."""
+    list (for at most the broker's ``idle_wait_s``) instead of sleeping; a paused queue or a full
+    prefetch looks again after ``timeout`` ms, as Dramatiq does. ``__next__`` returns ``None``
+    after a wait, as Dramatiq's does after a sleep, so the consumer thread checks its stop flag
+    then."""
 
     broker: WakingRedisBroker
 
@@ -76,7 +79,9 @@ class WakingRedisConsumer(_RedisConsumer):
         # (eta, Redis id) of those, earliest first; an entry no longer in _delayed is dropped
         # when it comes to the top.
         self._etas: list[tuple[int, str]] = []
-        self._idle_poll_ms = timeout
+        self._poll_ms = timeout
+        # This consumer's own list, pushed to by end_wait: the wake list is every worker's.
+        self._stop_key = f"{self._wake_key}.stop.{uuid4().hex}"
 
     # __next__, ack and nack run for every message: they catch _LOST themselves rather than
     # through _lost_as_closed(), whose generator costs a few microseconds a message.
@@ -148,17 +153,15 @@ class WakingRedisConsumer(_RedisConsumer):
 
     def _next(self) -> MessageProxy | None:
         # Dramatiq's own path whenever it would not sleep on an empty queue: messages in the
-        # cache, a full prefetch (it sleeps, but a token could not be used), or a delay queue.
+        # cache, or a full prefetch (it sleeps, but a token could not be used).
         if self._wakes and self.queue_name in paused_queues and not self.message_cache:
             # Paused: fetch nothing; what was fetched before goes on to the worker threads, which
-            # hand it back. Woken by a resume, or after one idle poll to check the stop flag.
-            paused_queues.wait(self.broker.wait_s(self.timeout))
+            # hand it back. Woken by a resume, or after one poll to check the stop flag.
+            paused_queues.wait(self.broker.wait_s(self._poll_ms))
             return None
-        if not self._wakes:
-            # Dramatiq's idle sleep is at most self.timeout.
-            self.timeout = self._until_next_due_ms()
-            return super().__next__()
-        if self.message_cache or self.outstanding_message_count >= self.prefetch:
+        if not self._wakes or self.message_cache or self.outstanding_message_count >= self.prefetch:
+            # Dramatiq's sleep is at most self.timeout: until a held delayed message is due.
+            self.timeout = self._until_next_due_ms(self._poll_ms)
             return super().__next__()
         # As Dramatiq fetches: dispatch.lua's fetch moves the ids into the unacked set. (A lost
         # connection here is raised as ConnectionClosed by __next__.)
@@ -168,18 +171,30 @@ class WakingRedisConsumer(_RedisConsumer):
             return None
         return super().__next__()
 
-    def _until_next_due_ms(self) -> int:
-        """One idle poll, or less when a delayed message this consumer holds is due sooner."""
+    def _until_next_due_ms(self, longest_ms: int) -> int:
+        """``longest_ms``, or less when a delayed message this consumer holds is due sooner."""
         etas = self._etas
         while etas and etas[0][1] not in self._delayed:
             heapq.heappop(etas)
         if not etas:
-            return self._idle_poll_ms
-        return max(1, min(self._idle_poll_ms, etas[0][0] - current_millis()))
+            return longest_ms
+        return max(1, min(longest_ms, etas[0][0] - current_millis()))
 
     def _wait_for_wake(self) -> None:
+        wait_ms = self._until_next_due_ms(int(self.broker.idle_wait_s * 1000))
         try:
-            self.broker.client.blpop([self._wake_key], timeout=self.broker.wait_s(self.timeout))
+            self.broker.client.blpop([self._wake_key, self._stop_key], timeout=self.broker.wait_s(wait_ms))
         except redis.TimeoutError:
-            # A late answer counts as one poll; redis-py dropped that connection already.
+            # A late answer counts as one idle wait; redis-py dropped that connection already.
+            pass
+
+    def end_wait(self) -> None:
+        """End this consumer's wait at once: its worker is stopping (its thread's stop flag is
+        set). Best effort: without Redis the wait ends by its timeout."""
+        try:
+            with self.broker.client.pipeline(transaction=False) as pipe:
+                pipe.rpush(self._stop_key, "1")
+                pipe.pexpire(self._stop_key, _STOP_TTL_MS)
+                pipe.execute()
+        except redis.RedisError:
             pass

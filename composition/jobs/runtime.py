@@ -22,6 +22,7 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Shutdown
 
 from composition.broker.keys import acks_key
+from composition.broker.redis_consumer import WakingRedisConsumer
 from composition.broker.time_limits import interrupt_running_job
 from composition.jobs.middleware.in_flight import InFlight
 from composition.jobs.middleware.stack import find_in_flight
@@ -36,7 +37,7 @@ log = structlog.get_logger("composition.jobs")
 # MIN_UNWIND_S, after which the remaining messages are handed back regardless.
 INTERRUPT_GRACE_S = 2.0
 MIN_UNWIND_S = 0.5
-# How long to wait for consumer threads to leave their poll (one idle poll at most).
+# How long to wait for consumer threads to leave their poll or wait (ended by stop_intake).
 CONSUMER_JOIN_S = 2.0
 # Message ids per requeue command: Lua unpacks arguments onto a bounded stack.
 REQUEUE_BATCH = 500
@@ -66,6 +67,10 @@ def stop_intake(worker: Worker) -> None:
     if isinstance(worker.broker, RedisBroker):
         for consumer in worker.consumers.values():
             consumer.stop()
+        # A consumer waiting for a message on an empty queue sees its stop flag at once.
+        for consumer in worker.consumers.values():
+            if isinstance(consumer.consumer, WakingRedisConsumer):
+                consumer.consumer.end_wait()
     # Said once intake has stopped (the signal's "draining" line comes before it): from here no
     # new job starts in this worker.
     log.info("worker intake stopped; running jobs go on", threads=len(worker.workers))

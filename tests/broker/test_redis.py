@@ -1,8 +1,8 @@
 """Redis-broker consumers wake when a message arrives (``composition.broker.redis``): a message
-sent to an idle queue, directly or through the outbox, starts long before the next idle poll;
-an idle consumer still returns within one poll (so a stop is prompt); delay queues keep
-Dramatiq's polling; and the wake lists stay bounded when nobody listens. A send stores its
-message and pushes its token in one round trip, between Dramatiq's enqueue hooks."""
+sent to an idle queue or its delay queue, directly or through the outbox, starts long before the
+idle wait ends; an idle consumer returns after one idle wait, and at once when its worker stops
+(``end_wait``); the wake lists stay bounded when nobody listens. A send stores its message and
+pushes its token in one round trip, between Dramatiq's enqueue hooks."""
 
 from __future__ import annotations
 
@@ -28,14 +28,16 @@ from composition.broker.configured import build_broker, configured_broker
 from composition.broker.redis import WAKE_TOKENS_MAX, WAKE_TTL_MS, WakingRedisBroker
 from composition.broker.redis_consumer import wake_key
 from composition.conf import conf
+from composition.jobs.runtime import drain_worker, stop_intake
 from composition.outbox import OutboxMessage, publish
 from composition.outbox.enqueue import enqueue_many
 from composition.outbox.relay import RELAY_QUEUE_NAME
 from composition.testing import wait_until
 from tests.jobsapp import jobs
 
-# Long, so that a consumer that sleeps between polls (Dramatiq's backs off towards it) visibly
-# misses the bound below; a waking consumer is at a few milliseconds.
+# The consumers' poll (Dramatiq's timeout): what a paused queue or a full prefetch waits. Long,
+# so that a consumer that sleeps between polls (Dramatiq's backs off towards it) visibly misses
+# the bound below; a waking consumer is at a few milliseconds.
 IDLE_POLL_MS = 1000
 START_BOUND_S = 0.1
 SENDS = 6  # a polling consumer misses the bound on nearly every send: its median could not pass
@@ -74,15 +76,16 @@ def _message(queue_name: str = UNIT_QUEUE) -> Message[Any]:
 
 # -- the consumer, in this process ---------------------------------------------------------------
 
-def test_an_idle_consumer_returns_when_a_message_arrives_and_otherwise_after_one_poll(
+def test_an_idle_consumer_returns_when_a_message_arrives_and_otherwise_after_one_idle_wait(
         broker: WakingRedisBroker) -> None:
-    consumer = broker.consume(UNIT_QUEUE, prefetch=1, timeout=IDLE_POLL_MS)
+    consumer = broker.consume(UNIT_QUEUE, prefetch=1, timeout=10)
     try:
-        # Nothing arrives: it waits out one idle poll (no busy loop, no longer: a stop is seen then).
+        # Nothing arrives: it waits out one idle wait, not the 10 ms poll (no busy loop, and a
+        # missing token costs no more than that).
         began = time.monotonic()
         assert next(consumer) is None
         waited_s = time.monotonic() - began
-        assert 0.8 * IDLE_POLL_MS / 1000 <= waited_s < IDLE_POLL_MS / 1000 + 0.5, waited_s
+        assert 0.8 * broker.idle_wait_s <= waited_s < broker.idle_wait_s + 0.5, waited_s
 
         # A message enqueued mid-wait ends the wait at once, and is the next thing fetched.
         sent_at: list[float] = []
@@ -102,10 +105,12 @@ def test_an_idle_consumer_returns_when_a_message_arrives_and_otherwise_after_one
 
 
 def test_a_wait_stays_within_the_socket_timeout() -> None:
-    # A 5 s idle poll on a client whose socket times out after 0.4 s: the wait is cut to half of
+    # A 5 s idle wait on a client whose socket times out after 0.4 s: the wait is cut to half of
     # that, instead of ending in a socket timeout (a consumer restart).
     broker = build_broker(conf.BROKER_URL, heartbeat_timeout_s=5.0, maintenance_chance=0,
                           socket_timeout_s=0.4, middleware=[])
+    assert isinstance(broker, WakingRedisBroker)
+    broker.idle_wait_s = 5.0
     consumer = broker.consume(UNIT_QUEUE, prefetch=1, timeout=5000)
     try:
         began = time.monotonic()
@@ -116,21 +121,53 @@ def test_a_wait_stays_within_the_socket_timeout() -> None:
         broker.client.close()
 
 
-def test_delay_queues_keep_dramatiqs_polling(broker: WakingRedisBroker, client: redis.Redis) -> None:
-    # A delayed message goes to the delay queue and wakes nobody; the delay queue's consumer
-    # polls (Dramatiq's first back-off is 5-10 ms) and fetches it.
-    enqueued = broker.enqueue(_message(), delay=10)
-    assert enqueued.queue_name == dq_name(UNIT_QUEUE)
-    assert not client.exists(wake_key(broker, UNIT_QUEUE), wake_key(broker, dq_name(UNIT_QUEUE)))
+def test_a_delayed_message_wakes_its_delay_queue_s_consumer(broker: WakingRedisBroker, client: redis.Redis) -> None:
+    # A delayed message goes to the delay queue and wakes its consumer, not the queue's: the
+    # delay queue's consumer, idle in its wait, fetches it at once and holds it until it is due.
     consumer = broker.consume(dq_name(UNIT_QUEUE), prefetch=1, timeout=IDLE_POLL_MS)
     try:
+        enqueued: list[Message[Any]] = []
+        sender = threading.Timer(0.3, lambda: enqueued.append(broker.enqueue(_message(), delay=10_000)))
         began = time.monotonic()
+        sender.start()
+        assert next(consumer) is None
+        sender.join()
+        assert time.monotonic() - began < 0.3 + START_BOUND_S, "it polled: the delayed message woke nobody"
+        assert enqueued[0].queue_name == dq_name(UNIT_QUEUE)
+        assert not client.exists(wake_key(broker, UNIT_QUEUE))
         proxy = next(consumer)
-        assert proxy is not None and proxy.options["eta"] == enqueued.options["eta"]
-        assert time.monotonic() - began < 0.5
+        assert proxy is not None and proxy.options["eta"] == enqueued[0].options["eta"]
         consumer.ack(proxy)
     finally:
         consumer.close()
+
+
+def test_end_wait_ends_an_idle_wait_at_once(broker: WakingRedisBroker) -> None:
+    # A stopping worker ends its consumers' waits (runtime.stop_intake), rather than waiting for
+    # an idle wait to run out; a consumer of the same queue elsewhere keeps waiting.
+    here = broker.consume(UNIT_QUEUE, prefetch=1, timeout=IDLE_POLL_MS)
+    elsewhere = broker.consume(UNIT_QUEUE, prefetch=1, timeout=IDLE_POLL_MS)
+    waited: dict[str, float] = {}
+
+    def wait(name: str, consumer: Any) -> None:
+        began = time.monotonic()
+        assert next(consumer) is None
+        waited[name] = time.monotonic() - began
+
+    threads = [threading.Thread(target=wait, args=(name, consumer)) for name, consumer in
+               (("here", here), ("elsewhere", elsewhere))]
+    try:
+        for thread in threads:
+            thread.start()
+        time.sleep(0.2)
+        here.end_wait()
+        for thread in threads:
+            thread.join(5)
+        assert waited["here"] < 0.2 + START_BOUND_S, waited
+        assert waited["elsewhere"] >= 0.8 * broker.idle_wait_s, waited
+    finally:
+        here.close()
+        elsewhere.close()
 
 
 def test_messages_handed_back_wake_consumers(broker: WakingRedisBroker, client: redis.Redis) -> None:
@@ -161,10 +198,10 @@ def test_wake_lists_stay_bounded_without_consumers(broker: WakingRedisBroker, cl
     enqueue_many(broker, [(_message(), None) for _ in range(3)])
     assert client.llen(key) == 3  # a token per message
     enqueue_many(broker, [(_message(), None) for _ in range(5 * WAKE_TOKENS_MAX)]
-                 + [(_message(), 1000)])  # the delayed one wakes nobody
+                 + [(_message(), 1000)])  # the delayed one wakes its delay queue's consumer
     assert client.llen(key) == WAKE_TOKENS_MAX
     assert 0 < client.pttl(key) <= WAKE_TTL_MS
-    assert not client.exists(wake_key(broker, dq_name(UNIT_QUEUE)))
+    assert client.llen(wake_key(broker, dq_name(UNIT_QUEUE))) == 1
 
 
 # -- a send: one round trip, between Dramatiq's enqueue hooks ------------------------------------
@@ -250,11 +287,10 @@ def test_a_send_is_one_round_trip_between_dramatiqs_enqueue_hooks(
     assert client.lrange(f"{sending_broker.namespace}:{queue}", 0, -1) == [redis_id.encode()]
     # The hooks fire as Dramatiq fires them: before the message is stored, and after.
     assert hooks.calls == [("before", queue, delay_ms, False), ("after", queue, delay_ms, True)]
-    if delay_ms is None:
-        assert client.llen(wake_key(sending_broker, UNIT_QUEUE)) == 1
-    else:  # to the delay queue, due at its eta, and waking nobody
+    assert client.llen(wake_key(sending_broker, queue)) == 1
+    if delay_ms is not None:  # to the delay queue, due at its eta, waking its consumer only
         assert message.options["eta"] > time.time() * 1000
-        assert not client.exists(wake_key(sending_broker, UNIT_QUEUE), wake_key(sending_broker, queue))
+        assert not client.exists(wake_key(sending_broker, UNIT_QUEUE))
 
 
 def test_a_send_wakes_a_waiting_worker_which_runs_it(sending_broker: WakingRedisBroker) -> None:
@@ -275,10 +311,27 @@ def test_a_send_wakes_a_waiting_worker_which_runs_it(sending_broker: WakingRedis
         worker.stop(timeout=5000)
 
 
+def test_a_stopping_worker_s_consumers_leave_their_idle_wait_at_once(sending_broker: WakingRedisBroker) -> None:
+    # stop_intake (the drain's first step) ends each consumer's wait: an idle worker stops in
+    # a few milliseconds, not after its consumers' idle waits (a second each) run out.
+    _probe_actor(sending_broker)
+    worker = dramatiq.Worker(sending_broker, worker_timeout=100, worker_threads=1)
+    worker.start()
+    try:
+        time.sleep(0.3)  # both consumers (the queue's and its delay queue's) fetched nothing: waiting
+        stop_intake(worker)
+        deadline = time.monotonic() + 0.4  # the waits began about 0.3 s ago and last 1 s
+        for thread in worker.consumers.values():
+            thread.join(max(0.0, deadline - time.monotonic()))
+        assert [queue for queue, thread in worker.consumers.items() if thread.is_alive()] == []
+    finally:
+        drain_worker(worker, time.monotonic() + 5)
+
+
 def test_a_token_that_cannot_be_pushed_does_not_fail_the_send(
         sending_broker: WakingRedisBroker, client: redis.Redis) -> None:
     # The wake list's key holds a string: the push fails after the message is stored. A token is
-    # a hint, so the send succeeds (a consumer finds the message at its next poll), logged.
+    # a hint, so the send succeeds (a consumer finds the message after its idle wait), logged.
     client.set(wake_key(sending_broker, UNIT_QUEUE), "not a list")
     probe = _probe_actor(sending_broker)
     with capture_logs() as logs:
@@ -286,7 +339,7 @@ def test_a_token_that_cannot_be_pushed_does_not_fail_the_send(
     assert client.lrange(f"{sending_broker.namespace}:{UNIT_QUEUE}", 0, -1) == [
         message.options["redis_message_id"].encode()]
     assert [log["event"] for log in logs] == [
-        "could not wake consumers; they find the messages at their next poll"]
+        "could not wake consumers; they find the messages after their idle wait"]
     assert "WRONGTYPE" in logs[0]["error"]
 
 
