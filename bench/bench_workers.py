@@ -3,7 +3,9 @@
 Both drain the same pre-filled Redis queue (the no-op job of tests.jobsapp); the rate is taken
 between the first 5 % consumed and the queue's last message acknowledged, so process start-up
 (Django's is longer) is not counted. Each contender runs ROUNDS times, alternating, best kept.
-Prints both rates and their ratio (goal: >= 0.9).
+Prints both rates and their ratio (goal: >= 0.9). Then what each costs idle, on the same queue:
+CPU per second and Redis commands per second (Redis's own count, script commands included:
+nothing else may use that Redis meanwhile), measured for IDLE_S after start-up; no goal.
 
 Run: DATABASE_URL=... REDIS_URL=... .venv/bin/python bench/bench_workers.py
 """
@@ -15,6 +17,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,6 +40,9 @@ POLL_S = 0.005
 START_FRACTION = 0.05
 TIMEOUT_S = 120.0
 GOAL = 0.9
+IDLE_S = float(os.environ.get("BENCH_IDLE_S", "10"))
+IDLE_SETTLE_S = 5.0  # start-up, and the first polls' back-off, not counted
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
 def fill(broker) -> None:  # type: ignore[no-untyped-def]
@@ -48,13 +55,27 @@ def pending(broker) -> int:  # type: ignore[no-untyped-def]
     return int(broker.client.hlen(f"{broker.namespace}:{QUEUE}.msgs"))
 
 
+@contextmanager
+def running(argv: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
+    """``argv`` in its own process group, stopped (SIGTERM, then SIGKILL) on leaving."""
+    process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    try:
+        yield process
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
 def measure(argv: list[str], env: dict[str, str]) -> float:
     """Messages per second while ``argv`` drains the pre-filled queue."""
     broker = configured_broker()
     fill(broker)
-    process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
-    try:
+    with running(argv, env):
         deadline = time.monotonic() + TIMEOUT_S
         start_at = int(MESSAGES * (1 - START_FRACTION))
         began = None
@@ -66,13 +87,36 @@ def measure(argv: list[str], env: dict[str, str]) -> float:
                 return left_at_start / (time.monotonic() - began)
             time.sleep(POLL_S)
         raise RuntimeError(f"{argv[:3]} did not drain {MESSAGES} messages in {TIMEOUT_S:.0f}s")
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of ``pids`` so far (Linux /proc)."""
+    total = 0
+    for pid in pids:
         try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / _TICKS_PER_S
+
+
+def idle_cost(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(CPU ms per second, Redis commands per second) of ``argv`` consuming an empty queue."""
+    broker = configured_broker()
+    broker.flush(QUEUE)
+    with running(argv, env) as process:
+        time.sleep(IDLE_SETTLE_S)
+        listed = subprocess.run(["pgrep", "-g", str(process.pid)], capture_output=True, text=True).stdout
+        pids = [int(pid) for pid in listed.split()]
+        cpu_before, commands_before = _cpu_s(pids), int(broker.client.info("stats")["total_commands_processed"])
+        began = time.monotonic()
+        time.sleep(IDLE_S)
+        took_s = time.monotonic() - began
+        cpu, commands = _cpu_s(pids) - cpu_before, int(broker.client.info("stats")["total_commands_processed"])
+        # Less the INFO call itself.
+        return cpu * 1000 / took_s, (commands - commands_before - 1) / took_s
 
 
 def main() -> int:
@@ -91,6 +135,9 @@ def main() -> int:
     print(f"runworkers : {best_composed:8.0f} msg/s  (rounds: {', '.join(f'{r:.0f}' for r in runworkers_rates)})")
     ratio = best_composed / best_plain
     print(f"ratio runworkers/dramatiq = {ratio:.2f} (goal >= {GOAL}): {'goal met' if ratio >= GOAL else 'MISSED'}")
+    for name, argv in (("dramatiq", plain), ("runworkers", composed)):
+        cpu_ms, commands = idle_cost(argv, env)
+        print(f"idle {name:10s}: {cpu_ms:5.1f} ms CPU/s, {commands:6.1f} Redis commands/s (over {IDLE_S:.0f} s)")
     configured_broker().flush(QUEUE)
     return 0 if ratio >= GOAL else 1
 

@@ -23,7 +23,7 @@ from dramatiq.message import Message
 from composition.broker.hooks import DefinedHooks
 from composition.broker.keys import acks_key, lanes_key, messages_key, queue_key
 from composition.broker.priorities import LANES_LUA, PRIORITY_OPTION
-from composition.broker.redis_consumer import WakingRedisConsumer, has_wake_list, wake_key
+from composition.broker.redis_consumer import WAKE_SUFFIX, WakingRedisConsumer, has_wake_list, wake_key
 from composition.broker.redis_holdings import FENCED_FETCH_LUA, Holdings
 from composition.broker.stand_ins import StandIns
 from composition.errors import described
@@ -95,10 +95,26 @@ def _dispatch_and_wake_lua(dispatch_lua: str) -> str:
     plain search of its body first, so other messages are not decoded). Whatever it returns, an
     "enqueue" then pushes the wake tokens given after its own arguments (``wake_args``). pcall:
     the message is stored by then and a token is only a hint, so a failed push must not fail the
-    send; the push's error is returned instead, to log."""
+    send; the push's error is returned instead, to log.
+
+    Messages that came with no token to spare wake consumers here: a fetch that leaves some
+    behind wakes one more consumer (which does the same, so a burst reaches every idle consumer
+    however few tokens it pushed), and the maintenance step (a dead worker's messages put back)
+    wakes as many as are waiting."""
     return (WAKE_LUA + LANES_LUA + "local function dramatiq_dispatch()\n" + dispatch_lua + "\nend\n"
             + FENCED_FETCH_LUA + f"""
 local queue_full_name = KEYS[1] .. ":" .. ARGV[3]
+local function waiting()
+    return redis.call("llen", queue_full_name) + redis.call("zcard", queue_full_name .. ".lanes")
+end
+local function wake_waiting(tokens)
+    local key = queue_full_name .. "{WAKE_SUFFIX}"
+    for _ = 1, math.min(tokens, {WAKE_TOKENS_MAX}) do
+        redis.call("rpush", key, "1")
+    end
+    redis.call("ltrim", key, -{WAKE_TOKENS_MAX}, -1)
+    redis.call("pexpire", key, {WAKE_TTL_MS})
+end
 if ARGV[1] == "fetch" then
     from_lanes(queue_full_name, math.min(tonumber(ARGV[9]), tonumber(ARGV[8])))
 end
@@ -119,6 +135,15 @@ if ARGV[1] == "enqueue" then
     local woke, err = pcall(push_wake_tokens, {_ENQUEUE_WAKE_ARGS_AT})
     if not woke then
         return type(err) == "table" and err.err or tostring(err)
+    end
+elseif ARGV[1] == "fetch" and type(result) == "table" and #result > 0 then
+    if waiting() > 0 then
+        wake_waiting(1)
+    end
+elseif ARGV[7] == "1" then
+    local left = waiting()
+    if left > 0 then
+        wake_waiting(left)
     end
 end
 return result

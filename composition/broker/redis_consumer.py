@@ -1,6 +1,6 @@
 """The consumer of ``composition.broker.redis.WakingRedisBroker`` (that module's doc says what
 it adds to Dramatiq's): on an empty queue it waits on the wake list, ended at once by a new
-message or its worker's stop (``end_wait``); it raises a Redis that stops answering as a lost
+message or its worker's stop (``end_waits``); it raises a Redis that stops answering as a lost
 connection, and keeps its worker's ``Holdings`` (``composition.broker.redis_holdings``) so that
 what a lost connection left unacknowledged with nobody holding it goes back to the queue. A delay
 queue's consumer waits no longer than until the earliest delayed message it holds is due. While
@@ -10,6 +10,7 @@ its queue is paused (``composition.broker.pausing``) it fetches nothing, and a m
 from __future__ import annotations
 
 import heapq
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -26,7 +27,7 @@ from composition.broker.pausing import handed_back, paused_queues
 if TYPE_CHECKING:
     from composition.broker.redis import WakingRedisBroker
 
-__all__ = ["WAKE_SUFFIX", "WakingRedisConsumer", "has_wake_list", "wake_key"]
+__all__ = ["WAKE_SUFFIX", "WakingRedisConsumer", "end_waits", "has_wake_list", "wake_key"]
 
 # A queue's wake list is "<namespace>:<queue><WAKE_SUFFIX>", beside Dramatiq's "<queue>.msgs".
 WAKE_SUFFIX = ".wake"
@@ -46,7 +47,7 @@ def has_wake_list(queue_name: str) -> bool:
 # as itself, a timeout reached the consumer thread's generic handler, whose clean-up timed out
 # too and ended the thread for good; as ConnectionClosed, Dramatiq restarts the consumer.
 _LOST: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError)
-# An end_wait's push that no wait popped (the consumer was not waiting) goes after this.
+# An end_waits push that no wait popped (the consumer was not waiting) goes after this.
 _STOP_TTL_MS = 10_000
 
 
@@ -80,8 +81,9 @@ class WakingRedisConsumer(_RedisConsumer):
         # when it comes to the top.
         self._etas: list[tuple[int, str]] = []
         self._poll_ms = timeout
-        # This consumer's own list, pushed to by end_wait: the wake list is every worker's.
+        # This consumer's own list, pushed to by end_waits: the wake list is every worker's.
         self._stop_key = f"{self._wake_key}.stop.{uuid4().hex}"
+        self._ending = False  # set by end_waits: the worker is stopping
 
     # __next__, ack and nack run for every message: they catch _LOST themselves rather than
     # through _lost_as_closed(), whose generator costs a few microseconds a message.
@@ -181,20 +183,41 @@ class WakingRedisConsumer(_RedisConsumer):
         return max(1, min(longest_ms, etas[0][0] - current_millis()))
 
     def _wait_for_wake(self) -> None:
+        if self._ending:
+            return
         wait_ms = self._until_next_due_ms(int(self.broker.idle_wait_s * 1000))
         try:
-            self.broker.client.blpop([self._wake_key, self._stop_key], timeout=self.broker.wait_s(wait_ms))
+            # The stop list first: a stopping consumer takes its own token, not a message's.
+            popped = self.broker.client.blpop([self._stop_key, self._wake_key], timeout=self.broker.wait_s(wait_ms))
         except redis.TimeoutError:
             # A late answer counts as one idle wait; redis-py dropped that connection already.
-            pass
+            return
+        if popped is not None and self._ending and popped[0] == self._wake_key.encode():
+            # Taken by a consumer that fetches no more: pass it on to another worker's.
+            self.broker.wake([self.queue_name])
 
-    def end_wait(self) -> None:
-        """End this consumer's wait at once: its worker is stopping (its thread's stop flag is
-        set). Best effort: without Redis the wait ends by its timeout."""
+
+def end_waits(consumers: Iterable[WakingRedisConsumer]) -> threading.Thread | None:
+    """End the waits of ``consumers`` (of one broker), whose worker is stopping (their threads' stop flags are
+    set), at once rather than when they run out. Returns at once: the pushes go in one pipeline
+    from the returned thread (a frozen Redis must not hold the drain; the waits then end by
+    their own timeout)."""
+    ending = list(consumers)
+    for consumer in ending:
+        consumer._ending = True
+    if not ending:
+        return None
+
+    def push() -> None:
         try:
-            with self.broker.client.pipeline(transaction=False) as pipe:
-                pipe.rpush(self._stop_key, "1")
-                pipe.pexpire(self._stop_key, _STOP_TTL_MS)
+            with ending[0].broker.client.pipeline(transaction=False) as pipe:
+                for consumer in ending:
+                    pipe.rpush(consumer._stop_key, "1")
+                    pipe.pexpire(consumer._stop_key, _STOP_TTL_MS)
                 pipe.execute()
         except redis.RedisError:
             pass
+
+    thread = threading.Thread(target=push, name="end-consumer-waits", daemon=True)
+    thread.start()
+    return thread

@@ -22,7 +22,7 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Shutdown
 
 from composition.broker.keys import acks_key
-from composition.broker.redis_consumer import WakingRedisConsumer
+from composition.broker.redis_consumer import WakingRedisConsumer, end_waits
 from composition.broker.time_limits import interrupt_running_job
 from composition.jobs.middleware.in_flight import InFlight
 from composition.jobs.middleware.stack import find_in_flight
@@ -43,6 +43,8 @@ CONSUMER_JOIN_S = 2.0
 REQUEUE_BATCH = 500
 
 _intake_stopped: weakref.WeakSet[Worker] = weakref.WeakSet()
+# The thread ending a stopped worker's consumers' waits (end_waits), joined by the drain.
+_ending_waits: weakref.WeakKeyDictionary[Worker, threading.Thread | None] = weakref.WeakKeyDictionary()
 
 
 def stop_intake(worker: Worker) -> None:
@@ -68,9 +70,8 @@ def stop_intake(worker: Worker) -> None:
         for consumer in worker.consumers.values():
             consumer.stop()
         # A consumer waiting for a message on an empty queue sees its stop flag at once.
-        for consumer in worker.consumers.values():
-            if isinstance(consumer.consumer, WakingRedisConsumer):
-                consumer.consumer.end_wait()
+        _ending_waits[worker] = end_waits(thread.consumer for thread in worker.consumers.values()
+                                          if isinstance(thread.consumer, WakingRedisConsumer))
     # Said once intake has stopped (the signal's "draining" line comes before it): from here no
     # new job starts in this worker.
     log.info("worker intake stopped; running jobs go on", threads=len(worker.workers))
@@ -101,7 +102,11 @@ def drain_worker(worker: Worker, deadline: float) -> int:
         if thread.ident in running:
             _interrupt(thread.ident, running[thread.ident])
     _join(busy, max(deadline, time.monotonic() + MIN_UNWIND_S))
-    _join(worker.consumers.values(), time.monotonic() + CONSUMER_JOIN_S)
+    consumers_deadline = time.monotonic() + CONSUMER_JOIN_S
+    _join(worker.consumers.values(), consumers_deadline)
+    ending = _ending_waits.pop(worker, None)
+    if ending is not None:
+        _join([ending], consumers_deadline)
     requeued = requeue_unacked(broker)
     for consumer in worker.consumers.values():
         consumer.close()

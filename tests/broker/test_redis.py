@@ -1,7 +1,9 @@
 """Redis-broker consumers wake when a message arrives (``composition.broker.redis``): a message
 sent to an idle queue or its delay queue, directly or through the outbox, starts long before the
 idle wait ends; an idle consumer returns after one idle wait, and at once when its worker stops
-(``end_wait``); the wake lists stay bounded when nobody listens. A send stores its message and
+(``end_waits``), even with Redis frozen; messages put back with no token of their own (a dead
+worker's, a burst larger than its tokens) still reach every idle consumer at once; the wake lists
+stay bounded when nobody listens. A send stores its message and
 pushes its token in one round trip, between Dramatiq's enqueue hooks."""
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import urlsplit
 from uuid import uuid4
 
 import dramatiq
@@ -26,13 +29,14 @@ from structlog.testing import capture_logs
 
 from composition.broker.configured import build_broker, configured_broker
 from composition.broker.redis import WAKE_TOKENS_MAX, WAKE_TTL_MS, WakingRedisBroker
-from composition.broker.redis_consumer import wake_key
+from composition.broker.redis_consumer import end_waits, wake_key
 from composition.conf import conf
+from composition.jobs.recovery import return_dead_workers_messages
 from composition.jobs.runtime import drain_worker, stop_intake
 from composition.outbox import OutboxMessage, publish
 from composition.outbox.enqueue import enqueue_many
 from composition.outbox.relay import RELAY_QUEUE_NAME
-from composition.testing import wait_until
+from composition.testing import fault_proxy, wait_until
 from tests.jobsapp import jobs
 
 # The consumers' poll (Dramatiq's timeout): what a paused queue or a full prefetch waits. Long,
@@ -142,7 +146,7 @@ def test_a_delayed_message_wakes_its_delay_queue_s_consumer(broker: WakingRedisB
         consumer.close()
 
 
-def test_end_wait_ends_an_idle_wait_at_once(broker: WakingRedisBroker) -> None:
+def test_end_waits_ends_an_idle_wait_at_once(broker: WakingRedisBroker) -> None:
     # A stopping worker ends its consumers' waits (runtime.stop_intake), rather than waiting for
     # an idle wait to run out; a consumer of the same queue elsewhere keeps waiting.
     here = broker.consume(UNIT_QUEUE, prefetch=1, timeout=IDLE_POLL_MS)
@@ -160,8 +164,9 @@ def test_end_wait_ends_an_idle_wait_at_once(broker: WakingRedisBroker) -> None:
         for thread in threads:
             thread.start()
         time.sleep(0.2)
-        here.end_wait()
-        for thread in threads:
+        pushing = end_waits([here])
+        assert pushing is not None
+        for thread in [*threads, pushing]:
             thread.join(5)
         assert waited["here"] < 0.2 + START_BOUND_S, waited
         assert waited["elsewhere"] >= 0.8 * broker.idle_wait_s, waited
@@ -326,6 +331,92 @@ def test_a_stopping_worker_s_consumers_leave_their_idle_wait_at_once(sending_bro
         assert [queue for queue, thread in worker.consumers.items() if thread.is_alive()] == []
     finally:
         drain_worker(worker, time.monotonic() + 5)
+
+
+def test_a_frozen_redis_does_not_hold_a_stopping_worker(hooks: _EnqueueHooks) -> None:
+    # Ending the consumers' waits needs Redis; with Redis frozen, stop_intake (called at the
+    # start of the drain, which must go on to the other components at once) still returns at once.
+    host, port = urlsplit(conf.BROKER_URL).hostname, urlsplit(conf.BROKER_URL).port
+    with fault_proxy(host or "127.0.0.1", port or 6379) as proxy:
+        broker = build_broker(proxy.proxied_url(conf.BROKER_URL), heartbeat_timeout_s=5.0, maintenance_chance=0,
+                              socket_timeout_s=1.0, middleware=[hooks])
+        for queue in ("wake_unit", "wake_unit_2", "wake_unit_3"):
+            dramatiq.actor(actor_name=f"{queue}_probe", queue_name=queue, broker=broker)(lambda: None)
+        worker = dramatiq.Worker(broker, worker_timeout=100, worker_threads=1)
+        worker.start()
+        try:
+            time.sleep(0.3)
+            proxy.blackhole()
+            began = time.monotonic()
+            stop_intake(worker)
+            assert time.monotonic() - began < 0.2
+        finally:
+            proxy.pass_through()
+            drain_worker(worker, time.monotonic() + 5)
+            broker.client.close()  # type: ignore[attr-defined]
+
+
+def test_a_dead_worker_s_messages_put_back_wake_an_idle_consumer(broker: WakingRedisBroker) -> None:
+    # Dramatiq's maintenance step (run by return_dead_workers_messages) puts a dead worker's
+    # messages back with no token: the dispatch script wakes the queue's consumers for them.
+    dead = build_broker(conf.BROKER_URL, heartbeat_timeout_s=5.0, maintenance_chance=0, middleware=[])
+    taken = dead.consume(UNIT_QUEUE, prefetch=1, timeout=IDLE_POLL_MS)
+    broker.enqueue(_message())
+    assert next(taken) is not None  # held by the dead worker from now on
+    dead.client.zadd(f"{dead.namespace}:__heartbeats__", {dead.broker_id: 0})
+    live = build_broker(conf.BROKER_URL, heartbeat_timeout_s=5.0, maintenance_chance=0, middleware=[])
+    live.declare_queue(UNIT_QUEUE)
+    waiting = live.consume(UNIT_QUEUE, prefetch=1, timeout=IDLE_POLL_MS)
+    returned: list[float] = []
+    waiter = threading.Thread(target=lambda: (next(waiting), returned.append(time.monotonic())))
+    try:
+        broker.client.delete(wake_key(broker, UNIT_QUEUE))
+        waiter.start()
+        time.sleep(0.3)  # waiting: the queue was empty
+        recovered_at = time.monotonic()
+        return_dead_workers_messages(live)
+        waiter.join(5)
+        assert returned and returned[0] - recovered_at < START_BOUND_S, returned[0] - recovered_at
+        proxy = next(waiting)
+        assert proxy is not None
+        waiting.ack(proxy)
+    finally:
+        waiter.join(5)
+        waiting.close()
+        taken.close()
+        for each in (dead, live):
+            each.client.close()  # type: ignore[attr-defined]
+
+
+def test_a_burst_larger_than_its_tokens_reaches_every_idle_consumer_at_once(broker: WakingRedisBroker) -> None:
+    # One batch pushes at most WAKE_TOKENS_MAX tokens; each consumer whose fetch leaves messages
+    # behind wakes one more, so all of 24 idle consumers start within the bound, not after a wait.
+    consumers = [broker.consume(UNIT_QUEUE, prefetch=1, timeout=IDLE_POLL_MS) for _ in range(WAKE_TOKENS_MAX + 8)]
+    got_at: dict[int, float] = {}
+
+    def take(index: int, consumer: Any) -> None:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            proxy = next(consumer)
+            if proxy is not None:
+                got_at[index] = time.monotonic()
+                consumer.ack(proxy)
+                return
+
+    threads = [threading.Thread(target=take, args=(index, consumer)) for index, consumer in enumerate(consumers)]
+    try:
+        for thread in threads:
+            thread.start()
+        time.sleep(0.3)  # all waiting
+        sent_at = time.monotonic()
+        enqueue_many(broker, [(_message(), None) for _ in range(2 * len(consumers))])
+        for thread in threads:
+            thread.join(10)
+        late = sorted(round(at - sent_at, 3) for at in got_at.values() if at - sent_at >= 2 * START_BOUND_S)
+        assert len(got_at) == len(consumers) and late == [], (len(got_at), late)
+    finally:
+        for consumer in consumers:
+            consumer.close()
 
 
 def test_a_token_that_cannot_be_pushed_does_not_fail_the_send(
