@@ -97,9 +97,10 @@ def _dispatch_and_wake_lua(dispatch_lua: str) -> str:
     the message is stored by then and a token is only a hint, so a failed push must not fail the
     send; the push's error is returned instead, to log.
 
-    Messages that came with no token to spare wake consumers here: a fetch that leaves some
-    behind wakes one more consumer (which does the same, so a burst reaches every idle consumer
-    however few tokens it pushed), and the maintenance step (a dead worker's messages put back)
+    Messages that came with no token to spare wake consumers here: a fetch by a consumer a token
+    woke (ARGV[11] "1") that leaves some behind wakes one more consumer (which does the same, so
+    a burst reaches every idle consumer however few tokens it pushed; a busy consumer's refill
+    pays nothing), and a maintenance step that finds a dead worker (whose messages it puts back)
     wakes as many as are waiting."""
     return (WAKE_LUA + LANES_LUA + "local function dramatiq_dispatch()\n" + dispatch_lua + "\nend\n"
             + FENCED_FETCH_LUA + f"""
@@ -109,12 +110,18 @@ local function waiting()
 end
 local function wake_waiting(tokens)
     local key = queue_full_name .. "{WAKE_SUFFIX}"
+    local length = 0
     for _ = 1, math.min(tokens, {WAKE_TOKENS_MAX}) do
-        redis.call("rpush", key, "1")
+        length = redis.call("rpush", key, "1")
     end
-    redis.call("ltrim", key, -{WAKE_TOKENS_MAX}, -1)
+    if length > {WAKE_TOKENS_MAX} then
+        redis.call("ltrim", key, -{WAKE_TOKENS_MAX}, -1)
+    end
     redis.call("pexpire", key, {WAKE_TTL_MS})
 end
+-- Before dramatiq.lua's maintenance step takes dead workers off the heartbeats.
+local dead_workers = ARGV[7] == "1" and redis.call("zcount", KEYS[1] .. ":__heartbeats__", 0,
+    tonumber(ARGV[2]) - tonumber(ARGV[5])) > 0
 if ARGV[1] == "fetch" then
     from_lanes(queue_full_name, math.min(tonumber(ARGV[9]), tonumber(ARGV[8])))
 end
@@ -136,11 +143,11 @@ if ARGV[1] == "enqueue" then
     if not woke then
         return type(err) == "table" and err.err or tostring(err)
     end
-elseif ARGV[1] == "fetch" and type(result) == "table" and #result > 0 then
+elseif ARGV[1] == "fetch" and ARGV[11] == "1" and type(result) == "table" and #result > 0 then
     if waiting() > 0 then
         wake_waiting(1)
     end
-elseif ARGV[7] == "1" then
+elseif dead_workers then
     local left = waiting()
     if left > 0 then
         wake_waiting(left)
@@ -206,9 +213,11 @@ class WakingRedisBroker(DefinedHooks, StandIns, RedisBroker):
     def consumer_class(self) -> type[WakingRedisConsumer]:
         return WakingRedisConsumer
 
-    def do_fetch(self, queue_name: str, prefetch: int) -> Any:
-        """``dispatch.lua``'s fetch, presenting the queue's fence (``redis_holdings``)."""
-        return super().__getattr__("do_fetch")(queue_name, prefetch, self.holdings.fence(queue_name))
+    def do_fetch(self, queue_name: str, prefetch: int, *, woken: bool = False) -> Any:
+        """``dispatch.lua``'s fetch, presenting the queue's fence (``redis_holdings``); ``woken``:
+        the consumer was woken by a token, and wakes another if it leaves messages behind."""
+        return super().__getattr__("do_fetch")(queue_name, prefetch, self.holdings.fence(queue_name),
+                                               "1" if woken else "0")
 
     def do_enqueue(self, queue_name: str, message_id: str, data: bytes) -> None:
         """``dispatch.lua``'s enqueue with the queue's wake token, in one script call.

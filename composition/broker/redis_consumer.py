@@ -84,6 +84,7 @@ class WakingRedisConsumer(_RedisConsumer):
         # This consumer's own list, pushed to by end_waits: the wake list is every worker's.
         self._stop_key = f"{self._wake_key}.stop.{uuid4().hex}"
         self._ending = False  # set by end_waits: the worker is stopping
+        self._woken = False  # a wake token ended the last wait, and no fetch has used it yet
 
     # __next__, ack and nack run for every message: they catch _LOST themselves rather than
     # through _lost_as_closed(), whose generator costs a few microseconds a message.
@@ -167,7 +168,9 @@ class WakingRedisConsumer(_RedisConsumer):
             return super().__next__()
         # As Dramatiq fetches: dispatch.lua's fetch moves the ids into the unacked set. (A lost
         # connection here is raised as ConnectionClosed by __next__.)
-        self.message_cache = self.broker.do_fetch(self.queue_name, self.prefetch - self.outstanding_message_count)
+        self.message_cache = self.broker.do_fetch(self.queue_name, self.prefetch - self.outstanding_message_count,
+                                                  woken=self._woken)
+        self._woken = False
         if not self.message_cache:
             self._wait_for_wake()
             return None
@@ -192,9 +195,16 @@ class WakingRedisConsumer(_RedisConsumer):
         except redis.TimeoutError:
             # A late answer counts as one idle wait; redis-py dropped that connection already.
             return
-        if popped is not None and self._ending and popped[0] == self._wake_key.encode():
-            # Taken by a consumer that fetches no more: pass it on to another worker's.
+        if popped is not None:
+            key = popped[0]
+            self._woken = (key.decode() if isinstance(key, bytes) else key) == self._wake_key
+
+    def close(self) -> None:
+        if self._woken:
+            # A token this consumer took and will not use (its worker stops): another one's.
             self.broker.wake([self.queue_name])
+            self._woken = False
+        super().close()
 
 
 def end_waits(consumers: Iterable[WakingRedisConsumer]) -> threading.Thread | None:

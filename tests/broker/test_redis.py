@@ -363,16 +363,22 @@ def test_a_dead_worker_s_messages_put_back_wake_an_idle_consumer(broker: WakingR
     taken = dead.consume(UNIT_QUEUE, prefetch=1, timeout=IDLE_POLL_MS)
     broker.enqueue(_message())
     assert next(taken) is not None  # held by the dead worker from now on
-    dead.client.zadd(f"{dead.namespace}:__heartbeats__", {dead.broker_id: 0})
     live = build_broker(conf.BROKER_URL, heartbeat_timeout_s=5.0, maintenance_chance=0, middleware=[])
     live.declare_queue(UNIT_QUEUE)
+    broker.enqueue(_message())
+    broker.client.delete(wake_key(broker, UNIT_QUEUE))
+    return_dead_workers_messages(live)  # every keepalive beat: with no dead worker, it wakes nobody
+    assert not broker.client.exists(wake_key(broker, UNIT_QUEUE))
     waiting = live.consume(UNIT_QUEUE, prefetch=1, timeout=IDLE_POLL_MS)
     returned: list[float] = []
     waiter = threading.Thread(target=lambda: (next(waiting), returned.append(time.monotonic())))
     try:
-        broker.client.delete(wake_key(broker, UNIT_QUEUE))
+        other = next(waiting)
+        assert other is not None  # the queue is empty now
+        waiting.ack(other)
+        dead.client.zadd(f"{dead.namespace}:__heartbeats__", {dead.broker_id: 0})
         waiter.start()
-        time.sleep(0.3)  # waiting: the queue was empty
+        time.sleep(0.3)  # waiting
         recovered_at = time.monotonic()
         return_dead_workers_messages(live)
         waiter.join(5)
@@ -417,6 +423,21 @@ def test_a_burst_larger_than_its_tokens_reaches_every_idle_consumer_at_once(brok
     finally:
         for consumer in consumers:
             consumer.close()
+
+
+def test_only_a_woken_consumer_s_fetch_wakes_another(broker: WakingRedisBroker, client: redis.Redis) -> None:
+    # The chain wake costs a busy consumer's refill nothing: only a fetch after a wake, that
+    # leaves messages behind, pushes a token.
+    for _ in range(3):
+        broker.enqueue(_message())
+    client.delete(wake_key(broker, UNIT_QUEUE))
+    assert len(broker.do_fetch(UNIT_QUEUE, 1)) == 1
+    assert not client.exists(wake_key(broker, UNIT_QUEUE))
+    assert len(broker.do_fetch(UNIT_QUEUE, 1, woken=True)) == 1
+    assert client.llen(wake_key(broker, UNIT_QUEUE)) == 1
+    client.delete(wake_key(broker, UNIT_QUEUE))
+    assert len(broker.do_fetch(UNIT_QUEUE, 1, woken=True)) == 1  # the last one: nobody to wake
+    assert not client.exists(wake_key(broker, UNIT_QUEUE))
 
 
 def test_a_token_that_cannot_be_pushed_does_not_fail_the_send(
