@@ -394,6 +394,17 @@ def test_a_dead_worker_s_messages_put_back_wake_an_idle_consumer(broker: WakingR
             each.client.close()  # type: ignore[attr-defined]
 
 
+def test_a_keepalive_beat_with_no_dead_worker_is_two_round_trips(
+        sending_broker: WakingRedisBroker, client: redis.Redis) -> None:
+    # Every worker beats every quarter of the heartbeat timeout: the heartbeat and a look for a
+    # dead worker, not Dramatiq's maintenance step on every declared queue (and delay queue).
+    for queue in ("wake_unit", "wake_unit_2", "wake_unit_3"):
+        sending_broker.declare_queue(queue)
+    return_dead_workers_messages(sending_broker)  # loads the script: not counted
+    commands = _commands_sent(sending_broker, client, lambda: return_dead_workers_messages(sending_broker))
+    assert commands == ["EVALSHA", "ZCOUNT"]
+
+
 def test_a_burst_larger_than_its_tokens_reaches_every_idle_consumer_at_once(broker: WakingRedisBroker) -> None:
     # One batch pushes at most WAKE_TOKENS_MAX tokens; each consumer whose fetch leaves messages
     # behind wakes one more, so all of 24 idle consumers start within the bound, not after a wait.
