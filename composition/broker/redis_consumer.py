@@ -208,10 +208,10 @@ class WakingRedisConsumer(_RedisConsumer):
 
 
 def end_waits(consumers: Iterable[WakingRedisConsumer]) -> threading.Thread | None:
-    """End the waits of ``consumers`` (of one broker), whose worker is stopping (their threads' stop flags are
-    set), at once rather than when they run out. Returns at once: the pushes go in one pipeline
-    from the returned thread (a frozen Redis must not hold the drain; the waits then end by
-    their own timeout)."""
+    """End the waits of ``consumers`` (of one broker), whose worker is stopping (their threads'
+    stop flags are set), at once rather than when they run out. Returns at once: the pushes go in
+    one pipeline from the returned thread (a frozen Redis must not hold the drain; the waits then
+    end by their own timeout)."""
     ending = list(consumers)
     for consumer in ending:
         consumer._ending = True
