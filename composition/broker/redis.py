@@ -49,21 +49,24 @@ IDLE_WAIT_S = 1.0
 # Lua pushing wake tokens, for any script that enqueues (the broker's own below, the outbox's
 # batched enqueue): ``push_wake_tokens(first)`` reads from ARGV[first] on what ``wake_args``
 # builds: max tokens, TTL in ms, the number of wake lists n, then n pairs (wake list key, tokens).
+# ``push_tokens`` is the push to one wake list: at most max_tokens kept, expiring after ttl_ms.
 WAKE_LUA = """
+local function push_tokens(key, tokens, max_tokens, ttl_ms)
+    local length = 0
+    for _ = 1, tokens do
+        length = redis.call("rpush", key, "1")
+    end
+    if length > max_tokens then
+        redis.call("ltrim", key, -max_tokens, -1)
+    end
+    redis.call("pexpire", key, ttl_ms)
+end
 local function push_wake_tokens(first)
     local max_tokens = tonumber(ARGV[first])
     local ttl_ms = ARGV[first + 1]
     local last = first + 1 + 2 * tonumber(ARGV[first + 2])
     for i = first + 3, last, 2 do
-        local key = ARGV[i]
-        local length = 0
-        for _ = 1, tonumber(ARGV[i + 1]) do
-            length = redis.call("rpush", key, "1")
-        end
-        if length > max_tokens then
-            redis.call("ltrim", key, -max_tokens, -1)
-        end
-        redis.call("pexpire", key, ttl_ms)
+        push_tokens(ARGV[i], tonumber(ARGV[i + 1]), max_tokens, ttl_ms)
     end
 end
 """
@@ -109,15 +112,8 @@ local function waiting()
     return redis.call("llen", queue_full_name) + redis.call("zcard", queue_full_name .. ".lanes")
 end
 local function wake_waiting(tokens)
-    local key = queue_full_name .. "{WAKE_SUFFIX}"
-    local length = 0
-    for _ = 1, math.min(tokens, {WAKE_TOKENS_MAX}) do
-        length = redis.call("rpush", key, "1")
-    end
-    if length > {WAKE_TOKENS_MAX} then
-        redis.call("ltrim", key, -{WAKE_TOKENS_MAX}, -1)
-    end
-    redis.call("pexpire", key, {WAKE_TTL_MS})
+    push_tokens(queue_full_name .. "{WAKE_SUFFIX}", math.min(tokens, {WAKE_TOKENS_MAX}), {WAKE_TOKENS_MAX},
+                {WAKE_TTL_MS})
 end
 -- Before dramatiq.lua's maintenance step takes dead workers off the heartbeats.
 local dead_workers = ARGV[7] == "1" and redis.call("zcount", KEYS[1] .. ":__heartbeats__", 0,
