@@ -29,7 +29,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from composition.breaker import CircuitBreaker
 from composition.cache.arguments import check_arguments, check_key, check_namespace
 from composition.cache.epoch import Epoch
-from composition.cache.flights import Flight, Flights
+from composition.cache.flights import Flight, Flights, tick
 from composition.cache.invalidation import KIND_KEY, KIND_NAMESPACE, Invalidations
 from composition.cache.results import (
     COALESCED,
@@ -181,7 +181,7 @@ class CacheAside:
         else:
             metrics.error("breaker_open")
         call = _Call(key, self.keys.of(key), loader, ttl_s, jitter, stale_ttl_s, metrics)
-        return self._coalesce(call, None, lambda _flight: self._load_degraded(call))
+        return self._coalesce(call, None, partial(self._load_degraded, call))
 
     def _slow_path(self, call: _Call, entry: Entry | None, early_refresh: float) -> CacheResult:
         """A miss, a stale entry, or a fresh entry that early refresh picked for rebuilding."""
@@ -212,19 +212,32 @@ class CacheAside:
     def _coalesce(self, call: _Call, fallback: CacheResult | None,
                   produce: Callable[[Flight], CacheResult]) -> CacheResult:
         """Run ``produce`` once per key in this process; other threads share its payload, or take
-        ``fallback`` (the stale value, or the fresh one an early refresh replaces) at once."""
+        ``fallback`` (the stale value, or the fresh one an early refresh replaces) at once.
+
+        A thread takes the payload only of a read that began after it did, or of a load under a
+        lease that still stands: a value read before a write that ended before this call began
+        (a leader's ACQUIRE that found the old entry, or its database read while Redis is down)
+        is the old value. Such a flight is waited out and the next one joined."""
+        began = tick()
         flight, leader = self._flights.join(call.key)
-        if not leader and fallback is None and self._outdated(flight, call):
-            flight, leader = self._flights.leave(call.key, flight)
+        if not leader and fallback is not None:
+            return self._serve(fallback, call.metrics)
         if not leader:
-            if fallback is not None:
-                return self._serve(fallback, call.metrics)
             call.metrics.coalesced.inc()
-            payload = flight.wait(self.lease_wait_s)  # raises in the thread that leads it
-            if payload is None:  # as long as another process waits for the lease, then uncached
+        deadline = time.monotonic() + self.lease_wait_s
+        while not leader:
+            lease_stands = self._lease_stands(flight, call)
+            if lease_stands is False:
+                flight, leader = self._flights.leave(call.key, flight)
+                continue
+            # Raises the leader's exception here; None as long as another process waits for the lease.
+            payload = flight.wait(max(0.0, deadline - time.monotonic()))
+            if payload is None:
                 call.metrics.error("lease_wait_timeout")
                 return self._uncached(call.loader)
-            return CacheResult(self._loads(payload), COALESCED)
+            if lease_stands or flight.read_at > began:
+                return CacheResult(self._loads(payload), COALESCED)
+            flight, leader = self._flights.leave(call.key, flight)
         try:
             result = produce(flight)
         except BaseException as exc:
@@ -233,17 +246,17 @@ class CacheAside:
         self._flights.land(call.key, flight, payload=result.value)
         return CacheResult(self._loads(result.value), result.outcome)
 
-    def _outdated(self, flight: Flight, call: _Call) -> bool:
-        """Whether the lease ``flight``'s leader rebuilds under is gone or its namespace bumped:
-        another process invalidated the key since, and the leader may have read the data before
-        that write. (Its fill will be refused; a caller who began after the write must not take
-        its value.) A leader without a lease yet takes it after now, and reads after the write."""
+    def _lease_stands(self, flight: Flight, call: _Call) -> bool | None:
+        """Whether the lease ``flight``'s leader rebuilds under still stands in Redis: False when
+        another process's invalidation revoked it (the leader may have read the data before that
+        write; its fill will be refused), None when it holds none yet or Redis does not answer
+        (then when its read began decides)."""
         if flight.lease is None:
-            return False
+            return None
         try:
-            return not self.store.holds(call.keys, *flight.lease)
+            return bool(self.store.holds(call.keys, *flight.lease))
         except REDIS_ERRORS:
-            return False  # the leader's value, as before this check: the read degrades, not fails
+            return None
 
     def _serve(self, fallback: CacheResult, metrics: PatternMetrics) -> CacheResult:
         if fallback.outcome == STALE:
@@ -259,7 +272,8 @@ class CacheAside:
     # The producers below return CacheResult whose value is the serialized payload (bytes), so
     # every caller, leader or not, gets its own copy decoded the same way.
 
-    def _load_degraded(self, call: _Call) -> CacheResult:
+    def _load_degraded(self, call: _Call, flight: Flight) -> CacheResult:
+        flight.reading()
         return CacheResult(self.serializer.dumps(call.loader()), DEGRADED)
 
     def _rebuild(self, call: _Call, fallback: CacheResult | None, flight: Flight) -> CacheResult:
@@ -271,6 +285,7 @@ class CacheAside:
         poll_s = 0.005
         waited = False
         while True:
+            flight.reading()
             started = time.perf_counter()
             try:
                 status, version, entry = self.store.acquire(call.keys, token, lease_ms,
@@ -278,13 +293,14 @@ class CacheAside:
             except REDIS_ERRORS as exc:
                 self._acquire_seconds.observe(time.perf_counter() - started)
                 self._redis_failed(call.metrics, exc)
-                return self._load_degraded(call)
+                return self._load_degraded(call, flight)
             self._acquire_seconds.observe(time.perf_counter() - started)
             if status == FRESH:
                 assert entry is not None
                 return CacheResult(entry.payload, WAITED if waited else HIT)
             if status == LEASED:
                 flight.lease = (token, version)
+                flight.reading()  # the loader's
                 return self._load_and_fill(call, token, version, lease_ms)
             if not waited:
                 call.metrics.lease_rejected("acquire")
@@ -296,6 +312,7 @@ class CacheAside:
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0:
                 call.metrics.error("lease_wait_timeout")
+                flight.reading()
                 return CacheResult(self.serializer.dumps(call.loader()), UNCACHED)
             time.sleep(min(poll_s, remaining_s))
             poll_s = min(poll_s * 2, _MAX_POLL_S)

@@ -3,17 +3,27 @@
 The first thread to ask for a key leads its flight and rebuilds; threads asking for the same key
 meanwhile join the flight and wait for the leader's payload, or its exception, as long as another
 process would wait for the lease. The lease in Redis does the same across processes; this keeps
-a process's own threads from queueing on it. An invalidation applied here detaches the key's
-flight; one applied by another process is seen by the joiner in Redis (``Flight.lease``).
+a process's own threads from queueing on it. A joiner takes the leader's value only if the
+leader's read (its ACQUIRE or its loader) began after the joiner did (``tick``, ``Flight.read_at``)
+or its lease still stands in Redis (``Flight.lease``): else the value may predate a write the
+joiner must see, and it waits for the next flight.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 from composition.cache.invalidation import KIND_NAMESPACE
 
-__all__ = ["Flight", "Flights"]
+__all__ = ["Flight", "Flights", "tick"]
+
+_order = itertools.count(1)
+
+
+def tick() -> int:
+    """A number greater than every one handed out before, in any thread of this process."""
+    return next(_order)
 
 
 class Flight:
@@ -29,6 +39,13 @@ class Flight:
         # invalidation by another process deletes that lease or bumps the version, and a caller
         # who sees that must not take what the leader loaded (it may predate the write).
         self.lease: tuple[str, bytes] | None = None
+        # The ``tick`` at which the leader's last read began (0: none yet). A caller whose own
+        # tick is earlier began before that read, so any write finished before it is in the value.
+        self.read_at = 0
+
+    def reading(self) -> None:
+        """The leader is about to read (send ACQUIRE, or run the loader)."""
+        self.read_at = tick()
 
     def wait(self, timeout_s: float) -> bytes | None:
         """The leader's payload once it landed, None after ``timeout_s`` (the leader is still

@@ -13,8 +13,12 @@ import pytest
 from django.db import connections, transaction
 
 from composition.cache import cache_aside, cache_aside_result, get_cache_aside, invalidate, invalidate_namespace
-from composition.cache.engine import CacheResult
+from composition.cache.engine import CacheAside, CacheResult
+from composition.cache.serializers import load_serializer
+from composition.conf import conf
 from composition.locks.models import LockFence
+from composition.testing import free_port, metric_value, wait_until
+from tests.cache.test_outage import cache_at, timed_calls
 from tests.helpers import unique
 
 LOADER_S = 0.2
@@ -189,6 +193,25 @@ def test_a_read_that_begins_after_the_invalidation_does_not_join_a_rebuild_from_
     assert reader.finish().value == 1  # the one that began before may see either
 
 
+def _joined(key: str, count: int) -> None:
+    """Wait until ``count`` callers of ``key``'s namespace wait on another thread's flight."""
+    namespace = key.split(":")[0]
+    wait_until(lambda: metric_value("composition_cache_coalesced_total", pattern=namespace) >= count, 10,
+               interval_s=0.01, message=f"{count} readers never joined the flight of {key}")
+
+
+def _fence_reader(key: str, out: list[CacheResult]) -> threading.Thread:
+    def read() -> None:
+        try:
+            out.append(cache_aside_result(key, lambda: LockFence.objects.get(resource=key).fence, ttl_s=60))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    return thread
+
+
 def _write_and_invalidate(key: str, how: str, go: Any) -> None:
     """Another process's write: version 2 committed, then its invalidation applied."""
     assert go.wait(10)
@@ -217,15 +240,7 @@ def test_a_read_after_another_process_s_write_does_not_join_a_rebuild_from_befor
         # The read after the write, in this process, while the rebuild from before it still runs;
         # the rebuild ends well within the read's wait (CACHE_LEASE_WAIT_S, 2 s).
         after: list[CacheResult] = []
-
-        def read_after() -> None:
-            try:
-                after.append(cache_aside_result(key, lambda: LockFence.objects.get(resource=key).fence, ttl_s=60))
-            finally:
-                connections.close_all()
-
-        later = threading.Thread(target=read_after)
-        later.start()
+        later = _fence_reader(key, after)
         time.sleep(0.3)
         assert reader.finish().value == 1  # the one that began before may see either
         later.join(10)
@@ -247,3 +262,63 @@ def test_invalidation_before_the_read_is_not_affected() -> None:
     reader = SlowReader(key, key).start()
     assert reader.finish().outcome == "loaded"
     assert get_cache_aside().peek(key) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_read_after_a_write_does_not_take_the_old_entry_a_leader_found_before_it(monkeypatch: Any) -> None:
+    # The leader's ACQUIRE found version 1, which another process had cached since the leader's
+    # miss; then the write committed and its invalidation deleted that entry. A read that begins
+    # after the write misses, and must not be handed the version 1 the leader found.
+    key = f"{unique('race')}:1"
+    LockFence.objects.create(resource=key, fence=1)
+    engine = get_cache_aside()
+    # Another process's engine (its own flights), which caches version 1 in the meantime.
+    other_process = CacheAside("default", serializer=load_serializer(conf.CACHE_SERIALIZER), lease_ttl_s=5,
+                               lease_wait_s=2, breaker_failures=3, breaker_reset_s=5)
+    found, proceed = threading.Event(), threading.Event()
+    acquire = engine.store.acquire
+
+    def acquire_then_stall(*args: Any, **kwargs: Any) -> Any:
+        if found.is_set():
+            return acquire(*args, **kwargs)
+        other_process.fetch(key, lambda: LockFence.objects.get(resource=key).fence, ttl_s=60)
+        answer = acquire(*args, **kwargs)
+        found.set()
+        assert proceed.wait(10)
+        return answer
+
+    monkeypatch.setattr(engine.store, "acquire", acquire_then_stall)
+    leader: list[CacheResult] = []
+    leading = _fence_reader(key, leader)
+    assert found.wait(10)
+    with transaction.atomic():  # the write, by the other process
+        LockFence.objects.filter(resource=key).update(fence=2)
+        other_process.invalidate(key)
+    after: list[CacheResult] = []
+    reading = _fence_reader(key, after)
+    _joined(key, 1)
+    proceed.set()
+    leading.join(10)
+    reading.join(10)
+    assert (leader[0].value, leader[0].outcome) == (1, "hit")  # began before the write: either
+    assert after[0].value == 2, f"a read begun after the write got the old value ({after[0].outcome})"
+    assert engine.peek(key) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_during_an_outage_a_read_after_a_write_does_not_join_a_load_from_before_it() -> None:
+    # Redis is down, so every read loads from the database and no invalidation reaches a
+    # flight. A load that read version 1 is still running when the write commits; a read that
+    # begins after it must get version 2, not that load's value.
+    key = f"{unique('out')}:1"
+    LockFence.objects.create(resource=key, fence=1)
+    with cache_at(f"redis://127.0.0.1:{free_port()}/0", CACHE_BREAKER_RESET_S=60):
+        timed_calls(key, 3, "open the breaker")
+        reader = SlowReader(key, key).start()
+        write_version_2(key, "key")
+        after: list[CacheResult] = []
+        reading = _fence_reader(key, after)
+        _joined(key, 1)
+        assert reader.finish().value == 1
+        reading.join(10)
+    assert (after[0].value, after[0].outcome) == (2, "degraded"), after[0]
