@@ -1,13 +1,12 @@
-"""The cache-aside engine for one django-redis cache alias: who loads, who waits, what is served
-(the Redis key layout, entry format and scripts are ``composition.cache.store``).
+"""The cache-aside engine for one django-redis cache alias: who loads, who waits, what is served.
 
-A hit is one ``MGET`` of the namespace version and the entry (its version: the epoch, read once
-a second per process (``composition.cache.epoch``), and that namespace version). On a miss one caller per
-process runs the ACQUIRE script: a fresh entry, a short rebuild lease, or another process's lease
-(then serve stale when allowed, else poll until ``CACHE_LEASE_WAIT_S``, then load uncached). FILL
-refuses a revoked lease or a changed version. Invalidation (``composition.cache.invalidation``)
-is recorded with the write and replayed if it never reached Redis. What a changer must keep:
-nothing raises because Redis is down; failures and an open breaker degrade to the loader.
+A hit is one ``MGET`` of the namespace version and the entry (its version: that namespace version
+and the epoch, ``composition.cache.epoch``). On a miss one caller per process
+(``composition.cache.flights``) rebuilds under a lease (``composition.cache.rebuild``; the Redis
+layout and scripts: ``composition.cache.store``); the others share its value, or serve stale.
+Invalidation (``composition.cache.invalidation``) is recorded with the write and replayed if it
+never reached Redis. What a changer must keep: nothing raises because Redis is down; failures
+and an open breaker degrade to the loader.
 """
 
 from __future__ import annotations
@@ -15,10 +14,8 @@ from __future__ import annotations
 import contextlib
 import math
 import random
-import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -31,40 +28,24 @@ from composition.cache.arguments import check_arguments, check_key, check_namesp
 from composition.cache.epoch import Epoch
 from composition.cache.flights import Flight, Flights, tick
 from composition.cache.invalidation import KIND_KEY, KIND_NAMESPACE, Invalidations
+from composition.cache.rebuild import Call, Rebuilder
 from composition.cache.results import (
     COALESCED,
-    DEGRADED,
     HIT,
-    LOADED,
     STALE,
     UNCACHED,
-    WAITED,
     CacheResult,
     PatternMetrics,
     namespace_of,
 )
 from composition.cache.serializers import Serializer
-from composition.cache.store import FRESH, LEASED, Entry, KeySpace, LeaseStore, decode_entry, encode_entry, version_of
+from composition.cache.store import Entry, KeySpace, LeaseStore, decode_entry, version_of
 from composition.errors import REDIS_ERRORS
 from composition.metrics import CACHE_OPERATION_SECONDS
 
 __all__ = ["CacheAside", "CacheResult", "namespace_of"]
 
 log = structlog.get_logger("composition.cache")
-
-_MAX_POLL_S = 0.05
-
-
-@dataclass(frozen=True)
-class _Call:
-    key: str
-    keys: tuple[str, str, str, str]  # namespace, entry, lease, epoch (KeySpace.of)
-    loader: Callable[[], Any]
-    ttl_s: float
-    jitter: float
-    stale_ttl_s: float | None
-    metrics: PatternMetrics
-
 
 class UnreadablePayload(Exception):
     """A cached payload this process's serializer cannot read (``CacheAside.fetch`` handles it)."""
@@ -94,12 +75,12 @@ class CacheAside:
         self.invalidations = Invalidations(alias, self.client, self.keys, self.breaker, db_alias=db_alias,
                                            on_applied=self._flights.detach_invalidated)
         self.store = LeaseStore(self.client)
+        self.rebuilder = Rebuilder(self.store, serializer, alias=alias, lease_ttl_s=lease_ttl_s,
+                                   lease_wait_s=lease_wait_s, redis_failed=self._redis_failed)
         self._execute = self.client.execute_command
         self._metrics: dict[str, PatternMetrics] = {}
         # Resolved once: observing a labelled child costs a lookup the hit path need not pay.
         self._get_seconds = CACHE_OPERATION_SECONDS.labels("get")
-        self._acquire_seconds = CACHE_OPERATION_SECONDS.labels("acquire")
-        self._fill_seconds = CACHE_OPERATION_SECONDS.labels("fill")
         self.epoch = Epoch(self.store, self.keys.epoch, alias)
 
     def _after_close(self) -> None:
@@ -176,14 +157,14 @@ class CacheAside:
                 if entry is not None and entry[0] > time.time() * 1000 and early_refresh <= 0:
                     metrics.hits.inc()
                     return CacheResult(self._loads(entry[2]), HIT)
-                call = _Call(key, self.keys.of(key), loader, ttl_s, jitter, stale_ttl_s, metrics)
+                call = Call(key, self.keys.of(key), loader, ttl_s, jitter, stale_ttl_s, metrics)
                 return self._slow_path(call, entry, early_refresh)
         else:
             metrics.error("breaker_open")
-        call = _Call(key, self.keys.of(key), loader, ttl_s, jitter, stale_ttl_s, metrics)
-        return self._coalesce(call, None, partial(self._load_degraded, call))
+        call = Call(key, self.keys.of(key), loader, ttl_s, jitter, stale_ttl_s, metrics)
+        return self._coalesce(call, None, partial(self.rebuilder.degraded, call))
 
-    def _slow_path(self, call: _Call, entry: Entry | None, early_refresh: float) -> CacheResult:
+    def _slow_path(self, call: Call, entry: Entry | None, early_refresh: float) -> CacheResult:
         """A miss, a stale entry, or a fresh entry that early refresh picked for rebuilding."""
         metrics = call.metrics
         stale_ttl_s = call.stale_ttl_s
@@ -198,7 +179,7 @@ class CacheAside:
             metrics.misses.inc()
             if entry is not None and stale_ttl_s and now_ms < entry.fresh_until_ms + stale_ttl_s * 1000:
                 fallback = CacheResult(entry.payload, STALE)
-        return self._coalesce(call, fallback, partial(self._rebuild, call, fallback))
+        return self._coalesce(call, fallback, partial(self.rebuilder.rebuild, call, fallback))
 
     @staticmethod
     def _refresh_early(entry: Entry, now_ms: float, beta: float) -> bool:
@@ -209,7 +190,7 @@ class CacheAside:
         gap_ms = -entry.rebuild_ms * beta * math.log(1.0 - random.random())
         return now_ms + gap_ms >= entry.fresh_until_ms
 
-    def _coalesce(self, call: _Call, fallback: CacheResult | None,
+    def _coalesce(self, call: Call, fallback: CacheResult | None,
                   produce: Callable[[Flight], CacheResult]) -> CacheResult:
         """Run ``produce`` once per key in this process; other threads share its payload, or take
         ``fallback`` (the stale value, or the fresh one an early refresh replaces) at once.
@@ -246,7 +227,7 @@ class CacheAside:
         self._flights.land(call.key, flight, payload=result.value)
         return CacheResult(self._loads(result.value), result.outcome)
 
-    def _lease_stands(self, flight: Flight, call: _Call) -> bool | None:
+    def _lease_stands(self, flight: Flight, call: Call) -> bool | None:
         """Whether the lease ``flight``'s leader rebuilds under still stands in Redis: False when
         another process's invalidation revoked it (the leader may have read the data before that
         write; its fill will be refused), None when it holds none yet or Redis does not answer
@@ -268,92 +249,6 @@ class CacheAside:
             return self.serializer.loads(payload)
         except Exception as exc:
             raise UnreadablePayload from exc
-
-    # The producers below return CacheResult whose value is the serialized payload (bytes), so
-    # every caller, leader or not, gets its own copy decoded the same way.
-
-    def _load_degraded(self, call: _Call, flight: Flight) -> CacheResult:
-        flight.reading()
-        return CacheResult(self.serializer.dumps(call.loader()), DEGRADED)
-
-    def _rebuild(self, call: _Call, fallback: CacheResult | None, flight: Flight) -> CacheResult:
-        token = secrets.token_hex(16)
-        lease_ms = int(self.lease_ttl_s * 1000)
-        # Early refresh: the entry is fresh and this caller rebuilds it anyway.
-        rebuild_even_if_fresh = fallback is not None and fallback.outcome == HIT
-        deadline = time.monotonic() + self.lease_wait_s
-        poll_s = 0.005
-        waited = False
-        while True:
-            flight.reading()
-            started = time.perf_counter()
-            try:
-                status, version, entry = self.store.acquire(call.keys, token, lease_ms,
-                                                           rebuild_even_if_fresh=rebuild_even_if_fresh)
-            except REDIS_ERRORS as exc:
-                self._acquire_seconds.observe(time.perf_counter() - started)
-                self._redis_failed(call.metrics, exc)
-                return self._load_degraded(call, flight)
-            self._acquire_seconds.observe(time.perf_counter() - started)
-            if status == FRESH:
-                assert entry is not None
-                return CacheResult(entry.payload, WAITED if waited else HIT)
-            if status == LEASED:
-                flight.lease = (token, version)
-                flight.reading()  # the loader's
-                return self._load_and_fill(call, token, version, lease_ms)
-            if not waited:
-                call.metrics.lease_rejected("acquire")
-                waited = True
-            if fallback is not None:
-                if fallback.outcome == STALE:
-                    call.metrics.stale.inc()
-                return fallback
-            remaining_s = deadline - time.monotonic()
-            if remaining_s <= 0:
-                call.metrics.error("lease_wait_timeout")
-                flight.reading()
-                return CacheResult(self.serializer.dumps(call.loader()), UNCACHED)
-            time.sleep(min(poll_s, remaining_s))
-            poll_s = min(poll_s * 2, _MAX_POLL_S)
-
-    def _load_and_fill(self, call: _Call, token: str, version: bytes, lease_ms: int) -> CacheResult:
-        started = time.monotonic()
-        try:
-            payload = self.serializer.dumps(call.loader())
-        except BaseException:
-            self._give_back(call, token)
-            raise
-        rebuild_s = time.monotonic() - started
-        call.metrics.rebuild.observe(rebuild_s)
-        ttl_s = call.ttl_s * (1.0 - call.jitter * random.random())  # jitter only shortens the TTL
-        fresh_until_ms = int((time.time() + ttl_s) * 1000)
-        expire_ms = max(1, int((ttl_s + (call.stale_ttl_s or 0.0)) * 1000))
-        entry = encode_entry(version, fresh_until_ms, int(rebuild_s * 1000), payload)
-        started = time.perf_counter()
-        try:
-            filled = self.store.fill(call.keys, token, version, entry, expire_ms)
-        except REDIS_ERRORS as exc:
-            self._fill_seconds.observe(time.perf_counter() - started)
-            self._redis_failed(call.metrics, exc)
-            return CacheResult(payload, DEGRADED)
-        self._fill_seconds.observe(time.perf_counter() - started)
-        if not filled:
-            call.metrics.lease_rejected("fill")
-            if rebuild_s * 1000 >= lease_ms:
-                # Not an invalidation: the lease ran out under a slow loader. Nothing it loads is
-                # ever stored, and every caller runs it again, until the lease outlasts it.
-                log.warning("cache rebuild outlasted its lease; the value was not cached", alias=self.alias,
-                            key=call.key, rebuild_s=round(rebuild_s, 3), lease_ttl_s=self.lease_ttl_s,
-                            fix="raise COMPOSITION['CACHE_LEASE_TTL_S'] or make the loader cheaper")
-            return CacheResult(payload, UNCACHED)
-        return CacheResult(payload, LOADED)
-
-    def _give_back(self, call: _Call, token: str) -> None:
-        try:
-            self.store.release(call.keys[2], token)
-        except REDIS_ERRORS:
-            pass  # the lease expires on its own
 
     def _redis_failed(self, metrics: PatternMetrics | None, exc: BaseException) -> None:
         self.breaker.record_failure()

@@ -14,6 +14,7 @@ from django.db import connections, transaction
 
 from composition.cache import cache_aside, cache_aside_result, get_cache_aside, invalidate, invalidate_namespace
 from composition.cache.engine import CacheAside, CacheResult
+from composition.cache.flights import Flight
 from composition.cache.serializers import load_serializer
 from composition.conf import conf
 from composition.locks.models import LockFence
@@ -212,6 +213,11 @@ def _fence_reader(key: str, out: list[CacheResult]) -> threading.Thread:
     return thread
 
 
+def _another_process() -> CacheAside:
+    """An engine on the same cache with flights of its own, as another process has."""
+    return CacheAside("default", serializer=load_serializer(conf.CACHE_SERIALIZER), lease_ttl_s=5,
+                      lease_wait_s=2, breaker_failures=3, breaker_reset_s=5)
+
 def _write_and_invalidate(key: str, how: str, go: Any) -> None:
     """Another process's write: version 2 committed, then its invalidation applied."""
     assert go.wait(10)
@@ -272,9 +278,7 @@ def test_a_read_after_a_write_does_not_take_the_old_entry_a_leader_found_before_
     key = f"{unique('race')}:1"
     LockFence.objects.create(resource=key, fence=1)
     engine = get_cache_aside()
-    # Another process's engine (its own flights), which caches version 1 in the meantime.
-    other_process = CacheAside("default", serializer=load_serializer(conf.CACHE_SERIALIZER), lease_ttl_s=5,
-                               lease_wait_s=2, breaker_failures=3, breaker_reset_s=5)
+    other_process = _another_process()  # which caches version 1 in the meantime
     found, proceed = threading.Event(), threading.Event()
     acquire = engine.store.acquire
 
@@ -303,6 +307,54 @@ def test_a_read_after_a_write_does_not_take_the_old_entry_a_leader_found_before_
     assert (leader[0].value, leader[0].outcome) == (1, "hit")  # began before the write: either
     assert after[0].value == 2, f"a read begun after the write got the old value ({after[0].outcome})"
     assert engine.peek(key) == 2
+
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_read_after_a_write_does_not_take_the_stale_value_a_leader_served(monkeypatch: Any) -> None:
+    # The leader looked up a stale version 1 and, another process holding the rebuild lease,
+    # serves it. That value was read before the write that a reader who began later (and found
+    # no entry) must see: that reader waits for the other process's version 2 instead.
+    key = f"{unique('race')}:1"
+    LockFence.objects.create(resource=key, fence=1)
+    other_process = _another_process()
+    assert cache_aside(key, lambda: 1, ttl_s=0.05, jitter=0, stale_ttl_s=60) == 1
+    time.sleep(0.1)  # stale now
+    stalled, proceed = threading.Event(), threading.Event()
+    reading = Flight.reading
+
+    def stall_the_leader(flight: Flight) -> None:
+        if threading.current_thread().name == "leader" and not stalled.is_set():
+            stalled.set()  # between its lookup and its ACQUIRE
+            assert proceed.wait(10)
+        reading(flight)
+
+    monkeypatch.setattr(Flight, "reading", stall_the_leader)
+    results: dict[str, CacheResult] = {}
+
+    def read(name: str) -> None:
+        try:
+            results[name] = cache_aside_result(key, lambda: LockFence.objects.get(resource=key).fence, ttl_s=60,
+                                               stale_ttl_s=60)
+        finally:
+            connections.close_all()
+
+    leader = threading.Thread(target=read, args=("leader",), name="leader")
+    leader.start()
+    assert stalled.wait(10)
+    with transaction.atomic():  # the write, by the other process
+        LockFence.objects.filter(resource=key).update(fence=2)
+        other_process.invalidate(key)
+    after = threading.Thread(target=read, args=("after",))
+    after.start()
+    _joined(key, 1)
+    rebuilding = SlowReader(key, key, fetch=other_process.fetch).start()  # holds the lease, has read 2
+    proceed.set()
+    leader.join(10)
+    assert (results["leader"].value, results["leader"].outcome) == (1, "stale")  # began before the write
+    assert rebuilding.finish().value == 2
+    after.join(10)
+    assert results["after"].value == 2, f"a read begun after the write got the old value ({results['after']})"
 
 
 @pytest.mark.django_db(transaction=True)
