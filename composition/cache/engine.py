@@ -198,21 +198,21 @@ class CacheAside:
         A thread takes the payload only of a read that began after it did, or of a load under a
         lease that still stands: a value read before a write that ended before this call began
         (a leader's ACQUIRE that found the old entry, or its database read while Redis is down)
-        is the old value. Such a flight is waited out and the next one joined."""
+        is the old value. Such a flight is waited out and the next one joined: the readers that
+        came during one load share the next, each waiting up to ``lease_wait_s`` for either."""
         began = tick()
         flight, leader = self._flights.join(call.key)
         if not leader and fallback is not None:
             return self._serve(fallback, call.metrics)
         if not leader:
             call.metrics.coalesced.inc()
-        deadline = time.monotonic() + self.lease_wait_s
         while not leader:
             lease_stands = self._lease_stands(flight, call)
             if lease_stands is False:
                 flight, leader = self._flights.leave(call.key, flight)
                 continue
             # Raises the leader's exception here; None as long as another process waits for the lease.
-            payload = flight.wait(max(0.0, deadline - time.monotonic()))
+            payload = flight.wait(self.lease_wait_s)
             if payload is None:
                 call.metrics.error("lease_wait_timeout")
                 return self._uncached(call.loader)

@@ -270,6 +270,21 @@ def test_invalidation_before_the_read_is_not_affected() -> None:
     assert get_cache_aside().peek(key) == 2
 
 
+
+@pytest.mark.django_db(transaction=True)
+def test_a_read_during_a_rebuild_under_its_lease_shares_it() -> None:
+    # The load began before this reader, but under a lease that still stands: no write came
+    # since, so the reader takes its value rather than loading again.
+    key = f"{unique('race')}:1"
+    LockFence.objects.create(resource=key, fence=1)
+    reader = SlowReader(key, key).start()
+    during: list[CacheResult] = []
+    reading = _fence_reader(key, during)
+    _joined(key, 1)
+    assert reader.finish().outcome == "loaded"
+    reading.join(10)
+    assert (during[0].value, during[0].outcome) == (1, "coalesced")
+
 @pytest.mark.django_db(transaction=True)
 def test_a_read_after_a_write_does_not_take_the_old_entry_a_leader_found_before_it(monkeypatch: Any) -> None:
     # The leader's ACQUIRE found version 1, which another process had cached since the leader's
