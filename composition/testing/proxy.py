@@ -11,83 +11,22 @@ from __future__ import annotations
 import ipaddress
 import selectors
 import socket
-import struct
 import threading
 import time
-from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlsplit
+
+from composition.testing.proxy_streams import CHUNK_BYTES, End, ProxiedConnection, Stream, close_with_reset
 
 __all__ = ["FaultProxy", "Mode", "fault_proxy"]
 
 Mode = Literal["pass", "delay", "blackhole", "reset"]
 
 _LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
-_CHUNK_BYTES = 64 * 1024
-# A direction stops reading its source past this many bytes waiting to be forwarded (a slow
-# reader or a long delay): TCP's own flow control then reaches the sender.
-_MAX_PENDING_BYTES = 1024 * 1024
-# Loopback answers a connect at once (accepted or refused); longer means a full listen backlog.
-_CONNECT_TIMEOUT_S = 2.0
 _APPLY_TIMEOUT_S = 5.0
 _CLOSE_TIMEOUT_S = 5.0
-
-
-def _abort(sock: socket.socket) -> None:
-    """Close with an RST rather than a FIN (SO_LINGER on, zero seconds)."""
-    with suppress(OSError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    sock.close()
-
-
-@dataclass(eq=False)
-class _Direction:
-    """The bytes one end sent, on their way to the other end."""
-
-    source: socket.socket
-    sink: socket.socket
-    pending: deque[tuple[float, memoryview]] = field(default_factory=deque)  # (due, bytes), in order
-    pending_bytes: int = 0
-    ended: bool = False  # the source sent its FIN (or failed while blackholed)
-    shut: bool = False  # that FIN was passed on: the sink's write half is shut
-    sink_full: bool = False  # the sink's send buffer is full: wait until it is writable
-
-    def drop_pending(self) -> None:
-        self.pending.clear()
-        self.pending_bytes = 0
-        self.sink_full = False
-
-
-@dataclass(eq=False)
-class _Connection:
-    client: socket.socket
-    upstream: socket.socket
-    up: _Direction = field(init=False)
-    down: _Direction = field(init=False)
-    registered: dict[socket.socket, int] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.up = _Direction(self.client, self.upstream)
-        self.down = _Direction(self.upstream, self.client)
-
-    def directions(self) -> tuple[_Direction, _Direction]:
-        return self.up, self.down
-
-    @property
-    def finished(self) -> bool:
-        return all(direction.ended and direction.shut for direction in self.directions())
-
-
-@dataclass(eq=False)
-class _End:
-    """What the selector knows of one socket: its connection, what it sends and what it gets."""
-
-    connection: _Connection
-    sends: _Direction
-    receives: _Direction
 
 
 class FaultProxy:
@@ -128,7 +67,7 @@ class FaultProxy:
         self._wake_reader, self._wake_writer = socket.socketpair()
         self._wake_reader.setblocking(False)
         self._selector = selectors.DefaultSelector()
-        self._connections: list[_Connection] = []
+        self._connections: list[ProxiedConnection] = []
         self._changed = threading.Condition()
         self._mode: Mode = "pass"
         self._delay_s = 0.0
@@ -238,7 +177,7 @@ class FaultProxy:
                         self._accept()
                     elif key.data == "wake":
                         with suppress(BlockingIOError):
-                            self._wake_reader.recv(_CHUNK_BYTES)
+                            self._wake_reader.recv(CHUNK_BYTES)
                     else:
                         self._serve(key.data, events)
                 self._forward_due()
@@ -252,8 +191,8 @@ class FaultProxy:
         elif self._active == "blackhole":
             # Bytes still waiting were in flight on the cut network: they are lost with it.
             for connection in self._connections:
-                for direction in connection.directions():
-                    direction.drop_pending()
+                for stream in connection.streams():
+                    stream.drop_pending()
                 self._register(connection)
         else:
             for connection in self._connections:
@@ -268,22 +207,15 @@ class FaultProxy:
             except OSError:
                 continue  # the client gave up before we got to it
             if self._active == "reset":
-                _abort(client)
+                close_with_reset(client)
                 continue
-            try:
-                upstream = socket.create_connection(self.target, timeout=_CONNECT_TIMEOUT_S)
-            except OSError:
-                _abort(client)  # the service is down: the client sees what a direct connect would
+            connection = ProxiedConnection.open(client, self.target)
+            if connection is None:
                 continue
-            for sock in (client, upstream):
-                sock.setblocking(False)
-                # Chunks go on as they came: Nagle would add its own delays to small ones.
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            connection = _Connection(client, upstream)
             self._connections.append(connection)
             self._register(connection)
 
-    def _serve(self, end: _End, events: int) -> None:
+    def _serve(self, end: End, events: int) -> None:
         connection = end.connection
         if connection not in self._connections:
             return  # dropped earlier in this round
@@ -294,23 +226,15 @@ class FaultProxy:
         if connection in self._connections:
             self._register(connection)
 
-    def _read(self, connection: _Connection, direction: _Direction) -> None:
+    def _read(self, connection: ProxiedConnection, stream: Stream) -> None:
+        blackholed = self._active == "blackhole"
         try:
-            data = direction.source.recv(_CHUNK_BYTES)
-        except BlockingIOError:
-            return
+            stream.read(None if blackholed else self._active_delay_s if self._active == "delay" else 0.0)
         except OSError:
-            if self._active == "blackhole":
-                direction.ended = True  # its RST never reaches the other end either
+            if blackholed:
+                stream.ended = True  # its RST never reaches the other end either
             else:
                 self._drop(connection, abort=True)
-            return
-        if not data:
-            direction.ended = True
-        elif self._active != "blackhole":
-            due = time.monotonic() + (self._active_delay_s if self._active == "delay" else 0.0)
-            direction.pending.append((due, memoryview(data)))
-            direction.pending_bytes += len(data)
 
     def _forward_due(self) -> None:
         if self._active not in ("pass", "delay"):
@@ -318,8 +242,8 @@ class FaultProxy:
         now = time.monotonic()
         for connection in list(self._connections):
             try:
-                for direction in connection.directions():
-                    self._send_due(direction, now)
+                for stream in connection.streams():
+                    stream.send_due(now)
             except OSError:
                 self._drop(connection, abort=True)
                 continue
@@ -328,40 +252,18 @@ class FaultProxy:
             else:
                 self._register(connection)
 
-    def _send_due(self, direction: _Direction, now: float) -> None:
-        while direction.pending and not direction.sink_full and direction.pending[0][0] <= now:
-            due, data = direction.pending[0]
-            try:
-                sent = direction.sink.send(data)
-            except BlockingIOError:
-                sent = 0
-            direction.pending_bytes -= sent
-            if sent < len(data):
-                direction.pending[0] = (due, data[sent:])
-                direction.sink_full = True
-                return
-            direction.pending.popleft()
-        if direction.ended and not direction.pending and not direction.shut:
-            direction.sink.shutdown(socket.SHUT_WR)
-            direction.shut = True
-
     def _next_due_in(self) -> float | None:
         if self._active not in ("pass", "delay"):
             return None
-        dues = [direction.pending[0][0] for connection in self._connections for direction in connection.directions()
-                if direction.pending and not direction.sink_full]
+        dues = [due for connection in self._connections for stream in connection.streams()
+                if (due := stream.next_due) is not None]
         return max(0.0, min(dues) - time.monotonic()) if dues else None
 
-    def _register(self, connection: _Connection) -> None:
+    def _register(self, connection: ProxiedConnection) -> None:
         """Listen for what each end can do next: read while its bytes have room (always, when
         blackholed: they are dropped), write while its sink is full."""
-        for end in (_End(connection, connection.up, connection.down), _End(connection, connection.down, connection.up)):
-            sock = end.sends.source
-            events = 0
-            if not end.sends.ended and (self._active == "blackhole" or end.sends.pending_bytes < _MAX_PENDING_BYTES):
-                events |= selectors.EVENT_READ
-            if end.receives.sink_full:
-                events |= selectors.EVENT_WRITE
+        for end in connection.ends():
+            sock, events = end.sends.source, end.events(blackholed=self._active == "blackhole")
             current = connection.registered.get(sock, 0)
             if events == current:
                 continue
@@ -375,15 +277,12 @@ class FaultProxy:
             if events:
                 connection.registered[sock] = events
 
-    def _drop(self, connection: _Connection, *, abort: bool) -> None:
+    def _drop(self, connection: ProxiedConnection, *, abort: bool) -> None:
+        """Close both sockets of ``connection``, with an RST when ``abort``, else a FIN."""
         for sock in list(connection.registered):
             self._selector.unregister(sock)
         connection.registered.clear()
-        for sock in (connection.client, connection.upstream):
-            if abort:
-                _abort(sock)
-            else:
-                sock.close()
+        connection.close(reset=abort)
         self._connections.remove(connection)
 
     def _close_sockets(self) -> None:
@@ -394,8 +293,7 @@ class FaultProxy:
             self._closing = True
             self._changed.notify_all()
         for connection in self._connections:
-            connection.client.close()
-            connection.upstream.close()
+            connection.close(reset=False)
         self._connections.clear()
         for sock in (self._listener, self._wake_reader, self._wake_writer):
             sock.close()
