@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from composition.testing.rabbitmq_layout import RABBITMQ_BIN_DIR, ClusterLayout
 from composition.testing.servers import become, server_user
 from composition.testing.waiting import free_port
 
@@ -31,14 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ThrowawayRabbitCluster", "throwaway_rabbit_cluster"]
 
-RABBITMQ_BIN_DIR = Path("/usr/lib/rabbitmq/bin")
 EPMD = "epmd"
-
-# One scheduler per node and no busy-waiting: three nodes share two cores with the tests, and a
-# spinning scheduler would take a core each for nothing. The distribution listens on loopback only.
-_SERVER_ERL_ARGS = ("+S 1:1 +sbwt none +sbwtdcpu none +sbwtdio none -start_epmd false "
-                    "-kernel inet_dist_use_interface {127,0,0,1}")
-_CTL_ERL_ARGS = "-start_epmd false -kernel inet_dist_use_interface {127,0,0,1}"
 
 
 class ThrowawayRabbitCluster:
@@ -77,70 +71,8 @@ class ThrowawayRabbitCluster:
         self._user = server_user()
         self._epmd: subprocess.Popen[bytes] | None = None
         self._processes: list[subprocess.Popen[bytes] | None] = [None] * nodes
-        self._write_files()
-
-    # -- files and environment ------------------------------------------------------------------
-
-    def _node_dir(self, index: int) -> Path:
-        return self._dir / f"node{index + 1}"
-
-    def _write_files(self) -> None:
-        # Read by rabbitmq-env (the scripts) and rabbit_env (the server and the CLI) instead of
-        # /etc/rabbitmq/rabbitmq-env.conf, which names the machine's node.
-        (self._dir / "rabbitmq-env.conf").write_text("# ThrowawayRabbitCluster: everything is in the environment\n")
-        # The cluster's own cookie, in the HOME every node and CLI call of the cluster runs with.
-        cookie = self._dir / ".erlang.cookie"
-        cookie.write_text(secrets.token_hex(20).upper())
-        cookie.chmod(0o400)
-        for index, port in enumerate(self.ports):
-            node_dir = self._node_dir(index)
-            (node_dir / "conf.d").mkdir(parents=True)
-            (node_dir / "rabbitmq.conf").write_text(
-                f"listeners.tcp.default = 127.0.0.1:{port}\n"
-                "log.console = false\n"
-                "log.file.level = info\n")
-            (node_dir / "enabled_plugins").write_text("[].\n")
-        if self._user is not None:
-            for path in (self._dir, *self._dir.rglob("*")):
-                os.chown(path, self._user.pw_uid, self._user.pw_gid)
-
-    def _common_env(self) -> dict[str, str]:
-        # Built from nothing: the test process's RABBITMQ_* or ERL_FLAGS must not leak in.
-        return {
-            "PATH": f"{RABBITMQ_BIN_DIR}:/usr/local/bin:/usr/bin:/bin",
-            "HOME": str(self._dir),
-            "LANG": "C.UTF-8",
-            "LC_ALL": "C.UTF-8",
-            "ERL_EPMD_ADDRESS": "127.0.0.1",
-            "ERL_EPMD_PORT": str(self.epmd_port),
-            "RABBITMQ_CONF_ENV_FILE": str(self._dir / "rabbitmq-env.conf"),
-            "RABBITMQ_CTL_ERL_ARGS": _CTL_ERL_ARGS,
-        }
-
-    def _node_env(self, index: int) -> dict[str, str]:
-        node_dir = self._node_dir(index)
-        return {
-            **self._common_env(),
-            "RABBITMQ_NODENAME": self.node_names[index],
-            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
-            "RABBITMQ_NODE_PORT": str(self.ports[index]),
-            "RABBITMQ_DIST_PORT": str(self.dist_ports[index]),
-            "RABBITMQ_CONFIG_FILE": str(node_dir / "rabbitmq.conf"),
-            "RABBITMQ_CONFIG_FILES": str(node_dir / "conf.d" / "*.conf"),
-            "RABBITMQ_ADVANCED_CONFIG_FILE": str(node_dir / "advanced.config"),
-            "RABBITMQ_ENABLED_PLUGINS_FILE": str(node_dir / "enabled_plugins"),
-            "RABBITMQ_MNESIA_BASE": str(node_dir / "mnesia"),
-            "RABBITMQ_LOG_BASE": str(node_dir / "log"),
-            "RABBITMQ_PID_FILE": str(node_dir / "rabbitmq.pid"),
-            "RABBITMQ_MOTD_FILE": str(node_dir / "motd"),
-            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": _SERVER_ERL_ARGS,
-            # rabbitmq-server then execs the VM instead of waiting on it in a shell: the pid we
-            # hold is the node's, and the node itself dies with the test process (set by
-            # become(); a shell in between would die alone and leave the VM running).
-            "detached": "true",
-        }
-
-    # -- public API -----------------------------------------------------------------------------
+        self.layout = ClusterLayout(self._dir, self.node_names, self.ports, self.dist_ports, self.epmd_port)
+        self.layout.write(self._user)
 
     @property
     def directory(self) -> Path:
@@ -152,7 +84,7 @@ class ThrowawayRabbitCluster:
 
     def log(self, index: int) -> str:
         """Node ``index``'s RabbitMQ log, then what its VM wrote to stdout and stderr."""
-        node_dir = self._node_dir(index)
+        node_dir = self.layout.node_dir(index)
         parts = [path.read_text(errors="replace") for path in (
             node_dir / "log" / f"{self.node_names[index]}.log", node_dir / "stdout.log") if path.exists()]
         return "\n".join(parts)
@@ -285,21 +217,19 @@ class ThrowawayRabbitCluster:
         psutil.wait_procs(leftovers, timeout=5)
         shutil.rmtree(self._dir, ignore_errors=True)
 
-    # -- internals ------------------------------------------------------------------------------
-
     def _start_epmd(self, timeout_s: float = 10.0) -> None:
         # Not daemonised: it is our child, so close() can stop it and it dies with the test.
         self._epmd = subprocess.Popen(
             [self._epmd_binary, "-port", str(self.epmd_port), "-address", "127.0.0.1"],
-            env=self._common_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env=self.layout.common_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, preexec_fn=become(self._user), cwd=self._dir)
         self._wait_listening(self.epmd_port, self._epmd, time.monotonic() + timeout_s, "epmd")
 
     def _spawn(self, index: int) -> None:
-        node_dir = self._node_dir(index)
+        node_dir = self.layout.node_dir(index)
         output = (node_dir / "stdout.log").open("ab")
         self._processes[index] = subprocess.Popen(
-            [str(self._server)], env=self._node_env(index), stdin=subprocess.DEVNULL, stdout=output,
+            [str(self._server)], env=self.layout.node_env(index), stdin=subprocess.DEVNULL, stdout=output,
             stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=become(self._user), cwd=node_dir)
         output.close()
 
@@ -333,7 +263,7 @@ class ThrowawayRabbitCluster:
     def _run_cli(self, tool: str, node: str, *args: str, timeout_s: float) -> str:
         argv: Sequence[str] = [str(RABBITMQ_BIN_DIR / tool), "-n", node, *args]
         try:
-            done = subprocess.run(argv, env=self._common_env(), capture_output=True, text=True,
+            done = subprocess.run(argv, env=self.layout.common_env(), capture_output=True, text=True,
                                   timeout=max(1.0, timeout_s), preexec_fn=become(self._user), cwd=self._dir)
         except subprocess.TimeoutExpired as exc:
             raise RuntimeError(f"{' '.join(argv)} took over {timeout_s:.0f} s") from exc

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from composition.testing import ThrowawayRabbitCluster, throwaway_rabbit_cluster
-from composition.testing.rabbitmq_cluster import RABBITMQ_BIN_DIR
+from composition.testing.rabbitmq_layout import RABBITMQ_BIN_DIR
 from tests.browser import tool_missing
 from tests.helpers import RABBITMQ_URL, next_message
 
