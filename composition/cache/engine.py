@@ -206,10 +206,13 @@ class CacheAside:
             return self._serve(fallback, call.metrics)
         if not leader:
             call.metrics.coalesced.inc()
+        arrived = True
         while not leader:
-            lease_stands = self._lease_stands(flight, call)
+            # Only the flight found on arrival can have begun its read before this call: a later
+            # one replaced it, so it began after.
+            lease_stands = self._lease_stands(flight, call) if arrived else None
             if lease_stands is False:
-                flight, leader = self._flights.leave(call.key, flight)
+                flight, leader, arrived = *self._flights.leave(call.key, flight), False
                 continue
             # Raises the leader's exception here; None as long as another process waits for the lease.
             payload = flight.wait(self.lease_wait_s)
@@ -218,7 +221,10 @@ class CacheAside:
                 return self._uncached(call.loader)
             if lease_stands or flight.read_at > began:
                 return CacheResult(self._loads(payload), COALESCED)
-            flight, leader = self._flights.leave(call.key, flight)
+            if not arrived:
+                # Its leader served its own earlier lookup (a stale value): not a third flight.
+                return self._uncached(call.loader)
+            flight, leader, arrived = *self._flights.leave(call.key, flight), False
         try:
             result = produce(flight)
         except BaseException as exc:
