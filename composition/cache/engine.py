@@ -236,13 +236,14 @@ class CacheAside:
     def _lease_stands(self, flight: Flight, call: Call) -> bool | None:
         """Whether the lease ``flight``'s leader rebuilds under still stands in Redis: False when
         another process's invalidation revoked it (the leader may have read the data before that
-        write; its fill will be refused), None when it holds none yet or Redis does not answer
-        (then when its read began decides)."""
-        if flight.lease is None:
+        write; its fill will be refused), None when it holds none yet or Redis is not asked (its
+        breaker open) or does not answer: then when its read began decides."""
+        if flight.lease is None or self.breaker.is_open:
             return None
         try:
             return bool(self.store.holds(call.keys, *flight.lease))
-        except REDIS_ERRORS:
+        except REDIS_ERRORS as exc:
+            self._redis_failed(call.metrics, exc)
             return None
 
     def _serve(self, fallback: CacheResult, metrics: PatternMetrics) -> CacheResult:
