@@ -260,28 +260,11 @@ class FaultProxy:
         return max(0.0, min(dues) - time.monotonic()) if dues else None
 
     def _register(self, connection: ProxiedConnection) -> None:
-        """Listen for what each end can do next: read while its bytes have room (always, when
-        blackholed: they are dropped), write while its sink is full."""
-        for end in connection.ends():
-            sock, events = end.sends.source, end.events(blackholed=self._active == "blackhole")
-            current = connection.registered.get(sock, 0)
-            if events == current:
-                continue
-            if not events:
-                self._selector.unregister(sock)
-                del connection.registered[sock]
-            elif not current:
-                self._selector.register(sock, events, end)
-            else:
-                self._selector.modify(sock, events, end)
-            if events:
-                connection.registered[sock] = events
+        connection.register(self._selector, blackholed=self._active == "blackhole")
 
     def _drop(self, connection: ProxiedConnection, *, abort: bool) -> None:
         """Close both sockets of ``connection``, with an RST when ``abort``, else a FIN."""
-        for sock in list(connection.registered):
-            self._selector.unregister(sock)
-        connection.registered.clear()
+        connection.unregister(self._selector)
         connection.close(reset=abort)
         self._connections.remove(connection)
 

@@ -1,6 +1,7 @@
-"""The byte streams of one connection through the fault proxy (``composition.testing.proxy``):
-what each end sent, held until it is due, then forwarded in order. A stream stops reading past
-``MAX_PENDING_BYTES`` held, so TCP's own flow control reaches the sender."""
+"""The connections through the fault proxy (``composition.testing.proxy``): a byte stream each
+way, holding what one end sent until it is due, then forwarding it in order, and what each socket
+waits for in the proxy's selector. A stream stops reading past ``MAX_PENDING_BYTES`` held, so
+TCP's own flow control reaches the sender."""
 
 from __future__ import annotations
 
@@ -118,6 +119,28 @@ class ProxiedConnection:
 
     def ends(self) -> tuple[End, End]:
         return End(self, self.up, self.down), End(self, self.down, self.up)
+
+    def register(self, selector: selectors.BaseSelector, *, blackholed: bool) -> None:
+        """Wait in ``selector`` for what each end can do next (``End.events``)."""
+        for end in self.ends():
+            sock, events = end.sends.source, end.events(blackholed=blackholed)
+            current = self.registered.get(sock, 0)
+            if events == current:
+                continue
+            if not events:
+                selector.unregister(sock)
+                del self.registered[sock]
+            elif not current:
+                selector.register(sock, events, end)
+            else:
+                selector.modify(sock, events, end)
+            if events:
+                self.registered[sock] = events
+
+    def unregister(self, selector: selectors.BaseSelector) -> None:
+        for sock in list(self.registered):
+            selector.unregister(sock)
+        self.registered.clear()
 
     def close(self, *, reset: bool) -> None:
         for sock in (self.client, self.upstream):
