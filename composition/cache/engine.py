@@ -60,7 +60,6 @@ class CacheAside:
         self.alias = alias
         self.client: Any = cache.client.get_client(write=True)  # bytes replies (no decoding)
         self.serializer = serializer
-        self.lease_ttl_s = lease_ttl_s
         self.lease_wait_s = lease_wait_s
         # No trial calls: the probe closes it once Redis answers, after replaying the deferred
         # invalidations, so nothing stale is served once it closes. After the close, once more:
