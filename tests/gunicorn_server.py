@@ -3,8 +3,11 @@ over HTTP, and Django's file-based email backend, shared by every process, read 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -16,8 +19,10 @@ from email.message import Message
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from composition.lifecycle.processes import ProcessComponent
-from composition.testing import free_port, subprocess_env
+from composition.testing import free_port, subprocess_env, wait_until
 from tests.helpers import ROOT
 
 __all__ = ["Answer", "emails", "emails_by_message_id", "gunicorn", "mail_env", "post"]
@@ -83,6 +88,34 @@ def gunicorn(env: dict[str, str], *, workers: int = 2, threads: int = 8) -> Iter
                            cwd=str(ROOT), ready_url=f"{base}/readyz")
     try:
         web.start()  # inside: a server that never got ready is stopped too
+        assert web.process is not None
+        _wait_every_worker_accepts(web.process.pid, workers, port)
         yield base
     finally:
         web.stop(20)
+
+
+def _wait_every_worker_accepts(master_pid: int, workers: int, port: int) -> None:
+    """Until each of the master's ``workers`` has accepted a connection: a worker accepts once it
+    has loaded the app, and the ready check may have been answered by the first one alone, which
+    would then take every connection a test opens at once."""
+    master = psutil.Process(master_pid)
+    accepted: set[int] = set()
+
+    def every_worker_accepted() -> bool:
+        probes = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(2 * workers)]
+        try:
+            ours = {probe.getsockname()[1] for probe in probes}
+            time.sleep(0.05)  # for the workers to accept them
+            for worker in master.children():
+                with contextlib.suppress(psutil.Error):
+                    if any(connection.raddr and connection.raddr.port in ours
+                           for connection in worker.net_connections(kind="tcp")):
+                        accepted.add(worker.pid)
+        finally:
+            for probe in probes:
+                probe.close()
+        return len(accepted) >= workers
+
+    wait_until(every_worker_accepted, 30, interval_s=0.05,
+               message=f"not every one of the {workers} gunicorn workers accepted a connection")
