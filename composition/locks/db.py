@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
+from uuid import UUID
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, OperationalError, connections, transaction
 from django.db.models import Model, QuerySet
@@ -30,17 +31,33 @@ T = TypeVar("T")
 # PostgreSQL's lock_timeout holds at most 2**31 - 1 ms (24.8 days); a day of waiting is a mistake.
 MAX_TIMEOUT_S = 86_400.0
 _LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE of both NOWAIT failures and lock_timeout expiries
+# SQLSTATE of a statement cancelled: by statement_timeout when it is shorter than timeout_s, or by a
+# cancel request. Either way the lock was not obtained, and the savepoint keeps the transaction usable.
+_QUERY_CANCELED = "57014"
 # row_lock's own savepoint (released before row_lock returns, so nesting cannot clash), and the
 # transaction-local placeholder setting that carries lock_timeout's previous value from the
 # statement that sets it to the one that restores it, within one statement string.
 _ROW_LOCK_SAVEPOINT = "composition_row_lock"
+_SEPARATOR = "\x1f"  # between namespace and key in an advisory key's hashed text
 _PREVIOUS_LOCK_TIMEOUT = "composition.lock_timeout_before"
 
 
-def advisory_key(namespace: str, key: object) -> int:
+def advisory_key(namespace: str, key: int | str | UUID) -> int:
     """The signed 64-bit advisory lock id of (namespace, key): blake2b, so it is the same in every
-    process (Python's ``hash()`` is salted per process)."""
-    digest = hashlib.blake2b(f"{namespace}\x1f{key}".encode(), digest_size=8).digest()
+    process (Python's ``hash()`` is salted per process). ``42`` and ``"42"`` are the same key.
+
+    Raises TypeError/ValueError unless ``namespace`` is a non-empty string without the separator
+    character ``\x1f`` and ``key`` an int, a non-empty string or a UUID: anything else (None, a
+    model instance, whose text may change with its fields) would name a lock by accident.
+    """
+    if not isinstance(namespace, str) or not namespace or _SEPARATOR in namespace:
+        raise ValueError(f"an advisory lock namespace is a non-empty string without \\x1f, got {namespace!r}")
+    if isinstance(key, bool) or not isinstance(key, int | str | UUID):
+        raise TypeError(f"an advisory lock key is an int, a string or a UUID, got {key!r} "
+                        "(for a row, its primary key)")
+    if key == "":
+        raise ValueError("an advisory lock key cannot be an empty string")
+    digest = hashlib.blake2b(f"{namespace}{_SEPARATOR}{key}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
 
 
@@ -72,7 +89,11 @@ def _timeout_ms(timeout_s: float) -> str:
 
 
 def _lock_refused(name: str, timeout_s: float | None, exc: OperationalError) -> LockNotAcquired | None:
-    if getattr(exc.__cause__, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
+    sqlstate = getattr(exc.__cause__, "sqlstate", None)
+    if sqlstate == _QUERY_CANCELED and timeout_s is not None:
+        return LockNotAcquired(name, f"the wait was cancelled before {timeout_s}s (statement_timeout is shorter, "
+                                     "or a cancel request)")
+    if sqlstate != _LOCK_NOT_AVAILABLE:
         return None
     reason = "busy (nowait)" if timeout_s is None else f"not free within {timeout_s}s"
     return LockNotAcquired(name, reason)
@@ -195,7 +216,8 @@ def row_lock(queryset: QuerySet[M], *, nowait: bool = False, skip_locked: bool =
     """Lock the rows of ``queryset`` (SELECT ... FOR UPDATE) until the transaction ends; yields them.
 
     - ``nowait`` (or ``timeout_s=0``): raise LockNotAcquired at once if a row is locked;
-    - ``timeout_s``: wait at most this many seconds, then raise LockNotAcquired;
+    - ``timeout_s``: wait at most this many seconds, then raise LockNotAcquired (sooner when the
+      session's statement_timeout is shorter: it ends the wait);
     - ``skip_locked``: lock and yield only the rows nobody else holds (never raises for a busy row).
 
     After LockNotAcquired the caller's transaction is still usable and ``lock_timeout`` is what it
@@ -205,13 +227,16 @@ def row_lock(queryset: QuerySet[M], *, nowait: bool = False, skip_locked: bool =
     """
     if skip_locked and (nowait or timeout_s is not None):
         raise ValueError("skip_locked cannot be combined with nowait or timeout_s")
+    if nowait and timeout_s not in (None, 0):
+        raise ValueError(f"nowait does not wait: it cannot be combined with timeout_s={timeout_s!r}")
     if timeout_s is not None:
         timeout_s = checked_seconds("timeout_s", timeout_s, at_most=MAX_TIMEOUT_S, zero=True)
     if timeout_s == 0:
         nowait, timeout_s = True, None
     name = queryset.model._meta.label
-    connection = _require_transaction(queryset.db, "row_lock")
     locking = queryset.select_for_update(nowait=nowait, skip_locked=skip_locked)
+    # The locking query's database (the router's for writes), not the queryset's for reads.
+    connection = _require_transaction(locking.db, "row_lock")
     started = time.monotonic()
     try:
         if nowait or timeout_s is not None:
@@ -230,13 +255,14 @@ def row_lock(queryset: QuerySet[M], *, nowait: bool = False, skip_locked: bool =
 
 
 @contextmanager
-def advisory_lock(namespace: str, key: object, *, timeout_s: float | None = None, shared: bool = False,
+def advisory_lock(namespace: str, key: int | str | UUID, *, timeout_s: float | None = None, shared: bool = False,
                   using: str | None = None) -> Iterator[int]:
     """Take the transaction-scoped advisory lock of (namespace, key); yields its 64-bit id.
 
     The lock is held until the enclosing transaction commits or rolls back (also when the body
     raises), not merely until the with-block ends. ``timeout_s=None`` waits (bounded by the
-    session's statement_timeout); ``0`` tries once; a positive value waits that many seconds.
+    session's statement_timeout); ``0`` tries once; a positive value waits that many seconds (at
+    most the statement_timeout, which then ends the wait with LockNotAcquired).
     ``shared`` takes the shared variant (many shared holders, no exclusive one). Raises
     LockNotAcquired (name ``"namespace:key"``) when not obtained, leaving the transaction usable;
     TransactionRequired outside ``transaction.atomic()``. The metric label is ``namespace``.

@@ -3,6 +3,7 @@ thread or another process."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -334,6 +335,108 @@ def test_shared_advisory_locks_coexist_and_exclude_an_exclusive_one() -> None:
     assert results == ["acquired", "busy"]
 
 
+class AdvisoryThreadHolder:
+    """Another transaction (in a thread, with its own connection) holding an advisory lock."""
+
+    def __init__(self, namespace: str, key: str) -> None:
+        self.namespace, self.key = namespace, key
+        self.locked = threading.Event()
+        self.release = threading.Event()
+        self.thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        try:
+            with transaction.atomic(), advisory_lock(self.namespace, self.key):
+                self.locked.set()
+                self.release.wait(30)
+        finally:
+            connections.close_all()
+
+    def __enter__(self) -> AdvisoryThreadHolder:
+        self.thread.start()
+        assert self.locked.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release.set()
+        self.thread.join(10)
+
+
+@pytest.mark.parametrize("kind", ["row", "advisory"])
+def test_a_timeout_longer_than_the_statement_timeout_ends_there_with_lock_not_acquired(row: str, kind: str) -> None:
+    # The default DB_STATEMENT_TIMEOUT_S is 30 s and timeout_s may be up to a day: the statement
+    # timeout cancelled the wait with an OperationalError that callers catching LockNotAcquired
+    # turned into a 500.
+    holder = RowHolder(row) if kind == "row" else AdvisoryThreadHolder("t", row)
+    with holder, transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL statement_timeout = '300ms'")
+        started = time.monotonic()
+        with pytest.raises(LockNotAcquired, match="statement_timeout"):
+            if kind == "row":
+                with row_lock(LockFence.objects.filter(resource=row), timeout_s=5):
+                    pass
+            else:
+                with advisory_lock("t", row, timeout_s=5):
+                    pass
+        assert time.monotonic() - started < 2.0
+        LockFence.objects.create(resource=f"{row}-after", fence=1)  # the transaction is usable
+        assert lock_timeout() == "0"
+    assert LockFence.objects.filter(resource=f"{row}-after").exists()
+
+
+def test_row_lock_refuses_nowait_with_a_timeout(row: str) -> None:
+    with pytest.raises(ValueError, match="nowait"), transaction.atomic(), \
+            row_lock(LockFence.objects.filter(resource=row), nowait=True, timeout_s=5):
+        pass
+
+
+# A project whose router sends reads to a second alias ("replica", here the same database on its
+# own connection): the lock is a write, so it runs on the router's database for writes.
+ROUTED_CHILD = """
+import json, sys
+import tests.settings as project_settings
+project_settings.DATABASES["default"]["NAME"] = sys.argv[1]
+project_settings.DATABASES["replica"] = {**project_settings.DATABASES["default"]}
+
+class ReadsFromTheReplica:
+    def db_for_read(self, model, **hints):
+        return "replica"
+    def db_for_write(self, model, **hints):
+        return "default"
+
+project_settings.DATABASE_ROUTERS = [ReadsFromTheReplica()]
+import django
+django.setup()
+from django.db import connections, transaction
+from composition.locks import LockNotAcquired, row_lock
+from composition.locks.models import LockFence
+
+resource = sys.argv[2]
+outcome = {}
+with transaction.atomic():
+    with row_lock(LockFence.objects.filter(resource=resource), nowait=True) as rows:
+        outcome["rows"] = [r.resource for r in rows]
+        # The lock is held on "default": another connection cannot take it.
+        with transaction.atomic(using="replica"):
+            try:
+                with row_lock(LockFence.objects.using("replica").filter(resource=resource), nowait=True):
+                    outcome["second"] = "acquired"
+            except LockNotAcquired:
+                outcome["second"] = "busy"
+print(json.dumps(outcome))
+connections.close_all()
+"""
+
+
+def test_row_lock_takes_the_lock_on_the_routers_database_for_writes(row: str) -> None:
+    child = subprocess.run([sys.executable, "-c", ROUTED_CHILD, connection.settings_dict["NAME"], row],
+                           env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings"), cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert json.loads(child.stdout.strip().splitlines()[-1]) == {"rows": [row], "second": "busy"}
+
+
 def test_advisory_lock_needs_a_transaction() -> None:
     with pytest.raises(TransactionRequired), advisory_lock("x", 1):
         pass
@@ -345,3 +448,14 @@ def test_advisory_key_is_a_stable_signed_64_bit_value() -> None:
     # Pinned: a changed derivation would let old and new processes hold "the same" lock at once.
     assert advisory_key("invoice", 42) == 841419375882707100
     assert all(-(2**63) <= advisory_key("n", i) < 2**63 for i in range(100))
+
+
+@pytest.mark.parametrize(("namespace", "key", "error"), [
+    ("", 1, ValueError), (None, 1, ValueError), ("a\x1fb", "c", ValueError),
+    ("ns", None, TypeError), ("ns", True, TypeError), ("ns", 1.5, TypeError), ("ns", "", ValueError),
+    ("ns", LockFence(resource="r", fence=1), TypeError),
+])
+def test_advisory_lock_refuses_a_key_that_would_name_a_lock_by_accident(namespace: object, key: object,
+                                                                       error: type[Exception]) -> None:
+    with pytest.raises(error), transaction.atomic(), advisory_lock(namespace, key):  # type: ignore[arg-type]
+        pass
