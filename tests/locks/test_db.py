@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from django.db import DataError, connection, connections, transaction
@@ -35,11 +35,11 @@ def lock_timeout() -> str:
         return str(cursor.fetchone()[0])
 
 
-class RowHolder:
-    """Another transaction (in a thread, with its own connection) holding a row lock."""
+class LockHolder:
+    """Another transaction (in a thread, with its own connection) holding what ``take()`` locks."""
 
-    def __init__(self, resource: str) -> None:
-        self.resource = resource
+    def __init__(self, take: Callable[[], object]) -> None:
+        self.take = take
         self.locked = threading.Event()
         self.release = threading.Event()
         self.thread = threading.Thread(target=self._run)
@@ -47,13 +47,13 @@ class RowHolder:
     def _run(self) -> None:
         try:
             with transaction.atomic():
-                LockFence.objects.select_for_update().get(resource=self.resource)
+                self.take()
                 self.locked.set()
                 self.release.wait(30)
         finally:
             connections.close_all()
 
-    def __enter__(self) -> RowHolder:
+    def __enter__(self) -> LockHolder:
         self.thread.start()
         assert self.locked.wait(10)
         return self
@@ -61,6 +61,20 @@ class RowHolder:
     def __exit__(self, *exc: object) -> None:
         self.release.set()
         self.thread.join(10)
+
+
+def row_holder(resource: str) -> LockHolder:
+    """Another transaction holding the row lock of ``resource``'s fence."""
+    return LockHolder(lambda: LockFence.objects.select_for_update().get(resource=resource))
+
+
+def advisory_holder(namespace: str, key: str) -> LockHolder:
+    """Another transaction holding the advisory lock of (namespace, key)."""
+    def take() -> None:
+        with advisory_lock(namespace, key):
+            pass  # held until the transaction ends
+
+    return LockHolder(take)
 
 
 @pytest.fixture
@@ -71,7 +85,7 @@ def row() -> Iterator[str]:
 
 
 def test_row_lock_nowait_raises_at_once_and_leaves_the_transaction_usable(row: str) -> None:
-    with RowHolder(row), transaction.atomic():
+    with row_holder(row), transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute("SET LOCAL lock_timeout = '7s'")
         started = time.monotonic()
@@ -87,7 +101,7 @@ def test_row_lock_nowait_raises_at_once_and_leaves_the_transaction_usable(row: s
 
 
 def test_row_lock_timeout_raises_after_the_timeout_and_restores_lock_timeout(row: str) -> None:
-    with RowHolder(row), transaction.atomic():
+    with row_holder(row), transaction.atomic():
         started = time.monotonic()
         with pytest.raises(LockNotAcquired), row_lock(LockFence.objects.filter(resource=row), timeout_s=0.3):
             pass
@@ -132,7 +146,7 @@ def test_a_timed_row_lock_is_one_round_trip_first_in_a_transaction_or_not(row: s
 
 def test_a_timed_out_first_lock_leaves_the_transaction_usable(row: str) -> None:
     ran: list[str] = []
-    with RowHolder(row), transaction.atomic():
+    with row_holder(row), transaction.atomic():
         transaction.on_commit(lambda: ran.append("hook"))  # registered before the failed lock
         with pytest.raises(LockNotAcquired), row_lock(LockFence.objects.filter(resource=row), timeout_s=0.2):
             pytest.fail("must not get the lock")
@@ -143,7 +157,7 @@ def test_a_timed_out_first_lock_leaves_the_transaction_usable(row: str) -> None:
 
 
 def test_a_timed_out_lock_after_other_work_keeps_that_work_and_the_callers_lock_timeout(row: str) -> None:
-    with RowHolder(row), transaction.atomic():
+    with row_holder(row), transaction.atomic():
         LockFence.objects.create(resource=f"{row}-before", fence=1)
         with connection.cursor() as cursor:
             cursor.execute("SET LOCAL lock_timeout = '9s'")
@@ -182,7 +196,7 @@ def test_a_failing_locking_query_leaves_the_transaction_usable(row: str, first: 
 def test_row_lock_skip_locked_yields_only_free_rows(row: str) -> None:
     free = unique("lk")
     LockFence.objects.create(resource=free, fence=1)
-    with RowHolder(row), transaction.atomic(), \
+    with row_holder(row), transaction.atomic(), \
             row_lock(LockFence.objects.filter(resource__in=[row, free]), skip_locked=True) as rows:
         assert [r.resource for r in rows] == [free]
 
@@ -335,39 +349,12 @@ def test_shared_advisory_locks_coexist_and_exclude_an_exclusive_one() -> None:
     assert results == ["acquired", "busy"]
 
 
-class AdvisoryThreadHolder:
-    """Another transaction (in a thread, with its own connection) holding an advisory lock."""
-
-    def __init__(self, namespace: str, key: str) -> None:
-        self.namespace, self.key = namespace, key
-        self.locked = threading.Event()
-        self.release = threading.Event()
-        self.thread = threading.Thread(target=self._run)
-
-    def _run(self) -> None:
-        try:
-            with transaction.atomic(), advisory_lock(self.namespace, self.key):
-                self.locked.set()
-                self.release.wait(30)
-        finally:
-            connections.close_all()
-
-    def __enter__(self) -> AdvisoryThreadHolder:
-        self.thread.start()
-        assert self.locked.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release.set()
-        self.thread.join(10)
-
-
 @pytest.mark.parametrize("kind", ["row", "advisory"])
 def test_a_timeout_longer_than_the_statement_timeout_ends_there_with_lock_not_acquired(row: str, kind: str) -> None:
     # The default DB_STATEMENT_TIMEOUT_S is 30 s and timeout_s may be up to a day: the statement
     # timeout cancelled the wait with an OperationalError that callers catching LockNotAcquired
     # turned into a 500.
-    holder = RowHolder(row) if kind == "row" else AdvisoryThreadHolder("t", row)
+    holder = row_holder(row) if kind == "row" else advisory_holder("t", row)
     with holder, transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute("SET LOCAL statement_timeout = '300ms'")
