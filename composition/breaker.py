@@ -19,6 +19,7 @@ import structlog
 
 from composition.errors import TransientError
 from composition.metrics import CIRCUIT_REJECTIONS_TOTAL, CIRCUIT_STATE
+from composition.seconds import checked_seconds
 
 __all__ = ["CircuitBreaker", "CircuitOpen", "breaker_states"]
 
@@ -29,6 +30,8 @@ R = TypeVar("R")
 
 _CLOSED, _HALF_OPEN, _OPEN = "closed", "half_open", "open"
 _STATE_VALUES = {_CLOSED: 0, _HALF_OPEN: 1, _OPEN: 2}
+# A breaker open for more than a week is a mistake.
+MAX_RESET_TIMEOUT_S = 7 * 86_400.0
 
 # Every breaker of this process, for the heartbeat and the operations page; weak, so a breaker
 # that is dropped (a test's, a reconfigured cache's) leaves it.
@@ -63,7 +66,9 @@ class CircuitBreaker:
     ``CircuitOpen``), or ``allow()`` followed by ``record_success()``/``record_failure()`` where
     an exception is not wanted. Only exceptions that are instances of ``failure_types`` count as
     failures; any other outcome means the dependency answered, which counts as a success.
-    Raises ValueError for a threshold or trial count below 1, or a non-positive timeout.
+    An outcome reported while the circuit is open (of a call let through before it opened) is
+    ignored. Raises ValueError for a threshold or trial count below 1, or a timeout that is not a
+    number of seconds above 0 and at most a week.
     """
 
     CLOSED, HALF_OPEN, OPEN = _CLOSED, _HALF_OPEN, _OPEN
@@ -74,11 +79,10 @@ class CircuitBreaker:
                  after_close: Callable[[], object] | None = None) -> None:
         if failure_threshold < 1 or half_open_max_calls < 1:
             raise ValueError("failure_threshold and half_open_max_calls must be at least 1")
-        if reset_timeout_s <= 0:
-            raise ValueError(f"reset_timeout_s must be positive, got {reset_timeout_s!r}")
         self.name = name
         self.failure_threshold = failure_threshold
-        self.reset_timeout_s = reset_timeout_s
+        # nan and inf would never half-open it.
+        self.reset_timeout_s = checked_seconds("reset_timeout_s", reset_timeout_s, at_most=MAX_RESET_TIMEOUT_S)
         self.half_open_max_calls = half_open_max_calls
         self.failure_types = failure_types
         self._clock = clock
@@ -132,16 +136,16 @@ class CircuitBreaker:
         if self._state == _CLOSED and not self._failures:
             return  # nothing to reset (read without the lock: on every cache hit)
         with self._lock:
-            if self._probe is not None and self._state != _CLOSED:
-                return  # a call let through before it opened: only the probe closes it
+            if self._late():
+                return
             self._failures = 0
             self._set(_CLOSED)
 
     def record_failure(self) -> None:
         """The dependency failed: open after ``failure_threshold`` in a row, or at once half-open."""
         with self._lock:
-            if self._probe is not None and self._state != _CLOSED:
-                return  # a call let through before it opened: only the probe reopens it
+            if self._late():
+                return
             self._failures += 1
             if self._state == _HALF_OPEN or self._failures >= self.failure_threshold:
                 self._opened_at = self._clock()
@@ -186,6 +190,13 @@ class CircuitBreaker:
             log.warning("circuit state changed", circuit=self.name, old=self._state, new=state)
         self._state = state
         self._state_gauge.set(_STATE_VALUES[state])
+
+    def _late(self) -> bool:
+        """Whether an outcome reported now is of a call let through before the circuit opened:
+        open, the circuit lets no call through, and with a probe only the probe decides. Such an
+        outcome must neither close it (a slow call that still answered is no trial) nor restart
+        its reset timeout."""
+        return self._state == _OPEN or (self._probe is not None and self._state != _CLOSED)
 
     def _advance(self) -> None:
         # With a probe, only the probe leaves the open state (see _refusal).

@@ -42,7 +42,7 @@ DEFAULTS: dict[str, Any] = {
     "RABBITMQ_DELIVERY_LIMIT": 20,
     # The DATABASES aliases behind a transaction pooler (PgBouncer pool_mode=transaction): nothing
     # is set per session there (the timeouts below are the role's: docs/deployment.md), and
-    # `manage.py check` requires what such a pooler needs (checks E150-E153, W154).
+    # `manage.py check` requires what such a pooler needs (checks E150-E153, E155, W154).
     "TRANSACTION_POOLED_DATABASES": [],
     # Connection settings applied to every new PostgreSQL connection (the role's, behind a pooler).
     "DB_STATEMENT_TIMEOUT_S": 30.0,

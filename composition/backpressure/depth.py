@@ -16,6 +16,7 @@ from dramatiq.broker import Broker
 from composition.breaker import CircuitBreaker, CircuitOpen
 from composition.broker.configured import configured_broker
 from composition.broker.keys import dq_name, lanes_key, messages_key, queue_key
+from composition.errors import described
 from composition.metrics import QUEUE_DEPTH
 
 __all__ = ["BrokerCounts", "QueueDepths", "backlog", "broker_counts", "queue_depth"]
@@ -153,7 +154,8 @@ class QueueDepths:
 
     def get(self, queue: str, *, max_age_s: float) -> int:
         """The depth of ``queue`` measured at most ``max_age_s`` seconds ago; while another thread
-        refreshes it, the previous measurement (the first measurement is waited for)."""
+        refreshes it, the previous measurement (the first measurement is waited for). A
+        measurement that fails (the database) leaves the previous one standing, or 0."""
         fresh = self._fresh(queue, max_age_s)
         if fresh is not None:
             return fresh[1]
@@ -166,7 +168,14 @@ class QueueDepths:
             fresh = self._fresh(queue, max_age_s)  # measured by the thread we waited for
             if fresh is not None:
                 return fresh[1]
-            depth = queue_depth(queue, broker_breaker=self._broker_breaker())
+            try:
+                depth = queue_depth(queue, broker_breaker=self._broker_breaker())
+            except Exception as exc:
+                # Admission must not fail a request for it, nor ask a struggling database again on
+                # every request: the last measurement (none yet: admitted) stands for max_age_s.
+                log.warning("could not measure the queue's depth; the last measurement stands", queue=queue,
+                            error=described(exc))
+                depth = cached[1] if cached is not None else 0
             with self._lock:
                 self._values[queue] = (time.monotonic(), depth)
             return depth

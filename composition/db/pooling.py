@@ -71,6 +71,12 @@ def check_pooled_settings(app_configs: Any = None, **_: Any) -> list[CheckMessag
                 "transaction-pooled.",
                 hint="Server-side binding prepares statements in a session. Django already turns psycopg's "
                      "automatic preparing off.", id="composition.E153"))
+        if options.get("assume_role"):
+            messages.append(Error(
+                f"DATABASES[{alias!r}]['OPTIONS']['assume_role'] is set, but the database is transaction-pooled.",
+                hint="Django runs SET ROLE once per connection: behind the pooler the role stays on the server "
+                     "connection for its next clients, and this client's next transaction may run without "
+                     "it. Connect as that role (USER) instead.", id="composition.E155"))
     return messages
 
 

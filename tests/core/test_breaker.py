@@ -156,10 +156,30 @@ def test_with_a_probe_only_the_probe_closes_the_circuit_and_callers_never_wait_f
     {"failure_threshold": 1, "reset_timeout_s": 1, "half_open_max_calls": 0},
     {"failure_threshold": 1, "reset_timeout_s": 0},
     {"failure_threshold": 1, "reset_timeout_s": -5},
-], ids=["no-threshold", "no-trial-call", "zero-timeout", "negative-timeout"])
+    {"failure_threshold": 1, "reset_timeout_s": float("nan")},
+    {"failure_threshold": 1, "reset_timeout_s": float("inf")},
+], ids=["no-threshold", "no-trial-call", "zero-timeout", "negative-timeout", "nan-timeout", "inf-timeout"])
 def test_a_breaker_that_could_never_open_or_never_recover_is_refused(arguments: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         CircuitBreaker("refused", **arguments)  # type: ignore[arg-type]
+
+
+def test_the_outcome_of_a_call_let_through_before_it_opened_neither_closes_it_nor_keeps_it_open() -> None:
+    clock = Clock()
+    breaker = CircuitBreaker(unique("late"), failure_threshold=2, reset_timeout_s=10, clock=clock)
+    assert breaker.allow() and breaker.allow() and breaker.allow()  # three calls go out, closed
+    breaker.record_failure()
+    breaker.record_failure()
+    assert breaker.state == "open"
+    breaker.record_success()  # the third, slow, still answered: no trial, it stays open
+    assert breaker.state == "open" and not breaker.allow()
+    clock.now += 9
+    breaker.record_failure()  # a late failure: the reset timeout still counts from the opening
+    clock.now += 1.5
+    assert breaker.state == "half_open"
+    assert breaker.allow()  # the trial call
+    breaker.record_success()
+    assert breaker.state == "closed"
 
 
 def test_a_refusal_says_how_long_until_a_trial_and_every_refusal_is_counted() -> None:

@@ -103,7 +103,9 @@ def test_check_requires_what_a_transaction_pooled_database_needs() -> None:
                 ({**default, "DISABLE_SERVER_SIDE_CURSORS": True, "OPTIONS": {"options": "-c x=1"}},
                  ["composition.E152"]),
                 ({**default, "DISABLE_SERVER_SIDE_CURSORS": True, "OPTIONS": {"server_side_binding": True}},
-                 ["composition.E153"])):
+                 ["composition.E153"]),
+                ({**default, "DISABLE_SERVER_SIDE_CURSORS": True, "OPTIONS": {"assume_role": "billing"}},
+                 ["composition.E155"])):
             with override_settings(DATABASES={**settings.DATABASES, "default": entry}):
                 assert [message.id for message in check_pooled_settings()] == expected
     with override_settings(COMPOSITION={**settings.COMPOSITION, "TRANSACTION_POOLED_DATABASES": ["nope"]}):
