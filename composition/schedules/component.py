@@ -16,7 +16,7 @@ from composition.errors import described
 from composition.lifecycle.periodic import PeriodicComponent
 from composition.metrics import SCHEDULE_NEXT_FIRE_TIMESTAMP, SCHEDULER_CLOCK_SKEW_SECONDS
 from composition.schedules.declaration import Schedule, declared
-from composition.schedules.firing import Clock, database_now, fire_due
+from composition.schedules.firing import Clock, database_now, fire_due, superseded
 from composition.schedules.models import ScheduleState
 from composition.schedules.problems import problems
 from composition.schedules.ticks import next_tick
@@ -90,17 +90,22 @@ class SchedulerComponent(PeriodicComponent):
         host_now, now = self.host_clock(), self.clock()
         SCHEDULER_CLOCK_SKEW_SECONDS.set((host_now - now).total_seconds())
         # One query for every watermark: a schedule takes its lock and transaction only when a
-        # tick of it is due (or it has no state yet).
-        watermarks = dict(ScheduleState.objects.filter(name__in=[entry.name for entry in self.active()])
-                          .values_list("name", "watermark"))
+        # tick of it is due (or it has no state yet, or a new timing).
+        states = {state.name: state for state in ScheduleState.objects.filter(
+            name__in=[entry.name for entry in self.active()]).only(
+            "name", "watermark", "timing", "previous_timing", "timing_changed_at")}
         upcoming: list[datetime] = []
         for entry in self.active():
             if self.stopping():
                 return False
-            mark = watermarks.get(entry.name)
-            if mark is not None:
+            state = states.get(entry.name)
+            if state is not None and state.timing != entry.timing:
+                if superseded(state, entry, now):
+                    continue  # the hosts of the deploy that changed its timing fire it
+                # Otherwise fire_due takes the new timing now, so that its first tick fires.
+            elif state is not None:
                 try:
-                    due_at = next_tick(entry, mark)
+                    due_at = next_tick(entry, state.watermark)
                 except StopIteration:  # an expression with no tick left
                     continue
                 if due_at > now:

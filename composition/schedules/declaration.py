@@ -51,8 +51,11 @@ class Schedule:
     def when(self) -> str:
         """``"cron 30 2 * * *"`` or ``"every 30s"``, as ``schedules list`` shows it."""
         if self.cron is not None:
-            return f"cron {self.cron}"
-        return f"every {self.every.total_seconds():g}s" if self.every is not None else "-"
+            # Spaces are not timing: a re-indented expression must not restart the schedule.
+            return f"cron {' '.join(self.cron.split()) if isinstance(self.cron, str) else self.cron}"
+        # Whole seconds (problems() requires them), not :g, which prints 1000000 as 1e+06 and
+        # gives 1000000 and 1000001 the same timing.
+        return f"every {int(self.every.total_seconds())}s" if self.every is not None else "-"
 
     @property
     def timing(self) -> str:

@@ -18,6 +18,7 @@ from itertools import takewhile
 import structlog
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
+from composition.conf import conf
 from composition.jobs.middleware.run_signals import FOLLOW_RUNS_HEADER
 from composition.metrics import SCHEDULE_LAG_SECONDS, SCHEDULE_NEXT_FIRE_TIMESTAMP, SCHEDULE_TICKS_TOTAL
 from composition.outbox.publish import publish_with_headers
@@ -26,7 +27,7 @@ from composition.schedules.declaration import SCHEDULE_HEADER, Schedule
 from composition.schedules.models import ScheduleState, ScheduleTick
 from composition.schedules.ticks import next_tick, ticks_after
 
-__all__ = ["MAX_TICKS_PER_ROUND", "Clock", "Plan", "database_now", "fire_due", "plan", "run_now"]
+__all__ = ["MAX_TICKS_PER_ROUND", "Clock", "Plan", "database_now", "fire_due", "plan", "run_now", "superseded"]
 
 log = structlog.get_logger("composition.schedules")
 
@@ -141,6 +142,16 @@ def _count(name: str, outcome: str, amount: int) -> None:
         SCHEDULE_TICKS_TOTAL.labels(schedule=name, outcome=outcome).inc(amount)
 
 
+def superseded(state: ScheduleState, declared: Schedule, now: datetime) -> bool:
+    """Whether ``declared`` is the timing a deploy replaced less than ``DEPLOY_WINDOW_S`` ago: a
+    host still running the code from before it then leaves the schedule to the new timing's
+    hosts. Taking it back would restart it from now on every round of either, and in a rolling
+    deploy almost nothing would fire; past the window (a rollback) the timing changes again."""
+    changed_at = state.timing_changed_at
+    return (bool(state.previous_timing) and declared.timing == state.previous_timing and changed_at is not None
+            and now - changed_at < timedelta(seconds=float(conf.DEPLOY_WINDOW_S)))
+
+
 def fire_due(declared: Schedule, clock: Clock = database_now) -> Plan | None:
     """Fire what is due of ``declared``: None when another scheduler holds it or nothing is due.
 
@@ -154,16 +165,20 @@ def fire_due(declared: Schedule, clock: Clock = database_now) -> Plan | None:
                                                              updated_at=now)], ignore_conflicts=True)
             return None
         if state.timing != declared.timing:
+            if superseded(state, declared, now):
+                return None
             # A new period, expression, zone or start: the new timing's ticks since the watermark
             # were not missed by a scheduler that was down, so it starts from now, as a new
             # schedule does (a state from before timings were kept only records its timing).
+            # The scheduler sees the change on its first round after the deploy, not at the new
+            # timing's first tick, which then fires.
             restart = bool(state.timing)
             if restart:
                 log.info("schedule timing changed, starting from now", schedule=declared.name,
                          was=state.timing, now=declared.timing)
-                state.watermark = now
+                state.previous_timing, state.timing_changed_at, state.watermark = state.timing, now, now
             state.timing, state.updated_at = declared.timing, now
-            state.save(update_fields=["watermark", "timing", "updated_at"])
+            state.save(update_fields=["watermark", "timing", "previous_timing", "timing_changed_at", "updated_at"])
             if restart:
                 return None
         # After a long outage only the most recent ticks can fire (on time, or caught up): the
@@ -242,7 +257,9 @@ def run_now(declared: Schedule, *, clock: Clock = database_now) -> int:
     """Fire a manual run of ``declared`` now: its own tick row (``manual``), so it neither
     suppresses nor is suppressed by a regular tick. Returns the tick's id."""
     with transaction.atomic():
-        now = clock().replace(microsecond=0)
+        # To the microsecond: a run at 12:00:00.7 must not share current_fire_at() with the
+        # regular 12:00:00 tick, or a job keyed on it takes one for a repeat of the other.
+        now = clock()
         tick_id = _insert_tick(declared, now, catch_up=False, manual=True, now=now)
         assert tick_id is not None  # manual ticks are outside the unique constraint
         _publish(declared, tick_id, now, catch_up=False, manual=True)

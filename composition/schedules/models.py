@@ -13,6 +13,9 @@ class ScheduleState(models.Model):
     watermark = models.DateTimeField(help_text="the last tick evaluated")
     timing = models.CharField(max_length=300, blank=True, default="",
                               help_text="the timing the watermark was taken on (Schedule.timing)")
+    previous_timing = models.CharField(max_length=300, blank=True, default="",
+                                       help_text="the timing a deploy replaced (its hosts leave the schedule alone)")
+    timing_changed_at = models.DateTimeField(null=True, blank=True, help_text="when the timing last changed")
     last_fired_at = models.DateTimeField(null=True, blank=True, help_text="the last tick that fired")
     fired = models.BigIntegerField(default=0)
     caught_up = models.BigIntegerField(default=0)

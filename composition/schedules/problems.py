@@ -11,7 +11,9 @@ from composition.schedules.declaration import CATCH_UP, OVERLAP, Schedule
 from composition.schedules.firing import MAX_TICKS_PER_ROUND
 from composition.schedules.ticks import schedule_zone
 
-__all__ = ["problems"]
+__all__ = ["MIN_GRACE", "problems"]
+
+MIN_GRACE = timedelta(seconds=1)
 
 
 def _timing(declared: Schedule) -> list[str]:
@@ -52,8 +54,10 @@ def _policies(declared: Schedule) -> list[str]:
         found.append(f"overlap= must be one of {', '.join(OVERLAP)}, got {declared.overlap!r}")
     if declared.max_pending is not None and (not isinstance(declared.max_pending, int) or declared.max_pending < 1):
         found.append(f"max_pending= must be a positive integer or None, got {declared.max_pending!r}")
-    if not isinstance(declared.grace, timedelta) or declared.grace < timedelta(0):
-        found.append(f"grace= must be a timedelta of zero or more, got {declared.grace!r}")
+    if not isinstance(declared.grace, timedelta) or declared.grace < MIN_GRACE:
+        # A round reaches a tick a few milliseconds after it: with less, every tick is late.
+        found.append(f"grace= must be a timedelta of at least {MIN_GRACE.total_seconds():g}s (a round runs a "
+                     f"little after its tick), got {declared.grace!r}")
     if declared.tz != "UTC" and declared.every is not None:
         found.append("tz= applies to cron= only: every= ticks are counted in UTC")
     # Silently ignored, both: the author meant something the schedule would not do.

@@ -9,7 +9,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.db import IntegrityError, connection, transaction
+from django.test import override_settings
 
 from composition.outbox import OutboxMessage
 from composition.pauses import Pause, pause, resume
@@ -139,6 +141,13 @@ def test_a_manual_run_has_its_own_row_and_does_not_suppress_the_regular_tick(nam
     rows = list(ScheduleTick.objects.filter(schedule=name).order_by("id").values_list("fire_at", "manual"))
     assert rows == [(T0 + PERIOD, True), (T0 + PERIOD, False)]
     assert [header["manual"] for header in _published(name)] == [True, False]
+
+    # A run at 12:00:10.7 is not the 12:00:10 tick to a job that keys its effects on the tick.
+    clock.now = T0 + PERIOD * 2 + timedelta(milliseconds=700)
+    fire_due(declared, clock)
+    run_now(declared, clock=clock)
+    assert [header["fire_at"] for header in _published(name)][-2:] \
+        == [(T0 + PERIOD * 2).isoformat(), (T0 + PERIOD * 2 + timedelta(milliseconds=700)).isoformat()]
 
 
 def test_the_database_refuses_a_second_row_for_one_tick(name: str) -> None:
@@ -343,3 +352,52 @@ def test_a_new_period_starts_from_its_deploy_instead_of_catching_up_the_new_timi
     fire_due(every_minute, clock)
     assert _ticks(name)[1:] == [(T0 + timedelta(hours=2), False)]
     assert ScheduleState.objects.get(name=name).timing == "every 60s start=-"
+
+
+def _cron(name: str, cron: str) -> Schedule:
+    return Schedule(name=name, actor_name=jobs.scheduled_effect.actor_name, cron=cron, payload={"label": name})
+
+
+def test_a_timing_changed_by_a_deploy_fires_its_first_tick_after_the_deploy(name: str) -> None:
+    # 03:00 daily becomes 05:00 daily, deployed at 04:00: 05:00 that day fires. The change used to
+    # be seen only at 05:00, when the schedule restarted from then and dropped that tick.
+    at_3, at_5 = _cron(name, "0 3 * * *"), _cron(name, "0 5 * * *")
+    clock = DbClock(T0.replace(hour=2))
+    fire_due(at_3, clock)
+    clock.now = T0.replace(hour=3, second=1)
+    fire_due(at_3, clock)
+    scheduler = SchedulerComponent([at_5], clock=clock, host_clock=clock)
+    for now in (T0.replace(hour=4), T0.replace(hour=4, second=1), T0.replace(hour=5, second=1)):
+        clock.now = now
+        scheduler.tick()
+    assert _ticks(name) == [(T0.replace(hour=3), False), (T0.replace(hour=5), False)]
+    state = ScheduleState.objects.get(name=name)
+    assert (state.timing, state.previous_timing) == (at_5.timing, at_3.timing)
+
+
+def test_in_a_rolling_deploy_the_new_timing_fires_and_hosts_with_the_old_one_leave_it(name: str) -> None:
+    # Hosts with every=60s and hosts with every=30s both run rounds for three minutes: each used
+    # to restart the schedule from now on its turn, and one tick fired in ten minutes.
+    old = Schedule(name=name, actor_name=jobs.scheduled_effect.actor_name, every=timedelta(seconds=60),
+                   payload={"label": name})
+    new = Schedule(name=name, actor_name=jobs.scheduled_effect.actor_name, every=timedelta(seconds=30),
+                   payload={"label": name})
+    clock = DbClock(T0 - timedelta(minutes=2))
+    old_host, new_host = (SchedulerComponent([declared], clock=clock, host_clock=clock) for declared in (old, new))
+    deploy = T0 + timedelta(seconds=5)
+    with override_settings(COMPOSITION={**settings.COMPOSITION, "DEPLOY_WINDOW_S": 300}):  # the tests' is 0
+        old_host.tick()
+        clock.now = T0 - timedelta(seconds=59)
+        old_host.tick()
+        clock.now = deploy
+        new_host.tick()  # the first host with the new timing
+        while clock.now < T0 + timedelta(minutes=3, seconds=1):
+            clock.now += timedelta(seconds=1)
+            old_host.tick()  # first: it reaches the ticks the two timings share before the new host
+            new_host.tick()
+        assert [tick for tick, _ in _ticks(name) if tick > deploy] \
+            == [T0 + timedelta(seconds=30 * k) for k in range(1, 7)]
+        # Past the deploy window a host with the old timing takes it back (a rollback).
+        clock.now = deploy + timedelta(seconds=301)
+        old_host.tick()
+        assert ScheduleState.objects.get(name=name).timing == old.timing
