@@ -49,8 +49,8 @@ class JobVersions:
 
     @classmethod
     def of(cls, version: Any, upgrade: Mapping[Any, Any] | None) -> JobVersions:
-        """Raises ValueError/TypeError for a version that is not a positive integer, or an
-        upgrade that is not a callable from an older version."""
+        """Raises ValueError/TypeError for a version that is not a positive integer, an upgrade
+        that is not a callable from an older version, or one whose chain stops short of ``version``."""
         if isinstance(version, bool) or not isinstance(version, int) or version < 1:
             raise ValueError(f"version must be an integer >= 1, got {version!r}")
         upgrades = dict(upgrade or {})
@@ -60,6 +60,12 @@ class JobVersions:
                                  f"got {old!r}")
             if not callable(step):
                 raise TypeError(f"upgrade[{old}] must be a function of the keyword arguments, got {step!r}")
+        # Each step must lead on to the job's version: with version=3 and only upgrade[1], every
+        # version-1 message would wait out the deploy window and be dead-lettered.
+        for old in upgrades:
+            if old + 1 < version and old + 1 not in upgrades:
+                raise ValueError(f"upgrade[{old}] makes version {old + 1} arguments, and there is no upgrade[{old + 1}] "
+                                 f"to take them on to version {version}: declare it, or drop upgrade[{old}]")
         return cls(version, upgrades)
 
     def fit(self, schema: PayloadSchema | None, args: Sequence[Any], kwargs: Mapping[str, Any],

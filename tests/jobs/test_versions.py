@@ -79,6 +79,8 @@ def test_what_cannot_be_fitted_is_incompatible_with_its_reason(versions: JobVers
     (2, {2: _currency}, "upgrade keys are the older versions it upgrades from"),
     (2, {"1": _currency}, "upgrade keys are the older versions"),
     (2, {1: "not callable"}, "upgrade\\[1\\] must be a function"),
+    # A gap: version-1 messages could never reach version 3.
+    (3, {1: _currency}, "there is no upgrade\\[2\\] to take them on to version 3"),
 ])
 def test_versions_that_cannot_work_are_refused_at_declaration(version: Any, upgrade: Any, error: str) -> None:
     with pytest.raises((ValueError, TypeError), match=error):
