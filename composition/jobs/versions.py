@@ -64,8 +64,9 @@ class JobVersions:
         # version-1 message would wait out the deploy window and be dead-lettered.
         for old in upgrades:
             if old + 1 < version and old + 1 not in upgrades:
-                raise ValueError(f"upgrade[{old}] makes version {old + 1} arguments, and there is no upgrade[{old + 1}] "
-                                 f"to take them on to version {version}: declare it, or drop upgrade[{old}]")
+                raise ValueError(f"upgrade[{old}] makes version {old + 1} arguments, and there is no "
+                                 f"upgrade[{old + 1}] to take them on to version {version}: declare it, or drop "
+                                 f"upgrade[{old}]")
         return cls(version, upgrades)
 
     def fit(self, schema: PayloadSchema | None, args: Sequence[Any], kwargs: Mapping[str, Any],

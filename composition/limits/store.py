@@ -103,13 +103,17 @@ end
 return {1, now, ''}
 """
 
-# KEYS: slots, started, meta. ARGV: token. Frees the slot if token still holds it and folds the
-# run's time into the mean. Returns 1 when it held it, 0 when it had expired.
+# KEYS: slots, started, meta, starts. ARGV: token, mean weight, refund (1: the run did not run
+# its body: its start leaves the rate's window, and its time is no run time). Frees the slot if
+# token still holds it and folds the run's time into the mean. Returns 1 when it held it, 0 when
+# it had expired (or held none).
 _RELEASE = _NOW + """
 local started = redis.call('HGET', KEYS[2], ARGV[1])
 local held = redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
-if started and held == 1 then
+if ARGV[3] == '1' then
+  redis.call('ZREM', KEYS[4], ARGV[1])
+elseif started and held == 1 then
   local ran = now - tonumber(started)
   local mean = redis.call('HGET', KEYS[3], 'mean_run_ms')
   if mean then ran = (1 - ARGV[2]) * tonumber(mean) + ARGV[2] * ran end
@@ -194,9 +198,12 @@ class LimitStore:
             return Admission(True, at_s=int(value_ms) / 1000)
         return Admission(False, int(value_ms) / 1000, kind.decode() if isinstance(kind, bytes) else str(kind))
 
-    def release(self, actor: str, token: str) -> bool:
-        """Free ``token``'s slot; False when it had expired (the run outlived its lease)."""
-        return bool(self._release(keys=self._keys(actor, "slots", "started", "meta"), args=[token, MEAN_WEIGHT]))
+    def release(self, actor: str, token: str, *, refund: bool = False) -> bool:
+        """Free ``token``'s slot; False when it had expired (the run outlived its lease). With
+        ``refund``, the run did not run its body (refused by the deploy window): its start is
+        taken off the rate's count too."""
+        return bool(self._release(keys=self._keys(actor, "slots", "started", "meta", "starts"),
+                                  args=[token, MEAN_WEIGHT, 1 if refund else 0]))
 
     def renew(self, actor: str, tokens: Iterable[str]) -> list[str]:
         """Extend the leases of ``tokens``; returns those that had expired."""

@@ -31,7 +31,7 @@ def _run(*args: str) -> str:
 
 
 def test_a_second_pause_says_its_reason_was_not_recorded() -> None:
-    assert "paused: no job" in _run("pause", QUEUE, "--reason", "provider outage", "--by", "alice")
+    assert "paused: within 0.5 s" in _run("pause", QUEUE, "--reason", "provider outage", "--by", "alice")
     assert _run("pause", QUEUE, "--reason", "provider outage").strip() == f"queue {QUEUE} was paused already"
     again = _run("pause", QUEUE, "--reason", "deploy")
     assert "was paused already (by alice: provider outage); the new reason is not recorded" in again
@@ -84,7 +84,8 @@ def test_list_shows_depth_oldest_wait_and_who_paused_it_when_and_why() -> None:
         for index in range(3):
             publish("pause_effect", {"key": f"list-{index}", "hold_s": 0.0})
     User.objects.create_user("alice", password="x")
-    assert "paused: no job of it starts" in _run("pause", QUEUE, "--by", "alice", "--reason", "deploy")
+    assert "paused: within 0.5 s no worker starts a job of it" in _run("pause", QUEUE, "--by", "alice",
+                                                                       "--reason", "deploy")
     pause_row = Pause.objects.get(kind=Pause.QUEUE, name=QUEUE)
     assert [entry.change_message for entry in LogEntry.objects.filter(object_id=str(pause_row.pk))] == [
         "Paused: deploy"]

@@ -176,6 +176,25 @@ def test_no_window_of_the_redis_clock_holds_more_starts_than_the_rate_and_the_ra
         assert used >= 0.9 * allowed * seconds / window_s, used
 
 
+def test_a_message_put_back_to_wait_for_a_deploy_hands_its_rate_start_back(worker_processes, notes) -> None:  # type: ignore[no-untyped-def]
+    # Messages of a newer job version than the host's code wait out the deploy window, coming
+    # back every few seconds: each return used to log a start, so during a rolling deploy they
+    # spent the job's rate (50 per 5 s here) and held back the messages the host can run.
+    host = worker_processes.spawn(["--threads", "4", "--queues", f"{jobs.LIMIT_QUEUE},{RELAY_QUEUE_NAME}"],
+                                  COMPOSITION_TEST_OVERRIDES=json.dumps({"DEPLOY_WINDOW_S": 60}))
+    run = uuid.uuid4().hex[:8]
+    for index in range(3):
+        jobs.rated_call.send_with_options(kwargs={"key": f"{run}-newer-{index}", "hold_s": 0}, job_version=99)
+    wait_until(lambda: "the running code cannot run this message; it waits for the deploy" in host.output(),
+               timeout_s=30, message=_logs([host]))
+    limits = jobs.rated_call.options["job_limits"]
+    wait_until(lambda: limit_store().state("rated_call", limits).starts_in_window == 0, timeout_s=2,
+               message="the refused runs' starts are still counted in the rate's window")
+    _publish("rated_call", [f"{run}-now"], 0)
+    wait_until(lambda: _done(run) == Counter({f"{run}-now": 1}), timeout_s=30, message=_logs([host]))
+    assert host.terminate() == 0, host.output()[-3000:]
+
+
 @pytest.mark.rabbitmq
 # nudge_only: the hosts relay over RabbitMQ; this process's broker is Redis.
 @pytest.mark.empty_queues(jobs.LIMIT_QUEUE, rabbitmq=True)

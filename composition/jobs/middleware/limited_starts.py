@@ -1,7 +1,8 @@
 """``LimitedStarts``: a job declared with ``concurrency=`` or ``rate=`` starts only within its
 limits, counted across the cluster on the cache's Redis (``composition.limits``).
 
-A start the limits allow takes its slot (released after the run, however it ends); a start they
+A start the limits allow takes its slot (released after the run, however it ends; a run put back
+to wait, for a deploy, also hands its rate start back); a start they
 refuse is put back as a delayed copy of the message, and skipped: it waits in the delay queue,
 not in a worker thread, and is neither a failure nor a retry. While the limits' Redis cannot be
 reached, a limited job waits rather than run unlimited.
@@ -18,7 +19,7 @@ from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import Middleware, SkipMessage
 
 from composition.errors import REDIS_ERRORS, described
-from composition.jobs.middleware.put_backs import put_back_delayed
+from composition.jobs.middleware.put_backs import put_back, put_back_delayed
 from composition.limits.declared import JobLimits
 from composition.limits.leases import held_slots
 from composition.limits.store import Admission, limit_store
@@ -46,7 +47,8 @@ class LimitedStarts(Middleware):
     """Starts a limited job only within its limits (see the module doc)."""
 
     def __init__(self) -> None:
-        # The slot this worker thread's current run holds: (message, job name, token).
+        # What this worker thread's current run took: (message, job name, token, whether it
+        # holds a concurrency slot).
         self._slot = threading.local()
 
     @property
@@ -68,9 +70,10 @@ class LimitedStarts(Middleware):
             admission = Admission(False, UNREACHABLE_DELAY_S, "unreachable")
         if admission.started:
             message.options[LIMIT_STARTED_AT_OPTION] = admission.at_s
-            if limits.concurrency is not None:
+            has_slot = limits.concurrency is not None
+            if has_slot:
                 held_slots.add(actor.actor_name, token)
-                self._slot.held = (message, actor.actor_name, token)
+            self._slot.held = (message, actor.actor_name, token, has_slot)
             return
         self._put_back(broker, message, actor.actor_name, admission)
         raise SkipMessage(f"{message.actor_name} is at its {admission.kind} limit: back in {admission.delay_s:.2f} s")
@@ -82,16 +85,18 @@ class LimitedStarts(Middleware):
             log.debug("job at its limit, put back", actor=job, limit=admission.kind,
                       delay_s=admission.delay_s, waits=waits)
 
-    def _release(self, message: MessageProxy) -> None:
-        held: tuple[MessageProxy, str, str] | None = getattr(self._slot, "held", None)
+    def _release(self, message: MessageProxy, *, refund: bool = False) -> None:
+        held: tuple[MessageProxy, str, str, bool] | None = getattr(self._slot, "held", None)
         if held is None or held[0] is not message:
             return
         self._slot.held = None
-        _, actor, token = held
+        _, actor, token, has_slot = held
+        if not has_slot and not refund:
+            return  # a rate's start stays counted: nothing to free
         held_slots.discard(actor, token)
         try:
-            limit_store().release(actor, token)
-        except REDIS_ERRORS as exc:  # the lease expires on its own
+            limit_store().release(actor, token, refund=refund)
+        except REDIS_ERRORS as exc:  # the lease expires on its own, the start with its window
             log.warning("could not free a concurrency slot; it frees itself at its TTL", actor=actor,
                         error=described(exc))
 
@@ -100,6 +105,9 @@ class LimitedStarts(Middleware):
         self._release(message)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
-        self._release(message)
+        # A started run put back to wait (for a deploy: composition.jobs.deploy_window) ran none
+        # of its body: during a rolling deploy, messages the code cannot run yet would otherwise
+        # spend the job's rate every few seconds. A job that skips itself did run.
+        self._release(message, refund=put_back(message))
 
 

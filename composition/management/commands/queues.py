@@ -8,6 +8,7 @@ from typing import Any
 from django.core.management.base import CommandError
 
 from composition.broker.configured import configured_broker
+from composition.conf import conf
 from composition.management.pause_command import PauseCommand, kept_reason, pause_json, paused_state
 from composition.queues import QueueNotPausable, QueueRow, pause_queue, queue_rows, resume_queue
 from composition.sampling.limits import LimitSample, sample_limits
@@ -76,7 +77,9 @@ class Command(PauseCommand):
             row, changed = pause_queue(name, by=by, reason=reason, user=user)
         except QueueNotPausable as exc:
             raise CommandError(str(exc)) from exc
-        return f"queue {name} paused: no job of it starts on any worker from now on" if changed \
+        # Not "from now on": each worker reads the pauses every QUEUE_PAUSE_REFRESH_S.
+        return (f"queue {name} paused: within {conf.QUEUE_PAUSE_REFRESH_S:g} s no worker starts a job of it "
+                "(running ones finish)") if changed \
             else f"queue {name} was paused already" + kept_reason(row, reason)
 
     def resume_one(self, name: str, *, by: str, reason: str, user: Any) -> str:
