@@ -87,7 +87,9 @@ def schedule(job: Any, *, cron: str | None = None, every: timedelta | None = Non
     actor_name = str(getattr(job, "actor_name", job))
     declared = Schedule(name=name or actor_name, actor_name=actor_name, cron=cron, every=every, tz=tz,
                         catch_up=catch_up, catch_up_window=catch_up_window, catch_up_max=catch_up_max,
-                        overlap=overlap, max_pending=max_pending, payload=dict(payload or {}),
+                        overlap=overlap, max_pending=max_pending,
+                        # Not a mapping (payload="x"): kept as given, for manage.py check to name.
+                        payload=dict(payload) if isinstance(payload, Mapping) else {} if payload is None else payload,
                         start=start, grace=grace)
     if declared.name in _declared and _declared[declared.name] != declared:
         _duplicates.append(declared.name)

@@ -48,6 +48,8 @@ def _errors_naming(name: str) -> list[str]:
     ({"cron": "0 3 * * *", "start": datetime(2027, 1, 1, tzinfo=UTC)}, "start= applies to every= only"),
     ({"every": timedelta(seconds=5), "catch_up_window": timedelta(hours=1)},
      "catch_up_window= applies to catch_up='all' only"),
+    ({"every": timedelta(seconds=5), "payload": "x"}, "the payload does not fit"),
+    ({"every": timedelta(seconds=5), "payload": 5}, "the payload does not fit"),
     # Every tick would be late by a round's few milliseconds: "skip" would fire none.
     ({"every": timedelta(seconds=5), "grace": timedelta(0)}, "grace= must be a timedelta of at least 1s"),
 ])
