@@ -24,6 +24,7 @@ from composition.broker.configured import configured_broker
 from composition.jobs.compatibility import GONE, broker_problems, queued_problems
 from composition.jobs.models import DeadLetter
 from composition.outbox.models import OutboxMessage
+from composition.pauses import Pause
 from composition.testing import free_port, subprocess_env
 from tests.helpers import RABBITMQ_URL, ROOT
 from tests.jobsapp import jobs
@@ -201,6 +202,16 @@ def test_on_rabbitmq_the_rows_sent_within_the_retry_horizon_stand_for_the_broker
                           capture_output=True, text=True, timeout=120,
                           env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings", BROKER_URL=RABBITMQ_URL))
     assert "RabbitMQ cannot be read without side effects" in text.stdout and f"{COMPAT_QUEUE} 3" in text.stdout
+    # A queue paused for 31 days holds its messages that long: the row sent 30 days ago counts too.
+    Pause.objects.create(kind=Pause.QUEUE, name=COMPAT_QUEUE, changed_by="test", changed_at=timezone.now(),
+                         paused_at=timezone.now() - timedelta(days=31))
+    done = subprocess.run([sys.executable, str(ROOT / "manage.py"), "jobs", "check-compat", "--json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings", COMPAT_CODE="add_required",
+                                             BROKER_URL=RABBITMQ_URL))
+    assert done.returncode == 1, done.stderr
+    found = {(p["source"], p["count"]) for p in json.loads(done.stdout)["problems"]}
+    assert found == {("outbox", 2), ("outbox, sent (may have run)", 5)}
 
 
 def test_a_schedule_whose_payload_the_code_refuses_is_reported_with_its_name() -> None:

@@ -9,12 +9,14 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db.models import Min
 from django.utils import timezone
 
 from composition.broker.configured import configured_broker
 from composition.errors import BROKER_FAILURES, described
 from composition.jobs.compatibility import Problem, broker_problems, largest_first, queued_problems
 from composition.management.database_errors import database_must_answer
+from composition.pauses import Pause
 from composition.retention import longest_redelivery_window
 from composition.schedules import declared
 from composition.schedules.problems import problems
@@ -30,7 +32,8 @@ def _schedule_problems() -> list[Problem]:
 class Command(BaseCommand):
     help = ("check-compat: bind every message that could still run (pending outbox rows, open dead letters, the "
             "broker's messages: on Redis each ready and delayed one, on RabbitMQ the outbox rows sent within the "
-            "retry horizon; and each schedule's next tick) to the running code's jobs and arguments, grouped by "
+            "retry horizon, or since the oldest pause of a queue still paused; and each schedule's next tick) to "
+            "the running code's jobs and arguments, grouped by "
             "shape; report per job and problem how many would fail, with one example id. Exit 1 when any would, "
             "0 otherwise.")
 
@@ -49,8 +52,16 @@ class Command(BaseCommand):
         horizon_s = longest[1] if longest is not None else 0.0
         with database_must_answer():
             problems = queued_problems(broker)
+            # A paused queue's messages wait on the broker for as long as the pause lasts, which
+            # may be longer than any retry: on RabbitMQ the rows sent since it began stand for them.
+            paused_since = Pause.objects.filter(kind=Pause.QUEUE, paused=True).aggregate(
+                since=Min("paused_at"))["since"]
+            sent_since = timezone.now() - timedelta(seconds=horizon_s)
+            if paused_since is not None and paused_since < sent_since:
+                horizon_s = (timezone.now() - paused_since).total_seconds()
+                sent_since = paused_since
             try:
-                report = broker_problems(broker, sent_since=timezone.now() - timedelta(seconds=horizon_s))
+                report = broker_problems(broker, sent_since=sent_since)
             except BROKER_FAILURES as exc:
                 # Not "nothing found": a pipeline must not deploy on a check that did not run.
                 raise CommandError(f"could not read the broker ({described(exc)}); nothing was checked "
