@@ -40,7 +40,7 @@ class Rate:
         if isinstance(self.starts, bool) or not isinstance(self.starts, int) or self.starts < 1:
             raise ValueError(f"a rate allows a whole number of starts per window, at least 1, got {self.starts!r}")
         if not MIN_WINDOW_S <= self.window_s <= MAX_WINDOW_S:
-            raise ValueError(f"a rate's window is {MIN_WINDOW_S:g} s to {MAX_WINDOW_S:g} s, got {self.window_s:g} s")
+            raise ValueError(f"a rate's window is {MIN_WINDOW_S:g} s to {MAX_WINDOW_S:g} s, got {self.window_s!r} s")
 
     def __str__(self) -> str:
         return f"{self.starts}/{self.window_s:g}s"

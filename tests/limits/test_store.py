@@ -41,6 +41,9 @@ def test_rates_parse_as_written_and_bad_ones_say_what_is_expected() -> None:
     for bad in ("100", "100/10", "0/1s", "ten/1s", "5/0s", "5/2d", "-1/1s", ""):
         with pytest.raises(ValueError, match=r"rate|start|window"):
             Rate.parse(bad)
+    # The window as given: "got 86400 s" for a day and 0.4 ms was no help.
+    with pytest.raises(ValueError, match=r"got 86400\.0004 s"):
+        Rate.parse("1/86400.0004s")
     assert JobLimits.of(None, None) is None
     assert JobLimits.of(5, "50/5s") == JobLimits(5, Rate(50, 5.0))
     for starts in (2.5, True, "5", 0):
