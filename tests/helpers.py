@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +27,38 @@ RABBITMQ_URL = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672
 def unique(prefix: str = "t") -> str:
     """A fresh name (a cache namespace, a lock key, a queue), so tests never see each other's."""
     return f"{prefix}{uuid.uuid4().hex[:10]}"
+
+
+class HeldInAnotherTransaction:
+    """``with HeldInAnotherTransaction(take):`` another transaction, in a thread with its own
+    connection, holds what ``take()`` locks (a row, an advisory lock, a table) until the block
+    ends."""
+
+    def __init__(self, take: Callable[[], object]) -> None:
+        self.take = take
+        self.locked = threading.Event()
+        self.release = threading.Event()
+        self.thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        from django.db import connections, transaction
+
+        try:
+            with transaction.atomic():
+                self.take()
+                self.locked.set()
+                self.release.wait(30)
+        finally:
+            connections.close_all()
+
+    def __enter__(self) -> HeldInAnotherTransaction:
+        self.thread.start()
+        assert self.locked.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release.set()
+        self.thread.join(10)
 
 
 def post_json(client: Client, url: str, body: Any, **extra: Any) -> Any:

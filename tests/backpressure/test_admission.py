@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections.abc import Iterator
 
@@ -27,6 +26,7 @@ from composition.checks import check_backpressure_settings
 from composition.outbox import OutboxMessage, publish
 from composition.outbox.relay import Relay
 from composition.testing import ThrowawayRedis, use_broker
+from tests.helpers import HeldInAnotherTransaction
 from tests.outboxapp.jobs import QUEUE, record_effect
 
 
@@ -141,36 +141,25 @@ def test_a_depth_the_database_cannot_give_admits_and_is_not_asked_again_on_every
     # The outbox table locked by another transaction, and a short statement timeout: the count
     # fails as it would against a struggling database. It used to fail the request (a 500) and
     # run again on the next one.
-    locked, release = threading.Event(), threading.Event()
-
-    def hold_the_table() -> None:
-        try:
-            with transaction.atomic(), connection.cursor() as cursor:
-                cursor.execute(f"LOCK TABLE {OutboxMessage._meta.db_table} IN ACCESS EXCLUSIVE MODE")
-                locked.set()
-                release.wait(30)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=hold_the_table)
-    holder.start()
-    assert locked.wait(10)
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW statement_timeout")
-        before = cursor.fetchone()[0]
-        cursor.execute("SET statement_timeout = '200ms'")
-    try:
-        with override_settings(COMPOSITION={**settings.COMPOSITION, "BACKPRESSURE_QUEUES": {QUEUE: 1},
-                                            "BACKPRESSURE_CACHE_S": 30}), capture_logs() as logs:
-            admit(QUEUE)  # not measured: admitted
-            began = time.monotonic()
-            for _ in range(5):
-                admit(QUEUE)
-            assert time.monotonic() - began < 0.1  # the failed measurement stands, not re-run
-        assert [entry["event"] for entry in logs if entry["log_level"] == "warning"] \
-            == ["could not measure the queue's depth; the last measurement stands"]
-    finally:
-        release.set()
-        holder.join(10)
+    def lock_the_table() -> None:
         with connection.cursor() as cursor:
-            cursor.execute("SET statement_timeout = %s", [before])
+            cursor.execute(f"LOCK TABLE {OutboxMessage._meta.db_table} IN ACCESS EXCLUSIVE MODE")
+
+    with HeldInAnotherTransaction(lock_the_table):
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW statement_timeout")
+            before = cursor.fetchone()[0]
+            cursor.execute("SET statement_timeout = '200ms'")
+        try:
+            with override_settings(COMPOSITION={**settings.COMPOSITION, "BACKPRESSURE_QUEUES": {QUEUE: 1},
+                                                "BACKPRESSURE_CACHE_S": 30}), capture_logs() as logs:
+                admit(QUEUE)  # not measured: admitted
+                began = time.monotonic()
+                for _ in range(5):
+                    admit(QUEUE)
+                assert time.monotonic() - began < 0.1  # the failed measurement stands, not re-run
+            assert [entry["event"] for entry in logs if entry["log_level"] == "warning"] \
+                == ["could not measure the queue's depth; the last measurement stands"]
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("SET statement_timeout = %s", [before])

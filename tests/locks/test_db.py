@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 from django.db import DataError, connection, connections, transaction
@@ -24,7 +24,7 @@ from composition.locks import (
 )
 from composition.locks.models import LockFence
 from composition.testing import subprocess_env
-from tests.helpers import ROOT, unique
+from tests.helpers import ROOT, HeldInAnotherTransaction, unique
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,46 +35,18 @@ def lock_timeout() -> str:
         return str(cursor.fetchone()[0])
 
 
-class LockHolder:
-    """Another transaction (in a thread, with its own connection) holding what ``take()`` locks."""
-
-    def __init__(self, take: Callable[[], object]) -> None:
-        self.take = take
-        self.locked = threading.Event()
-        self.release = threading.Event()
-        self.thread = threading.Thread(target=self._run)
-
-    def _run(self) -> None:
-        try:
-            with transaction.atomic():
-                self.take()
-                self.locked.set()
-                self.release.wait(30)
-        finally:
-            connections.close_all()
-
-    def __enter__(self) -> LockHolder:
-        self.thread.start()
-        assert self.locked.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release.set()
-        self.thread.join(10)
-
-
-def row_holder(resource: str) -> LockHolder:
+def row_holder(resource: str) -> HeldInAnotherTransaction:
     """Another transaction holding the row lock of ``resource``'s fence."""
-    return LockHolder(lambda: LockFence.objects.select_for_update().get(resource=resource))
+    return HeldInAnotherTransaction(lambda: LockFence.objects.select_for_update().get(resource=resource))
 
 
-def advisory_holder(namespace: str, key: str) -> LockHolder:
+def advisory_holder(namespace: str, key: str) -> HeldInAnotherTransaction:
     """Another transaction holding the advisory lock of (namespace, key)."""
     def take() -> None:
         with advisory_lock(namespace, key):
             pass  # held until the transaction ends
 
-    return LockHolder(take)
+    return HeldInAnotherTransaction(take)
 
 
 @pytest.fixture
