@@ -33,13 +33,16 @@ class HeldSlots:
         with self._lock:
             self._tokens.setdefault(actor, set()).add(token)
 
-    def discard(self, actor: str, token: str) -> None:
+    def discard(self, actor: str, token: str) -> bool:
+        """Forget ``token``; False when it was not held (its run has ended already)."""
         with self._lock:
             tokens = self._tokens.get(actor)
-            if tokens is not None:
-                tokens.discard(token)
-                if not tokens:
-                    del self._tokens[actor]
+            if tokens is None or token not in tokens:
+                return False
+            tokens.discard(token)
+            if not tokens:
+                del self._tokens[actor]
+            return True
 
     def snapshot(self) -> dict[str, list[str]]:
         with self._lock:
@@ -71,7 +74,8 @@ class SlotRenewer(PeriodicComponent):
         store = limit_store()
         for actor, tokens in held_slots.snapshot().items():
             for token in store.renew(actor, tokens):
-                # Still running here while the slot may be someone else's: the limit may be
-                # exceeded until this run ends. Release nothing of theirs.
-                held_slots.discard(actor, token)
-                log.warning("a running job's concurrency slot expired before it was renewed", actor=actor)
+                # A run that ended since the snapshot released its slot (forgetting it first):
+                # nothing expired. Otherwise it is still running while the slot may be someone
+                # else's: the limit may be exceeded until this run ends. Release nothing of theirs.
+                if held_slots.discard(actor, token):
+                    log.warning("a running job's concurrency slot expired before it was renewed", actor=actor)

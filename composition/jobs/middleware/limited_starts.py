@@ -93,6 +93,7 @@ class LimitedStarts(Middleware):
         _, actor, token, has_slot = held
         if not has_slot and not refund:
             return  # a rate's start stays counted: nothing to free
+        # Forgotten before it is freed: a renewal that finds it freed then knows the run ended.
         held_slots.discard(actor, token)
         try:
             limit_store().release(actor, token, refund=refund)

@@ -18,12 +18,13 @@ from django.test import override_settings
 from dramatiq import Message
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import SkipMessage
+from structlog.testing import capture_logs
 
 from composition.broker.configured import build_broker
 from composition.conf import conf
 from composition.jobs.middleware.limited_starts import LIMIT_WAITS_OPTION, UNREACHABLE_DELAY_S, LimitedStarts
 from composition.jobs.middleware.quiet_skips import DRAMATIQ_WORKER_LOGGER, quiet_put_backs
-from composition.limits import JobLimits, held_slots, limit_store
+from composition.limits import JobLimits, SlotRenewer, held_slots, limit_store
 from composition.testing import ThrowawayRedis, free_port
 from tests.helpers import unique
 
@@ -73,6 +74,37 @@ def test_a_start_over_the_limit_is_put_back_delayed_as_fetched_and_holds_no_slot
     third = _fetched(actor)
     middleware.before_process_message(broker, third)  # the slot is free again
     middleware.after_process_message(broker, third)
+
+
+def test_a_run_ending_while_its_slot_is_renewed_is_not_taken_for_an_expired_slot(
+        broker: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    broker, actor = broker
+    middleware = next(m for m in broker.middleware if isinstance(m, LimitedStarts))
+    ending, running = _fetched(actor), _fetched(actor)
+    middleware.before_process_message(broker, ending)
+    snapshot = held_slots.snapshot
+
+    def run_ends_after_the_snapshot() -> dict[str, list[str]]:
+        taken = snapshot()
+        middleware.after_process_message(broker, ending)  # frees its slot before the renewal
+        return taken
+
+    monkeypatch.setattr(held_slots, "snapshot", run_ends_after_the_snapshot)
+    with capture_logs() as logs:
+        SlotRenewer().tick()
+    assert not [entry for entry in logs if "expired" in entry["event"]]
+    assert held_slots.count() == 0
+
+    # A slot that did expire under a running job is still reported.
+    monkeypatch.setattr(held_slots, "snapshot", snapshot)
+    middleware.before_process_message(broker, running)
+    [token] = held_slots.snapshot()[actor]
+    limit_store().release(actor, token)  # as its lease running out would
+    with capture_logs() as logs:
+        SlotRenewer().tick()
+    assert [entry["actor"] for entry in logs if "expired" in entry["event"]] == [actor]
+    middleware.after_process_message(broker, running)
+    assert held_slots.count() == 0
 
 
 def test_with_the_limits_redis_unreachable_the_job_waits_instead_of_running_unlimited(broker: Any) -> None:
