@@ -27,13 +27,26 @@ from typing import Generic, TypeVar  # noqa: E402
 from prometheus_client import Counter, Gauge, Histogram  # noqa: E402  (after the folder exists)
 from prometheus_client.metrics import MetricWrapperBase  # noqa: E402
 
+# The label of a cache key or lock name without a namespace: a key such as f"user-{id}" would
+# otherwise be a label value per user.
+NO_NAMESPACE_LABEL = "(none)"
+
+
+def key_label(key: str) -> str:
+    """The bounded label of a cache key or lock name: its namespace (the text before its first
+    ``:``), or ``NO_NAMESPACE_LABEL`` when it has none."""
+    namespace, colon, _ = key.partition(":")
+    return namespace if colon and namespace else NO_NAMESPACE_LABEL
+
 __all__ = [
     "COMPONENT_START_SECONDS",
     "COMPONENT_STOP_SECONDS",
     "HEALTH_CHECK_SECONDS",
     "HEALTH_CHECK_UP",
+    "NO_NAMESPACE_LABEL",
     "WORKER_HEARTBEAT_TIMESTAMP",
     "LabelledChildren",
+    "key_label",
 ]
 
 _M = TypeVar("_M", bound=MetricWrapperBase)
@@ -96,7 +109,7 @@ CACHE_COALESCED = Counter("composition_cache_coalesced_total",
                           ["pattern"])
 CACHE_ERRORS = Counter("composition_cache_errors_total",
                        "cache_aside calls degraded to the loader (reason: redis_error, breaker_open, "
-                       "lease_wait_timeout).", ["pattern", "reason"])
+                       "lease_wait_timeout, unreadable_entry).", ["pattern", "reason"])
 CACHE_LEASE_REJECTIONS = Counter("composition_cache_lease_rejections_total",
                                  "Rebuild leases refused (stage acquire: another caller is rebuilding; "
                                  "stage fill: an invalidation revoked the lease, the value was not cached).",

@@ -41,7 +41,7 @@ from composition.cache.results import (
 from composition.cache.serializers import Serializer
 from composition.cache.store import Entry, KeySpace, LeaseStore, decode_entry, version_of
 from composition.errors import REDIS_ERRORS
-from composition.metrics import CACHE_OPERATION_SECONDS
+from composition.metrics import CACHE_OPERATION_SECONDS, key_label
 
 __all__ = ["CacheAside", "CacheResult", "namespace_of"]
 
@@ -121,7 +121,7 @@ class CacheAside:
             # Written with another serializer (CACHE_SERIALIZER changed by a deploy) or by
             # something else: every call for the key raised until its TTL. The database answers,
             # and the entry goes, so the next call fills it again.
-            self._metrics_for(pattern or namespace_of(key)).error("unreadable_entry")
+            self._metrics_for(pattern or key_label(key)).error("unreadable_entry")
             log.warning("cache entry unreadable, loaded from the database and removed", key=key,
                         error=str(exc.__cause__))
             with contextlib.suppress(*REDIS_ERRORS):
@@ -137,8 +137,8 @@ class CacheAside:
 
     def _fetch(self, key: str, loader: Callable[[], Any], *, ttl_s: float, jitter: float,
                stale_ttl_s: float | None, pattern: str | None, early_refresh: float) -> CacheResult:
-        namespace = key.split(":", 1)[0]
-        metrics = self._metrics_for(pattern or namespace)
+        namespace = namespace_of(key)
+        metrics = self._metrics_for(pattern or key_label(key))
         ns_key, entry_key = self.keys.namespace(namespace), self.keys.entry(key)
         if self.breaker.allow():
             epoch = self.epoch.current()
@@ -154,8 +154,9 @@ class CacheAside:
                 self.breaker.record_success()
                 entry = decode_entry(raw, version_of(epoch, ns_raw))
                 if entry is not None and entry[0] > time.time() * 1000 and early_refresh <= 0:
+                    value = self._loads(entry[2])  # raises for an unreadable entry: not a hit
                     metrics.hits.inc()
-                    return CacheResult(self._loads(entry[2]), HIT)
+                    return CacheResult(value, HIT)
                 call = Call(key, self.keys.of(key), loader, ttl_s, jitter, stale_ttl_s, metrics)
                 return self._slow_path(call, entry, early_refresh)
         else:
@@ -170,9 +171,11 @@ class CacheAside:
         now_ms = time.time() * 1000
         fallback: CacheResult | None = None
         if entry is not None and entry.fresh_until_ms > now_ms:
-            metrics.hits.inc()  # a hit either way
             if not self._refresh_early(entry, now_ms, early_refresh):
-                return CacheResult(self._loads(entry.payload), HIT)
+                value = self._loads(entry.payload)  # raises for an unreadable entry: not a hit
+                metrics.hits.inc()
+                return CacheResult(value, HIT)
+            metrics.hits.inc()  # a hit either way
             fallback = CacheResult(entry.payload, HIT)
         else:
             metrics.misses.inc()

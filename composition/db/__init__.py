@@ -2,7 +2,8 @@
 (``timeouts``), databases behind a transaction pooler (``pooling``), hooks run once after a commit
 (``transactions``), slow-query logging (``slow_queries``), batched deletes (``pruning``), the
 connection budget (``budget``), the connections each thread opened, which a job's time limit
-cuts when the network never answers (``blocked_calls``), and jsonb as raw SQL reads it (``jsonb``).
+cuts when the network never answers (``blocked_calls``), jsonb as raw SQL reads it (``jsonb``),
+and text PostgreSQL can store (``text``).
 Invariant: any PostgreSQL backend gives the same guarantees.
 """
 

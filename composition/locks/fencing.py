@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from composition.locks.errors import StaleFence
-from composition.metrics import LOCK_FENCE_REJECTIONS
+from composition.metrics import LOCK_FENCE_REJECTIONS, key_label
 
 __all__ = ["fenced_write"]
 
@@ -45,6 +45,6 @@ def fenced_write(resource: str, fence: int, *, using: str | None = None) -> Iter
             if cursor.fetchone() is None:
                 cursor.execute("SELECT fence FROM composition_lock_fence WHERE resource = %s", [resource])
                 newest = int(cursor.fetchone()[0])
-                LOCK_FENCE_REJECTIONS.labels(resource.split(":", 1)[0]).inc()
+                LOCK_FENCE_REJECTIONS.labels(key_label(resource)).inc()
                 raise StaleFence(resource, fence, newest)
         yield

@@ -33,6 +33,7 @@ from composition.metrics import (
     LOCK_LOST_TOTAL,
     LOCK_TIMEOUTS_TOTAL,
     LOCK_WAIT_SECONDS,
+    key_label,
 )
 from composition.seconds import checked_seconds
 
@@ -80,10 +81,6 @@ _EXTEND = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
 """
-
-
-def _label(name: str) -> str:
-    return name.split(":", 1)[0]
 
 
 class _Store:
@@ -164,7 +161,7 @@ class RedisLock:
         if self.released:
             return False
         self.released = True
-        LOCK_HOLD_SECONDS.labels("redis", _label(self.name)).observe(time.monotonic() - self._acquired_at)
+        LOCK_HOLD_SECONDS.labels("redis", key_label(self.name)).observe(time.monotonic() - self._acquired_at)
         try:
             released = bool(self._store.release(keys=[self._key], args=[self.token]))
         except REDIS_ERRORS:
@@ -184,7 +181,7 @@ def acquire_redis_lock(name: str, *, ttl_s: float, wait_s: float = 0) -> RedisLo
     ttl_s = checked_seconds("ttl_s", ttl_s, at_most=MAX_TTL_S)
     wait_s = checked_seconds("wait_s", wait_s, at_most=MAX_TTL_S, zero=True)
     store = _store()
-    label = _label(name)
+    label = key_label(name)
     token = secrets.token_hex(16)
     ttl_ms = max(1, round(ttl_s * 1000))
     started = time.monotonic()
@@ -239,7 +236,7 @@ def redis_lock(name: str, *, ttl_s: float, wait_s: float = 0) -> Iterator[RedisL
     """Hold the Redis lock ``name`` for the with-block (see ``acquire_redis_lock``); released on
     exit, also when the body raises. If the body outlives ``ttl_s`` the lock may pass to someone
     else: extend it, and guard writes with ``fenced_write(resource, lock.fence)``.
-    The metric label is the text of ``name`` before its first ``:``."""
+    The metric label is the text of ``name`` before its first ``:`` ("(none)" without one)."""
     lock = acquire_redis_lock(name, ttl_s=ttl_s, wait_s=wait_s)
     try:
         yield lock
@@ -248,6 +245,6 @@ def redis_lock(name: str, *, ttl_s: float, wait_s: float = 0) -> Iterator[RedisL
         if lock.lost:
             # The TTL ran out under the body: someone else may have held it meanwhile. Only the
             # fence (fenced_write) protected the writes; say so where an operator looks.
-            LOCK_LOST_TOTAL.labels("redis", _label(name)).inc()
+            LOCK_LOST_TOTAL.labels("redis", key_label(name)).inc()
             log.warning("redis lock expired before its with-block ended; another owner may have held it",
                         lock=name, ttl_s=ttl_s)

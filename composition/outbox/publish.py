@@ -24,6 +24,7 @@ from django.utils import timezone
 from dramatiq.actor import Actor
 
 from composition.broker.configured import configured_broker
+from composition.db.text import storable_text
 from composition.errors import IncompatibleMessageError, PayloadValidationError
 from composition.outbox.after_commit import (
     committing_transaction,
@@ -186,18 +187,10 @@ def checked_key(key: Any) -> str | None:
     if key is not None and (not isinstance(key, str) or not key or len(key) > KEY_MAX_LENGTH):
         raise InvalidKeyError(f"key must be a non-empty string of at most {KEY_MAX_LENGTH} characters, "
                               f"got {key!r}")
-    if key is not None and ("\x00" in key or not _is_unicode(key)):
+    if key is not None and not storable_text(key):
         # PostgreSQL would refuse it at the INSERT, aborting the caller's transaction.
         raise InvalidKeyError(f"key must be text PostgreSQL can store (no NUL, no lone surrogate), got {key!r}")
     return key
-
-
-def _is_unicode(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def checked_delay(delay_s: Any) -> float | None:

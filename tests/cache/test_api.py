@@ -104,6 +104,15 @@ def test_invalid_arguments() -> None:
     for call in (lambda: cache_aside("k:a\x00b", lambda: 1, ttl_s=30), lambda: invalidate("k:a\x00b")):
         with pytest.raises(ValueError, match="NUL"):
             call()
+    # A lone surrogate raised UnicodeEncodeError from the INSERT (or from the on_commit apply).
+    for call in (lambda: cache_aside("k:\ud800", lambda: loaded.append(1), ttl_s=30),
+                 lambda: invalidate("k:\ud800"), lambda: invalidate_namespace("\ud800")):
+        with pytest.raises(ValueError, match="lone surrogate"):
+            call()
+    # Its namespace would be "", which invalidate_namespace() refuses: such a key could not be.
+    with pytest.raises(ValueError, match=r"namespace .* cannot be empty"):
+        cache_aside(":x", lambda: loaded.append(1), ttl_s=30)
+    assert loaded == []
 
 
 @pytest.mark.django_db(transaction=True)
@@ -225,6 +234,12 @@ def test_metrics_are_labelled_by_pattern() -> None:
     # Without a pattern the label is the namespace, never the full key.
     cache_aside(f"{ns}:99", lambda: 1, ttl_s=30)
     assert metric_value("composition_cache_misses_total", pattern=ns) == 1
+    # A key without a namespace counts under one label, not a label per key (f"user-{id}").
+    before_none = metric_value("composition_cache_misses_total", pattern="(none)")
+    for i in range(3):
+        cache_aside(f"{ns}-{i}", lambda: 1, ttl_s=30)
+    assert metric_value("composition_cache_misses_total", pattern="(none)") == before_none + 3
+    assert metric_value("composition_cache_misses_total", pattern=f"{ns}-0") == 0
 
 
 class PickyReprSerializer:
@@ -265,10 +280,13 @@ def test_an_entry_this_serializer_cannot_read_is_loaded_from_the_database_and_re
     key, source = f"{unique()}:1", Source({"total": 10})
     with override_settings(COMPOSITION={**conf.as_dict(), "CACHE_SERIALIZER": f"{__name__}.PickyReprSerializer"}):
         assert cache_aside_result(key, source, ttl_s=300).outcome == "loaded"  # "{'total': 10}": not JSON
-    before = metric_value("composition_cache_errors_total", pattern=key.split(":")[0], reason="unreadable_entry")
+    pattern = key.split(":")[0]
+    before = metric_value("composition_cache_errors_total", pattern=pattern, reason="unreadable_entry")
+    hits = metric_value("composition_cache_hits_total", pattern=pattern)
     assert cache_aside_result(key, source, ttl_s=300) == ({"total": 10}, "uncached")
-    after = metric_value("composition_cache_errors_total", pattern=key.split(":")[0], reason="unreadable_entry")
+    after = metric_value("composition_cache_errors_total", pattern=pattern, reason="unreadable_entry")
     assert after - before == 1
+    assert metric_value("composition_cache_hits_total", pattern=pattern) == hits  # an error, not a hit
     assert [cache_aside_result(key, source, ttl_s=300).outcome for _ in range(2)] == ["loaded", "hit"]
     # Something else's value under the entry's key: absent, loaded and replaced.
     other = f"{unique()}:2"

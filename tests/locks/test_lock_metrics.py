@@ -123,3 +123,14 @@ def test_a_redis_lock_tried_once_is_busy_not_a_time_out() -> None:
             acquire_redis_lock(f"{name}:x", ttl_s=5, wait_s=0)
         after = _counts("redis", name)
     assert [b - a for a, b in zip(before, after, strict=True)] == [0, 1, 0]
+
+
+def test_a_redis_lock_name_without_a_namespace_counts_under_one_label() -> None:
+    # "user-<id>" would be a label value per user: the label is the namespace, or "(none)".
+    name = f"lm{uuid.uuid4().hex[:10]}"
+    before = _counts("redis", "(none)")
+    for i in range(3):
+        with redis_lock(f"{name}-{i}", ttl_s=5):
+            pass
+    assert _counts("redis", "(none)")[2] == before[2] + 3
+    assert _counts("redis", f"{name}-0")[2] == 0
