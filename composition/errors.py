@@ -29,6 +29,7 @@ __all__ = [
     "SystemStartError",
     "TransientError",
     "described",
+    "exception_text",
 ]
 
 
@@ -116,7 +117,17 @@ class DeadLetterStateError(CompositionError):
 
 def described(exc: BaseException) -> str:
     """An exception as logs, dead letters and answers show it: ``ValueError: bad input``."""
-    return f"{type(exc).__name__}: {exc}"
+    return f"{type(exc).__name__}: {exception_text(exc)}"
+
+
+def exception_text(exc: BaseException) -> str:
+    """``str(exc)``, or a stand-in when the exception's own ``__str__`` raises: a job failing
+    with such an exception must still be retried and dead-lettered, not acknowledged by the
+    hook that tried to print it (Dramatiq logs an after-hook's error and acks the message)."""
+    try:
+        return str(exc)
+    except Exception as inner:
+        return f"<unprintable {type(exc).__name__}: its __str__ raised {type(inner).__name__}>"
 
 
 # -- what a dependency raises when it is away ----------------------------------------------------

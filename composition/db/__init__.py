@@ -3,7 +3,7 @@
 (``transactions``), slow-query logging (``slow_queries``), batched deletes (``pruning``), the
 connection budget (``budget``), the connections each thread opened, which a job's time limit
 cuts when the network never answers (``blocked_calls``), jsonb as raw SQL reads it (``jsonb``),
-and text PostgreSQL can store (``text``).
+text PostgreSQL can store (``text``), and which database errors pass (``failures``).
 Invariant: any PostgreSQL backend gives the same guarantees.
 """
 

@@ -13,6 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 from dramatiq.broker import MessageProxy
 
+from composition.errors import exception_text
 from composition.metrics import DEAD_LETTERS_TOTAL
 from composition.outbox.publish import VERSION_HEADER
 
@@ -73,7 +74,7 @@ class Failure:
 
     @classmethod
     def of(cls, exception: BaseException) -> Failure:
-        return cls(error_class_name(exception), _storable(str(exception)[:MAX_MESSAGE_CHARS]),
+        return cls(error_class_name(exception), _storable(exception_text(exception)[:MAX_MESSAGE_CHARS]),
                    _storable("".join(traceback.format_exception(exception, limit=MAX_TRACEBACK_FRAMES))))
 
     @property

@@ -17,12 +17,13 @@ from collections.abc import Callable
 from typing import Any
 
 import structlog
-from django.db import InterfaceError, OperationalError, close_old_connections
+from django.db import close_old_connections
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import Middleware, Shutdown, SkipMessage
 
+from composition.db.failures import is_passing
 from composition.errors import PermanentError, described
 from composition.jobs.current import attempt_of
 from composition.jobs.deadletters import FIRST_FAILED_OPTION, Failure, record_dead_letter
@@ -194,10 +195,11 @@ class CommittedElsewhere(Exception):
 
 def _record_with_retries(message: MessageProxy, failure: Failure, attempts: int, error: str, *,
                          ledger: str | None) -> tuple[int | None, str, bool]:
-    """The dead letter's id, or None, the last recording error and whether that error was a
-    lost connection (worth a requeue: the database comes back) rather than one that would fail
-    the same way every time (no requeue: that would rerun the job forever). Raises
-    ``CommittedElsewhere`` when the ledger row ``ledger`` exists, looked up at each try."""
+    """The dead letter's id, or None, the last recording error and whether that error passes
+    (``composition.db.failures.is_passing``: worth a requeue, the database comes back) rather than
+    one that would fail the same way every time (no requeue: recording it would be retried
+    forever). Raises ``CommittedElsewhere`` when the ledger row ``ledger`` exists, looked up at
+    each try."""
     from composition.jobs.models import ProcessedMessage
 
     record_error = ""
@@ -206,7 +208,12 @@ def _record_with_retries(message: MessageProxy, failure: Failure, attempts: int,
             if ledger is not None and ProcessedMessage.objects.filter(message_id=ledger).exists():
                 raise CommittedElsewhere(ledger)
             return record_dead_letter(message, failure, attempts), "", False
-        except (OperationalError, InterfaceError) as exc:
+        except CommittedElsewhere:
+            raise
+        except Exception as exc:
+            if not is_passing(exc):
+                close_old_connections()
+                return None, described(exc), False
             record_error = described(exc)
             # A connection the error broke is replaced on the next try.
             close_old_connections()
@@ -215,9 +222,6 @@ def _record_with_retries(message: MessageProxy, failure: Failure, attempts: int,
             log.warning("could not record dead letter, retrying", error=error, record_error=record_error,
                         retry_in_s=delay_s)
             time.sleep(delay_s)
-        except Exception as exc:
-            close_old_connections()
-            return None, described(exc), False
     return None, record_error, True
 
 

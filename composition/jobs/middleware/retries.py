@@ -24,7 +24,7 @@ from dramatiq.message import Message
 from dramatiq.middleware import Retries, Shutdown
 
 from composition.broker.redis import requeue_as_new
-from composition.errors import BROKER_FAILURES, described
+from composition.errors import BROKER_FAILURES, described, exception_text
 from composition.jobs.deadletters import FIRST_FAILED_OPTION
 from composition.jobs.policy import backoff_s
 from composition.outbox.publish import PAYLOAD_SCHEMA_OPTION, VERSIONS_OPTION
@@ -114,6 +114,22 @@ class JobRetries(Retries):
                   or float(self.max_backoff))
         return min_ms, max(max_ms, min_ms)
 
+    def _as_retry(self, message: MessageProxy, actor: Any, exception: BaseException) -> BaseException:
+        """``exception`` as ``Retries`` is to take it: a permanent one, or a ``Retry`` with a
+        delay, as it is; any other as a ``Retry`` delayed by the backoff (recorded in the
+        message's options)."""
+        throws = message.options.get("throws") or actor.options.get("throws")
+        permanent = throws is not None and isinstance(exception, throws)
+        if permanent or (isinstance(exception, Retry) and exception.delay is not None):
+            return exception
+        retries = int(message.options.get("retries", 0))
+        min_ms, max_ms = self._backoff_bounds_ms(message, actor)
+        delay_ms = int(backoff_s(retries, initial_s=min_ms / 1000, max_s=max_ms / 1000) * 1000)
+        message.options[BACKOFF_OPTION] = delay_ms
+        # Retries takes a Retry's delay as given; the original stays the current exception, so
+        # the traceback Retries stores is still the job's own.
+        return Retry(exception_text(exception), delay=delay_ms)
+
     def after_process_message(self, broker: Broker, message: MessageProxy, *, result: Any = None,
                               exception: BaseException | None = None) -> None:
         if exception is None:
@@ -128,16 +144,15 @@ class JobRetries(Retries):
             # Nothing can run it, however often it is retried; DeadLetters records it.
             message.fail()
             return
-        throws = message.options.get("throws") or actor.options.get("throws")
-        permanent = throws is not None and isinstance(exception, throws)
-        if not permanent and not (isinstance(exception, Retry) and exception.delay is not None):
-            retries = int(message.options.get("retries", 0))
-            min_ms, max_ms = self._backoff_bounds_ms(message, actor)
-            delay_ms = int(backoff_s(retries, initial_s=min_ms / 1000, max_s=max_ms / 1000) * 1000)
-            message.options[BACKOFF_OPTION] = delay_ms
-            # Retries takes a Retry's delay as given; the original stays the current exception,
-            # so the traceback Retries stores is still the job's own.
-            exception = Retry(str(exception), delay=delay_ms)
+        try:
+            exception = self._as_retry(message, actor, exception)
+        except Exception as exc:
+            # Raised here, Dramatiq would log it and acknowledge the message: neither retried nor
+            # recorded. Failed, DeadLetters records it.
+            log.error("could not schedule the job's retry; the message becomes a dead letter",
+                      actor=message.actor_name, message_id=message.message_id, error=described(exc))
+            message.fail()
+            return
         try:
             super().after_process_message(broker, message, result=result, exception=exception)
         except BROKER_FAILURES as exc:

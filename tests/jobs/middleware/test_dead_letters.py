@@ -19,7 +19,7 @@ from composition.jobs.middleware.dead_letters import DEAD_LETTER_RETRY_DELAYS_S,
 from composition.jobs.middleware.stack import find_middleware
 from composition.jobs.models import DeadLetter
 from composition.outbox.relay import RELAY_ACTOR_NAME, RELAY_QUEUE_NAME, relay_actor
-from composition.testing import wait_until
+from composition.testing import metric_value, wait_until
 from tests.jobsapp import jobs
 from tests.jobsapp.apps import FAILURES_ENV
 from tests.jobsapp.models import Attempt, Effect
@@ -227,5 +227,62 @@ def test_an_idempotent_job_another_delivery_committed_leaves_no_dead_letter(comm
     if committed_elsewhere:
         with transaction.atomic():
             assert record_processed(ledger_key(message), jobs.crash_effect.actor_name)
+    lost = metric_value("composition_dead_letter_record_failures_total", actor=jobs.crash_effect.actor_name,
+                        outcome="broker_dlq")
     write_dead_letter(configured_broker(), message, OperationalError("the connection was cut"), 1)
     assert DeadLetter.objects.filter(message_id=message.message_id).exists() is not committed_elsewhere
+    # Not a recording that failed: the check that found the ledger row was taken for one, logged
+    # critical and counted as a dead letter left to the broker's expiring queue.
+    assert metric_value("composition_dead_letter_record_failures_total", actor=jobs.crash_effect.actor_name,
+                        outcome="broker_dlq") == lost
+
+
+def test_a_dead_letter_refused_by_a_read_only_database_is_requeued_to_be_recorded_later(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A primary demoted in a failover (or a pooler still on a standby) refuses writes with
+    # SQLSTATE 25006, an InternalError: taken for an error that would fail the same way every
+    # time, the letter was left only in the broker's expiring dead-letter queue.
+    from django.db import connection
+
+    from composition.jobs.middleware import dead_letters
+    from composition.jobs.middleware.dead_letters import DEAD_LETTER_PENDING_OPTION, write_dead_letter
+
+    monkeypatch.setattr(dead_letters, "DEAD_LETTER_RETRY_DELAYS_S", (0.01,))
+    message = MessageProxy(jobs.refuses.message_with_options(kwargs={"key": "read-only"}))
+    requeued: list[MessageProxy] = []
+    with connection.cursor() as cursor:
+        cursor.execute("SET default_transaction_read_only = on")
+    try:
+        write_dead_letter(configured_broker(), message, RuntimeError("failed for good"), 3,
+                          requeue=lambda _, copy: requeued.append(copy))
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SET default_transaction_read_only = off")
+    assert requeued == [message], "left only in the broker's expiring dead-letter queue"
+    assert message.options[DEAD_LETTER_PENDING_OPTION]["error_message"] == "failed for good"
+    assert not DeadLetter.objects.filter(message_id=message.message_id).exists()
+
+
+def test_a_job_whose_exception_cannot_be_printed_is_retried_then_dead_lettered() -> None:
+    # str() of the exception raised in JobRetries' after-hook: Dramatiq logged that and acked the
+    # message, neither retried nor recorded.
+    from composition.jobs.middleware.dead_letters import write_dead_letter
+    from composition.jobs.middleware.retries import JobRetries
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("cannot say itself")
+
+    broker = configured_broker()
+    retries = next(m for m in broker.middleware if isinstance(m, JobRetries))
+    message = MessageProxy(jobs.refuses.message_with_options(kwargs={"key": "unprintable"}))
+    retries.after_process_message(broker, message, exception=Unprintable())
+    assert not message.failed and message.options["retries"] == 1, "not retried"
+    write_dead_letter(broker, message, Unprintable(), 2)
+    letter = DeadLetter.objects.get(message_id=message.message_id)
+    assert letter.error_message == "<unprintable Unprintable: its __str__ raised RuntimeError>"
+
+    # Whatever else goes wrong deciding the retry fails the message, for its dead letter.
+    garbled = MessageProxy(jobs.refuses.message_with_options(kwargs={"key": "garbled"}, retries="many"))
+    retries.after_process_message(broker, garbled, exception=RuntimeError("transient"))
+    assert garbled.failed
