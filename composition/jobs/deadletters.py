@@ -26,6 +26,10 @@ MAX_TRACEBACK_FRAMES = 50
 FIRST_FAILED_OPTION = "composition_first_failed_ms"
 
 _NORMALISERS: list[tuple[re.Pattern[str], str]] = [
+    # Whom or where, not why: one SMTP outage over a thousand customers is one group, not a
+    # thousand. URLs first (one may hold an "@").
+    (re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s'\"<>]+", re.I), "<url>"),
+    (re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b"), "<email>"),
     (re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.I), "<uuid>"),
     (re.compile(r"\b0x[0-9a-f]+\b", re.I), "<addr>"),
     # Hex with a letter in it: a long plain number is a number (below), whatever its length.
@@ -43,9 +47,9 @@ _DIGITS_AS_LETTERS = str.maketrans("0123456789", "abcdefghij")
 
 
 def normalise_message(message: str) -> str:
-    """The error message with ids, numbers and addresses replaced, so that the same failure of
-    different messages ("invoice 41 not found", "invoice 42 not found") reads the same; an HTTP
-    status ("HTTP 404", "status_code=503") is kept."""
+    """The error message with URLs, email addresses, ids, numbers and memory addresses replaced,
+    so that the same failure of different messages ("invoice 41 not found", "invoice 42 not
+    found") reads the same; an HTTP status ("HTTP 404", "status_code=503") is kept."""
     text = message[:MAX_MESSAGE_CHARS]
     text = _HTTP_STATUS.sub(lambda match: f"{match[1]}{match[2]}<status {match[3].translate(_DIGITS_AS_LETTERS)}>",
                             text)

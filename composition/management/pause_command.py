@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from composition.management.closed_pipe import reader_may_leave
 from composition.management.database_errors import database_must_answer
 from composition.pauses import Pause
 
@@ -90,7 +91,7 @@ class PauseCommand(BaseCommand):
                             help=f"{', '.join(['list', *self.extra_json])}: machine-readable output")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        with database_must_answer():
+        with reader_may_leave(), database_must_answer():
             action, name = options["action"], options["name"]
             # An option the action does not take is refused, not ignored.
             if action not in ("pause", "resume") and (options["by"] is not None or options["reason"]):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from io import StringIO
 from typing import Any
 
@@ -23,7 +25,8 @@ from composition.jobs.deadletters import record_dead_letter
 from composition.jobs.models import DeadLetter, ProcessedMessage
 from composition.outbox import OutboxMessage, publish
 from composition.outbox.relay import RELAY_QUEUE_NAME
-from composition.testing import wait_until
+from composition.testing import current_database_url, subprocess_env, wait_until
+from tests.helpers import ROOT
 from tests.jobsapp import jobs
 from tests.jobsapp.models import Account, Effect
 
@@ -126,7 +129,14 @@ def test_command_bulk_action_without_yes_only_prints_the_count() -> None:
     groups = json.loads(run("list", "--json"))["groups"]
     assert (groups[0]["fingerprint"], groups[0]["actor"], groups[0]["count"]) == (fingerprint, "charge", 3)
     assert [g["count"] for g in groups] == [3, 1]
-    assert f"x3      {fingerprint[:12]}" in run("list")
+    listed = run("list")
+    assert f"x3      {fingerprint[:12]}" in listed
+    # Each group line shows a sample of its messages: two groups of one actor and error class
+    # are told apart by it.
+    # Each group line ends with a sample of its messages, which tells apart groups of one actor
+    # and error class (their fingerprints do not, to a reader).
+    header, first_group = listed.splitlines()[:2]
+    assert header.endswith("SAMPLE MESSAGE") and first_group.endswith(" no account 2")
     result = json.loads(run("replay", "--fingerprint", fingerprint, "--yes", "--json"))
     assert (result["count"], result["done_count"], result["refused_count"]) == (3, 3, 0)
     assert OutboxMessage.objects.filter(actor_name="charge").count() == 3
@@ -155,6 +165,27 @@ def test_command_single_actions_and_refusals() -> None:
                        (("prune", "--max-id", "3"), "--max-id is for replay and discard, not prune")):
         with pytest.raises(CommandError, match=says):
             run(*args)
+
+
+
+@pytest.mark.django_db
+def test_command_records_who_acts_with_by_and_checks_their_permission() -> None:
+    # Replays and discards from the shell recorded no one: the admin's record of who did what had
+    # a hole for every operator who used the runbook's commands.
+    operator = User.objects.create_user("night-operator")
+    operator.user_permissions.add(Permission.objects.get(codename="replay_deadletter"))
+    one, group = dead_letter(key="by-one"), [dead_letter(key=f"by-{index}") for index in range(2)]
+    run("replay", "--id", str(one.pk), "--by", "night-operator")
+    run("replay", "--id", *(str(letter.pk) for letter in group), "--by", "night-operator", "--yes")
+    assert {letter.replayed_by for letter in DeadLetter.objects.filter(status="replayed")} == {operator}
+    spare = dead_letter(key="by-spare")
+    with pytest.raises(CommandError, match=r"--by night-operator: composition\.discard_deadletter is required"):
+        run("discard", "--id", str(spare.pk), "--by", "night-operator")  # replay only
+    with pytest.raises(CommandError, match="--by nobody-here: no Django user has that username"):
+        run("discard", "--id", str(spare.pk), "--by", "nobody-here")
+    with pytest.raises(CommandError, match="--by is for replay and discard, not list"):
+        run("list", "--by", "night-operator")
+    assert DeadLetter.objects.get(pk=spare.pk).status == "dead"
 
 
 # -- the admin --------------------------------------------------------------------------------------
@@ -339,7 +370,8 @@ def test_a_fingerprint_prefix_as_list_shows_it_replays_exactly_its_group() -> No
     other = dead_letter(error="card declined", key="other")
     assert group[0].fingerprint != other.fingerprint
     listing = _command("list")
-    assert listing.splitlines()[0].split() == ["COUNT", "FINGERPRINT", "ACTOR", "ERROR", "LAST", "FAILED"]
+    assert listing.splitlines()[0].split() == ["COUNT", "FINGERPRINT", "ACTOR", "ERROR", "LAST", "FAILED",
+                                               "SAMPLE", "MESSAGE"]
     assert "ID" in listing and "STATUS" in listing and "MESSAGE" in listing
     prefix = group[0].fingerprint[:12]
     assert prefix in listing
@@ -388,3 +420,16 @@ def test_the_admin_lists_open_dead_letters_by_default(admin_client: Client) -> N
     # The error's class and its message share a column (the list fits beside the admin's sidebar).
     assert f"<strong>{open_letter.error_class.rsplit('.', 1)[-1]}</strong> {open_letter.error_message}" \
         in page.content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_listing_whose_reader_went_away_stops_quietly() -> None:
+    # "deadletters list | head" ended in a BrokenPipeError traceback.
+    dead_letter(key="piped")
+    process = subprocess.Popen([sys.executable, "manage.py", "deadletters", "list"], cwd=ROOT,
+                               env=subprocess_env(DATABASE_URL=current_database_url()),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout is not None
+    process.stdout.close()  # the reader leaves before the first line, as head does after its own
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 1 and b"Traceback" not in stderr and b"BrokenPipe" not in stderr, stderr

@@ -205,6 +205,11 @@ def test_fingerprint_keeps_an_http_status_and_drops_opaque_ids() -> None:
     # Ids of other services mix letters and digits: one group, not one per charge.
     assert fingerprint("refund", "StripeError", "charge ch_3Mml8LrLkdIwHu7ix not found") == fingerprint(
         "refund", "StripeError", "charge ch_9QzPq2Xw7Yt4Rr1ab not found")
+    # Whom it was for, or where it went, is not the cause: one SMTP outage is one group.
+    assert fingerprint("receipt", "SMTPError", "could not send to ada@example.com: 550 mailbox unavailable") \
+        == fingerprint("receipt", "SMTPError", "could not send to bob.o+x@mail.test.org: 550 mailbox unavailable")
+    assert normalise_message("HTTP 503 from https://api.example.com/v1/orders/81?user=ada@example.com") \
+        == "HTTP <status fad> from <url>"
     # Words without digits stay, so different causes keep their groups.
     assert fingerprint("refund", "KeyError", "'currency'") != fingerprint("refund", "KeyError", "'amount'")
 

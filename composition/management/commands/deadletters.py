@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, transaction
 from django.db.models import Max, QuerySet
@@ -13,7 +14,9 @@ from composition.errors import CompositionError
 from composition.jobs import replay as service
 from composition.jobs.failure_groups import failure_groups
 from composition.jobs.models import DeadLetter
+from composition.management.closed_pipe import reader_may_leave
 from composition.management.database_errors import database_must_answer
+from composition.management.pause_command import operator_user
 from composition.management.retention_option import SECONDS_PER_DAY, older_than_days
 from composition.retention import prune_dead_letters
 
@@ -84,16 +87,20 @@ class Command(BaseCommand):
         parser.add_argument("--dry-run", action="store_true", help="print what would be done, do nothing")
         parser.add_argument("--yes", action="store_true", help="carry out a bulk replay or discard")
         parser.add_argument("--json", action="store_true", help="machine-readable output")
+        parser.add_argument("--by", default=None,
+                            help="replay/discard: the Django user who does it, recorded on each letter (as "
+                                 "the admin records its user) and whose permission is checked")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        with database_must_answer():
+        with reader_may_leave(), database_must_answer():
             self._handle(options)
 
     def _handle(self, options: dict[str, Any]) -> None:
         action = options["action"]
         # An option the action does not take is refused, not ignored.
         for name, takers in (("older_than", ("prune",)), ("max_id", ("replay", "discard")),
-                             ("yes", ("replay", "discard")), ("dry_run", ("replay", "discard", "prune"))):
+                             ("by", ("replay", "discard")), ("yes", ("replay", "discard")),
+                             ("dry_run", ("replay", "discard", "prune"))):
             if options[name] not in (None, False) and action not in takers:
                 raise CommandError(f"--{name.replace('_', '-')} is for {' and '.join(takers)}, not {action}")
         for name in ("actor", "error", "fingerprint"):
@@ -101,6 +108,9 @@ class Command(BaseCommand):
             if options[name] is not None and not options[name].strip():
                 raise CommandError(f"--{name} is empty")
         filtered = bool(options["ids"] or options["actor"] or options["error"] or options["fingerprint"])
+        options["user"] = operator_user(options["by"])
+        if options["by"] is not None and options["user"] is None:
+            raise CommandError(f"--by {options['by']}: no Django user has that username")
         if action == "list":
             status = None if options["all"] else DeadLetter.Status.DEAD
             self._list(self._select(options, status), options["json"])
@@ -139,10 +149,13 @@ class Command(BaseCommand):
             return
         # The groups first: at 3 a.m. "one bug, 4,000 letters" matters more than the letters.
         if groups:
-            self.stdout.write(f"{'COUNT':<7} {'FINGERPRINT':<12}  {'ACTOR':<30} {'ERROR':<28} LAST FAILED")
+            self.stdout.write(f"{'COUNT':<7} {'FINGERPRINT':<12}  {'ACTOR':<30} {'ERROR':<28} "
+                              f"{'LAST FAILED':<37} SAMPLE MESSAGE")
         for group in groups:
+            # The sample tells apart groups of one actor and error class (a fingerprint does not, to a reader).
             self.stdout.write(f"x{group['count']:<6} {group['fingerprint'][:12]}  {group['actor']:<30} "
-                              f"{group['error_class'].rsplit('.', 1)[-1]:<28} last {group['last_failed_at']}")
+                              f"{group['error_class'].rsplit('.', 1)[-1]:<28} last {group['last_failed_at']:<32} "
+                              f"{' '.join(group['sample_message'].split())[:60]}")
         if groups:
             self.stdout.write("")
         if shown:
@@ -191,7 +204,7 @@ class Command(BaseCommand):
                 raise CommandError(f"no open dead letter matches; nothing would be {action}ed"
                                    + (f" ({refused})" if refused else ""))
             if options["dry_run"]:
-                self._trial(action, rows, count, upto, as_json=options["json"])
+                self._trial(action, rows, count, upto, options)
             elif options["json"]:
                 return
             else:
@@ -200,13 +213,16 @@ class Command(BaseCommand):
                                   + (" (--max-id leaves alone what fails meanwhile)." if keep else "."))
             return
         if not bulk:
-            self._act_one(action, ids[0], options["json"])
+            self._act_one(action, ids[0], options)
             return
         # Ids asked for by number that are not open dead letters are refused by name, not dropped.
         not_open = _missing(ids, rows.filter(pk__in=ids))
         result = service.BulkResult()
         try:
-            (service.replay_many if action == "replay" else service.discard_many)(rows, into=result)
+            (service.replay_many if action == "replay" else service.discard_many)(rows, user=options["user"],
+                                                                                  into=result)
+        except PermissionDenied as exc:
+            raise CommandError(f"--by {options['by']}: {exc}") from None
         except (KeyboardInterrupt, DatabaseError) as exc:
             # Each letter is done in its own transaction: what was done stays done, once, and
             # the same command does the rest (the done ones are no longer dead). Counted as they
@@ -232,8 +248,8 @@ class Command(BaseCommand):
         if not result.done:
             raise CommandError(f"no open dead letter matches; nothing was {action}ed")
 
-    def _trial(self, action: str, rows: QuerySet[DeadLetter], count: int, upto: int | None, *,
-               as_json: bool) -> None:
+    def _trial(self, action: str, rows: QuerySet[DeadLetter], count: int, upto: int | None,
+               options: dict[str, Any]) -> None:
         """The dry run: the action itself, every check included (an actor a deploy removed,
         arguments that no longer fit), in a transaction rolled back at the end, so it says what
         the run would refuse. Nothing is published: sending waits for a COMMIT that never comes."""
@@ -244,13 +260,16 @@ class Command(BaseCommand):
         result = service.BulkResult()
         try:
             with transaction.atomic():
-                (service.replay_many if action == "replay" else service.discard_many)(rows, into=result)
+                (service.replay_many if action == "replay" else service.discard_many)(rows, user=options["user"],
+                                                                                      into=result)
                 raise RolledBack
         except RolledBack:
             pass
+        except PermissionDenied as exc:
+            raise CommandError(f"--by {options['by']}: {exc}") from None
         except KeyboardInterrupt:
             raise CommandError("interrupted: the dry run stopped; nothing was changed", returncode=130) from None
-        if as_json:
+        if options["json"]:
             self._emit({"action": action, "count": count, "max_id": upto, "done": False, "dry_run": True,
                         **result.as_dict()})
         else:
@@ -273,9 +292,12 @@ class Command(BaseCommand):
             self.stdout.write(f"pruned {result.deleted} replayed or discarded dead letter(s) older than "
                               f"{days:g} days.")
 
-    def _act_one(self, action: str, pk: int, as_json: bool) -> None:
+    def _act_one(self, action: str, pk: int, options: dict[str, Any]) -> None:
+        as_json = options["json"]
         try:
-            row = (service.replay if action == "replay" else service.discard)(pk)
+            row = (service.replay if action == "replay" else service.discard)(pk, user=options["user"])
+        except PermissionDenied as exc:
+            raise CommandError(f"--by {options['by']}: {exc}") from None
         except DeadLetter.DoesNotExist:
             raise CommandError(f"no dead letter with id {pk}") from None
         except CompositionError as exc:

@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from composition.broker.configured import configured_broker
 from composition.errors import BROKER_FAILURES
 from composition.jobs.middleware.in_flight import RUNS_WINDOW_S
+from composition.management.closed_pipe import reader_may_leave
 from composition.management.database_errors import database_must_answer
 from composition.management.retention_option import SECONDS_PER_DAY, older_than_days
 from composition.outbox.maintenance import outbox_status, prune_sent
@@ -35,7 +36,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        with database_must_answer():
+        with reader_may_leave(), database_must_answer():
             self._handle(options)
 
     def _handle(self, options: dict[str, Any]) -> None:
