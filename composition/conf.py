@@ -73,8 +73,10 @@ DEFAULTS: dict[str, Any] = {
     # A rebuild lease expires after this long, so a crashed rebuilder blocks nobody for longer.
     "CACHE_LEASE_TTL_S": 10.0,
     # Callers that lose the rebuild lease wait this long for the winner's value, then load it
-    # themselves (without caching it).
-    "CACHE_LEASE_WAIT_S": 2.0,
+    # themselves (without caching it). As long as the lease by default: with a shorter wait, a
+    # rebuild slower than it (a database under load) had every waiter load for itself, a stampede
+    # exactly when the database can least take one.
+    "CACHE_LEASE_WAIT_S": 10.0,
     # Consecutive Redis failures that open the cache's circuit breaker, and how long it stays
     # open before one background probe (which replays deferred invalidations) may close it.
     "CACHE_BREAKER_FAILURES": 3,

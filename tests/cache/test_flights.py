@@ -389,3 +389,35 @@ def test_during_an_outage_a_read_after_a_write_does_not_join_a_load_from_before_
         assert reader.finish().value == 1
         reading.join(10)
     assert (after[0].value, after[0].outcome) == (2, "degraded"), after[0]
+
+
+def _slow_count(calls: list[int], load_s: float) -> Callable[[], int]:
+    def load() -> int:
+        calls.append(1)
+        time.sleep(load_s)
+        return 7
+    return load
+
+
+def test_a_rebuild_slower_than_two_seconds_is_waited_for_not_repeated_by_every_caller() -> None:
+    # With a 2 s wait, a loader slower than that (a database under load) had every waiting
+    # caller, in this process and in others, run it too: 200 loads for 200 callers.
+    key, calls = f"{unique('slow')}:1", []
+    load = _slow_count(calls, 2.5)
+    other = CacheAside("default", serializer=load_serializer(conf.CACHE_SERIALIZER),
+                       lease_ttl_s=float(conf.CACHE_LEASE_TTL_S), lease_wait_s=float(conf.CACHE_LEASE_WAIT_S),
+                       breaker_failures=3, breaker_reset_s=5)  # another process's engine
+    outcomes: list[str] = []
+
+    def read(engine: CacheAside) -> None:
+        outcomes.append(engine.fetch(key, load, ttl_s=60).outcome)
+
+    threads = [threading.Thread(target=read, args=(engine,))
+               for engine in [get_cache_aside()] * 6 + [other] * 6]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.01)
+    for thread in threads:
+        thread.join(30)
+    assert len(calls) == 1, f"{len(calls)} loads for {len(threads)} callers: {sorted(outcomes)}"
+    assert sorted(set(outcomes)) == ["coalesced", "loaded", "waited"]
