@@ -40,6 +40,7 @@ from composition.cache.results import (
 )
 from composition.cache.serializers import Serializer
 from composition.cache.store import Entry, KeySpace, LeaseStore, decode_entry, version_of
+from composition.cache.uncommitted import reads_uncommitted_writes
 from composition.errors import REDIS_ERRORS
 from composition.metrics import CACHE_OPERATION_SECONDS, key_label
 
@@ -161,6 +162,8 @@ class CacheAside:
                 return self._slow_path(call, entry, early_refresh)
         else:
             metrics.error("breaker_open")
+        if reads_uncommitted_writes():
+            return self._uncached(loader)  # shared with other threads, it would leak them
         call = Call(key, self.keys.of(key), loader, ttl_s, jitter, stale_ttl_s, metrics)
         return self._coalesce(call, None, partial(self.rebuilder.degraded, call))
 
@@ -171,7 +174,8 @@ class CacheAside:
         now_ms = time.time() * 1000
         fallback: CacheResult | None = None
         if entry is not None and entry.fresh_until_ms > now_ms:
-            if not self._refresh_early(entry, now_ms, early_refresh):
+            # No early refresh from a transaction that has written: what it reads may not commit.
+            if not self._refresh_early(entry, now_ms, early_refresh) or reads_uncommitted_writes():
                 value = self._loads(entry.payload)  # raises for an unreadable entry: not a hit
                 metrics.hits.inc()
                 return CacheResult(value, HIT)
@@ -179,6 +183,10 @@ class CacheAside:
             fallback = CacheResult(entry.payload, HIT)
         else:
             metrics.misses.inc()
+            if reads_uncommitted_writes():
+                # Cached, a ROLLBACK would leave it there till its TTL; shared, other threads
+                # would read what they cannot see.
+                return self._uncached(call.loader)
             if entry is not None and stale_ttl_s and now_ms < entry.fresh_until_ms + stale_ttl_s * 1000:
                 fallback = CacheResult(entry.payload, STALE)
         return self._coalesce(call, fallback, partial(self.rebuilder.rebuild, call, fallback))

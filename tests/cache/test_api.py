@@ -321,3 +321,29 @@ def test_cache_without_socket_timeouts_is_a_warning() -> None:
     with override_settings(CACHES=caches):
         assert "composition.W041" in {message.id for message in run_checks()}
     assert "composition.W041" not in {message.id for message in run_checks()}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_miss_inside_a_transaction_that_has_written_is_not_cached() -> None:
+    # Read after the write and before invalidate(): the loader saw the transaction's own row,
+    # cached, and a ROLLBACK left it there (the invalidation rolled back with it) till its TTL.
+    from composition.locks.models import LockFence
+
+    key = f"{unique('uncommitted')}:1"
+    LockFence.objects.create(resource=key, fence=1)
+
+    def load() -> int:
+        return LockFence.objects.get(resource=key).fence
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        LockFence.objects.filter(resource=key).update(fence=2)
+        assert cache_aside_result(key, load, ttl_s=60) == (2, "uncached")
+        invalidate(key)
+        raise RuntimeError("rolled back")
+    assert get_cache_aside().peek(key) is None
+    assert cache_aside_result(key, load, ttl_s=60) == (1, "loaded")
+    # A transaction that has only read still caches (an ATOMIC_REQUESTS view that reads).
+    invalidate(key)
+    with transaction.atomic():
+        assert cache_aside_result(key, load, ttl_s=60) == (1, "loaded")
+    assert get_cache_aside().peek(key) == 1
