@@ -115,6 +115,13 @@ class CacheAside:
             # replaces until COMMIT, and what the loader reads here is not committed (cached, a
             # rollback left it there till its TTL). The database answers; nothing is stored.
             return self._uncached(loader)
+        if self.invalidations.unapplied(key):
+            # This process's own invalidation of it failed after COMMIT (a Redis blip): the entry
+            # may hold what the write replaced until the replay applies it, which goes first.
+            self.invalidations.catch_up()
+            if self.invalidations.unapplied(key):
+                metrics = self._metrics_for(pattern or key_label(key))
+                return self._from_database(Call(key, self.keys.of(key), loader, ttl_s, jitter, stale_ttl_s, metrics))
         try:
             return self._fetch(key, loader, ttl_s=ttl_s, jitter=jitter, stale_ttl_s=stale_ttl_s, pattern=pattern,
                                early_refresh=early_refresh)
@@ -162,9 +169,14 @@ class CacheAside:
                 return self._slow_path(call, entry, early_refresh)
         else:
             metrics.error("breaker_open")
+        return self._from_database(Call(key, self.keys.of(key), loader, ttl_s, jitter, stale_ttl_s, metrics))
+
+    def _from_database(self, call: Call) -> CacheResult:
+        """The loader's value with Redis out of the way, one load at a time per key (a read
+        joins only a load that began after it, ``_coalesce``); a transaction that has written
+        loads alone, since other threads cannot see what it reads."""
         if reads_uncommitted_writes():
-            return self._uncached(loader)  # shared with other threads, it would leak them
-        call = Call(key, self.keys.of(key), loader, ttl_s, jitter, stale_ttl_s, metrics)
+            return self._uncached(call.loader)
         return self._coalesce(call, None, partial(self.rebuilder.degraded, call))
 
     def _slow_path(self, call: Call, entry: Entry | None, early_refresh: float) -> CacheResult:

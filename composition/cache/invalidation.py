@@ -10,6 +10,7 @@ once. Applying an invalidation twice is harmless, so writer and replayer need no
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -30,6 +31,9 @@ __all__ = ["REDIS_ERRORS", "Invalidations", "KeySpace"]  # the first and last ke
 log = structlog.get_logger("composition.cache")
 
 _REPLAY_ERRORS: tuple[type[BaseException], ...] = (*REDIS_ERRORS, DatabaseError)
+
+# How often a read of a key this process could not invalidate tries the replay itself.
+CATCH_UP_INTERVAL_S = 0.5
 
 KIND_KEY = "key"
 KIND_NAMESPACE = "namespace"
@@ -79,6 +83,12 @@ class Invalidations(ReplaysPending):
         # Told (kind, target) of every invalidation applied in Redis by this process.
         self.on_applied = on_applied
         self._replayed_databases: list[str] | None = None
+        # What this process could not apply right after COMMIT: its reads of those keys go to the
+        # database (storing nothing) until a replay applies them, which such a read tries first
+        # (at most every CATCH_UP_INTERVAL_S). Its own write is never served stale to it.
+        self._unapplied: set[tuple[str, str]] = set()
+        self._unapplied_lock = threading.Lock()
+        self._catch_up_after = 0.0
         # By thread ident, the databases on which that thread queued a batch and may not have
         # ended the transaction yet (a connection belongs to one thread): the other threads,
         # nearly every read, skip the look at their connections.
@@ -164,7 +174,7 @@ class Invalidations(ReplaysPending):
         if not count:
             return  # the only INSERT failed; there is nothing to apply
         if not self.breaker.allow():
-            self._left_for_replay(count, "circuit open")
+            self._left_for_replay(batch.targets, "circuit open")
             return
         try:
             if count == 1:  # the usual case: one command, no pipeline to build
@@ -176,7 +186,7 @@ class Invalidations(ReplaysPending):
                 pipe.execute()
         except REDIS_ERRORS as exc:
             self.breaker.record_failure()
-            self._left_for_replay(count, str(exc))
+            self._left_for_replay(batch.targets, str(exc))
             return
         self.breaker.record_success()
         CACHE_INVALIDATIONS.labels("applied").inc(count)
@@ -188,14 +198,47 @@ class Invalidations(ReplaysPending):
                         alias=self.alias, count=len(batch.row_ids), error=str(exc))
 
     def _applied(self, items: Iterable[tuple[str, str]]) -> None:
+        items = list(items)
+        if self._unapplied:
+            with self._unapplied_lock:
+                self._unapplied.difference_update(items)
         if self.on_applied is not None:
             for kind, target in items:
                 self.on_applied(kind, target)
 
-    def _left_for_replay(self, count: int, reason: str) -> None:
-        CACHE_INVALIDATIONS.labels("deferred").inc(count)
-        log.warning("cache invalidation deferred until redis is back", alias=self.alias, count=count,
+    def _left_for_replay(self, items: Iterable[tuple[str, str]], reason: str) -> None:
+        items = list(items)
+        with self._unapplied_lock:
+            self._unapplied.update(items)
+        CACHE_INVALIDATIONS.labels("deferred").inc(len(items))
+        log.warning("cache invalidation deferred until redis is back", alias=self.alias, count=len(items),
                     reason=reason)
+
+    def unapplied(self, key: str) -> bool:
+        """Whether this process recorded an invalidation of ``key`` (or its namespace) that it
+        could not apply and no replay has applied since."""
+        if not self._unapplied:  # the usual case, on every read: one look
+            return False
+        return (KIND_KEY, key) in self._unapplied or (KIND_NAMESPACE, namespace_of(key)) in self._unapplied
+
+    def catch_up(self) -> None:
+        """Replay the pending invalidations now, at most every ``CATCH_UP_INTERVAL_S`` and only
+        while the breaker lets calls through; never raises. What this process had left unapplied
+        before the replay began is applied once it succeeds: by it, or by a replayer before it
+        (a row is deleted only once applied)."""
+        now = time.monotonic()
+        if now < self._catch_up_after or not self.breaker.allow():
+            return
+        self._catch_up_after = now + CATCH_UP_INTERVAL_S
+        with self._unapplied_lock:
+            before = set(self._unapplied)
+        try:
+            self.replay_pending()
+        except _REPLAY_ERRORS as exc:
+            log.warning("deferred cache invalidations still not applied", alias=self.alias, error=str(exc))
+            return
+        with self._unapplied_lock:
+            self._unapplied.difference_update(before)
 
     def _forget(self, row_ids: list[int], db_alias: str) -> None:
         """Delete applied rows, skipping any a replayer holds (it is applying them, and deletes
@@ -256,4 +299,4 @@ class Invalidations(ReplaysPending):
             log.error("cache invalidation lost: redis and the database both failed", alias=self.alias,
                       kind=kind, target=target, error=str(exc))
             return
-        self._left_for_replay(1, "redis unreachable")
+        self._left_for_replay([(kind, target)], "redis unreachable")

@@ -300,3 +300,29 @@ def test_the_epoch_key_lost_on_the_same_server_comes_back_and_clients_refused_in
             installs += installed
         assert installs == 0, f"{installs} new epochs in 10 checks"
         assert cache_aside_result(key, lambda: "v3", ttl_s=300).outcome == "hit"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_process_whose_invalidation_failed_after_commit_never_serves_its_own_write_stale(
+        throwaway_redis_server: ThrowawayRedis) -> None:
+    # One Redis timeout right after COMMIT left the row for the periodic replay (runworkers, every
+    # CACHE_REPLAY_INTERVAL_S), and the breaker closed: until then, this very process kept
+    # serving the value its own committed write had replaced.
+    key = f"{unique('blip')}:1"
+    LockFence.objects.create(resource=key, fence=1)
+
+    def load() -> int:
+        return LockFence.objects.get(resource=key).fence
+
+    with cache_at(throwaway_redis_server.url):
+        assert cache_aside_result(key, load, ttl_s=300) == (1, "loaded")
+        with transaction.atomic():
+            transaction.on_commit(throwaway_redis_server.freeze)  # runs before the invalidation's
+            LockFence.objects.filter(resource=key).update(fence=2)
+            invalidate(key)
+            transaction.on_commit(throwaway_redis_server.thaw)  # and this one after it
+        assert PendingInvalidation.objects.filter(target=key).exists(), "the apply did not fail"
+        assert not get_cache_aside().breaker.is_open
+        assert cache_aside_result(key, load, ttl_s=300) == (2, "loaded"), "its own write served stale"
+        assert not PendingInvalidation.objects.filter(target=key).exists()  # the read replayed it first
+        assert cache_aside_result(key, load, ttl_s=300) == (2, "hit")
