@@ -249,7 +249,8 @@ RETENTION_PRUNED_TOTAL = Counter("composition_retention_pruned_total",
 # cluster, not the process that read them: every runworkers process samples the same numbers, so
 # the merge keeps the most recent of the living processes.
 __all__ += [
-    "BROKER_MESSAGES", "BROKER_OLDEST_MESSAGE_AGE_SECONDS", "CACHE_OPERATION_SECONDS", "DB_CONNECTIONS_IN_USE",
+    "BROKER_MESSAGES", "BROKER_OLDEST_MESSAGE_AGE_SECONDS", "CACHE_INVALIDATIONS_PENDING",
+    "CACHE_INVALIDATION_OLDEST_PENDING_AGE_SECONDS", "CACHE_OPERATION_SECONDS", "DB_CONNECTIONS_IN_USE",
     "DB_CONNECTIONS_MAX", "DB_CONNECTION_BUDGET", "DB_DEADLOCKS_DETECTED", "DB_SLOW_QUERIES_TOTAL",
     "DEAD_LETTERS_OPEN", "LOCK_LOST_TOTAL", "LOCK_TIMEOUTS_TOTAL",
 ]
@@ -294,6 +295,14 @@ BROKER_OLDEST_MESSAGE_AGE_SECONDS = Gauge(
     "How long the oldest ready message of a queue has been waiting (since it was created, or its "
     "eta); 0 when none. Redis broker only. Sampled by runworkers.", ["queue"],
     multiprocess_mode="livemostrecent")
+CACHE_INVALIDATIONS_PENDING = Gauge(
+    "composition_cache_invalidations_pending",
+    "Cache invalidations recorded and not yet applied in Redis, by cache alias (sampled by runworkers).",
+    ["alias"], multiprocess_mode="livemostrecent")
+CACHE_INVALIDATION_OLDEST_PENDING_AGE_SECONDS = Gauge(
+    "composition_cache_invalidation_oldest_pending_age_seconds",
+    "How long the oldest pending cache invalidation has waited, by cache alias; 0 when none "
+    "(sampled by runworkers).", ["alias"], multiprocess_mode="livemostrecent")
 DEAD_LETTERS_OPEN = Gauge(
     "composition_dead_letters_open",
     "Dead letters neither replayed nor discarded, by actor (sampled by runworkers).", ["actor"],

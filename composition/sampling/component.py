@@ -12,11 +12,14 @@ from django.db import DEFAULT_DB_ALIAS, close_old_connections
 from dramatiq.broker import Broker
 from prometheus_client import Gauge
 
+from composition.conf import conf
 from composition.errors import described
 from composition.lifecycle.periodic import PeriodicComponent
 from composition.metrics import (
     BROKER_MESSAGES,
     BROKER_OLDEST_MESSAGE_AGE_SECONDS,
+    CACHE_INVALIDATION_OLDEST_PENDING_AGE_SECONDS,
+    CACHE_INVALIDATIONS_PENDING,
     DB_CONNECTION_BUDGET,
     DB_CONNECTIONS_IN_USE,
     DB_CONNECTIONS_MAX,
@@ -27,6 +30,7 @@ from composition.metrics import (
     QUEUE_DEPTH,
 )
 from composition.sampling.database import DatabaseSample, sample_database
+from composition.sampling.invalidations import PendingInvalidations, sample_pending_invalidations
 from composition.sampling.limits import LimitSample, sample_limits
 from composition.sampling.queues import QueueSample, open_dead_letters_by_actor, sample_queues
 
@@ -42,13 +46,15 @@ class Sample:
     database: DatabaseSample | None = None
     queues: list[QueueSample] | None = None
     dead_letters: dict[str, int] | None = None
+    invalidations: dict[str, PendingInvalidations] | None = None
     limits: list[LimitSample] | None = None
     errors: dict[str, str] = field(default_factory=dict)
 
 
 class MetricsSamplerComponent(PeriodicComponent):
-    """Samples the database, the queues, the dead letters and the job limits at start and then every
-    ``interval_s`` (default ``METRICS_SAMPLE_INTERVAL_S``) on a thread that holds one database
+    """Samples the database, the queues, the dead letters, the pending cache invalidations and the
+    job limits at start and then every ``interval_s`` (default ``METRICS_SAMPLE_INTERVAL_S``) on
+    a thread that holds one database
     connection, and sets the gauges. ``connection_budget`` is this process's share of the
     ``manage.py system`` budget (``composition.db.budget.connections_per_process``), exported as is.
 
@@ -94,6 +100,10 @@ class MetricsSamplerComponent(PeriodicComponent):
         except Exception as exc:
             sample.errors["dead_letters"] = described(exc)
         try:
+            sample.invalidations = sample_pending_invalidations(self.alias)
+        except Exception as exc:
+            sample.errors["invalidations"] = described(exc)
+        try:
             sample.queues = sample_queues(self.broker)  # broker errors are per queue, in the sample
         except Exception as exc:
             sample.errors["queues"] = described(exc)
@@ -117,6 +127,12 @@ class MetricsSamplerComponent(PeriodicComponent):
             DB_DEADLOCKS_DETECTED.set(sample.database.deadlocks)
         if sample.dead_letters is not None:
             self._set_all(DEAD_LETTERS_OPEN, {(actor,): count for actor, count in sample.dead_letters.items()})
+        if sample.invalidations is not None:
+            # The configured cache is always reported, at 0 when nothing waits.
+            waiting = {conf.CACHE_ALIAS: PendingInvalidations(0, 0.0), **sample.invalidations}
+            self._set_all(CACHE_INVALIDATIONS_PENDING, {(cache,): pending.rows for cache, pending in waiting.items()})
+            self._set_all(CACHE_INVALIDATION_OLDEST_PENDING_AGE_SECONDS,
+                          {(cache,): pending.oldest_age_s for cache, pending in waiting.items()})
         for limit in sample.limits or ():
             if limit.limits.concurrency is not None:
                 JOB_LIMIT.labels(limit.actor, "concurrency").set(limit.limits.concurrency)

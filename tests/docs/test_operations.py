@@ -195,7 +195,8 @@ def test_every_dashboard_panel_queries_catalogued_metrics(tmp_path: Path) -> Non
 
 # -- the runbooks -------------------------------------------------------------------------------
 RUNBOOKS = ("Queue piling up", "Pausing a queue", "A queue held by a limit", "Too many dead letters",
-            "Low cache hit rate", "Lock time-outs", "Database out of connections", "Schedule not firing")
+            "Low cache hit rate", "Stale cache after a write", "Lock time-outs", "Database out of connections",
+            "Schedule not firing")
 PARTS = ("**Symptom.**", "**Alert and metric.**", "**Command.**", "**Admin screen.**", "**Fix.**")
 
 

@@ -114,3 +114,30 @@ def test_the_oldest_ready_message_age_counts_from_its_creation_or_its_eta(age_qu
 
 
 # -- alert rules ------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_pending_cache_invalidations_are_counted_with_the_age_of_the_oldest() -> None:
+    # Nothing showed an invalidation waiting for the replay: the window in which other processes
+    # may serve the value its write replaced.
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from composition.cache.models import PendingInvalidation
+
+    sampler = MetricsSamplerComponent(configured_broker(), connection_budget=9)
+    sampler.sample()
+    assert REGISTRY.get_sample_value("composition_cache_invalidations_pending", {"alias": "default"}) == 0
+    now = timezone.now()
+    for target in ("sampled:1", "sampled:2"):
+        PendingInvalidation.objects.create(alias="default", kind="key", target=target)
+    PendingInvalidation.objects.filter(target="sampled:1").update(created_at=now - timedelta(seconds=90))
+    sampler.sample()
+    assert REGISTRY.get_sample_value("composition_cache_invalidations_pending", {"alias": "default"}) == 2
+    age = REGISTRY.get_sample_value("composition_cache_invalidation_oldest_pending_age_seconds", {"alias": "default"})
+    assert age is not None and 89 <= age < 120
+    PendingInvalidation.objects.all().delete()
+    sampler.sample()
+    assert REGISTRY.get_sample_value("composition_cache_invalidation_oldest_pending_age_seconds",
+                                     {"alias": "default"}) == 0
