@@ -3,8 +3,8 @@
 A ``System`` starts its components one by one; if one fails, those started are stopped in reverse
 and one ``SystemStartError`` names it. ``stop()`` runs in reverse, bounds each component by a
 timeout, carries on past failures and returns a report. ``run()`` adds signals: the first SIGTERM
-or SIGINT drains, then stops; a second exits at once, unless it is a SIGTERM within
-``SAME_STOP_REQUEST_S`` of the first (the same request seen twice).
+or SIGINT drains, then stops; a second SIGINT (Ctrl-C again) exits at once, while another SIGTERM
+is the same stop request seen again (see ``_on_signal``).
 """
 
 from __future__ import annotations
@@ -25,20 +25,21 @@ from composition.lifecycle.ordering import order_components
 from composition.lifecycle.stopping import StopResult, call_with_timeout, stop_with_timeout
 from composition.metrics import COMPONENT_START_SECONDS, COMPONENT_STOP_SECONDS
 
-__all__ = ["FORCED_EXIT_CODE", "MIN_STOP_BUDGET_S", "SAME_STOP_REQUEST_S", "System"]
+__all__ = ["FORCED_EXIT_CODE", "MIN_STOP_SLICE_S", "OVERRUN_S", "System"]
 
 # The logger name predates the package; operators' log filters (and the tests) select on it.
 log = structlog.get_logger("composition.system")
 
 # Exit code of a second, forcing signal: the conventional 128 + SIGINT.
 FORCED_EXIT_CODE = 130
-# A SIGTERM this soon after the first is the same stop request, not an operator insisting:
-# systemd's KillMode=control-group signals every process of the service, so a runworkers child
-# gets it from systemd and again from its supervisor; taken as "exit at once", it dropped its jobs.
-SAME_STOP_REQUEST_S = 1.0
-# A component stop always gets at least this long, even when draining used up the deadline,
-# so that the database and logs are still closed properly.
-MIN_STOP_BUDGET_S = 1.0
+# How far past the deadline the stops of the components left may run, all of them together: a
+# component stuck in a call to a dependency that hangs (a blackholed database) is abandoned, and
+# the rest still close their connections and flush their logs, each given at least
+# MIN_STOP_SLICE_S (as is a drain hook reached past the deadline). One stuck component after
+# another each took a whole second, so a stop with the database away overran an 8 s timeout by
+# 5 s, into the container's SIGKILL.
+OVERRUN_S = 2.0
+MIN_STOP_SLICE_S = 0.1
 
 
 @dataclass
@@ -57,7 +58,6 @@ class System:
     on_draining: Callable[[], None] | None = None
     started: list[Component] = field(default_factory=list, init=False)
     _stop_event: threading.Event = field(default_factory=threading.Event, init=False)
-    _signals_seen: int = field(default=0, init=False)
     _first_signal: tuple[int, float] | None = field(default=None, init=False)
     _stopping: bool = field(default=False, init=False)
     _starting: Component | None = field(default=None, init=False)
@@ -91,7 +91,10 @@ class System:
             try:
                 component.start()
             except BaseException as exc:
-                if self._stop_event.is_set() and isinstance(exc, Exception):
+                if self._stop_event.is_set() and isinstance(exc, Exception) \
+                        and getattr(component, "cancel_start", None) is not None:
+                    # Told to give up (cancel_start): that is the stop, not a failure. Any other
+                    # component failed on its own, stop or no stop, and is reported as failed.
                     log.info("start-up cancelled by a stop request", component=component.name,
                              error=described(exc))
                     return
@@ -121,7 +124,7 @@ class System:
                 method = getattr(component, hook, None)
                 if method is None:
                     continue
-                budget = max(MIN_STOP_BUDGET_S, deadline - time.monotonic())
+                budget = max(MIN_STOP_SLICE_S, deadline - time.monotonic())
                 call = (lambda m=method: m(deadline)) if hook == "drain" else method
                 result = call_with_timeout(f"{component.name} (drain)", call, budget)
                 if result.status != "stopped":
@@ -142,10 +145,11 @@ class System:
 
     def _stop_started(self, deadline: float) -> list[StopResult]:
         report = []
+        overrun_deadline = deadline + OVERRUN_S
         while self.started:
             component = self.started.pop()
             own = getattr(component, "stop_timeout_s", None) or self.stop_timeout_s
-            budget = max(MIN_STOP_BUDGET_S, min(own, deadline - time.monotonic()))
+            budget = max(MIN_STOP_SLICE_S, min(own, overrun_deadline - time.monotonic()))
             result = stop_with_timeout(component, budget)
             report.append(result)
             COMPONENT_STOP_SECONDS.labels(component.name, result.status).observe(result.duration_s)
@@ -167,8 +171,9 @@ class System:
         previous = self._install_signals() if install_signals else {}
         try:
             self.start()
-            if on_started is not None:
-                on_started()
+            if on_started is not None and len(self.started) == len(self.components) \
+                    and not self._stop_event.is_set():
+                on_started()  # not after a start a stop cut short: nothing announced is up
             failed = None
             while not self._stop_event.wait(0.2):
                 failed = self._first_failed()
@@ -203,17 +208,19 @@ class System:
         return previous
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        now = time.monotonic()
-        first = self._first_signal
-        if first is not None and signum == first[0] == signal.SIGTERM and now - first[1] < SAME_STOP_REQUEST_S:
-            os.write(2, b"SIGTERM again within a second: the same stop request, still draining\n")
-            return
-        self._signals_seen += 1
-        if self._signals_seen > 1:
-            # The operator asked twice: do not wait for anything any more.
+        if self._first_signal is not None:
+            if signum == signal.SIGTERM:
+                # A supervisor's, not an operator insisting: systemd's KillMode=control-group
+                # signals every process of the service, and a runworkers child under ./run gets
+                # it again from its supervisor once the web's draining window ends, seconds later.
+                # Taken as "exit at once", it dropped the jobs it was finishing.
+                os.write(2, b"SIGTERM again: the same stop request, still draining "
+                            b"(a second Ctrl-C or SIGINT exits at once)\n")
+                return
+            # The operator pressed Ctrl-C again: do not wait for anything any more.
             os.write(2, b"second signal: exiting at once\n")
             os._exit(FORCED_EXIT_CODE)
-        self._first_signal = (signum, now)
+        self._first_signal = (signum, time.monotonic())
         log.info("signal received, draining", signal=signal.Signals(signum).name)
         self._stop_event.set()
         starting = self._starting
