@@ -30,7 +30,9 @@ def readyz(request: HttpRequest) -> JsonResponse:
     if failing:
         log.warning("readiness check failing", failing=failing, ok=report.ok)
     response = JsonResponse(report.as_dict(public=True), status=200 if report.ok else 503)
-    return already_logged(response) if failing else response
+    # A 503 is never Django's "Service Unavailable" ERROR line: a failing check is logged above,
+    # and a drain once when it begins, not at every probe of it.
+    return response if report.ok else already_logged(response)
 
 
 @never_cache

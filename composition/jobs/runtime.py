@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 import structlog
 from dramatiq import Worker
@@ -84,6 +84,8 @@ def _join(threads: Iterable[threading.Thread], deadline: float) -> None:
 
 def drain_worker(worker: Worker, deadline: float) -> int:
     """Finish or hand back everything ``worker`` holds; returns how many messages were requeued.
+    Raises RuntimeError, once the rest is handed back, when a job is still running after its
+    interrupt (its message is kept back: see the comment below).
 
     ``stop_intake`` must have been called (it is, again, harmlessly).
     """
@@ -102,17 +104,28 @@ def drain_worker(worker: Worker, deadline: float) -> int:
         if thread.ident in running:
             _interrupt(thread.ident, running[thread.ident])
     _join(busy, max(deadline, time.monotonic() + MIN_UNWIND_S))
+    # A job the interrupt did not end (it catches BaseException, or sits in C code) is still
+    # running: handed back now, another worker would run its message beside it. It stays with
+    # this process and comes back through the broker's recovery once the process is gone.
+    running = registry.in_flight() if registry is not None else {}
+    still_running = [running[thread.ident] for thread in busy if thread.is_alive() and thread.ident in running]
     consumers_deadline = time.monotonic() + CONSUMER_JOIN_S
     _join(worker.consumers.values(), consumers_deadline)
     ending = _ending_waits.pop(worker, None)
     if ending is not None:
         _join([ending], consumers_deadline)
-    requeued = requeue_unacked(broker)
+    requeued = requeue_unacked(broker, keep={job.redis_message_id for job in still_running if job.redis_message_id})
     for consumer in worker.consumers.values():
         consumer.close()
     broker.emit_after("worker_shutdown", worker)
     if requeued:
         log.info("unfinished messages handed back to the broker", count=requeued)
+    if still_running:
+        for job in still_running:
+            log.error("job still running after the drain interrupted it; its message is not handed back while "
+                      "it runs, and returns through the broker's recovery once this process is gone",
+                      job_id=job.job_id, actor=job.actor)
+        raise RuntimeError(f"{len(still_running)} job(s) still running after the drain")
     return requeued
 
 
@@ -123,19 +136,20 @@ def _interrupt(thread_id: int, job: InFlight) -> None:
     if interrupt_running_job(thread_id, Shutdown):
         log.warning("job still running at the deadline, interrupting", job_id=job.job_id, actor=job.actor)
     else:
-        log.info("job past its body at the deadline (retry or dead-letter bookkeeping); not interrupted",
-                 job_id=job.job_id, actor=job.actor)
+        log.info("job not interrupted at the deadline: past its body (retry or dead-letter bookkeeping), or its "
+                 "time limit's interrupt already raised and not yet unwound", job_id=job.job_id, actor=job.actor)
 
 
-def requeue_unacked(broker: RedisBroker) -> int:
+def requeue_unacked(broker: RedisBroker, *, keep: Collection[str] = ()) -> int:
     """Move every message this broker instance fetched and has not acknowledged back to its
-    queue; returns how many. Safe against late acknowledgements: acking a requeued message is a
-    no-op for the Redis broker."""
+    queue, but those whose Redis ids are in ``keep``; returns how many. Safe against late
+    acknowledgements: acking a requeued message is a no-op for the Redis broker."""
     queues = set(broker.get_declared_queues()) | set(broker.delay_queues)
     total = 0
     for queue_name in sorted(queues):
         key = acks_key(broker.namespace, broker.broker_id, queue_name)
-        ids = [raw.decode() if isinstance(raw, bytes) else raw for raw in broker.client.smembers(key)]
+        ids = [message_id for raw in broker.client.smembers(key)
+               if (message_id := raw.decode() if isinstance(raw, bytes) else raw) not in keep]
         for start in range(0, len(ids), REQUEUE_BATCH):
             batch = ids[start:start + REQUEUE_BATCH]
             broker.do_requeue(queue_name, *batch)

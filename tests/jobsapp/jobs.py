@@ -92,6 +92,19 @@ def slow(key: str, hold_s: float, gate: str = "") -> None:
         Effect.objects.create(key=key)
 
 
+@job(queue=SLOW_QUEUE, max_attempts=3, timeout_s=300)
+def stubborn(key: str, hold_s: float) -> None:
+    """Runs ``hold_s`` seconds whatever is raised into it (a job that catches BaseException):
+    the drain's interrupt does not end it."""
+    _record_attempt(key)
+    deadline = time.monotonic() + hold_s
+    while time.monotonic() < deadline:
+        try:
+            time.sleep(0.02)
+        except BaseException:  # what such a job does
+            pass
+
+
 @job(queue=NOOP_QUEUE, max_attempts=1)
 def noop() -> None:
     """The benchmark's job: nothing but the machinery around it."""

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from composition.broker.configured import configured_broker
 from composition.health import checks as health
 from composition.testing import wait_until
 from tests.jobsapp import jobs
@@ -92,3 +93,19 @@ def test_sigterm_drains_in_time_and_loses_no_job(worker_processes, tmp_path: Pat
     for key in ("long-1", "long-2"):
         assert list(Attempt.objects.filter(key=key).values_list("attempt", flat=True)) == [1, 1]
     assert restarted.terminate() == 0
+
+
+def test_a_job_the_interrupt_does_not_end_keeps_its_message_and_the_drain_says_so(worker_processes) -> None:
+    # Its message was handed back while it still ran: a second worker started it beside it.
+    worker = worker_processes.spawn(["--threads", "1", "--queues", jobs.SLOW_QUEUE, "--shutdown-timeout", "2"])
+    jobs.stubborn.send(key="stubborn", hold_s=60)
+    wait_until(lambda: Attempt.objects.filter(key="stubborn").exists(), timeout_s=30,
+               message=f"the job did not start; log:\n{worker.output()[-3000:]}")
+    worker.signal(signal.SIGTERM)
+    assert worker.process is not None
+    code = worker.process.wait(2 + EXIT_MARGIN_S + 3)
+    broker = configured_broker()
+    namespace = broker.namespace  # type: ignore[attr-defined]
+    assert broker.client.llen(f"{namespace}:{jobs.SLOW_QUEUE}") == 0, "handed back while it ran"  # type: ignore[attr-defined]
+    assert code == 1, "a drain that left a job running reported clean"
+    assert "still running after the drain" in worker.output()

@@ -38,6 +38,8 @@ class InFlight:
     started_at: float  # Unix time, for other processes (the heartbeat)
     started_monotonic: float
     time_limit_s: float | None
+    # The Redis broker's id of the message (its acks set holds these); None on RabbitMQ.
+    redis_message_id: str | None = None
 
 
 class InFlightRegistry(Middleware):
@@ -86,7 +88,8 @@ class InFlightRegistry(Middleware):
         except Exception:  # an unknown actor fails later, in the worker, where Dramatiq reports it
             pass
         job = InFlight(message.message_id, actor_name, attempt_of(message), time.time(),
-                       time.monotonic(), time_limit_ms / 1000 if time_limit_ms else None)
+                       time.monotonic(), time_limit_ms / 1000 if time_limit_ms else None,
+                       message.options.get("redis_message_id"))
         with self._lock:
             self._in_flight[threading.get_ident()] = job
         self._in_progress(actor_name).inc()
