@@ -6,6 +6,7 @@ from __future__ import annotations
 from os import PathLike
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
@@ -130,6 +131,7 @@ def check_cache_settings(app_configs: Any = None, **_: Any) -> list[CheckMessage
         messages.append(Error(str(exc), id="composition.E042"))
     cache = getattr(settings, "CACHES", {}).get(merged["CACHE_ALIAS"], {})
     options = cache.get("OPTIONS") or {}
+    messages += _unusable_redis_location(merged["CACHE_ALIAS"], cache)
     if "django_redis" in str(cache.get("BACKEND", "")) and not (
             options.get("SOCKET_TIMEOUT") and options.get("SOCKET_CONNECT_TIMEOUT")):
         messages.append(Warning(
@@ -138,6 +140,21 @@ def check_cache_settings(app_configs: Any = None, **_: Any) -> list[CheckMessage
             hint="Set both to a fraction of a second (the example project uses 0.25).",
             id="composition.W041"))
     return messages
+
+
+def _unusable_redis_location(alias: str, cache: dict[str, Any]) -> list[CheckMessage]:
+    """E043 for a django-redis cache whose LOCATION is no Redis URL: taken for an outage, the
+    worker started its jobs and then failed its start on the heartbeat, naming neither."""
+    if "django_redis" not in str(cache.get("BACKEND", "")):
+        return []
+    location = cache.get("LOCATION")
+    for url in location if isinstance(location, list | tuple) else [location]:
+        try:
+            redis.ConnectionPool.from_url(str(url))  # parses only: no connection is made
+        except Exception as exc:
+            return [Error(f"CACHES[{alias!r}]['LOCATION'] is not a usable Redis URL ({url!r}): {exc}",
+                          id="composition.E043")]
+    return []
 
 
 @register("composition")

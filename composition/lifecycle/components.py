@@ -18,6 +18,7 @@ from dramatiq.broker import Broker
 from prometheus_client import multiprocess
 
 from composition.db.timeouts import close_all_connections
+from composition.errors import REDIS_ERRORS
 from composition.health import probes
 from composition.logging import configure_structlog
 from composition.prometheus.archive import archive_dead_processes
@@ -106,10 +107,12 @@ class CacheComponent:
     def start(self) -> None:
         try:
             probes.probe_cache(2.0)
-        except Exception as exc:
+        except REDIS_ERRORS as exc:
             if self.required:
                 raise
             # The database is the source of truth: a cache outage degrades, it does not stop us.
+            # Anything else (a LOCATION that is no URL) is a mistake and fails the start here,
+            # before any job runs.
             log.warning("cache unreachable at start, continuing degraded", error=str(exc))
 
     def stop(self, timeout_s: float) -> None:

@@ -23,7 +23,7 @@ from composition.cache import (
     invalidate_namespace,
 )
 from composition.conf import conf
-from composition.testing import metric_value
+from composition.testing import free_port, metric_value
 from tests.helpers import unique
 
 
@@ -321,6 +321,26 @@ def test_cache_without_socket_timeouts_is_a_warning() -> None:
     with override_settings(CACHES=caches):
         assert "composition.W041" in {message.id for message in run_checks()}
     assert "composition.W041" not in {message.id for message in run_checks()}
+
+
+def test_a_cache_location_that_is_no_redis_url_is_a_check_error_and_fails_the_start() -> None:
+    # Taken for an outage ("continuing degraded"), the worker started its jobs and then failed
+    # its start on the heartbeat, with an error that named neither the cache nor the setting.
+    from django.conf import settings
+    from django.core.checks import run_checks
+
+    from composition.lifecycle.components import CacheComponent
+
+    caches = {"default": {**settings.CACHES["default"], "LOCATION": "redis://127.0.0.1:abc/9"}}
+    with override_settings(CACHES=caches):
+        [error] = [message for message in run_checks() if message.id == "composition.E043"]
+        assert "CACHES['default']['LOCATION']" in error.msg and "abc" in error.msg
+        with pytest.raises(ValueError, match="abc"):
+            CacheComponent("default").start()
+    # Unreachable is still an outage to ride out, not a mistake.
+    caches = {"default": {**settings.CACHES["default"], "LOCATION": f"redis://127.0.0.1:{free_port()}/0"}}
+    with override_settings(CACHES=caches):
+        CacheComponent("default").start()
 
 
 @pytest.mark.django_db(transaction=True)
