@@ -223,11 +223,12 @@ class Invalidations(ReplaysPending):
 
     def catch_up(self) -> None:
         """Replay the pending invalidations now, at most every ``CATCH_UP_INTERVAL_S`` and only
-        while the breaker lets calls through; never raises. What this process had left unapplied
+        while the breaker is closed (otherwise its probe replays them before it closes); never
+        raises. What this process had left unapplied
         before the replay began is applied once it succeeds: by it, or by a replayer before it
         (a row is deleted only once applied)."""
         now = time.monotonic()
-        if now < self._catch_up_after or not self.breaker.allow():
+        if now < self._catch_up_after or self.breaker.state != CircuitBreaker.CLOSED:
             return
         self._catch_up_after = now + CATCH_UP_INTERVAL_S
         with self._unapplied_lock:
