@@ -1,13 +1,14 @@
 """Run the main cell's tests as shards side by side, then print each shard's output in turn.
 
 The tests wait on the processes and servers they start far more than they compute (one pytest
-keeps about a third of a core busy), so two shards take little more than half the time of one.
-Shard 0 runs the paths given with ``--first``; shard 1 every other test under ``tests``. Each
-shard has ``TEST_SHARD`` set (tests/settings.py gives it its own test database and Redis
-databases) and a temporary directory of its own (``TMPDIR``: the registry of this host's worker
-processes, and every temporary file, apart). Exits with the first failing shard's status.
+keeps about a third of a core busy), so three shards take little more than a third of the time
+of one. Each ``--shard`` gives one shard's paths (directories or files), in order; one more shard
+runs every other test under ``tests``. Shard N has ``TEST_SHARD=N`` (tests/settings.py gives it
+its own test database and Redis databases) and a temporary directory of its own (``TMPDIR``: the
+registry of this host's worker processes, and every temporary file, apart). Exits with the first
+failing shard's status.
 
-    python tools/run_shards.py --pytest .venv/bin/pytest --first "tests/a tests/b" -- -m "not soak"
+    python tools/run_shards.py --pytest .venv/bin/pytest --shard "tests/a tests/b" --shard tests/c -- -m "not soak"
 """
 
 from __future__ import annotations
@@ -35,16 +36,22 @@ def _stopped(process: subprocess.Popen[str]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pytest", required=True, help="the pytest executable")
-    parser.add_argument("--first", required=True, help="the paths of shard 0, space-separated")
-    parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: arguments for both shards")
+    parser.add_argument("--shard", action="append", required=True, dest="shards",
+                        help="the paths of one shard, space-separated (repeat for each shard but the last)")
+    parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: arguments for every shard")
     options = parser.parse_args()
-    first = options.first.split()
-    missing = [path for path in first if not (ROOT / path).exists()]
+    shards = [paths.split() for paths in options.shards]
+    listed = [path for paths in shards for path in paths]
+    missing = [path for path in listed if not (ROOT / path).exists()]
     if missing:
-        parser.error(f"--first names paths that do not exist: {missing}")
+        parser.error(f"--shard names paths that do not exist: {missing}")
+    if empty := [index for index, paths in enumerate(shards) if not paths]:
+        parser.error(f"--shard {empty[0]} names no path")  # pytest would run every test in it
+    if twice := sorted({path for path in listed if listed.count(path) > 1}):
+        parser.error(f"--shard names paths twice: {twice}")
     extra = [arg for arg in options.pytest_args if arg != "--"]
-    commands = [[options.pytest, *first, *extra],
-                [options.pytest, "tests", *(f"--ignore={path}" for path in first), *extra]]
+    commands = [*([options.pytest, *paths, *extra] for paths in shards),
+                [options.pytest, "tests", *(f"--ignore={path}" for path in listed), *extra]]
     began = time.monotonic()
     statuses: list[int] = []
     with ExitStack() as stack:

@@ -178,17 +178,18 @@ def test_fences_keep_increasing_when_a_restart_restores_an_older_counter(
 
 
 def test_a_lock_that_expired_under_its_body_is_logged_and_counted(caplog: pytest.LogCaptureFixture) -> None:
-    name = unique("rl")
-    lost = REGISTRY.get_sample_value("composition_lock_lost_total", {"kind": "redis", "name": name}) or 0.0
+    label = unique("rl")  # the metric's label: the name's namespace
+    name = f"{label}:1"
+    lost = REGISTRY.get_sample_value("composition_lock_lost_total", {"kind": "redis", "name": label}) or 0.0
     with redis_lock(name, ttl_s=0.2):
         time.sleep(0.3)
         with redis_lock(name, ttl_s=5):  # another owner took it meanwhile
             pass
-    assert REGISTRY.get_sample_value("composition_lock_lost_total", {"kind": "redis", "name": name}) == lost + 1
+    assert REGISTRY.get_sample_value("composition_lock_lost_total", {"kind": "redis", "name": label}) == lost + 1
     assert "redis lock expired before its with-block ended" in caplog.text and name in caplog.text
     with redis_lock(name, ttl_s=5) as lock:
         lock.release()  # released by its body: nothing was lost
-    assert REGISTRY.get_sample_value("composition_lock_lost_total", {"kind": "redis", "name": name}) == lost + 1
+    assert REGISTRY.get_sample_value("composition_lock_lost_total", {"kind": "redis", "name": label}) == lost + 1
 
 
 @pytest.mark.parametrize("outage", ["closed port", "frozen"])
