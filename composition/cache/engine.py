@@ -115,9 +115,11 @@ class CacheAside:
             # replaces until COMMIT, and what the loader reads here is not committed (cached, a
             # rollback left it there till its TTL). The database answers; nothing is stored.
             return self._uncached(loader)
-        if self.invalidations.unapplied(key):
+        if self.invalidations.unapplied(key) and self.breaker.state == CircuitBreaker.CLOSED:
             # This process's own invalidation of it failed after COMMIT (a Redis blip): the entry
             # may hold what the write replaced until the replay applies it, which goes first.
+            # (With the breaker open, _fetch reads nothing from Redis, and its probe, which this
+            # path would never start, replays the invalidations before it closes.)
             self.invalidations.catch_up()
             if self.invalidations.unapplied(key):
                 metrics = self._metrics_for(pattern or key_label(key))
