@@ -224,9 +224,8 @@ class Invalidations(ReplaysPending):
     def catch_up(self) -> None:
         """Replay the pending invalidations now, at most every ``CATCH_UP_INTERVAL_S`` and only
         while the breaker is closed (otherwise its probe replays them before it closes); never
-        raises. What this process had left unapplied
-        before the replay began is applied once it succeeds: by it, or by a replayer before it
-        (a row is deleted only once applied)."""
+        raises. What this process had left unapplied before the replay began is applied once it
+        succeeds: by it, or by a replayer before it (a row is deleted only once applied)."""
         now = time.monotonic()
         if now < self._catch_up_after or self.breaker.state != CircuitBreaker.CLOSED:
             return
