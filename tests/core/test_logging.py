@@ -145,7 +145,8 @@ def test_gunicorn_with_the_projects_config_writes_only_json_lines(tmp_path: Path
     port = free_port()
     errors = (tmp_path / "gunicorn.err").open("w+b")
     web = subprocess.Popen([sys.executable, "-m", "gunicorn", "project.wsgi:application", "--config",
-                            "python:project.gunicorn_conf", "--bind", f"127.0.0.1:{port}", "--workers", "1"],
+                            "python:project.gunicorn_conf", "--bind", f"127.0.0.1:{port}", "--workers", "1",
+                            "--no-control-socket"],  # not left behind in ~/.gunicorn
                            cwd=ROOT, env=subprocess_env(LOG_FORMAT="json"),
                            stdout=errors, stderr=subprocess.STDOUT, start_new_session=True)
     try:

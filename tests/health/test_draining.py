@@ -169,7 +169,8 @@ def test_the_container_entrypoint_drains_on_sigterm_before_gunicorn_stops(tmp_pa
     drain_file.write_text("left by an earlier life of the container\n")  # the entrypoint clears it
     port = free_port()
     env = _drain_env(drain_file, 3)
-    env.update(PORT=str(port), PATH=f"{Path(sys.executable).parent}:{env['PATH']}")
+    # HOME: gunicorn's control socket goes under ~/.gunicorn, which the test must not leave behind.
+    env.update(PORT=str(port), PATH=f"{Path(sys.executable).parent}:{env['PATH']}", HOME=str(tmp_path))
     base = f"http://127.0.0.1:{port}"
     process = subprocess.Popen(["sh", "docker/web-entrypoint.sh"], cwd=ROOT, env=env, start_new_session=True)
     try:
