@@ -10,7 +10,6 @@ once. Applying an invalidation twice is harmless, so writer and replayer need no
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -19,7 +18,7 @@ from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 
 from composition.breaker import CircuitBreaker
-from composition.cache.pending_replay import ReplaysPending
+from composition.cache.pending_replay import REPLAY_ERRORS, ReplaysPending
 from composition.cache.results import namespace_of
 from composition.cache.store import KeySpace
 from composition.db.transactions import on_commit_once, open_savepoints, queued_once, savepoint_outside_atomic
@@ -30,10 +29,6 @@ __all__ = ["REDIS_ERRORS", "Invalidations", "KeySpace"]  # the first and last ke
 
 log = structlog.get_logger("composition.cache")
 
-_REPLAY_ERRORS: tuple[type[BaseException], ...] = (*REDIS_ERRORS, DatabaseError)
-
-# How often a read of a key this process could not invalidate tries the replay itself.
-CATCH_UP_INTERVAL_S = 0.5
 
 KIND_KEY = "key"
 KIND_NAMESPACE = "namespace"
@@ -221,25 +216,6 @@ class Invalidations(ReplaysPending):
             return False
         return (KIND_KEY, key) in self._unapplied or (KIND_NAMESPACE, namespace_of(key)) in self._unapplied
 
-    def catch_up(self) -> None:
-        """Replay the pending invalidations now, at most every ``CATCH_UP_INTERVAL_S`` and only
-        while the breaker is closed (otherwise its probe replays them before it closes); never
-        raises. What this process had left unapplied before the replay began is applied once it
-        succeeds: by it, or by a replayer before it (a row is deleted only once applied)."""
-        now = time.monotonic()
-        if now < self._catch_up_after or self.breaker.state != CircuitBreaker.CLOSED:
-            return
-        self._catch_up_after = now + CATCH_UP_INTERVAL_S
-        with self._unapplied_lock:
-            before = set(self._unapplied)
-        try:
-            self.replay_pending()
-        except _REPLAY_ERRORS as exc:
-            log.warning("deferred cache invalidations still not applied", alias=self.alias, error=str(exc))
-            return
-        with self._unapplied_lock:
-            self._unapplied.difference_update(before)
-
     def _forget(self, row_ids: list[int], db_alias: str) -> None:
         """Delete applied rows, skipping any a replayer holds (it is applying them, and deletes
         them itself), so the writer never waits for a replayer.
@@ -281,7 +257,7 @@ class Invalidations(ReplaysPending):
             # (the probe has closed it since): applied now, not at the next periodic replay.
             try:
                 self.replay_pending()
-            except _REPLAY_ERRORS as exc:
+            except REPLAY_ERRORS as exc:
                 log.warning("deferred cache invalidation left for the replay", alias=self.alias, error=str(exc))
 
     def _apply(self, client: Any, kind: str, target: str) -> None:

@@ -1,20 +1,30 @@
 """The replay half of ``composition.cache.invalidation.Invalidations``: apply the invalidations
 recorded as pending rows (deferred during a Redis outage, or left by a process that died after
-COMMIT), on every database that may hold them, and delete the rows."""
+COMMIT), on every database that may hold them, and delete the rows; and the catch-up of a process
+whose own invalidations could not be applied (``catch_up``)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterable
 from typing import Any
 
 import structlog
 from django.db import DatabaseError, connections, router, transaction
 
+from composition.breaker import CircuitBreaker
+from composition.errors import REDIS_ERRORS
 from composition.metrics import CACHE_INVALIDATIONS
 
-__all__ = ["ReplaysPending"]
+__all__ = ["CATCH_UP_INTERVAL_S", "REPLAY_ERRORS", "ReplaysPending"]
 
 log = structlog.get_logger("composition.cache")
+
+# How often a read of a key this process could not invalidate tries the replay itself.
+CATCH_UP_INTERVAL_S = 0.5
+# What a replay raises when Redis or the database fails it.
+REPLAY_ERRORS: tuple[type[BaseException], ...] = (*REDIS_ERRORS, DatabaseError)
 
 
 class ReplaysPending:
@@ -23,13 +33,36 @@ class ReplaysPending:
     alias: str
     client: Any
     db_alias: str
+    breaker: CircuitBreaker
     _replayed_databases: list[str] | None
+    _unapplied: set[tuple[str, str]]
+    _unapplied_lock: threading.Lock
+    _catch_up_after: float
 
     def _apply(self, client: Any, kind: str, target: str) -> None:
         raise NotImplementedError
 
     def _applied(self, items: Iterable[tuple[str, str]]) -> None:
         raise NotImplementedError
+
+    def catch_up(self) -> None:
+        """Replay the pending invalidations now, at most every ``CATCH_UP_INTERVAL_S`` and only
+        while the breaker is closed (otherwise its probe replays them before it closes); never
+        raises. What this process had left unapplied before the replay began is applied once it
+        succeeds: by it, or by a replayer before it (a row is deleted only once applied)."""
+        now = time.monotonic()
+        if now < self._catch_up_after or self.breaker.state != CircuitBreaker.CLOSED:
+            return
+        self._catch_up_after = now + CATCH_UP_INTERVAL_S
+        with self._unapplied_lock:
+            before = set(self._unapplied)
+        try:
+            self.replay_pending()
+        except REPLAY_ERRORS as exc:
+            log.warning("deferred cache invalidations still not applied", alias=self.alias, error=str(exc))
+            return
+        with self._unapplied_lock:
+            self._unapplied.difference_update(before)
 
     def replay_pending(self, *, batch: int = 500) -> int:
         """Apply every recorded invalidation of this alias, oldest first, and delete its rows;
