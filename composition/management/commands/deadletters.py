@@ -93,7 +93,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         with reader_may_leave(), database_must_answer():
-            self._handle(options)
+            try:
+                self._handle(options)
+            except PermissionDenied as exc:  # the user --by names may not do it
+                raise CommandError(f"--by {options['by']}: {exc}") from None
 
     def _handle(self, options: dict[str, Any]) -> None:
         action = options["action"]
@@ -221,8 +224,6 @@ class Command(BaseCommand):
         try:
             (service.replay_many if action == "replay" else service.discard_many)(rows, user=options["user"],
                                                                                   into=result)
-        except PermissionDenied as exc:
-            raise CommandError(f"--by {options['by']}: {exc}") from None
         except (KeyboardInterrupt, DatabaseError) as exc:
             # Each letter is done in its own transaction: what was done stays done, once, and
             # the same command does the rest (the done ones are no longer dead). Counted as they
@@ -265,8 +266,6 @@ class Command(BaseCommand):
                 raise RolledBack
         except RolledBack:
             pass
-        except PermissionDenied as exc:
-            raise CommandError(f"--by {options['by']}: {exc}") from None
         except KeyboardInterrupt:
             raise CommandError("interrupted: the dry run stopped; nothing was changed", returncode=130) from None
         if options["json"]:
@@ -296,8 +295,6 @@ class Command(BaseCommand):
         as_json = options["json"]
         try:
             row = (service.replay if action == "replay" else service.discard)(pk, user=options["user"])
-        except PermissionDenied as exc:
-            raise CommandError(f"--by {options['by']}: {exc}") from None
         except DeadLetter.DoesNotExist:
             raise CommandError(f"no dead letter with id {pk}") from None
         except CompositionError as exc:
