@@ -58,7 +58,7 @@ class System:
     on_draining: Callable[[], None] | None = None
     started: list[Component] = field(default_factory=list, init=False)
     _stop_event: threading.Event = field(default_factory=threading.Event, init=False)
-    _first_signal: tuple[int, float] | None = field(default=None, init=False)
+    _signalled: bool = field(default=False, init=False)
     _stopping: bool = field(default=False, init=False)
     _starting: Component | None = field(default=None, init=False)
 
@@ -208,7 +208,7 @@ class System:
         return previous
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        if self._first_signal is not None:
+        if self._signalled:
             if signum == signal.SIGTERM:
                 # A supervisor's, not an operator insisting: systemd's KillMode=control-group
                 # signals every process of the service, and a runworkers child under ./run gets
@@ -220,7 +220,7 @@ class System:
             # The operator pressed Ctrl-C again: do not wait for anything any more.
             os.write(2, b"second signal: exiting at once\n")
             os._exit(FORCED_EXIT_CODE)
-        self._first_signal = (signum, time.monotonic())
+        self._signalled = True
         log.info("signal received, draining", signal=signal.Signals(signum).name)
         self._stop_event.set()
         starting = self._starting
