@@ -25,7 +25,7 @@ from composition.db.transactions import on_commit_once, open_savepoints, queued_
 from composition.errors import REDIS_ERRORS
 from composition.metrics import CACHE_INVALIDATIONS
 
-__all__ = ["REDIS_ERRORS", "Invalidations", "KeySpace"]  # the first and last kept here for old imports
+__all__ = ["KIND_KEY", "KIND_NAMESPACE", "Invalidations"]
 
 log = structlog.get_logger("composition.cache")
 

@@ -118,8 +118,6 @@ def worker_components(options: WorkerOptions) -> list[Component]:
         SlotRenewer(),
         # Before the worker threads too, so a running task's result stays RUNNING until its end.
         *_task_components(),
-        WorkerComponent(broker, queue_order=options.queue_order, threads=options.threads,
-                        idle_poll_ms=int(conf.WORKER_IDLE_POLL_MS)),
         RelaySweeperComponent(broker),
         # Redis only: a loss of the broker's data, reconciled from the ledger.
         *([BrokerLossReconciler(broker)] if isinstance(broker, RedisBroker) else []),
@@ -131,6 +129,10 @@ def worker_components(options: WorkerOptions) -> list[Component]:
             on_sample=HistoryRecorder(broker)),
         *([SchedulerComponent()] if options.schedules else []),
         HeartbeatComponent(float(conf.WORKER_HEARTBEAT_S), broker=broker),
+        # Last: the first job runs once everything else is up, so a component that fails to start
+        # rolls back a process that took no work; and first to stop, so all else outlives its drain.
+        WorkerComponent(broker, queue_order=options.queue_order, threads=options.threads,
+                        idle_poll_ms=int(conf.WORKER_IDLE_POLL_MS)),
     ]
 
 

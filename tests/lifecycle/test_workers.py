@@ -47,7 +47,7 @@ def _heartbeats() -> list[dict[str, object]]:
 
 def test_sigterm_drains_and_exits_zero_within_the_shutdown_timeout(worker_processes) -> None:  # type: ignore[no-untyped-def]
     process = worker_processes.spawn(["--threads", "2", "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)])
-    wait_until(lambda: "heartbeat" in _component_lines(process.output(), "component started"), 30,
+    wait_until(lambda: "workers" in _component_lines(process.output(), "component started"), 30,
                message="runworkers did not start")
     beats = _heartbeats()
     assert any(beat["worker"].endswith(f":{process.pid}") for beat in beats)
@@ -61,8 +61,8 @@ def test_sigterm_drains_and_exits_zero_within_the_shutdown_timeout(worker_proces
     started = _component_lines(output, "component started")
     stopped = _component_lines(output, "component stopped")
     assert started == ["logging", "metrics", "database", "cache", "broker", "queue-pauses", "limit-slots",
-                       "task-leases", "workers", "outbox-relay", "broker-losses", "cache-invalidation-replay",
-                       "retention", "shedding", "metrics-sampler", "scheduler", "heartbeat"]
+                       "task-leases", "outbox-relay", "broker-losses", "cache-invalidation-replay",
+                       "retention", "shedding", "metrics-sampler", "scheduler", "heartbeat", "workers"]
     assert stopped == list(reversed(started))
     # The heartbeat is withdrawn on a clean stop, so health does not count a dead worker.
     assert not any(beat["worker"].endswith(f":{process.pid}") for beat in _heartbeats())

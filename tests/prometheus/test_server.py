@@ -67,7 +67,7 @@ def test_runworkers_serves_its_job_counters_on_the_metrics_port(
     port = free_port()
     worker = worker_processes.spawn(["--threads", "2", "--queues", QUEUE, "--metrics-port", str(port)],
                                     PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
-    wait_until(lambda: "heartbeat" in _started(worker.output()), 30,
+    wait_until(lambda: "workers" in _started(worker.output()), 30,
                message=f"runworkers did not start:\n{worker.output()[-3000:]}")
     assert _started(worker.output())[:3] == ["logging", "metrics", "metrics-server"]
     for _ in range(5):
@@ -158,7 +158,7 @@ def test_a_runworkers_scrape_holds_the_families_only_runworkers_sets_and_its_sam
          "--metrics-port", str(port)],
         PROMETHEUS_MULTIPROC_DIR=str(tmp_path),
         COMPOSITION_TEST_OVERRIDES=json.dumps({"METRICS_SAMPLE_INTERVAL_S": 0.3}))  # sampled soon after the jobs
-    wait_until(lambda: "heartbeat" in _started(worker.output()), 30,
+    wait_until(lambda: "workers" in _started(worker.output()), 30,
                message=f"runworkers did not start:\n{worker.output()[-3000:]}")
     jobs.noop.send()
     jobs.overruns.send(key="catalogue-overrun", run_s=10)  # two runs of a 1 s limit, then a dead letter

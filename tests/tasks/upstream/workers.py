@@ -89,7 +89,7 @@ def wait_started(worker: WorkerProcess, timeout_s: float = RESULT_TIMEOUT_S) -> 
                 record = json.loads(line)
             except ValueError:
                 continue
-            if record.get("event") == "component started" and record.get("component") == "heartbeat":
+            if record.get("event") == "component started" and record.get("component") == "workers":
                 return True
         return False
 
