@@ -95,8 +95,9 @@ DEFAULTS: dict[str, Any] = {
     "OUTBOX_LEASE_S": 4.0,
     # Redis broker: how often runworkers looks for a loss of the broker's data (its epoch token
     # gone: a restart without persistence, a flush, a failover to an empty replica), and how far
-    # back a loss reconciles idempotent jobs from the ledger (within INBOX_RETENTION_S and
-    # DEAD_LETTER_RETENTION_S, check E023): docs/jobs.md, 'When the broker loses messages'.
+    # back a loss reconciles idempotent jobs from the ledger (within INBOX_RETENTION_S,
+    # DEAD_LETTER_RETENTION_S and OUTBOX_RETENTION_S, check E023): docs/jobs.md, 'When the broker
+    # loses messages'.
     "BROKER_LOSS_CHECK_INTERVAL_S": 5.0,
     "BROKER_LOSS_LOOKBACK_S": 86_400.0,
     # A publish delayed longer than this waits in the outbox, held until due, not in the broker

@@ -42,14 +42,23 @@ def check_outbox_settings(app_configs: Any = None, **_: Any) -> list[CheckMessag
     return messages
 
 
+# What a broker loss's look-back reads, and what goes wrong when that table is pruned sooner.
+_LOOKBACK_READS = {
+    "INBOX_RETENTION_S": "jobs whose records were pruned would run again",
+    "DEAD_LETTER_RETENTION_S": "jobs whose records were pruned would run again",
+    "OUTBOX_RETENTION_S": "jobs whose outbox rows were pruned would never be sent again",
+}
+
+
 def _lookback_beyond_retention(merged: dict[str, Any]) -> list[CheckMessage]:
-    """A broker loss's look-back must stay within what the ledger and the dead letters keep: a
-    job whose ledger row was pruned looks as if it never ran, and would run again."""
+    """A broker loss's look-back must stay within what the ledger, the dead letters and the
+    outbox keep: a job whose ledger row was pruned looks as if it never ran, and would run again;
+    a sent row that was pruned is not there to be sent again."""
     lookback_s = float(merged["BROKER_LOSS_LOOKBACK_S"])
     return [Error(f"COMPOSITION['BROKER_LOSS_LOOKBACK_S'] ({lookback_s:g} s) is longer than {key} "
-                  f"({float(merged[key]):g} s): after a broker loss, jobs whose records were pruned would run again.",
+                  f"({float(merged[key]):g} s): after a broker loss, {consequence}.",
                   hint=f"Lower BROKER_LOSS_LOOKBACK_S to {key} or less.", id="composition.E023")
-            for key in ("INBOX_RETENTION_S", "DEAD_LETTER_RETENTION_S")
+            for key, consequence in _LOOKBACK_READS.items()
             if isinstance(merged[key], int | float) and not isinstance(merged[key], bool) and lookback_s > merged[key]]
 
 

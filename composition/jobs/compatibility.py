@@ -20,7 +20,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, connections
 from dramatiq.broker import Broker
 from dramatiq.brokers.redis import RedisBroker
-from dramatiq.common import xq_name
+from dramatiq.common import q_name, xq_name
 
 from composition.broker.keys import messages_key
 from composition.db.jsonb import decoded
@@ -29,6 +29,7 @@ from composition.jobs.models import DeadLetter
 from composition.jobs.versions import message_version
 from composition.outbox.models import OutboxMessage
 from composition.outbox.publish import PAYLOAD_SCHEMA_OPTION, VERSION_HEADER, VERSIONS_OPTION
+from composition.outbox.relay_actor import RELAY_QUEUE_NAME
 
 __all__ = ["GONE", "PAYLOAD_CHECK_OPTION", "Problem", "Report", "broker_problems", "largest_first",
            "queued_problems", "reads_tables", "runnable"]
@@ -89,14 +90,21 @@ def reads_tables() -> tuple[str, ...]:
 
 
 def runnable(broker: Broker, actor_name: str, args: Sequence[Any], kwargs: Mapping[str, Any],
-             version: Any = 1) -> str | None:
+             version: Any = 1, *, queue_name: str | None = None) -> str | None:
     """Why the running code would refuse this message, or None when it would run it: the
     worker's own checks (``JobVersions.fit``, an actor's ``PAYLOAD_CHECK_OPTION``). Its job gone
     (removed, or renamed without an alias), a version no upgrade covers, a required argument
-    added, an argument removed, a value of another JSON type than its annotation."""
+    added, an argument removed, a value of another JSON type than its annotation; and, for a
+    message already on the broker (``queue_name``), its job moved to another queue."""
     actor = broker.actors.get(actor_name)
     if actor is None:
         return GONE
+    if queue_name is not None and q_name(queue_name) != actor.queue_name \
+            and q_name(queue_name) not in broker.get_declared_queues():
+        # Workers read only the queues their code declares: the old one is read by nobody.
+        return (f"waits on queue {q_name(queue_name)!r}, but the job now runs on {actor.queue_name!r} and no "
+                f"worker of this code reads {q_name(queue_name)!r}: declare it too until it is empty "
+                "(docs/deployment.md)")
     schema = actor.options.get(PAYLOAD_SCHEMA_OPTION)
     versions = actor.options.get(VERSIONS_OPTION)
     extra_check = actor.options.get(PAYLOAD_CHECK_OPTION)
@@ -123,6 +131,7 @@ def queued_problems(broker: Broker, *, alias: str = DEFAULT_DB_ALIAS) -> list[Pr
     running code cannot run, largest first: two grouped queries and one to read an example of
     each shape."""
     table = OutboxMessage._meta.db_table
+    # A pending row's queue is not checked: the relay sends it to its job's queue of the day.
     outbox = _grouped(alias, table, "actor_name", "'[]'::jsonb", "payload", "status = ANY(%s)",
                       [[OutboxMessage.Status.PENDING.value, OutboxMessage.Status.HELD.value]])
     table = DeadLetter._meta.db_table
@@ -140,24 +149,26 @@ def sent_problems(broker: Broker, since: datetime, *, alias: str = DEFAULT_DB_AL
                       # A released held row was due when it was sent.
                       "status = %s AND CASE WHEN due_at IS NULL "
                       "THEN sent_at + make_interval(secs => coalesce(delay_s, 0)) ELSE sent_at END >= %s",
-                      [OutboxMessage.Status.SENT, since])
+                      [OutboxMessage.Status.SENT, since], queue="queue_name")
     return _bound(broker, "outbox, sent (may have run)", groups,
                   _examples(alias, OutboxMessage, groups, "actor_name", None))
 
 
-# (actor, version, count, first id) per shape
-_Group = tuple[str, Any, int, int]
+# (actor, queue or None, version, count, first id) per shape
+_Group = tuple[str, str | None, Any, int, int]
 
 
 def _grouped(alias: str, table: str, actor: str, args: str, payload: str, where: str,
-             params: list[Any]) -> list[_Group]:
-    shape = (f"{actor}, {_ARRAY_SHAPE.format(column=args)}, {_OBJECT_SHAPE.format(column=payload)}, "
+             params: list[Any], *, queue: str = "NULL::text") -> list[_Group]:
+    """Groups by shape; with ``queue`` (a column: the queue the row was sent to), by queue too."""
+    shape = (f"{actor}, {queue}, {_ARRAY_SHAPE.format(column=args)}, {_OBJECT_SHAPE.format(column=payload)}, "
              f"headers -> '{VERSION_HEADER}', {_task_shape(payload)}")
-    sql = (f"SELECT {actor}, headers -> '{VERSION_HEADER}', count(*), min(id) FROM {table} "
+    sql = (f"SELECT {actor}, {queue}, headers -> '{VERSION_HEADER}', count(*), min(id) FROM {table} "
            f"WHERE {where} AND jsonb_typeof({payload}) = 'object' GROUP BY {shape}")
     with connections[alias].cursor() as cursor:
         cursor.execute(sql, params)
-        return [(name, _version(version), int(count), int(first)) for name, version, count, first in cursor]
+        return [(name, sent_to, _version(version), int(count), int(first))
+                for name, sent_to, version, count, first in cursor]
 
 
 def _version(value: Any) -> Any:
@@ -177,9 +188,9 @@ def _examples(alias: str, model: Any, groups: list[_Group], actor: str, args: st
 def _bound(broker: Broker, source: str, groups: Iterable[_Group],
            examples: Mapping[int, tuple[Any, Any]]) -> list[Problem]:
     found: dict[tuple[str, str], list[int]] = {}
-    for actor_name, version, count, first in groups:
+    for actor_name, queue_name, version, count, first in groups:
         args, kwargs = examples[first]
-        reason = runnable(broker, actor_name, args, dict(kwargs), version)
+        reason = runnable(broker, actor_name, args, dict(kwargs), version, queue_name=queue_name)
         if reason is not None:
             tally = found.setdefault((actor_name, reason), [0, first])
             tally[0] += count
@@ -221,9 +232,9 @@ def _json_type(value: Any) -> str:
     return "null" if value is None else "number"
 
 
-def _shape(actor: str, args: list[Any], kwargs: dict[str, Any], version: Any) -> tuple[Any, ...]:
+def _shape(actor: str, queue: str, args: list[Any], kwargs: dict[str, Any], version: Any) -> tuple[Any, ...]:
     """What ``_grouped`` groups by, for a message read from Redis."""
-    shape: tuple[Any, ...] = (actor, tuple(map(_json_type, args)),
+    shape: tuple[Any, ...] = (actor, queue, tuple(map(_json_type, args)),
                               tuple(sorted((key, _json_type(value)) for key, value in kwargs.items())),
                               json.dumps(version))
     task, task_args, task_kwargs = kwargs.get("task"), kwargs.get("args"), kwargs.get("kwargs")
@@ -235,12 +246,14 @@ def _shape(actor: str, args: list[Any], kwargs: dict[str, Any], version: Any) ->
 
 def _redis_messages(broker: RedisBroker) -> Iterator[tuple[str, bytes]]:
     """The id (its field in the queue's hash) and body of every message of every queue (ready and
-    delayed, the ones workers hold included), not of Dramatiq's expiring dead-letter queues."""
+    delayed, the ones workers hold included), not of Dramatiq's expiring dead-letter queues, nor
+    the outbox relay's nudges (the library's own, run by any version of it)."""
     client = broker.client
     dead_letters = messages_key(broker.namespace, xq_name("*"))
+    relay = messages_key(broker.namespace, RELAY_QUEUE_NAME + "*")
     for key in client.scan_iter(messages_key(broker.namespace, "*"), count=SCAN_BATCH):
         name = key.decode() if isinstance(key, bytes) else str(key)
-        if fnmatch.fnmatchcase(name, dead_letters):
+        if fnmatch.fnmatchcase(name, dead_letters) or fnmatch.fnmatchcase(name, relay):
             continue
         for message_id, body in client.hscan_iter(name, count=SCAN_BATCH):
             yield (message_id.decode(errors="replace") if isinstance(message_id, bytes) else str(message_id)), body
@@ -254,21 +267,22 @@ def _redis_report(broker: RedisBroker) -> Report:
         try:
             message = json.loads(body)
             actor, args, kwargs = message["actor_name"], message.get("args") or [], message.get("kwargs") or {}
+            queue = str(message["queue_name"])
             version = message_version(message.get("options") or {})
-            shape = _shape(actor, list(args), dict(kwargs), version)
+            shape = _shape(actor, queue, list(args), dict(kwargs), version)
         except (ValueError, KeyError, TypeError, AttributeError):
             shape = ("(unreadable)",)
-            actor, args, kwargs, version = "(unreadable)", [], {}, 1
+            actor, queue, args, kwargs, version = "(unreadable)", "", [], {}, 1
         group = groups.get(shape)
         if group is None:
             # The hash field is the message id, readable when the body is not.
-            groups[shape] = [1, message_id, actor, args, kwargs, version]
+            groups[shape] = [1, message_id, actor, queue, args, kwargs, version]
         else:
             group[0] += 1
     found: dict[tuple[str, str], list[Any]] = {}
-    for count, example, actor, args, kwargs, version in groups.values():
+    for count, example, actor, queue, args, kwargs, version in groups.values():
         reason = ("not a Dramatiq message" if actor == "(unreadable)"
-                  else runnable(broker, actor, list(args), dict(kwargs), version))
+                  else runnable(broker, actor, list(args), dict(kwargs), version, queue_name=queue))
         if reason is not None:
             tally = found.setdefault((actor, reason), [0, example])
             tally[0] += count

@@ -4,7 +4,8 @@ what each does and why its commit may skip the WAL flush)."""
 from __future__ import annotations
 
 __all__ = ["CLAIM_SQL", "CONFIRM_SQL", "INSERT_SQL", "INSERT_UNLESS_KEY_PENDING_SQL", "KEEP", "KEEP_CONDITION",
-           "MARK_SENT_SQL", "MARK_SENT_UNKEYED_SQL", "RELAX", "RELAX_CONDITION", "RELEASE_SQL", "RENEW_SQL"]
+           "MARK_SENT_SQL", "MARK_SENT_UNKEYED_SQL", "MOVE_SQL", "RELAX", "RELAX_CONDITION", "RELEASE_SQL",
+           "RENEW_SQL"]
 
 # "{relax}" is what turns synchronous_commit off for a statement's own implicit transaction, or
 # NULL inside a caller's transaction (whose commit it would cover); see the module doc.
@@ -142,6 +143,12 @@ WHERE t.id = ANY(%(ids)s::bigint[]) AND t.status = 'pending' AND t.claimed_by = 
 
 RELEASE_SQL = """
 UPDATE {table} t SET claimed_until = NULL, last_error = %(error)s
+FROM (SELECT {relax}) relax
+WHERE t.id = ANY(%(ids)s::bigint[]) AND t.status = 'pending' AND t.claimed_by = %(relay_id)s
+"""
+
+MOVE_SQL = """
+UPDATE {table} t SET queue_name = %(queue_name)s
 FROM (SELECT {relax}) relax
 WHERE t.id = ANY(%(ids)s::bigint[]) AND t.status = 'pending' AND t.claimed_by = %(relay_id)s
 """

@@ -30,6 +30,7 @@ from composition.outbox.claim_sql import (
     KEEP_CONDITION,
     MARK_SENT_SQL,
     MARK_SENT_UNKEYED_SQL,
+    MOVE_SQL,
     RELAX,
     RELAX_CONDITION,
     RELEASE_SQL,
@@ -38,8 +39,8 @@ from composition.outbox.claim_sql import (
 from composition.outbox.models import OutboxMessage, message_id_for
 
 __all__ = ["CLAIM_SQL", "CONFIRM_SQL", "INSERT_SQL", "INSERT_UNLESS_KEY_PENDING_SQL", "MARK_SENT_SQL",
-           "MARK_SENT_UNKEYED_SQL", "RELEASE_SQL", "RENEW_SQL", "ClaimedMessage", "Inserted", "claim", "confirm",
-           "insert", "mark_sent", "release", "renew"]
+           "MARK_SENT_UNKEYED_SQL", "MOVE_SQL", "RELEASE_SQL", "RENEW_SQL", "ClaimedMessage", "Inserted", "claim",
+           "confirm", "insert", "mark_sent", "move_to_queue", "release", "renew"]
 
 
 @dataclass(frozen=True)
@@ -186,3 +187,9 @@ def release(ids: Sequence[int], *, error: str, relay_id: str) -> None:
     """Give the rows ``ids`` that ``relay_id`` still holds back (lease dropped, ``error``
     recorded), so any relay claims them again at once."""
     _execute(RELEASE_SQL, {"ids": _id_array(ids), "error": error, "relay_id": relay_id}, returns_rows=False)
+
+
+def move_to_queue(ids: Sequence[int], queue_name: str, *, relay_id: str) -> None:
+    """Record that the rows ``ids`` that ``relay_id`` still holds go to ``queue_name``, their
+    job's queue now (a deploy moved the job since they were written)."""
+    _execute(MOVE_SQL, {"ids": _id_array(ids), "queue_name": queue_name, "relay_id": relay_id}, returns_rows=False)

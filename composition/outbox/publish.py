@@ -83,7 +83,9 @@ def publish(actor: Any, payload: Mapping[str, Any], *, key: str | None = None,
     ``PayloadTooLargeError`` (above ``OUTBOX_MAX_PAYLOAD_BYTES`` encoded),
     ``InvalidKeyError`` or ``InvalidDelayError``; all are ``PublishError``/``ValueError``.
 
-    Returns the row, as read back.
+    Returns the row as it was inserted, without reading it again: pending, even once sent (the
+    send after COMMIT, or at once outside a transaction, updates the table, not this object;
+    ``refresh_from_db()`` reads where it is).
     """
     return publish_with_headers(actor, payload, headers={}, key=key, delay_s=delay_s)
 

@@ -83,7 +83,7 @@ def publish_many(actor: Any, payloads: Iterable[Mapping[str, Any]], *, key: str 
     written. ``actor``, ``key`` and ``delay_s`` are checked even when ``payloads`` is empty; then
     nothing is written and ``[]`` is returned.
 
-    Returns the rows, as read back, in the order of ``payloads``.
+    Returns the rows as inserted (pending, as ``publish()``'s), in the order of ``payloads``.
     """
     declared = declared_actor(actor)
     key = checked_key(key)

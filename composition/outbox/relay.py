@@ -15,7 +15,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 import structlog
@@ -26,7 +26,7 @@ from composition.broker.time_limits import shielded
 from composition.conf import conf
 from composition.errors import described
 from composition.metrics import OUTBOX_RELAY_ERRORS, OUTBOX_RELAY_LAG_SECONDS, OUTBOX_RELAYED
-from composition.outbox.claims import ClaimedMessage, claim, mark_sent, release
+from composition.outbox.claims import ClaimedMessage, claim, mark_sent, move_to_queue, release
 from composition.outbox.claims import confirm as confirm_claims
 from composition.outbox.enqueue import enqueue_many
 from composition.outbox.held import release_due
@@ -188,6 +188,7 @@ class Relay:
         # The rows' leases are renewed for as long as the batch takes (composition.outbox.leases).
         ids = [message.id for message in claimed]
         with self.leases.holding(ids, lease_s=self.lease_s, since=since):
+            claimed = self._routed(claimed)
             now_s = time.time()
             try:
                 enqueue_many(self.broker, [message.to_message(now_s) for message in claimed])
@@ -208,6 +209,22 @@ class Relay:
             waited_from = message.due_at or message.created_at
             OUTBOX_RELAY_LAG_SECONDS.observe(max(0.0, enqueued_s - waited_from.timestamp()))
         return followers_waiting
+
+    def _routed(self, claimed: Sequence[ClaimedMessage]) -> Sequence[ClaimedMessage]:
+        """``claimed``, each on its job's queue as this code declares it. A deploy may have moved
+        the job since the row was written (a held row's, days ago), and workers read only the
+        queues their code declares: the old one may have no reader left. The row records it."""
+        moved: dict[str, list[int]] = {}
+        routed = []
+        for message in claimed:
+            actor = self.broker.actors.get(message.actor_name)
+            if actor is not None and actor.queue_name != message.queue_name:
+                moved.setdefault(actor.queue_name, []).append(message.id)
+                message = replace(message, queue_name=actor.queue_name)
+            routed.append(message)
+        for queue_name, ids in moved.items():
+            move_to_queue(ids, queue_name, relay_id=self.relay_id)
+        return routed
 
     # -- loops -----------------------------------------------------------------------------------
     def run_until_idle(self, *, max_s: float | None = None) -> int:

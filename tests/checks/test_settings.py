@@ -67,9 +67,11 @@ def test_a_relay_budget_close_to_its_time_limit_is_warned_about() -> None:
     assert outbox_ids() == set()
     assert outbox_ids(OUTBOX_RELAY_BUDGET_S=70, OUTBOX_RELAY_TIME_LIMIT_S=120) == {"composition.W021"}
     assert outbox_ids(OUTBOX_RELAY_BUDGET_S=0) == {"composition.E020"}
-    # A broker loss's look-back within what the ledger (7 days) and the dead letters keep.
+    # A broker loss's look-back within what the ledger (7 days), the dead letters (30) and the
+    # outbox (7) keep: it sends again the sent rows of jobs that never ran.
     assert outbox_ids(BROKER_LOSS_LOOKBACK_S=8 * 86_400) == {"composition.E023"}
-    assert outbox_ids(BROKER_LOSS_LOOKBACK_S=8 * 86_400, INBOX_RETENTION_S=None) == set()
+    assert outbox_ids(BROKER_LOSS_LOOKBACK_S=8 * 86_400, INBOX_RETENTION_S=None, OUTBOX_RETENTION_S=None) == set()
+    assert outbox_ids(OUTBOX_RETENTION_S=3600) == {"composition.E023"}
     assert outbox_ids(BROKER_LOSS_LOOKBACK_S=40 * 86_400, INBOX_RETENTION_S=None) == {"composition.E023"}
     assert outbox_ids(BROKER_LOSS_CHECK_INTERVAL_S=0) == {"composition.E020"}
 

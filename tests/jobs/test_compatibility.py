@@ -39,8 +39,10 @@ pytestmark = [pytest.mark.django_db, pytest.mark.empty_queues()]
 
 
 def _pending(actor: str, payload: dict[str, object], count: int = 1) -> list[int]:
-    rows = OutboxMessage.objects.bulk_create(OutboxMessage(actor_name=actor, queue_name=jobs.PAUSE_QUEUE,
-                                                            payload=payload) for _ in range(count))
+    declared = configured_broker().actors.get(actor)  # on its job's queue, as publish() writes it
+    queue = declared.queue_name if declared is not None else jobs.PAUSE_QUEUE
+    rows = OutboxMessage.objects.bulk_create(OutboxMessage(actor_name=actor, queue_name=queue, payload=payload)
+                                             for _ in range(count))
     return [row.pk for row in rows]
 
 
@@ -122,6 +124,33 @@ def test_the_redis_broker_s_ready_and_delayed_messages_are_read_and_bound() -> N
     assert "published at version 3, newer than this code's 1" in found[("broker", "compat_job", 1)]
     code, out = _check()
     assert code == 1 and "broker: 3 of compat_job (e.g. id " in out and "read 7 messages on the broker" in out
+
+
+def test_a_job_moved_to_another_queue_strands_its_broker_messages_and_the_relay_s_nudges_are_not_jobs() -> None:
+    from composition.outbox.relay import RELAY_ACTOR_NAME, RELAY_QUEUE_NAME
+
+    broker = configured_broker()
+    for queue in ("jobs_compat_before_the_move", RELAY_QUEUE_NAME):
+        broker.declare_queue(queue)
+    # Sent by the code of a deploy ago, when compat_job ran on another queue: no worker of this
+    # code reads that one (Dramatiq consumes declared queues only). Two ready, one delayed.
+    moved = Message(queue_name="jobs_compat_before_the_move", actor_name="compat_job", args=(),
+                    kwargs={"invoice_id": 7}, options={})
+    for delay_ms in (None, None, 60_000):
+        broker.enqueue(moved.copy(message_id=uuid.uuid4().hex), delay=delay_ms)
+    # The outbox relay's nudges wait on its queue while no worker reads it (during a deploy, or
+    # behind a keyed row): the library's own, declared lazily by the process that relays.
+    for _ in range(2):
+        broker.enqueue(Message(queue_name=RELAY_QUEUE_NAME, actor_name=RELAY_ACTOR_NAME, args=(), kwargs={},
+                               options={}, message_id=uuid.uuid4().hex))
+    done = subprocess.run([sys.executable, str(ROOT / "manage.py"), "jobs", "check-compat", "--json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings"))
+    assert done.returncode == 1, done.stderr
+    [problem] = json.loads(done.stdout)["problems"]
+    assert (problem["source"], problem["actor"], problem["count"]) == ("broker", "compat_job", 3)
+    assert problem["reason"].startswith(
+        f"waits on queue 'jobs_compat_before_the_move', but the job now runs on '{COMPAT_QUEUE}'"), problem
 
 
 def test_a_broker_message_that_is_not_json_is_reported_by_its_id() -> None:

@@ -56,6 +56,19 @@ def test_relayed_message_is_a_dramatiq_message_derived_from_the_row() -> None:
     assert row.sent_at is not None and row.sent_at >= row.created_at
 
 
+def test_a_row_written_before_its_job_moved_queue_goes_to_the_job_s_queue_now() -> None:
+    # Written by the code of a deploy ago, when the job ran on another queue: no worker of this
+    # code reads that one. A held row may come due days after such a deploy.
+    moved, stays = publish(PROBE, {"seq": 1, "key": "a"}), publish(PROBE, {"seq": 2, "key": "b"})
+    OutboxMessage.objects.filter(pk=moved.pk).update(queue_name="outboxapp_before_the_move")
+    assert Relay(configured_broker()).run_until_idle() == 2
+    assert sorted(message.kwargs["seq"] for message in enqueued(QUEUE)) == [1, 2]
+    assert enqueued("outboxapp_before_the_move") == []
+    # The row says where it went.
+    assert set(OutboxMessage.objects.filter(pk__in=[moved.pk, stays.pk]).values_list("queue_name", flat=True)) \
+        == {QUEUE}
+
+
 @pytest.mark.parametrize("key", [None, "k"], ids=["unkeyed", "keyed"])
 def test_only_the_claimant_marks_its_rows_sent(key: str | None) -> None:
     from django.utils import timezone

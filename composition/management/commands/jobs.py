@@ -13,6 +13,7 @@ from django.db.models import Min
 from django.utils import timezone
 
 from composition.broker.configured import configured_broker
+from composition.conf import conf
 from composition.errors import BROKER_FAILURES, described
 from composition.jobs.compatibility import Problem, broker_problems, largest_first, queued_problems
 from composition.management.database_errors import database_must_answer
@@ -90,6 +91,12 @@ class Command(BaseCommand):
                               f"in {took_s:.2f} s")
             return
         waiting = ", ".join(f"{name} {count}" for name, count in queue_counts.items()) or "none declared"
+        retention_s = conf.OUTBOX_RETENTION_S
+        pruned = ""
+        if retention_s is not None and float(retention_s) < horizon_s:
+            # The rows that would stand for the oldest messages are pruned: say so, not "checked".
+            pruned = (f" (but OUTBOX_RETENTION_S prunes them after {float(retention_s):.0f} s: messages sent "
+                      "before then were not seen)")
         self.stdout.write(f"RabbitMQ cannot be read without side effects: the outbox rows sent in the last "
-                          f"{horizon_s:.0f} s stood for its messages. Messages per queue: {waiting}. "
+                          f"{horizon_s:.0f} s stood for its messages{pruned}. Messages per queue: {waiting}. "
                           f"Checked in {took_s:.2f} s")
