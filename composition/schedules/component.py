@@ -7,11 +7,12 @@ what is due; the state row's lock and the tick's unique constraint make each tic
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import structlog
 from django.db import close_old_connections
 
+from composition.conf import conf
 from composition.errors import described
 from composition.lifecycle.periodic import PeriodicComponent
 from composition.metrics import SCHEDULE_NEXT_FIRE_TIMESTAMP, SCHEDULER_CLOCK_SKEW_SECONDS
@@ -55,6 +56,8 @@ class SchedulerComponent(PeriodicComponent):
         self.host_clock = host_clock
         self._wait_s = MIN_WAIT_S
         self._active: list[Schedule] | None = None
+        # (schedule, the timing it is left to) already logged: one line per hand-over, not per round.
+        self._left_to: set[tuple[str, str]] = set()
 
     def schedules(self) -> list[Schedule]:
         if self._given is not None:
@@ -79,6 +82,22 @@ class SchedulerComponent(PeriodicComponent):
             self._active = self.schedules()
         return self._active
 
+    def _leave(self, entry: Schedule, state: ScheduleState) -> None:
+        """Say once that this host leaves ``entry`` to the hosts of its new timing, and until when:
+        after a rollback no such host is left, and the schedule fires nothing until then."""
+        if state.timing_changed_at is None:
+            return
+        until = state.timing_changed_at + timedelta(seconds=float(conf.DEPLOY_WINDOW_S))
+        # When it may fire again at the latest, for ScheduleNotFiring: no gauge would outlive it.
+        SCHEDULE_NEXT_FIRE_TIMESTAMP.labels(schedule=entry.name).set(until.timestamp())
+        if (entry.name, state.timing) in self._left_to:
+            return
+        self._left_to.add((entry.name, state.timing))
+        log.warning("schedule left to the hosts of its new timing", schedule=entry.name, timing=entry.timing,
+                    new_timing=state.timing, until=until.isoformat(),
+                    hint="a deploy changed its timing; if it was rolled back, this host takes the schedule back "
+                         "then (DEPLOY_WINDOW_S), and nothing fires meanwhile")
+
     @property
     def interval_s(self) -> float:
         return self._wait_s
@@ -101,6 +120,7 @@ class SchedulerComponent(PeriodicComponent):
             state = states.get(entry.name)
             if state is not None and state.timing != entry.timing:
                 if superseded(state, entry, now):
+                    self._leave(entry, state)
                     continue  # the hosts of the deploy that changed its timing fire it
                 # Otherwise fire_due takes the new timing now, so that its first tick fires.
             elif state is not None:

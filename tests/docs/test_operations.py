@@ -91,6 +91,41 @@ def test_schedule_not_firing_fires_when_every_scheduler_stopped_and_not_while_on
     _promtool_unit_test(tmp_path, SCHEDULE_ALERT_TEST)
 
 
+# promtool's unit test of NoWorkerUp: the last worker is gone from discovery after 3 minutes
+# (its series stale): WorkerHeartbeatStale loses its series, this one fires.
+NO_WORKER_ALERT_TEST = """
+rule_files: [{rules}]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'composition_worker_heartbeat_timestamp_seconds{{instance="w1"}}'
+        values: '0+60x3 stale'
+    alert_rule_test:
+      - eval_time: 4m
+        alertname: NoWorkerUp
+        exp_alerts: []
+      - eval_time: 6m
+        alertname: NoWorkerUp
+        exp_alerts:
+          - exp_labels: {{severity: page}}
+            exp_annotations:
+              summary: "No worker is up: no job runs and no schedule fires"
+              runbook: "docs/operations.md#queue-piling-up"
+      - eval_time: 12m
+        alertname: NoWorkerUp
+        exp_alerts:
+          - exp_labels: {{severity: page}}
+            exp_annotations:
+              summary: "No worker is up: no job runs and no schedule fires"
+              runbook: "docs/operations.md#queue-piling-up"
+"""
+
+
+def test_no_worker_up_fires_when_every_worker_is_down_or_gone(tmp_path: Path) -> None:
+    _promtool_unit_test(tmp_path, NO_WORKER_ALERT_TEST)
+
+
 # promtool's unit test of the queue alerts: two queues whose oldest message has waited 10 minutes
 # and whose backlog grew by 2,000; one of them paused since the start.
 QUEUE_ALERTS_TEST = """

@@ -12,6 +12,7 @@ import pytest
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.test import override_settings
+from structlog.testing import capture_logs
 
 from composition.outbox import OutboxMessage
 from composition.pauses import Pause, pause, resume
@@ -391,12 +392,17 @@ def test_in_a_rolling_deploy_the_new_timing_fires_and_hosts_with_the_old_one_lea
         old_host.tick()
         clock.now = deploy
         new_host.tick()  # the first host with the new timing
-        while clock.now < T0 + timedelta(minutes=3, seconds=1):
-            clock.now += timedelta(seconds=1)
-            old_host.tick()  # first: it reaches the ticks the two timings share before the new host
-            new_host.tick()
+        with capture_logs() as logs:
+            while clock.now < T0 + timedelta(minutes=3, seconds=1):
+                clock.now += timedelta(seconds=1)
+                old_host.tick()  # first: it reaches the ticks the two timings share before the new host
+                new_host.tick()
         assert [tick for tick, _ in _ticks(name) if tick > deploy] \
             == [T0 + timedelta(seconds=30 * k) for k in range(1, 7)]
+        # The old host says once that it leaves the schedule, and until when: after a rollback
+        # no host of the new timing is left, and nothing fires until then.
+        [left] = [entry for entry in logs if entry["event"] == "schedule left to the hosts of its new timing"]
+        assert (left["schedule"], left["until"]) == (name, (deploy + timedelta(seconds=300)).isoformat())
         # Past the deploy window a host with the old timing takes it back (a rollback).
         clock.now = deploy + timedelta(seconds=301)
         old_host.tick()
