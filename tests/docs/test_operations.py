@@ -112,13 +112,6 @@ tests:
             exp_annotations:
               summary: "No worker is up: no job runs and no schedule fires"
               runbook: "docs/operations.md#queue-piling-up"
-      - eval_time: 12m
-        alertname: NoWorkerUp
-        exp_alerts:
-          - exp_labels: {{severity: page}}
-            exp_annotations:
-              summary: "No worker is up: no job runs and no schedule fires"
-              runbook: "docs/operations.md#queue-piling-up"
 """
 
 
