@@ -23,7 +23,7 @@ from composition.health.probes import PROBES, heartbeat_client
 from composition.lifecycle.pids import registered_workers
 from composition.metrics import HEALTH_CHECK_SECONDS, HEALTH_CHECK_UP
 
-__all__ = ["ROLES", "CheckResult", "HealthReport", "liveness", "readiness", "workers"]
+__all__ = ["DEGRADED_WAIT_S", "ROLES", "CheckResult", "HealthReport", "liveness", "readiness", "workers"]
 
 _cache_lock = threading.Lock()
 _round_lock = threading.Lock()
@@ -31,6 +31,9 @@ _round_lock = threading.Lock()
 _cached: dict[str, tuple[float, HealthReport]] = {}
 
 ROLES = ("web", "worker")
+# How long a readiness answer waits for a degraded dependency's probe at least (critical ones get
+# the whole HEALTH_DEADLINE_S): a healthy cache or broker answers in milliseconds.
+DEGRADED_WAIT_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -123,15 +126,23 @@ def _run_probes(levels: dict[str, str], deadline_s: float) -> list[CheckResult]:
         # A daemon thread: a probe that hangs (a server that accepts but never answers) is
         # abandoned at the deadline, and neither the answer nor the process exit waits for it.
         threading.Thread(target=run, args=(name, PROBES[name]), name=f"probe-{name}", daemon=True).start()
+    critical = [name for name in names if levels[name] == "critical"]
     with done:
-        done.wait_for(lambda: len(outcomes) == len(names), timeout=deadline_s)
+        # The answer waits for the critical probes only, up to the deadline; a degraded one gets
+        # at least DEGRADED_WAIT_S. A hung cache cannot fail readiness, and must not delay it past
+        # a load balancer's probe timeout (Kubernetes' is 1 s) and make every replica unready.
+        done.wait_for(lambda: all(name in outcomes for name in critical), timeout=deadline_s)
+        rest_s = min(deadline_s, DEGRADED_WAIT_S) - (time.monotonic() - began)
+        if rest_s > 0:
+            done.wait_for(lambda: len(outcomes) == len(names), timeout=rest_s)
         snapshot = dict(outcomes)
     results = []
     for name in names:
         if name in snapshot:
             took, error = snapshot[name]
         else:
-            took, error = time.monotonic() - began, f"no answer within {deadline_s:.1f}s"
+            took = time.monotonic() - began
+            error = f"no answer within {took:.2f}s"
         HEALTH_CHECK_SECONDS.labels(name).observe(took)
         HEALTH_CHECK_UP.labels(name).set(0 if error else 1)
         results.append(CheckResult(name, error is None, levels[name] == "critical", took, error))

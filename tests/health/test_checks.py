@@ -88,6 +88,27 @@ def test_readiness_is_answered_within_the_deadline_when_a_server_is_frozen(
     assert took < 1.5
 
 
+def test_a_frozen_degraded_dependency_does_not_hold_the_answer_past_a_probe_timeout(
+        client: Client, throwaway_redis_server: ThrowawayRedis) -> None:
+    # The cache and the broker on one Redis that hangs: both degraded for the web. The answer
+    # waited the whole 2 s deadline for them, past Kubernetes' 1 s probe timeout, and every
+    # replica went unready at once over a dependency that cannot fail readiness.
+    throwaway_redis_server.freeze()
+    overrides = {**settings.COMPOSITION, "BROKER_URL": throwaway_redis_server.url, "HEALTH_DEADLINE_S": 2.0}
+    with override_settings(COMPOSITION=overrides, CACHES=_cache_at(throwaway_redis_server.url)):
+        began = time.monotonic()
+        response = client.get("/readyz")
+        took = time.monotonic() - began
+    body = response.json()
+    assert response.status_code == 200, body
+    assert body["checks"]["database"]["ok"] is True
+    assert body["checks"]["broker"]["ok"] is False and "no answer within" in body["checks"]["broker"]["error"]
+    # Given up on after DEGRADED_WAIT_S (0.25 s), not the deadline; the wall time only catches a
+    # wait for the deadline (it read 2.04 s), with room for a busy machine's database probe.
+    assert body["checks"]["broker"]["duration_s"] < 1.0, body
+    assert took < 1.5, took
+
+
 def test_with_the_broker_stopped_web_stays_ready_and_worker_readiness_fails(
         client: Client, throwaway_redis_server: ThrowawayRedis) -> None:
     with override_settings(COMPOSITION={**settings.COMPOSITION, "BROKER_URL": throwaway_redis_server.url}):
