@@ -10,6 +10,7 @@
   ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (413).
 - Every error is JSON ``{"code": ..., "error": ...}`` with a stable ``code``, a client's mistake
   included: none reaches Django's own (HTML) error pages or its error-level log lines.
+- The database not answering is 503 ``unavailable`` with ``Retry-After``: a client may retry.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import structlog
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse, UnreadablePostError
 from django.http.multipartparser import MultiPartParserError
 from django.middleware.csrf import CsrfViewMiddleware, get_token
@@ -33,6 +35,9 @@ from composition.logging import already_logged
 __all__ = ["ApiError", "endpoint", "error_response", "not_found"]
 
 log = structlog.get_logger("billing.api")
+
+# Retry-After of a request the database did not answer: a restart or a failover takes seconds.
+DATABASE_RETRY_AFTER_S = 5
 
 Handler = Callable[..., HttpResponse]
 
@@ -155,13 +160,25 @@ def endpoint(**handlers: tuple[str, Handler]) -> Handler:
                 request.user = user
                 return handler(request, **kwargs)
         except ApiError as exc:
-            response = error_response(exc.status, exc.code, exc.message, **exc.extra)
-            if exc.status in (409, 503) and exc.extra.get("retry_after_s"):
-                response["Retry-After"] = str(exc.extra["retry_after_s"])
             if exc.status == 503:
                 # Work shed on purpose (reminders): a warning, not Django's error line.
                 log.warning("request shed", code=exc.code, path=request.path)
-                already_logged(response)
-            return response
+            return _answer(exc)
+        except (OperationalError, InterfaceError) as exc:
+            # The database away (down, failing over, a statement timeout): a client may retry.
+            # Whatever this request wrote rolled back, or, when the COMMIT itself was cut, the
+            # retry is answered as the repeat it is (a payment's payment_id).
+            log.warning("database unavailable", path=request.path, error=str(exc)[:300])
+            return _answer(ApiError(503, "unavailable", "the database is not answering; retry shortly",
+                                    retry_after_s=DATABASE_RETRY_AFTER_S))
 
     return view
+
+
+def _answer(exc: ApiError) -> JsonResponse:
+    response = error_response(exc.status, exc.code, exc.message, **exc.extra)
+    if exc.status in (409, 503) and exc.extra.get("retry_after_s"):
+        response["Retry-After"] = str(exc.extra["retry_after_s"])
+    if exc.status == 503:
+        already_logged(response)  # logged as a warning where it was decided, not as Django's error line
+    return response

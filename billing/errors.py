@@ -8,6 +8,7 @@ __all__ = [
     "BillingError",
     "DuplicateInvoice",
     "InvoiceBusy",
+    "InvoiceHasNoEmail",
     "InvoiceNotFound",
     "InvoiceNotOpen",
     "InvoiceVoid",
@@ -33,6 +34,10 @@ class InvoiceVoid(BillingError):
 
 class InvoiceNotOpen(BillingError):
     """The invoice is paid or void: there is nothing to remind its customer of."""
+
+
+class InvoiceHasNoEmail(BillingError):
+    """The invoice has no email address: a reminder could not be sent."""
 
 
 class AmountMismatch(BillingError):

@@ -26,6 +26,7 @@ from billing.errors import (
     AmountMismatch,
     DuplicateInvoice,
     InvoiceBusy,
+    InvoiceHasNoEmail,
     InvoiceNotFound,
     InvoiceNotOpen,
     InvoiceVoid,
@@ -212,12 +213,15 @@ class InvoiceService:
     def remind(self, invoice_id: int) -> None:
         """Queue a reminder of an open invoice. Reminders are the first work to shed: raises
         ``composition.backpressure.admission.Backpressure`` when their queue is full or shed,
-        InvoiceNotFound or InvoiceNotOpen."""
+        InvoiceNotFound, InvoiceNotOpen or InvoiceHasNoEmail."""
         invoice = Invoice.objects.filter(pk=invoice_id).first()
         if invoice is None:
             raise InvoiceNotFound(f"invoice {invoice_id} does not exist")
         if invoice.status != Invoice.Status.OPEN:
             raise InvoiceNotOpen(f"invoice {invoice.number} is {invoice.status}: there is nothing to remind of")
+        if not invoice.email:
+            # Said now, not by a job that would skip it: the caller can add an address.
+            raise InvoiceHasNoEmail(f"invoice {invoice.number} has no email address to send a reminder to")
         # Reminders are the work to shed first, so their queue has a backlog limit of its own.
         admit(configured_broker().get_actor(self.reminder_job).queue_name)
         self.publish(self.reminder_job, {"invoice_id": invoice.pk})

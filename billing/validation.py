@@ -92,6 +92,17 @@ def _invalid(name: str, what: str) -> ApiError:
     return ApiError(400, "invalid_field", f"field {name!r} {what}", field=name)
 
 
+def _without_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refused when a key repeats: which ``amount_cents`` of two was meant is not
+    for the server to guess (Python's json keeps the last, other parsers the first)."""
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise ValueError(f"the key {key!r} appears twice")
+        found[key] = value
+    return found
+
+
 def parse_json_body(request: HttpRequest, fields: dict[str, Text | Integer]) -> dict[str, Any]:
     """The body as a JSON object holding exactly ``fields`` (the optional ones may be absent).
     Raises ``ApiError``; a body Django cannot read (too large, cut short) raises Django's own
@@ -100,7 +111,7 @@ def parse_json_body(request: HttpRequest, fields: dict[str, Text | Integer]) -> 
     if content_type != "application/json":
         raise ApiError(415, "unsupported_media_type", "send the body as Content-Type: application/json")
     try:
-        data = json.loads(request.body or b"")
+        data = json.loads(request.body or b"", object_pairs_hook=_without_repeated_keys)
     except (ValueError, RecursionError) as exc:
         raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}"[:200]) from exc
     if not isinstance(data, dict):

@@ -22,6 +22,7 @@ ERRORS: dict[type[errors.BillingError], tuple[int, str]] = {
     errors.AlreadyPaid: (409, "invoice_paid"),
     errors.InvoiceVoid: (409, "invoice_void"),
     errors.InvoiceNotOpen: (409, "invoice_not_open"),
+    errors.InvoiceHasNoEmail: (409, "no_email"),
     errors.AmountMismatch: (422, "amount_mismatch"),
     errors.PaymentIdReused: (409, "payment_id_reused"),
     errors.InvoiceBusy: (409, "invoice_busy"),

@@ -129,7 +129,8 @@ def test_a_token_expires_with_its_own_error_and_its_maker_chooses_the_lifetime()
 def test_a_session_needs_the_csrf_token_and_the_permission_a_token_only_the_permission() -> None:
     succeeded = {"invoices": 201, "pay": 201, "void": 200, "remind": 202}
     for index in [index for index, endpoint in enumerate(_endpoints(0)) if endpoint[0] == "POST"]:
-        invoice = Invoice.objects.create(**{**INVOICE, "number": f"INV-S{index}"})  # an open one for each
+        # An open one for each, with an address to remind.
+        invoice = Invoice.objects.create(**{**INVOICE, "number": f"INV-S{index}", "email": "ada@example.com"})
         method, path, body, permission = _endpoints(invoice.pk)[index]
         user = _user(f"u-{index}", "view_invoice")
         session = Client(enforce_csrf_checks=True)

@@ -116,11 +116,46 @@ def test_every_route_answers_each_client_mistake_in_json_writes_nothing_and_logs
     for method, url, body, code, field in blank_cases:
         answer = _assert_json_4xx(_send(api_client, method, url, body), 400, code, url)
         assert answer.get("field", answer.get("parameter", "")) == field, answer
+    # A key given twice: which amount was meant is not for the server to guess (json keeps the last).
+    twice = b'{"payment_id": "p-1", "amount_cents": 1, "amount_cents": 12500}'
+    answer = _assert_json_4xx(_send(api_client, "POST", f"/api/invoices/{invoice.pk}/pay", twice), 400,
+                              "invalid_json", "a key twice")
+    assert "'amount_cents' appears twice" in answer["error"], answer
     # Beside the routes: any other path under /api/, whatever the method.
     for url in ("/api", "/api/", "/api/nothing", "/api/invoices/1/refund", "/api/invoices//pay", "/api/v2/invoices"):
         for verb in ("GET", "POST", "PATCH", "OPTIONS"):
             _assert_json_4xx(_send(anonymous, verb, url, {}), 404, "not_found", (verb, url))
     assert _state() == before
+
+
+# A request in a process whose database refuses connections, as after a crash or during a
+# failover; the process's own, so the test database stays where it is.
+DATABASE_AWAY = """
+import django
+django.setup()
+from django.test import Client
+client = Client(HTTP_HOST="127.0.0.1", HTTP_AUTHORIZATION="Bearer bil_anything")
+for answer in (client.post("/api/invoices/5/pay", data="{}", content_type="application/json"),
+               client.get("/api/invoices/5")):
+    print(json.dumps([answer.status_code, answer["Content-Type"], answer.get("Retry-After"), answer.json()]))
+"""
+
+
+def test_the_database_not_answering_is_a_json_503_with_retry_after_not_an_html_500() -> None:
+    import subprocess
+    import sys
+
+    from composition.testing import free_port
+
+    away = f"postgresql://postgres@127.0.0.1:{free_port()}/away"
+    done = subprocess.run([sys.executable, "-c", "import json\n" + DATABASE_AWAY], capture_output=True, text=True,
+                          timeout=60, env=subprocess_env(DATABASE_URL=away))
+    assert done.returncode == 0, done.stderr[-3000:]
+    answers = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")]
+    assert answers == [[503, "application/json", "5", {"code": "unavailable", "error": "the database is not "
+                                                        "answering; retry shortly", "retry_after_s": 5}]] * 2
+    assert "database unavailable" in done.stderr + done.stdout  # a warning, not Django's error line
+    assert '"level": "error"' not in done.stderr + done.stdout
 
 
 def test_a_trailing_slash_is_named_in_the_404() -> None:

@@ -129,10 +129,14 @@ def test_reminders_are_shed_with_503_while_payments_go_on(api_client: Client) ->
 
 
 @pytest.mark.django_db
-def test_a_reminder_of_a_paid_or_unknown_invoice_is_refused(api_client: Client) -> None:
+def test_a_reminder_of_a_paid_or_unknown_invoice_or_one_without_an_address_is_refused(api_client: Client) -> None:
     invoice = open_invoice("INV-R9", email="ada@example.com")
     Invoice.objects.filter(pk=invoice.pk).update(status="paid")
     refused = post_json(api_client, f"/api/invoices/{invoice.pk}/remind", {})
     assert (refused.status_code, refused.json()["code"]) == (409, "invoice_not_open")
     assert post_json(api_client, "/api/invoices/999999/remind", {}).status_code == 404
+    # Said to the caller, who can add one, rather than queued for a job that would skip it.
+    nowhere = open_invoice("INV-R10", email="")
+    refused = post_json(api_client, f"/api/invoices/{nowhere.pk}/remind", {})
+    assert (refused.status_code, refused.json()["code"]) == (409, "no_email")
     assert not OutboxMessage.objects.exists()

@@ -52,12 +52,14 @@ def test_an_accepted_reminder_is_run_by_the_worker_and_emailed_once(  # type: ig
     mail_dir = tmp_path / "mail"
     reminded = open_invoice("INV-M1", email="ada@example.com")
     paid_meanwhile = open_invoice("INV-M2", email="bob@example.com")
-    no_address = open_invoice("INV-M3", email="")
-    for invoice in (reminded, paid_meanwhile, no_address):
+    address_removed = open_invoice("INV-M3", email="cy@example.com")
+    for invoice in (reminded, paid_meanwhile, address_removed):
         answer = api_client.post(f"/api/invoices/{invoice.pk}/remind")
         assert answer.status_code == 202, answer.content
-    # Paid after its reminder was accepted, before the job runs: the job finds it paid, sends nothing.
+    # Paid, or its address removed, after its reminder was accepted, before the job runs: the job
+    # finds it so, and sends nothing.
     default_service().pay_invoice(paid_meanwhile.pk, payment_id="pay-m2", amount_cents=500)
+    Invoice.objects.filter(pk=address_removed.pk).update(email="")
     row = OutboxMessage.objects.get(queue_name="reminders", payload={"invoice_id": reminded.pk})
 
     worker = worker_processes.spawn(["--threads", "2", "--queues", "reminders"], **_mail_only(mail_dir))
