@@ -21,7 +21,12 @@ class LockBackendUnavailable(LockNotAcquired):
 
 
 class LockLost(LockNotAcquired):
-    """A held Redis lock expired or was taken over before ``extend()``."""
+    """A held Redis lock expired or was taken over before ``extend()``: its work is half done.
+    A ``LockNotAcquired`` as well, but worded as what it is ("lost", not "not acquired")."""
+
+    def __init__(self, name: str, reason: str = "it expired while held") -> None:
+        super().__init__(name, reason)
+        self.args = (f"lock {name!r} lost: {reason}",)
 
 
 class TransactionRequired(CompositionError, RuntimeError):

@@ -153,7 +153,7 @@ class RedisLock:
         except REDIS_ERRORS as exc:
             raise LockBackendUnavailable(self.name, f"redis unreachable: {exc}") from exc
         if not ok:
-            raise LockLost(self.name, "expired before extend(); another owner may hold it")
+            raise LockLost(self.name, "it expired while held, before extend(); another owner may hold it")
 
     def release(self) -> bool:
         """Delete the lock if this owner still holds it; False when it had already expired (then
