@@ -3,6 +3,7 @@ cache-aside settings and of the metrics endpoint's."""
 
 from __future__ import annotations
 
+import os
 from os import PathLike
 from typing import Any
 
@@ -181,4 +182,12 @@ def check_metrics_settings(app_configs: Any = None, **_: Any) -> list[CheckMessa
     messages += not_positive_seconds(merged, ("METRICS_SAMPLE_INTERVAL_S",), "composition.E073")
     if merged["DB_SLOW_QUERY_S"] is not None:
         messages += not_positive_seconds(merged, ("DB_SLOW_QUERY_S",), "composition.E074")
+    for variable in ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir"):
+        # prometheus_client turns multiprocess mode on for the variable's presence, and an empty
+        # one puts its files in the working directory (a checkout, say), where nothing archives them.
+        if variable in os.environ and not os.environ[variable].strip():
+            messages.append(Error(f"the environment variable {variable} is set but empty: prometheus_client then "
+                                  "writes its metrics files into the working directory.",
+                                  hint="Unset it (one process), or name a directory of its own.",
+                                  id="composition.E075"))
     return messages

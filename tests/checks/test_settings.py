@@ -86,3 +86,14 @@ def test_another_database_than_postgresql_is_an_error() -> None:
                             env=subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings_sqlite"))
     assert result.returncode == 1
     assert "composition.E011" in result.stderr and "needs PostgreSQL" in result.stderr
+
+
+def test_an_empty_prometheus_multiproc_dir_is_an_error(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from composition.checks.settings import check_metrics_settings
+
+    # Set but empty (an env file's `PROMETHEUS_MULTIPROC_DIR=`): prometheus_client goes
+    # multiprocess on the name alone and writes its files into the working directory.
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")
+    assert "composition.E075" in {message.id for message in check_metrics_settings()}
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
+    assert "composition.E075" not in {message.id for message in check_metrics_settings()}
