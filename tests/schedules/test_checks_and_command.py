@@ -121,3 +121,31 @@ def test_the_command_lists_pauses_resumes_and_runs_a_schedule(declared_names: li
     assert ScheduleTick.objects.filter(schedule=name).count() == 1  # neither ran
     _command("pause", name)
     assert "(paused: they stay paused)" in _command("run", name)
+
+
+# A process that declares a schedule the checks refuse, then runs `manage.py schedules list`.
+LIST_WITH_A_BROKEN_SCHEDULE = """
+import sys
+from datetime import timedelta
+import django
+django.setup()
+from django.core.management import execute_from_command_line
+from composition.schedules import schedule
+from tests.jobsapp import jobs
+schedule(jobs.scheduled_effect, name=sys.argv[1], every=timedelta(seconds=30), payload={"label": 5})
+execute_from_command_line(["manage.py", "schedules", "list"])
+"""
+
+
+def test_the_list_shows_a_schedule_s_problem_where_the_checks_would_stop_every_other_command() -> None:
+    import subprocess
+    import sys
+
+    from composition.testing import subprocess_env
+
+    name = unique("broken")
+    done = subprocess.run([sys.executable, "-c", LIST_WITH_A_BROKEN_SCHEDULE, name], capture_output=True, text=True,
+                          timeout=60, env=subprocess_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith(name)]
+    assert "problem: the payload does not fit" in line, line
