@@ -10,6 +10,7 @@ issue. Throughput against unlimited threads is measured in bench/bench_limits.py
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import uuid
@@ -31,6 +32,7 @@ from tests.jobsapp.models import Effect
 pytestmark = [pytest.mark.slow, pytest.mark.empty_queues(jobs.LIMIT_QUEUE, RELAY_QUEUE_NAME)]
 
 SLOT_TTL_S = 3.0
+WORKERS_STARTED = re.compile(r'"component": "workers", .*"event": "component started"')
 HOST_ENV = {"COMPOSITION_TEST_OVERRIDES": json.dumps({"LIMIT_SLOT_TTL_S": SLOT_TTL_S})}
 
 
@@ -84,6 +86,14 @@ def _logs(hosts: list[WorkerProcess]) -> str:
     return "\n".join(host.output()[-1500:] for host in hosts)
 
 
+def _taking_work(hosts: list[WorkerProcess]) -> list[WorkerProcess]:
+    """``hosts``, once each one's worker threads have started (its last component). Work published
+    before then can all go to the first host up, whose threads alone never reach the limit."""
+    wait_until(lambda: all(WORKERS_STARTED.search(host.output()) for host in hosts), timeout_s=60,
+               message=_logs(hosts))
+    return hosts
+
+
 def _done(run: str) -> Counter[str]:
     return Counter(Effect.objects.filter(key__startswith=run).values_list("key", flat=True))
 
@@ -96,7 +106,7 @@ def test_concurrency_never_exceeds_the_limit_and_a_killed_host_gives_its_slots_b
         worker_processes, notes, jobs_count: int, hold_s: float, threads: int,  # type: ignore[no-untyped-def]
         kill_after_s: float) -> None:
     args = ["--threads", str(threads), "--queues", f"{jobs.LIMIT_QUEUE},{RELAY_QUEUE_NAME}"]
-    hosts = [worker_processes.spawn(args, **HOST_ENV) for _ in range(3)]
+    hosts = _taking_work([worker_processes.spawn(args, **HOST_ENV) for _ in range(3)])
     run = uuid.uuid4().hex[:8]
     keys = [f"{run}-{index}" for index in range(jobs_count)]
     sampler = RunningSampler(notes)
@@ -151,7 +161,7 @@ def _most_in_a_window(times: list[float], window_s: float) -> int:
 def test_no_window_of_the_redis_clock_holds_more_starts_than_the_rate_and_the_rate_is_used(
         worker_processes, notes, jobs_count: int, seconds: float | None) -> None:  # type: ignore[no-untyped-def]
     args = ["--threads", "4", "--queues", f"{jobs.LIMIT_QUEUE},{RELAY_QUEUE_NAME}"]
-    hosts = [worker_processes.spawn(args, **HOST_ENV) for _ in range(3)]
+    hosts = _taking_work([worker_processes.spawn(args, **HOST_ENV) for _ in range(3)])
     run = uuid.uuid4().hex[:8]
     keys = [f"{run}-{index}" for index in range(jobs_count)]
     _publish("rated_call", keys, 0.05)
@@ -202,7 +212,7 @@ def test_a_message_put_back_to_wait_for_a_deploy_hands_its_rate_start_back(worke
 def test_on_rabbitmq_the_limit_holds_and_the_waiting_ones_come_back_through_its_delay_queue(
         worker_processes, notes) -> None:  # type: ignore[no-untyped-def]
     args = ["--threads", "4", "--queues", f"{jobs.LIMIT_QUEUE},{RELAY_QUEUE_NAME}"]
-    hosts = [worker_processes.spawn(args, BROKER_URL=RABBITMQ_URL, **HOST_ENV) for _ in range(2)]
+    hosts = _taking_work([worker_processes.spawn(args, BROKER_URL=RABBITMQ_URL, **HOST_ENV) for _ in range(2)])
     run = uuid.uuid4().hex[:8]
     keys = [f"{run}-{index}" for index in range(20)]
     sampler = RunningSampler(notes)
