@@ -21,7 +21,8 @@ from django.utils import timezone
 from dramatiq.message import Message
 
 from composition.broker.configured import configured_broker
-from composition.jobs.compatibility import GONE, broker_problems, queued_problems
+from composition.jobs.broker_compatibility import broker_problems
+from composition.jobs.compatibility import GONE, queued_problems
 from composition.jobs.models import DeadLetter
 from composition.outbox.models import OutboxMessage
 from composition.pauses import Pause

@@ -1,5 +1,6 @@
 """``manage.py jobs check-compat``: before a deploy, with the new code, which queued work it
-cannot run (``composition.jobs.compatibility``); exit 1 when any, so a pipeline can stop."""
+cannot run (``composition.jobs.compatibility`` and ``broker_compatibility``); exit 1 when any,
+so a pipeline can stop."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from django.utils import timezone
 from composition.broker.configured import configured_broker
 from composition.conf import conf
 from composition.errors import BROKER_FAILURES, described
-from composition.jobs.compatibility import Problem, broker_problems, largest_first, queued_problems
+from composition.jobs.broker_compatibility import broker_problems
+from composition.jobs.compatibility import Problem, largest_first, queued_problems
 from composition.management.database_errors import database_must_answer
 from composition.pauses import Pause
 from composition.retention import longest_redelivery_window
