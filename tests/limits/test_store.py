@@ -154,7 +154,9 @@ def test_a_long_line_comes_back_after_the_longest_delay_without_growing(store: L
         assert store.admit(actor, limits, "running").started
         delays = [store.admit(actor, limits, f"w{index}").delay_s for index in range(24)]
     assert delays[0] < 0.2, delays
-    capped = [delay for delay in delays if delay == 0.5]
+    # The server's clock moves on between the admits: on a loaded machine a turn past the cap
+    # reads a few milliseconds under it (0.495 after two 0.5s, in a gate).
+    capped = [delay for delay in delays if delay >= 0.5 - 0.02]
     assert delays[-len(capped):] == capped and len(capped) >= 4, delays  # past the cap: the cap, always
     assert delays[:-len(capped)] == sorted(delays[:-len(capped)]), delays
 
