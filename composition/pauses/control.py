@@ -25,6 +25,16 @@ def _kind(kind: str) -> str:
     return kind
 
 
+def _unsettled(schedule: str, resumed_at: Any) -> bool:
+    """Whether no scheduler has fired ``schedule`` past its last resume yet: its ticks of that
+    pause are then still to be counted. A new pause keeps that pause's start, so they stay
+    paused (with any tick between the two that no scheduler saw): a row holds one span."""
+    # Imported here: the schedules build on pauses, not the other way round.
+    from composition.schedules.models import ScheduleState
+
+    return ScheduleState.objects.filter(name=schedule, watermark__lt=resumed_at).exists()
+
+
 def _change(kind: str, name: str, *, paused: bool, by: str, reason: str, user: Any,
             shed: bool) -> tuple[Pause | None, bool]:
     longest = Pause._meta.get_field("changed_by").max_length or 0
@@ -49,8 +59,8 @@ def _change(kind: str, name: str, *, paused: bool, by: str, reason: str, user: A
         # stays paused when the pressure ends).
         if not changed and (row.paused != paused or (paused and row.shed and not shed)):
             fields = ["paused", "changed_by", "reason", "changed_at", "shed"]
-            if paused and not row.paused:
-                # A pause begins; a resume keeps its start (a schedule's ticks between are paused).
+            # A pause begins; a resume keeps its start (a schedule's ticks between are paused).
+            if paused and not row.paused and not (kind == Pause.SCHEDULE and _unsettled(name, row.changed_at)):
                 row.paused_at = Now()
                 fields.append("paused_at")
             row.paused, row.changed_by, row.reason, row.changed_at, row.shed = paused, by, reason, Now(), shed

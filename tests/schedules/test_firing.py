@@ -336,6 +336,32 @@ def test_ticks_due_while_paused_stay_paused_when_no_scheduler_ran_until_after_th
     assert _ticks(name) == [(T0 + PERIOD * 6, False)]
 
 
+def test_ticks_of_two_pauses_that_no_scheduler_saw_stay_paused(name: str) -> None:
+    # pause, resume, pause, resume, all with the workers stopped: the row kept only the second
+    # pause's span, and the catch-up policy replayed the first pause's ticks.
+    declared, clock = _every(name, catch_up="all", catch_up_window=PERIOD * 100), DbClock(T0)
+    fire_due(declared, clock)
+
+    first = T0 + timedelta(seconds=1)
+
+    def change(at: datetime, paused: bool) -> None:
+        (pause if paused else resume)(Pause.SCHEDULE, name, by="test")
+        rows = Pause.objects.filter(name=name)
+        rows.update(changed_at=at)  # on the test's clock, as the ticks are
+        if paused:  # a pause that began a span of its own (paused_at the database's now)
+            rows.exclude(paused_at=first).update(paused_at=at)
+
+    change(first, paused=True)
+    change(T0 + PERIOD * 2 + timedelta(seconds=5), paused=False)
+    change(T0 + PERIOD * 3 + timedelta(seconds=5), paused=True)
+    assert Pause.objects.get(name=name).paused_at == first, "no scheduler counted the first pause's ticks yet"
+    clock.now = T0 + PERIOD * 5 + timedelta(seconds=5)
+    change(clock.now, paused=False)
+    fire_due(declared, clock)
+    assert _ticks(name) == []
+    assert ScheduleState.objects.get(name=name).paused == 5
+
+
 def test_a_new_period_starts_from_its_deploy_instead_of_catching_up_the_new_timing_s_ticks(name: str) -> None:
     hourly = Schedule(name=name, actor_name=jobs.scheduled_effect.actor_name, every=timedelta(hours=1),
                       catch_up="all", catch_up_window=timedelta(hours=1), payload={"label": name})
