@@ -22,10 +22,10 @@ from composition.jobs.replay import REPLAY_PERMISSION
 from composition.operations.models import Operations
 from composition.operations.snapshot import operations_snapshot
 from composition.outbox.relay import RELAY_QUEUE_NAME
-from composition.pauses import PAUSE_PERMISSION, Pause, pause, resume
+from composition.pauses import PAUSE_PERMISSION
 from composition.queues import QueueNotPausable, pause_queue, resume_queue
 from composition.queues.history import HISTORY_BUCKETS
-from composition.schedules import declared
+from composition.schedules import declared, pause_schedule, resume_schedule
 
 __all__ = ["OperationsAdmin"]
 
@@ -82,7 +82,7 @@ class OperationsAdmin(ReadOnlyRows, admin.ModelAdmin):
         def change(action: str, name: str, **who: Any) -> bool:
             if name not in declared():
                 raise PauseRefused(f"No schedule {name!r} to {action}.")
-            return (pause if action == "pause" else resume)(Pause.SCHEDULE, name, **who)[1]
+            return (pause_schedule if action == "pause" else resume_schedule)(name, **who)[1]
 
         return self._pause_view(request, "Schedule", change)
 

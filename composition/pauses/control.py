@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import structlog
@@ -25,18 +27,8 @@ def _kind(kind: str) -> str:
     return kind
 
 
-def _unsettled(schedule: str, resumed_at: Any) -> bool:
-    """Whether no scheduler has fired ``schedule`` past its last resume yet: its ticks of that
-    pause are then still to be counted. A new pause keeps that pause's start, so they stay
-    paused (with any tick between the two that no scheduler saw): a row holds one span."""
-    # Imported here: the schedules build on pauses, not the other way round.
-    from composition.schedules.models import ScheduleState
-
-    return ScheduleState.objects.filter(name=schedule, watermark__lt=resumed_at).exists()
-
-
 def _change(kind: str, name: str, *, paused: bool, by: str, reason: str, user: Any,
-            shed: bool) -> tuple[Pause | None, bool]:
+            shed: bool, keep_start: Callable[[datetime], bool] | None = None) -> tuple[Pause | None, bool]:
     longest = Pause._meta.get_field("changed_by").max_length or 0
     if len(by) > longest:
         raise ValueError(f"who paused or resumed is at most {longest} characters, got {len(by)}")
@@ -60,7 +52,7 @@ def _change(kind: str, name: str, *, paused: bool, by: str, reason: str, user: A
         if not changed and (row.paused != paused or (paused and row.shed and not shed)):
             fields = ["paused", "changed_by", "reason", "changed_at", "shed"]
             # A pause begins; a resume keeps its start (a schedule's ticks between are paused).
-            if paused and not row.paused and not (kind == Pause.SCHEDULE and _unsettled(name, row.changed_at)):
+            if paused and not row.paused and not (keep_start is not None and keep_start(row.changed_at)):
                 row.paused_at = Now()
                 fields.append("paused_at")
             row.paused, row.changed_by, row.reason, row.changed_at, row.shed = paused, by, reason, Now(), shed
@@ -81,14 +73,17 @@ def _change(kind: str, name: str, *, paused: bool, by: str, reason: str, user: A
 
 
 def pause(kind: str, name: str, *, by: str, reason: str = "", user: Any = None,
-          shed: bool = False) -> tuple[Pause, bool]:
+          shed: bool = False, keep_start: Callable[[datetime], bool] | None = None) -> tuple[Pause, bool]:
     """Pause ``name`` of ``kind`` (``Pause.SCHEDULE`` or ``Pause.QUEUE``) for every host, durably.
 
     ``by`` says who, on the row and in the log; with a ``user`` (a Django user) the change is in
-    the admin's history of the row too; ``shed`` marks the shedding controller's pause. Returns
+    the admin's history of the row too; ``shed`` marks the shedding controller's pause;
+    ``keep_start(resumed_at)``, called under the row's lock when a resumed row is paused again,
+    True keeps the earlier pause's start (``paused_at``: ``pause_schedule`` does). Returns
     the row and whether this call changed it (False: it was paused already). Raises ValueError
     for an unknown kind or a ``by`` over 150 characters."""
-    row, changed = _change(kind, name, paused=True, by=by, reason=reason, user=user, shed=shed)
+    row, changed = _change(kind, name, paused=True, by=by, reason=reason, user=user, shed=shed,
+                           keep_start=keep_start)
     assert row is not None  # a pause always has its row
     return row, changed
 

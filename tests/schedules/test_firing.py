@@ -16,7 +16,7 @@ from structlog.testing import capture_logs
 
 from composition.outbox import OutboxMessage
 from composition.pauses import Pause, pause, resume
-from composition.schedules import Schedule
+from composition.schedules import Schedule, pause_schedule, resume_schedule
 from composition.schedules.component import SchedulerComponent
 from composition.schedules.firing import fire_due, run_now
 from composition.schedules.models import ScheduleState, ScheduleTick
@@ -345,7 +345,7 @@ def test_ticks_of_two_pauses_that_no_scheduler_saw_stay_paused(name: str) -> Non
     first = T0 + timedelta(seconds=1)
 
     def change(at: datetime, paused: bool) -> None:
-        (pause if paused else resume)(Pause.SCHEDULE, name, by="test")
+        (pause_schedule if paused else resume_schedule)(name, by="test")
         rows = Pause.objects.filter(name=name)
         rows.update(changed_at=at)  # on the test's clock, as the ticks are
         if paused:  # a pause that began a span of its own (paused_at the database's now)

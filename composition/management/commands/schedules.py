@@ -9,8 +9,8 @@ from typing import Any
 from django.core.management.base import CommandError
 
 from composition.management.pause_command import PauseCommand, kept_reason, moment, pause_json, paused_state
-from composition.pauses import Pause, pause, paused_names, resume
-from composition.schedules import TZDATA_VERSION, Schedule, declared
+from composition.pauses import Pause, paused_names
+from composition.schedules import TZDATA_VERSION, Schedule, declared, pause_schedule, resume_schedule
 from composition.schedules.firing import run_now
 from composition.schedules.problems import problems
 from composition.schedules.status import ScheduleRow, schedule_rows
@@ -43,12 +43,12 @@ class Command(PauseCommand):
         return entry
 
     def pause_one(self, name: str, *, by: str, reason: str, user: Any) -> str:
-        row, changed = pause(Pause.SCHEDULE, self._declared(name).name, by=by, reason=reason, user=user)
+        row, changed = pause_schedule(self._declared(name).name, by=by, reason=reason, user=user)
         return (f"schedule {name} paused" if changed
                 else f"schedule {name} was paused already" + kept_reason(row, reason))
 
     def resume_one(self, name: str, *, by: str, reason: str, user: Any) -> str:
-        _, changed = resume(Pause.SCHEDULE, self._declared(name).name, by=by, reason=reason, user=user)
+        _, changed = resume_schedule(self._declared(name).name, by=by, reason=reason, user=user)
         return f"schedule {name} resumed: the next tick fires" if changed else f"schedule {name} was not paused"
 
     def other_action(self, action: str, name: str | None, *, as_json: bool) -> None:  # run
