@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import threading
 import weakref
+from contextlib import suppress
+from functools import partial
 
 import structlog
 from django.db import DEFAULT_DB_ALIAS, transaction
@@ -21,6 +23,7 @@ from composition.broker.configured import configured_broker
 from composition.db.transactions import on_commit_once, open_savepoints, savepoint_outside_atomic
 from composition.errors import BROKER_FAILURES, described
 from composition.outbox.claims import ClaimedMessage
+from composition.outbox.enqueue import is_rabbitmq
 from composition.outbox.relay import Relay, SentAfterCommit, relay_actor, relay_for
 
 __all__ = ["BROKER_FAILURES", "NUDGE_BREAKER_FAILURES", "NUDGE_BREAKER_RESET_S", "SendAfterCommit",
@@ -29,8 +32,10 @@ __all__ = ["BROKER_FAILURES", "NUDGE_BREAKER_FAILURES", "NUDGE_BREAKER_RESET_S",
 
 log = structlog.get_logger("composition.outbox")
 
-# One failed nudge opens the broker's nudge circuit: a frozen broker then costs one socket
-# timeout per NUDGE_BREAKER_RESET_S for the whole process, not one per commit.
+# One failed nudge opens the broker's nudge circuit: a frozen broker then costs the one commit
+# that found it one socket timeout, not every commit one. After NUDGE_BREAKER_RESET_S a probe on
+# a thread of its own (a relay nudge) tries the broker: a caller's trial call would have held one
+# request per process for a socket timeout every NUDGE_BREAKER_RESET_S of the outage.
 NUDGE_BREAKER_FAILURES = 1
 NUDGE_BREAKER_RESET_S = 5.0
 
@@ -51,9 +56,25 @@ def nudge_breaker(broker: Broker) -> CircuitBreaker:
             # after-commit send (a restarting PostgreSQL) says nothing about the broker and must
             # not pause sends that would work.
             breaker = CircuitBreaker("outbox_nudge", failure_threshold=NUDGE_BREAKER_FAILURES,
-                                     reset_timeout_s=NUDGE_BREAKER_RESET_S, failure_types=BROKER_FAILURES)
+                                     reset_timeout_s=NUDGE_BREAKER_RESET_S, failure_types=BROKER_FAILURES,
+                                     probe=partial(_probe_with_nudge, weakref.ref(broker)))
             _breakers[broker] = breaker
         return breaker
+
+
+def _probe_with_nudge(broker_ref: weakref.ref[Broker]) -> None:
+    """The nudge breaker's probe: a relay nudge, which also has the relay take what the outage
+    left pending. Raises the broker's error. Weak: the breaker must not keep its broker alive."""
+    broker = broker_ref()
+    if broker is None:
+        return
+    try:
+        relay_actor(broker).send()
+    finally:
+        if is_rabbitmq(broker):
+            # It keeps a connection per thread until that is closed, and this thread ends now.
+            with suppress(Exception):
+                del broker.connection
 
 
 # On the committing thread: a per-process thread batching many transactions' sends was no faster

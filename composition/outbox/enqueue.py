@@ -26,7 +26,7 @@ from composition.conf import conf
 if TYPE_CHECKING:
     from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
-__all__ = ["enqueue_many"]
+__all__ = ["enqueue_many", "is_rabbitmq"]
 
 # Kept in the module rather than a .lua file so it ships with the package without package-data.
 _ENQUEUE_MANY_LUA = WAKE_LUA + LANES_LUA + """
@@ -72,7 +72,7 @@ def enqueue_many(broker: Broker, items: Sequence[tuple[Message[Any], int | None]
     """
     if isinstance(broker, RedisBroker):
         return _enqueue_redis(broker, items)
-    if _is_rabbitmq(broker):
+    if is_rabbitmq(broker):
         # Imported here: pika, which that module needs, is the optional "rabbitmq" extra.
         from composition.outbox.rabbitmq import enqueue_confirmed
 
@@ -80,8 +80,9 @@ def enqueue_many(broker: Broker, items: Sequence[tuple[Message[Any], int | None]
     return [broker.enqueue(message, delay=delay_ms) for message, delay_ms in items]
 
 
-def _is_rabbitmq(broker: Broker) -> TypeGuard[RabbitmqBroker]:
-    # Without importing pika: a broker can only be a RabbitmqBroker once its module is imported.
+def is_rabbitmq(broker: Broker) -> TypeGuard[RabbitmqBroker]:
+    """Whether ``broker`` is a ``RabbitmqBroker``, without importing pika: a broker can only be
+    one once its module is imported."""
     module = sys.modules.get("dramatiq.brokers.rabbitmq")
     return module is not None and isinstance(broker, module.RabbitmqBroker)
 

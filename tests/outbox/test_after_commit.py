@@ -3,6 +3,7 @@ broker skips the nudge while the broker is failing, and the sweep relays what it
 
 from __future__ import annotations
 
+import json
 import time
 
 import dramatiq
@@ -11,8 +12,9 @@ from django.db import transaction
 
 from composition.conf import conf
 from composition.outbox import OutboxMessage, publish
+from composition.outbox.after_commit import NUDGE_BREAKER_RESET_S
 from composition.outbox.relay import Relay
-from composition.testing import ThrowawayRedis, use_broker
+from composition.testing import ThrowawayRedis, use_broker, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -84,3 +86,41 @@ def test_sending_on_commit_to_a_frozen_broker_costs_at_most_one_socket_timeout(
         # At least once: the send that timed out may still have reached the broker when it thawed.
         queued = broker.client.lrange("dramatiq:send_probe", 0, -1)  # type: ignore[attr-defined]
         assert MESSAGES + 1 <= len(queued) <= MESSAGES + 2
+
+
+def test_while_the_broker_stays_frozen_only_the_first_commit_waits_and_sends_resume_once_it_is_back(
+        throwaway_redis_server: ThrowawayRedis) -> None:
+    # The breaker's half-open trial was a caller's send: one commit per process waited out the
+    # socket timeout every NUDGE_BREAKER_RESET_S for as long as the broker stayed frozen.
+    with use_broker(throwaway_redis_server.url) as broker:
+        probe = dramatiq.actor(actor_name="frozen_probe", queue_name="frozen_probe", broker=broker,
+                               max_retries=0)(_probe)
+        publish(probe, {"seq": -1})
+        timeout_s = float(conf.BROKER_SOCKET_TIMEOUT_S)
+        took: list[float] = []
+        throwaway_redis_server.freeze()
+        try:
+            until = time.monotonic() + 2 * NUDGE_BREAKER_RESET_S + 2 * timeout_s
+            while time.monotonic() < until:
+                started = time.monotonic()
+                with transaction.atomic():
+                    publish(probe, {"seq": len(took)})
+                took.append(time.monotonic() - started)
+                time.sleep(0.1)
+        finally:
+            throwaway_redis_server.thaw()
+        assert took[0] >= timeout_s / 2, "the first commit found the broker frozen"
+        assert max(took[1:]) < timeout_s / 2, f"a later commit waited {max(took[1:]):.1f}s for the frozen broker"
+
+        def sent_at_once() -> bool:
+            with transaction.atomic():
+                row = publish(probe, {"seq": -2})
+            return OutboxMessage.objects.get(pk=row.pk).status == "sent"
+
+        # Back: a probe closes the circuit within a reset period, and commits send again.
+        wait_until(sent_at_once, timeout_s=NUDGE_BREAKER_RESET_S + timeout_s + 5, interval_s=0.5,
+                   message="commits did not send to the broker once it was back")
+        Relay(broker).run_until_idle()
+        bodies = broker.client.hvals("dramatiq:frozen_probe.msgs")  # type: ignore[attr-defined]
+        queued = {json.loads(body)["kwargs"]["seq"] for body in bodies}
+        assert set(range(len(took))) <= queued, "every commit's message reached the broker"
