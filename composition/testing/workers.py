@@ -63,9 +63,22 @@ def current_database_url(alias: str = "default", *, name: str | None = None) -> 
 
 
 def subprocess_env(**overrides: str) -> dict[str, str]:
-    """The environment for a child ``manage.py`` that must see the test database."""
+    """The environment for a child ``manage.py`` that must see the test database: this process's
+    environment with the database Django uses now (the test database in tests) as ``DATABASE_URL``
+    and as libpq's ``PGDATABASE``, ``PGHOST``, ``PGPORT``, ``PGUSER`` and ``PGPASSWORD``, the
+    names settings read it from (docs/install.md's read the latter)."""
+    from django.db import connections
+
     env = dict(os.environ)
     env["DATABASE_URL"] = current_database_url()
+    params = connections["default"].settings_dict
+    for variable, key in (("PGDATABASE", "NAME"), ("PGHOST", "HOST"), ("PGPORT", "PORT"), ("PGUSER", "USER"),
+                          ("PGPASSWORD", "PASSWORD")):
+        value = str(params.get(key) or "")
+        if value:
+            env[variable] = value
+        else:  # the default, as in the settings: never the environment's own (a developer's)
+            env.pop(variable, None)
     env.setdefault("DJANGO_SETTINGS_MODULE", os.environ.get("DJANGO_SETTINGS_MODULE", "project.settings"))
     env.update(overrides)
     return env

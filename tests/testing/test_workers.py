@@ -57,3 +57,18 @@ def test_a_worker_ends_when_the_process_that_started_it_is_killed() -> None:
         parent.kill()
         parent.wait()
         log.unlink(missing_ok=True)
+
+
+@pytest.mark.django_db
+def test_a_child_that_reads_libpq_s_variables_as_the_install_guide_s_settings_do_finds_the_test_database(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The install guide's settings read PGDATABASE, PGHOST...: with only DATABASE_URL passed on,
+    # a worker a user's test started ran on their development database.
+    from django.db import connection
+
+    monkeypatch.setenv("PGDATABASE", "a_developers_own_database")
+    monkeypatch.setenv("PGHOST", "/nowhere")
+    read = "import psycopg; print(psycopg.connect('').execute('SELECT current_database()').fetchone()[0])"
+    found = subprocess.run([sys.executable, "-c", read], env=subprocess_env(), capture_output=True, text=True,
+                           timeout=30)
+    assert found.stdout.strip() == connection.settings_dict["NAME"], found.stderr
