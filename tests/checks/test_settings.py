@@ -97,3 +97,26 @@ def test_an_empty_prometheus_multiproc_dir_is_an_error(monkeypatch) -> None:  # 
     assert "composition.E075" in {message.id for message in check_metrics_settings()}
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
     assert "composition.E075" not in {message.id for message in check_metrics_settings()}
+
+
+def test_queue_names_no_job_uses_are_reported() -> None:
+    # A misspelt queue in these settings did nothing and said nothing; in WORKER_QUEUES it was
+    # found only when runworkers refused to start, after the deploy's checks had passed.
+    from composition.broker.configured import configured_broker
+    from composition.checks import check_queue_names
+    from composition.sampling.queues import declared_queues
+
+    def found(**composition: object) -> list[tuple[str, str]]:
+        with override_settings(COMPOSITION={**settings.COMPOSITION, **composition}):
+            return [(message.id, message.msg) for message in check_queue_names()]
+
+    assert found() == []
+    declared = [queue for queue in declared_queues(configured_broker()) if queue != "composition.outbox"]
+    assert found(WORKER_QUEUES=declared) == []
+    assert found(WORKER_QUEUES=[*declared, "billing_typo"]) == [
+        ("composition.E017", "COMPOSITION['WORKER_QUEUES'] names ['billing_typo'], which no job uses: runworkers "
+                             "refuses to start with it.")]
+    (left_out,) = found(WORKER_QUEUES=declared[1:])
+    assert left_out[0] == "composition.W018" and repr([declared[0]]) in left_out[1]
+    assert [check_id for check_id, _ in found(SHED_QUEUES=["remindrs"], SHED_ESSENTIAL_QUEUES=["biling"],
+                                              BACKPRESSURE_QUEUES={"biling": 5})] == ["composition.W053"] * 3
