@@ -124,10 +124,11 @@ def _slow_request_in_flight(base: str, seconds: int) -> tuple[dict[str, Any], th
 
 
 def _stop_while_a_slow_request_runs(base: str, begin_stop: Callable[[], None], serving: Callable[[], bool],
-                                    drain_file: Path) -> dict[str, Any]:
-    """Start a 6 s request, begin the stop, and check the draining window: /readyz answers 503
-    "draining" while the server still serves. Returns the slow request's answer once done."""
-    slow, requester = _slow_request_in_flight(base, 6)
+                                    drain_file: Path, *, request_s: int = 6) -> dict[str, Any]:
+    """Start a ``request_s`` request, begin the stop, and check the draining window: /readyz
+    answers 503 "draining" while the server still serves. Returns the slow request's answer once
+    done."""
+    slow, requester = _slow_request_in_flight(base, request_s)
     stopper = threading.Thread(target=begin_stop)
     stopper.start()
     wait_until(lambda: _readyz(base)[0] == 503, 10, interval_s=0.1, message="/readyz never answered draining")
@@ -162,9 +163,23 @@ def test_during_the_pre_stop_step_readyz_is_503_draining_while_a_slow_request_co
         web.stop(10)
 
 
+def _sigterms(process: subprocess.Popen[bytes], at_s: tuple[float, ...]) -> None:
+    began = time.monotonic()
+    for moment in at_s:
+        time.sleep(max(0.0, began + moment - time.monotonic()))
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+
+
 @pytest.mark.slow
-def test_the_container_entrypoint_drains_on_sigterm_before_gunicorn_stops(tmp_path: Path) -> None:
-    """The image's command (docker/web-entrypoint.sh), sent SIGTERM as ``docker stop`` does."""
+# Again: once gunicorn has its SIGTERM (after the 3 s draining window and drain's start-up) and
+# is finishing a 14 s request.
+@pytest.mark.parametrize(("sigterms_at_s", "request_s"), [((0.0,), 6), ((0.0, 7.0), 14)], ids=["once", "again"])
+def test_the_container_entrypoint_drains_on_sigterm_before_gunicorn_stops(
+        tmp_path: Path, sigterms_at_s: tuple[float, ...], request_s: int) -> None:
+    """The image's command (docker/web-entrypoint.sh), sent SIGTERM as ``docker stop`` does; a
+    SIGTERM again is the same stop: the script exited 143 while gunicorn still served, which as
+    a container's PID 1 kills gunicorn and its requests."""
     drain_file = tmp_path / "web.draining"
     drain_file.write_text("left by an earlier life of the container\n")  # the entrypoint clears it
     port = free_port()
@@ -176,10 +191,10 @@ def test_the_container_entrypoint_drains_on_sigterm_before_gunicorn_stops(tmp_pa
     try:
         wait_until(lambda: http_status(f"{base}/readyz") == 200, 60, interval_s=0.2,
                    message="the entrypoint's gunicorn never became ready")
-        slow = _stop_while_a_slow_request_runs(base, lambda: process.send_signal(signal.SIGTERM),
-                                               lambda: process.poll() is None, drain_file)
+        slow = _stop_while_a_slow_request_runs(base, lambda: _sigterms(process, sigterms_at_s),
+                                               lambda: process.poll() is None, drain_file, request_s=request_s)
         assert process.wait(30) == 0
-        assert slow == {"status": 200, "body": {"slept_s": 6.0}}
+        assert slow == {"status": 200, "body": {"slept_s": float(request_s)}}
         assert http_status(f"{base}/readyz") == 0  # gone
     finally:
         if process.poll() is None:
