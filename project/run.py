@@ -76,7 +76,7 @@ def main() -> int:
 
     from composition.errors import SystemStartError
     from composition.lifecycle import System
-    from composition.lifecycle.processes import ProcessComponent
+    from composition.lifecycle.processes import AwaitReady, ProcessComponent
     from composition.logging import configure_structlog, logging_config
     from project.embedded import EmbeddedPostgres, EmbeddedValkey
 
@@ -119,18 +119,20 @@ def main() -> int:
         # The draining window: /readyz answers 503 while gunicorn still serves, then it stops.
         subprocess.run([python, str(BASE_DIR / "manage.py"), "drain"], check=True, cwd=BASE_DIR)
 
+    # Up once it has written its ready file; the web starts meanwhile (AwaitReady, after both).
+    workers_ready = DATA_DIR / f"run-{PORT}.workers.ready"
     workers = ProcessComponent(
         "workers", [python, str(BASE_DIR / "manage.py"), "runworkers", "--processes", "1", "--threads", "4",
-                    "--shutdown-timeout", "20"],
-        depends_on=("setup",), cwd=str(BASE_DIR))
+                    "--shutdown-timeout", "20", "--ready-file", str(workers_ready)],
+        depends_on=("setup",), cwd=str(BASE_DIR), ready_file=workers_ready)
     web = ProcessComponent(
         "web", [python, "-m", "gunicorn", "project.wsgi:application",
                 "--config", "python:project.gunicorn_conf", "--bind", f"{HOST}:{PORT}", *_control_socket()],
         depends_on=("setup",), ready_url=f"http://{HOST}:{PORT}/readyz", cwd=str(BASE_DIR),
         pre_stop=announce_draining, on_exit=lambda _pid: drain_mark.unlink(missing_ok=True))
     setup = Setup()
-    system = System([*components, setup, workers, web], shutdown_timeout_s=30.0,
-                    stop_timeout_s=35.0)
+    system = System([*components, setup, workers, web, AwaitReady("workers-ready", [workers])],
+                    shutdown_timeout_s=30.0, stop_timeout_s=35.0)
 
     def announce() -> None:
         log.warning("billing system up: http://%s:%s/ (admin at /admin/, admin / admin; /healthz, "

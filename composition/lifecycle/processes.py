@@ -1,4 +1,5 @@
-"""Child processes as components: own session, die with the parent, drain on SIGTERM."""
+"""Child processes as components: own session, die with the parent, drain on SIGTERM; ready
+when a URL answers or a file appears (``AwaitReady`` waits for several files at once)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import structlog
 
 from composition.errors import described
 
-__all__ = ["ProcessComponent", "detach_and_die_with_parent", "die_with_parent"]
+__all__ = ["AwaitReady", "ProcessComponent", "detach_and_die_with_parent", "die_with_parent", "mark_ready"]
 
 log = structlog.get_logger("composition.processes")
 
@@ -56,14 +58,25 @@ def detach_and_die_with_parent(parent_pid: int | None = None) -> None:
     die_with_parent(os.getppid() if parent_pid is None else parent_pid)
 
 
+def mark_ready(path: Path) -> None:
+    """Write this process's pid to ``path`` in one step (a reader never sees it half written):
+    what ``runworkers --ready-file`` does once every component has started."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(f"{os.getpid()}\n")
+    partial.replace(path)
+
+
 class ProcessComponent:
     """A child process in its own session. Start waits until ``ready_url`` answers 200 (when
-    given); drain runs ``pre_stop`` (when given: a web server's draining window, while it still
-    serves), then sends SIGTERM and waits until the deadline; stop kills what is left, then
-    calls ``on_exit(pid)`` once the child was reaped (a supervisor archives its metrics files)."""
+    given); with a ``ready_file`` (which the child writes once it is up, as ``runworkers
+    --ready-file`` does) start only launches it, and ``wait_ready()``, or an ``AwaitReady`` after
+    it, waits for the file. Drain runs ``pre_stop`` (when given: a web server's draining window,
+    while it still serves), then sends SIGTERM and waits until the deadline; stop kills what is
+    left, then calls ``on_exit(pid)`` once the child was reaped (a supervisor archives its metrics
+    files)."""
 
     def __init__(self, name: str, argv: Sequence[str], *, env: dict[str, str] | None = None,
-                 depends_on: Sequence[str] = (), ready_url: str | None = None,
+                 depends_on: Sequence[str] = (), ready_url: str | None = None, ready_file: Path | None = None,
                  start_timeout_s: float = 60.0, cwd: str | None = None,
                  pre_stop: Callable[[], None] | None = None,
                  on_exit: Callable[[int], None] | None = None) -> None:
@@ -72,11 +85,13 @@ class ProcessComponent:
         self.env = env
         self.depends_on = tuple(depends_on)
         self.ready_url = ready_url
+        self.ready_file = ready_file
         self.start_timeout_s = start_timeout_s
         self.cwd = cwd
         self.pre_stop = pre_stop
         self.on_exit = on_exit
         self.process: subprocess.Popen[bytes] | None = None
+        self.launched_at = 0.0
         self._start_cancelled = threading.Event()
 
     def cancel_start(self) -> None:
@@ -84,30 +99,51 @@ class ProcessComponent:
         self._start_cancelled.set()
 
     def start(self) -> None:
+        if self.ready_file is not None:
+            self.ready_file.unlink(missing_ok=True)  # an earlier life's
+        self.launched_at = time.monotonic()
         self.process = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd,
                                         preexec_fn=functools.partial(detach_and_die_with_parent, os.getpid()))
         if self.ready_url:
-            self._wait_ready(self.ready_url)
+            # Not started until it answers: a start that fails kills what it launched.
+            self._wait_ready(self.ready_url, self._url_answers, kill_on_failure=True)
 
-    def _wait_ready(self, url: str) -> None:
+    def wait_ready(self) -> None:
+        """Wait for the ``ready_file`` (nothing to wait for without one); raises RuntimeError when
+        the child exits first or a stop cancels the start, TimeoutError after ``start_timeout_s``
+        from its launch. The child is left running: started, it is drained and stopped with the
+        rest (a worker already running jobs finishes them)."""
+        if self.ready_file is not None:
+            ready_file = self.ready_file
+            self._wait_ready(str(ready_file), lambda: ("", ready_file.exists()), kill_on_failure=False)
+
+    def _url_answers(self) -> tuple[str, bool]:
+        assert self.ready_url is not None
+        try:
+            with urllib.request.urlopen(self.ready_url, timeout=2) as response:
+                return f"HTTP {response.status}", response.status == 200
+        except Exception as exc:
+            return str(exc), False
+
+    def _wait_ready(self, what: str, ready: Callable[[], tuple[str, bool]], *, kill_on_failure: bool) -> None:
         assert self.process is not None
-        deadline = time.monotonic() + self.start_timeout_s
+        deadline = self.launched_at + self.start_timeout_s
         last_error = "no answer"
         while time.monotonic() < deadline:
             if self._start_cancelled.is_set():
-                self._kill()
+                if kill_on_failure:
+                    self._kill()
                 raise RuntimeError("start cancelled: a stop was requested before it was ready")
             if self.process.poll() is not None:
                 raise RuntimeError(f"exited with code {self.process.returncode} before it was ready")
-            try:
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except Exception as exc:
-                last_error = str(exc)
+            error, done = ready()
+            if done:
+                return
+            last_error = error or last_error
             self._start_cancelled.wait(0.2)
-        self._kill()
-        raise TimeoutError(f"{url} not ready within {self.start_timeout_s:.0f}s: {last_error}")
+        if kill_on_failure:
+            self._kill()
+        raise TimeoutError(f"{what} not ready within {self.start_timeout_s:.0f}s: {last_error}")
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -163,3 +199,30 @@ class ProcessComponent:
             self._signal(signal.SIGKILL)
             assert self.process is not None
             self.process.wait()
+
+
+class AwaitReady:
+    """Ready once every one of ``processes`` is (``ProcessComponent.wait_ready``): placed after
+    them, their start-ups run side by side, and one that exits or times out fails the start."""
+
+    def __init__(self, name: str, processes: Sequence[ProcessComponent]) -> None:
+        self.name = name
+        self.processes = list(processes)
+        self.depends_on = tuple(process.name for process in self.processes)
+
+    def cancel_start(self) -> None:
+        for process in self.processes:
+            process.cancel_start()
+
+    def start(self) -> None:
+        for process in self.processes:
+            try:
+                process.wait_ready()
+            except Exception as exc:
+                raise RuntimeError(f"{process.name}: {exc}") from exc
+
+    def drain(self, deadline: float) -> None:
+        pass
+
+    def stop(self, timeout_s: float) -> None:
+        pass

@@ -1,18 +1,22 @@
 """The worker side as a composed system: what ``manage.py runworkers`` runs.
 
 One process: logging → metrics (→ metrics server) → database → cache → broker → queue pauses →
-limit slots → worker threads → relay sweeper → invalidation replay → retention → shedding → metrics sampler →
-scheduler → heartbeat.
+limit slots (→ task leases) → relay sweeper (→ broker losses) → invalidation replay → retention →
+shedding → metrics sampler → scheduler → heartbeat → worker threads.
 Several: a supervisor of the metrics directory's upkeep, the scheduler, and child processes that
-each run the one-process system without a scheduler of their own. This is the top of the
-lifecycle package: nothing below it imports it.
+each run the one-process system without a scheduler of their own, up once each has written its
+ready file. This is the top of the lifecycle package: nothing below it imports it.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from django.conf import settings
 from dramatiq.brokers.redis import RedisBroker
@@ -34,7 +38,7 @@ from composition.lifecycle.components import (
     MetricsComponent,
 )
 from composition.lifecycle.heartbeat import HeartbeatComponent
-from composition.lifecycle.processes import ProcessComponent
+from composition.lifecycle.processes import AwaitReady, ProcessComponent
 from composition.lifecycle.system import System
 from composition.lifecycle.worker_threads import WorkerComponent
 from composition.limits import SlotRenewer
@@ -48,8 +52,17 @@ from composition.retention import RetentionComponent
 from composition.sampling import MetricsSamplerComponent
 from composition.schedules.component import SchedulerComponent
 
-__all__ = ["BACKGROUND_DB_THREADS", "BACKGROUND_HELD_CONNECTIONS", "SCHEDULER_DB_THREADS", "WorkerOptions",
-           "build_supervisor", "build_worker_system", "child_argv", "worker_components"]
+__all__ = [
+    "BACKGROUND_DB_THREADS",
+    "BACKGROUND_HELD_CONNECTIONS",
+    "SCHEDULER_DB_THREADS",
+    "ReadyFiles",
+    "WorkerOptions",
+    "build_supervisor",
+    "build_worker_system",
+    "child_argv",
+    "worker_components",
+]
 
 # Threads besides the worker threads that may hold a database connection in a worker process,
 # counted in the connection budget: the outbox relay sweeper, the deferred cache invalidation
@@ -80,6 +93,8 @@ class WorkerOptions:
     metrics_address: str = "0.0.0.0"
     # Run the scheduler (composition.schedules) in this process; the supervisor's children do not.
     schedules: bool = True
+    # Written (the pid) once every component has started, removed at the first signal and at exit.
+    ready_file: Path | None = None
 
     @classmethod
     def from_settings(cls) -> WorkerOptions:
@@ -150,15 +165,26 @@ def _task_components() -> list[Component]:
     return [TaskLeaseRenewer()]
 
 
+def _on_draining(options: WorkerOptions) -> Callable[[], None]:
+    def on_draining() -> None:
+        draining.set_draining()
+        if options.ready_file is not None:
+            options.ready_file.unlink(missing_ok=True)  # no longer up: a probe of it sees so at once
+
+    return on_draining
+
+
 def build_worker_system(options: WorkerOptions) -> System:
     return System(worker_components(options), shutdown_timeout_s=options.shutdown_timeout_s,
-                  on_draining=draining.set_draining)
+                  on_draining=_on_draining(options))
 
 
-def child_argv(options: WorkerOptions) -> list[str]:
+def child_argv(options: WorkerOptions, ready_file: Path | None = None) -> list[str]:
     argv = [sys.executable, "-m", "django", "runworkers", "--processes", "1",
             "--threads", str(options.threads), "--shutdown-timeout", str(options.shutdown_timeout_s),
             "--settings", settings.SETTINGS_MODULE]
+    if ready_file is not None:
+        argv += ["--ready-file", str(ready_file)]
     if options.queue_order is not None:
         argv += ["--queues", str(options.queue_order)]
     # The supervisor serves the whole multiprocess directory; a child serving too would only
@@ -176,8 +202,10 @@ def build_supervisor(options: WorkerOptions) -> System:
     # The supervisor's import path too: a child started from another directory (manage.py run
     # by its path) finds the project's modules as the supervisor did.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(entry or os.getcwd() for entry in sys.path)}
-    children: list[Component] = [
-        ProcessComponent(f"worker-process-{index}", child_argv(options), env=env, on_exit=archive_reaped_child)
+    ready_files = ReadyFiles()
+    children = [
+        ProcessComponent(f"worker-process-{index}", child_argv(options, ready_files.path(index)), env=env,
+                         ready_file=ready_files.path(index), on_exit=archive_reaped_child)
         for index in range(options.processes)
     ]
     # Children drain concurrently on the first signal (each gets SIGTERM and the same deadline);
@@ -185,6 +213,31 @@ def build_supervisor(options: WorkerOptions) -> System:
     scheduler: list[Component] = []
     if options.schedules:
         scheduler = [DatabaseComponent(), BrokerComponent(configured_broker()), SchedulerComponent()]
-    return System([LoggingComponent(), *_metrics_components(options), *scheduler, *children],
+    # The children start side by side; the supervisor is up once each one is (a child that fails
+    # to start fails the supervisor's start, and is not reported later as one that died).
+    return System([LoggingComponent(), *_metrics_components(options), *scheduler, ready_files, *children,
+                   AwaitReady("worker-processes-ready", children)],
                   shutdown_timeout_s=options.shutdown_timeout_s + 2.0,
-                  on_draining=draining.set_draining)
+                  on_draining=_on_draining(options))
+
+
+class ReadyFiles:
+    """The directory of the children's ready files: made at start, removed at stop (a component
+    before the children, so it outlives them)."""
+
+    name = "ready-files"
+
+    def __init__(self) -> None:
+        self.directory = Path(tempfile.gettempdir()) / f"runworkers-ready-{os.getpid()}-{id(self):x}"
+
+    def path(self, index: int) -> Path:
+        return self.directory / f"worker-process-{index}"
+
+    def start(self) -> None:
+        self.directory.mkdir(mode=0o700)
+
+    def drain(self, deadline: float) -> None:
+        pass
+
+    def stop(self, timeout_s: float) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)

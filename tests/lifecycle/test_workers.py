@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,10 +46,15 @@ def _heartbeats() -> list[dict[str, object]]:
         client.close()
 
 
-def test_sigterm_drains_and_exits_zero_within_the_shutdown_timeout(worker_processes) -> None:  # type: ignore[no-untyped-def]
-    process = worker_processes.spawn(["--threads", "2", "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)])
-    wait_until(lambda: "workers" in _component_lines(process.output(), "component started"), 30,
-               message="runworkers did not start")
+def test_sigterm_drains_and_exits_zero_within_the_shutdown_timeout(  # type: ignore[no-untyped-def]
+        worker_processes, tmp_path: Path) -> None:
+    ready = tmp_path / "worker.ready"
+    process = worker_processes.spawn(["--threads", "2", "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S),
+                                      "--ready-file", str(ready)])
+    wait_until(ready.exists, 30, message="runworkers did not write its ready file")
+    # Written once every component started, the worker threads last.
+    assert "workers" in _component_lines(process.output(), "component started")
+    assert ready.read_text() == f"{process.pid}\n"
     beats = _heartbeats()
     assert any(beat["worker"].endswith(f":{process.pid}") for beat in beats)
 
@@ -64,6 +70,7 @@ def test_sigterm_drains_and_exits_zero_within_the_shutdown_timeout(worker_proces
                        "task-leases", "outbox-relay", "broker-losses", "cache-invalidation-replay",
                        "retention", "shedding", "metrics-sampler", "scheduler", "heartbeat", "workers"]
     assert stopped == list(reversed(started))
+    assert not ready.exists(), "the ready file outlived the worker"
     # The heartbeat is withdrawn on a clean stop, so health does not count a dead worker.
     assert not any(beat["worker"].endswith(f":{process.pid}") for beat in _heartbeats())
 
@@ -80,6 +87,25 @@ def test_start_failure_rolls_back_and_exits_non_zero(worker_processes) -> None: 
     assert "component 'broker': failed to start" in output
     assert _component_lines(output, "component stopped") == ["cache", "database", "metrics", "logging"]
     assert "workers" not in _component_lines(output, "component started")
+
+
+@pytest.mark.slow
+def test_children_that_fail_to_start_fail_the_supervisor_s_start(  # type: ignore[no-untyped-def]
+        worker_processes, tmp_path: Path) -> None:
+    # They were launched and counted started: the supervisor was "up", then reported them as
+    # having died while it ran.
+    ready = tmp_path / "supervisor.ready"
+    closed = f"redis://127.0.0.1:{free_port()}/0"
+    process = worker_processes.spawn(["--processes", "2", "--threads", "1", "--no-schedules",
+                                      "--ready-file", str(ready)], BROKER_URL=closed)
+    assert process.process is not None
+    code = process.process.wait(60)
+    output = process.output()
+    assert code != 0
+    assert "component 'worker-processes-ready': failed to start" in output, output[-3000:]
+    assert "component died" not in output
+    assert not ready.exists()
+    assert not list(Path(tempfile.gettempdir()).glob(f"runworkers-ready-{process.pid}-*")), "a ready directory was left"
 
 
 @pytest.mark.slow
@@ -179,11 +205,11 @@ def test_a_child_ending_on_its_own_fails_the_group_even_started_from_another_dir
     # Started by its path from elsewhere, the children were started without the project on their
     # import path (ModuleNotFoundError); and one child that exited 0 stopped the group with exit
     # 0, so a supervisor's Restart=on-failure never started it again.
-    process = WorkerProcess(["--processes", "2", "--threads", "1"], manage_py=str(ROOT / "manage.py"),
-                            cwd=str(tmp_path)).start()
+    ready = tmp_path / "supervisor.ready"
+    process = WorkerProcess(["--processes", "2", "--threads", "1", "--ready-file", str(ready)],
+                            manage_py=str(ROOT / "manage.py"), cwd=str(tmp_path)).start()
     try:
-        wait_until(lambda: len(_children(process.pid)) == 2 and len(_heartbeats()) >= 2, 40,
-                   message=f"two worker processes did not start; log:\n{process.output()[-3000:]}")
+        wait_until(ready.exists, 40, message=f"two worker processes did not start; log:\n{process.output()[-3000:]}")
         os.kill(_children(process.pid)[0], signal.SIGTERM)  # drains and exits 0, on its own
         assert process.process is not None
         assert process.process.wait(30) == 1, process.output()[-3000:]

@@ -299,3 +299,40 @@ def test_a_second_run_on_a_taken_port_refuses_before_starting_anything(tmp_path:
     assert f"127.0.0.1:{port} is in use" in done.stderr and f"PORT={port + 1} ./run" in done.stderr
     assert time.monotonic() - began < 10
     assert not any(tmp_path.iterdir()), "nothing may start: no embedded server, no data"
+
+
+def test_run_says_it_could_not_start_when_the_workers_cannot_and_never_that_it_is_up(tmp_path: Path) -> None:
+    # The workers were up once launched: ./run printed "billing system up" and the API token a
+    # second after they had failed, then stopped everything as a component that died.
+    import psycopg
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    admin = dict(host=db.get("HOST") or "127.0.0.1", port=db.get("PORT") or 5432, user=db.get("USER") or "postgres",
+                 password=db.get("PASSWORD") or None, dbname="postgres", autocommit=True)
+    name = f"run_{os.getpid()}_{free_port()}"
+    with psycopg.connect(**admin) as conn:  # type: ignore[arg-type]
+        conn.execute(f'CREATE DATABASE "{name}"')
+    port = free_port()
+    env = {key: value for key, value in os.environ.items() if key not in ("DJANGO_SETTINGS_MODULE",)}
+    auth = admin["user"] + (f":{admin['password']}" if admin["password"] else "")
+    env.update(COMPOSITION_DATA_DIR=str(tmp_path), PORT=str(port), LOG_FORMAT="json",
+               DATABASE_URL=f"postgresql://{auth}@{admin['host']}:{admin['port']}/{name}",
+               REDIS_URL=settings.CACHES["default"]["LOCATION"], BROKER_URL=f"redis://127.0.0.1:{free_port()}/0")
+    log_path = tmp_path / "run.log"
+    process = _start_run(env, log_path)
+    try:
+        code = process.wait(120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        with psycopg.connect(**admin) as conn:  # type: ignore[arg-type]
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    output = log_path.read_text()
+    assert code == 1, output[-3000:]
+    assert "billing system up" not in output and "Bearer" not in output, output[-3000:]
+    assert re.search(r"could not start: .*workers-ready.*workers: exited with code 1 before it was ready", output), \
+        output[-3000:]
+    assert http_status(f"http://127.0.0.1:{port}/healthz") == 0  # the web it started is gone
+    assert not list(tmp_path.glob("*.ready"))

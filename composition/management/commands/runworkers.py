@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import math
+from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -12,6 +14,7 @@ from composition.broker.configured import configured_broker
 from composition.conf import conf
 from composition.errors import SystemStartError
 from composition.jobs.queue_order import QueueOrder
+from composition.lifecycle.processes import mark_ready
 from composition.lifecycle.workers import WorkerOptions, build_supervisor, build_worker_system
 from composition.outbox.relay import RELAY_QUEUE_NAME
 from composition.prometheus.directory import multiproc_dir
@@ -85,7 +88,7 @@ def _option_or(options: dict[str, Any], name: str, default: Any) -> Any:
 
 class Command(BaseCommand):
     help = ("Run Dramatiq workers (and the outbox relay) as one composed system. SIGTERM/SIGINT "
-            "drains gracefully; a second signal exits at once.")
+            "drains gracefully; a second SIGINT exits at once.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         # Bad values are usage errors (exit 2), as --processes abc always was.
@@ -102,6 +105,10 @@ class Command(BaseCommand):
                                  "(default: COMPOSITION['WORKER_METRICS_PORT'])")
         parser.add_argument("--no-schedules", action="store_false", dest="schedules",
                             help="do not run the scheduler here (another process of this host runs it)")
+        parser.add_argument("--ready-file", type=Path, default=None, dest="ready_file",
+                            help="write the pid to this file once every component has started (under "
+                                 "--processes N: every child), and remove it at the first signal and at exit: "
+                                 "a readiness probe (test -f) or a supervisor waits for it")
 
     def handle(self, *args: Any, **options: Any) -> None:
         defaults = WorkerOptions.from_settings()
@@ -114,6 +121,7 @@ class Command(BaseCommand):
                 options, "metrics_port", defaults.metrics_port),
             metrics_address=defaults.metrics_address,
             schedules=options["schedules"],
+            ready_file=options["ready_file"],
         )
         if worker_options.processes < 1 or worker_options.threads < 1:
             raise CommandError("--processes and --threads must be at least 1")
@@ -125,10 +133,14 @@ class Command(BaseCommand):
                                "without it the children's metrics stay in the children")
         system = (build_worker_system(worker_options) if worker_options.processes == 1
                   else build_supervisor(worker_options))
+        ready_file = worker_options.ready_file
         try:
-            report = system.run()
+            report = system.run(on_started=None if ready_file is None else functools.partial(mark_ready, ready_file))
         except SystemStartError as exc:
             raise CommandError(str(exc)) from exc
+        finally:
+            if ready_file is not None:
+                ready_file.unlink(missing_ok=True)
         if any(result.status != "stopped" for result in report):
             raise CommandError("some components did not stop cleanly: "
                                + ", ".join(f"{r.name}={r.status}" for r in report if r.status != "stopped"))
