@@ -202,20 +202,22 @@ class System:
 
     def _install_signals(self) -> dict[int, signal.Handlers | Callable[..., object] | int | None]:
         previous: dict[int, signal.Handlers | Callable[..., object] | int | None] = {}
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        # SIGHUP too: a closed terminal or a dropped ssh session sends it, and its default (exit
+        # at once) abandoned the jobs under way without a word.
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             previous[signum] = signal.getsignal(signum)
             signal.signal(signum, self._on_signal)
         return previous
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if self._signalled:
-            if signum == signal.SIGTERM:
+            if signum in (signal.SIGTERM, signal.SIGHUP):
                 # A supervisor's, not an operator insisting: systemd's KillMode=control-group
                 # signals every process of the service, and a runworkers child under ./run gets
                 # it again from its supervisor once the web's draining window ends, seconds later.
                 # Taken as "exit at once", it dropped the jobs it was finishing.
-                os.write(2, b"SIGTERM again: the same stop request, still draining "
-                            b"(a second Ctrl-C or SIGINT exits at once)\n")
+                os.write(2, f"{signal.Signals(signum).name} again: the same stop request, still draining "
+                            f"(a second Ctrl-C or SIGINT exits at once)\n".encode())
                 return
             # The operator pressed Ctrl-C again: do not wait for anything any more.
             os.write(2, b"second signal: exiting at once\n")

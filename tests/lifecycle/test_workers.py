@@ -75,6 +75,21 @@ def test_sigterm_drains_and_exits_zero_within_the_shutdown_timeout(  # type: ign
     assert not any(beat["worker"].endswith(f":{process.pid}") for beat in _heartbeats())
 
 
+def test_sighup_drains_as_sigterm_does(worker_processes, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # What a closed terminal or a dropped ssh session sends: its default ended the process at
+    # once, abandoning the jobs under way and leaving the heartbeat behind.
+    ready = tmp_path / "worker.ready"
+    process = worker_processes.spawn(["--threads", "1", "--ready-file", str(ready)])
+    wait_until(ready.exists, 30, message="runworkers did not start")
+    process.signal(signal.SIGHUP)
+    process.signal(signal.SIGHUP)  # again: the same stop
+    assert process.process is not None
+    assert process.process.wait(30) == 0, process.output()[-3000:]
+    output = process.output()
+    assert '"signal": "SIGHUP"' in output and "component stopped" in output
+    assert not any(beat["worker"].endswith(f":{process.pid}") for beat in _heartbeats())
+
+
 def test_start_failure_rolls_back_and_exits_non_zero(worker_processes) -> None:  # type: ignore[no-untyped-def]
     from composition.testing import free_port
 
