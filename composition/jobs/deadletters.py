@@ -78,8 +78,8 @@ class Failure:
 
     @classmethod
     def of(cls, exception: BaseException) -> Failure:
-        return cls(error_class_name(exception), _storable(exception_text(exception)[:MAX_MESSAGE_CHARS]),
-                   _storable("".join(traceback.format_exception(exception, limit=MAX_TRACEBACK_FRAMES))))
+        return cls(error_class_name(exception), _readable(_storable(exception_text(exception)[:MAX_MESSAGE_CHARS])),
+                   _readable(_storable("".join(traceback.format_exception(exception, limit=MAX_TRACEBACK_FRAMES)))))
 
     @property
     def summary(self) -> str:
@@ -108,6 +108,17 @@ def _from_millis(value: Any) -> datetime | None:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return datetime.fromtimestamp(value / 1000, tz=UTC)
     return None
+
+
+# Unicode's bidirectional controls (embeddings, overrides, isolates and the implicit marks).
+_BIDI_CONTROLS = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _readable(text: str) -> str:
+    """``text`` with each bidirectional control written out (``\\u202e``): error text comes from
+    anywhere (a payload quoted in an exception), and one such control reverses what an operator
+    reads after it, in the admin and in a terminal."""
+    return _BIDI_CONTROLS.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
 
 
 def _storable(value: Any) -> Any:

@@ -357,6 +357,35 @@ def test_nul_characters_do_not_stop_a_dead_letter_from_being_written() -> None:
     assert "\x00" not in row.traceback
 
 
+@pytest.mark.django_db
+def test_bidirectional_controls_in_an_error_are_written_out() -> None:
+    # One U+202E reversed what the admin and a terminal showed after it ("RTL" read "LTR").
+    letter = dead_letter(key="bidi", error="refund to \u202eRTL\u202c account")
+    assert letter.error_message == "refund to \\u202eRTL\\u202c account"
+    assert "\u202e" not in letter.traceback and "\\u202e" in letter.traceback
+
+
+@pytest.mark.django_db
+def test_show_says_who_acted_and_prints_json_and_list_keeps_a_letter_to_one_line() -> None:
+    from django.contrib.auth import get_user_model
+
+    get_user_model().objects.create_superuser("oncall", "oncall@example.com", "unused")
+    letter = dead_letter(key="who", error="duplicate key\nDETAIL:  Key (token)=(x) already exists.")
+    run("discard", "--id", str(letter.pk), "--by", "oncall")
+    shown = run("show", "--id", str(letter.pk))
+    assert "discarded_by: oncall" in shown and "replayed_by: None" in shown
+    assert 'payload: {"account": "acme", "key": "who"}' in shown  # JSON, not a Python repr
+    assert json.loads(run("show", "--id", str(letter.pk), "--json"))[0]["discarded_by"] == "oncall"
+    from django.contrib.admin.models import LogEntry
+
+    (entry,) = LogEntry.objects.filter(object_id=str(letter.pk), user__username="oncall")
+    assert entry.change_message == "Discarded with manage.py deadletters."  # the admin's history, as there
+    listed = run("list", "--all").splitlines()
+    (row,) = [line for line in listed if line.split()[:1] == [str(letter.pk)]]
+    assert row.endswith("duplicate key DETAIL: Key (token)=(x) already exists.")
+    assert not any(line.startswith("DETAIL") for line in listed)
+
+
 # -- the operator's tools as a newcomer meets them ---------------------------------------------------
 def _command(*args: str) -> str:
     out = StringIO()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.contrib.admin.models import CHANGE, LogEntry
 from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, transaction
@@ -40,9 +41,28 @@ def _detail(row: DeadLetter) -> dict[str, Any]:
     return {**_summary(row), "queue": row.queue, "payload": row.payload, "args": row.args,
             "headers": row.headers, "first_failed_at": row.first_failed_at.isoformat(),
             "replayed_at": row.replayed_at.isoformat() if row.replayed_at else None,
+            "replayed_by": row.replayed_by.get_username() if row.replayed_by else None,
             "replay_outbox_id": row.replay_outbox_id,
             "discarded_at": row.discarded_at.isoformat() if row.discarded_at else None,
+            "discarded_by": row.discarded_by.get_username() if row.discarded_by else None,
             "traceback": row.traceback}
+
+
+# Shown as JSON in the plain output too, so that they can be pasted where JSON is read.
+_JSON_FIELDS = ("payload", "args", "headers")
+
+
+def _in_history(user: Any, action: str, pks: list[int]) -> None:
+    """With ``--by``, the letters acted on go in that user's admin history (each letter's, and
+    Recent actions), as the admin's actions do. Never fails the action, which has been done."""
+    if user is None or user.pk is None or not pks:
+        return
+    try:
+        LogEntry.objects.log_actions(user_id=user.pk, queryset=DeadLetter.objects.filter(pk__in=pks),
+                                     action_flag=CHANGE,
+                                     change_message=f"{action.capitalize()}ed with manage.py deadletters.")
+    except DatabaseError:
+        pass  # the letters say who (replayed_by, discarded_by); only the history entry is missing
 
 
 def _missing(ids: list[int] | None, found: Any) -> list[int]:
@@ -167,14 +187,14 @@ class Command(BaseCommand):
         for row in shown:
             self.stdout.write(f"{row['id']:>8}  {row['status']:<9} {row['actor']:<30} "
                               f"{row['error_class'].rsplit('.', 1)[-1]:<28} x{row['attempts']:<3} "
-                              f"{row['fingerprint'][:12]}  {row['error_message'][:80]}")
+                              f"{row['fingerprint'][:12]}  {' '.join(row['error_message'].split())[:80]}")
         self.stdout.write(f"{total} dead letter(s)" + (f", newest {LIST_LIMIT} shown" if total > LIST_LIMIT else "")
                           + (f"; {group_count} groups, largest {LIST_GROUPS} shown" if group_count > len(groups)
                              else ""))
 
     def _show(self, rows: QuerySet[DeadLetter], options: dict[str, Any]) -> None:
         ids, as_json = options["ids"], options["json"]
-        found = list(rows)
+        found = list(rows.select_related("replayed_by", "discarded_by"))
         missing = _missing(ids, found)
         if not found:
             raise CommandError(f"no dead letter with id {', '.join(map(str, missing))}"
@@ -184,7 +204,9 @@ class Command(BaseCommand):
         else:
             for row in found:
                 for name, value in _detail(row).items():
-                    if name != "traceback":
+                    if name in _JSON_FIELDS:
+                        self.stdout.write(f"{name}: {json.dumps(value, ensure_ascii=False, sort_keys=True)}")
+                    elif name != "traceback":
                         self.stdout.write(f"{name}: {value}")
                 self.stdout.write(row.traceback)
         if missing:
@@ -222,8 +244,11 @@ class Command(BaseCommand):
         not_open = _missing(ids, rows.filter(pk__in=ids))
         result = service.BulkResult()
         try:
-            (service.replay_many if action == "replay" else service.discard_many)(rows, user=options["user"],
-                                                                                  into=result)
+            try:
+                (service.replay_many if action == "replay" else service.discard_many)(rows, user=options["user"],
+                                                                                      into=result)
+            finally:
+                _in_history(options["user"], action, list(result.done))
         except (KeyboardInterrupt, DatabaseError) as exc:
             # Each letter is done in its own transaction: what was done stays done, once, and
             # the same command does the rest (the done ones are no longer dead). Counted as they
@@ -299,6 +324,7 @@ class Command(BaseCommand):
             raise CommandError(f"no dead letter with id {pk}") from None
         except CompositionError as exc:
             raise CommandError(str(exc)) from exc
+        _in_history(options["user"], action, [row.pk])
         if as_json:
             self._emit({"action": action, "id": row.pk, "status": row.status,
                         "replay_outbox_id": row.replay_outbox_id})
