@@ -123,9 +123,10 @@ def described(exc: BaseException) -> str:
 def exception_text(exc: BaseException) -> str:
     """``str(exc)``, or a stand-in when the exception's own ``__str__`` raises: a job failing
     with such an exception must still be retried and dead-lettered, not acknowledged by the
-    hook that tried to print it (Dramatiq logs an after-hook's error and acks the message)."""
+    hook that tried to print it (Dramatiq logs an after-hook's error and acks the message). An
+    empty ``str()`` of an exception with arguments (pika's connection errors) gives those."""
     try:
-        return str(exc)
+        return str(exc) or "; ".join(str(arg) or repr(arg) for arg in exc.args)
     except Exception as inner:
         return f"<unprintable {type(exc).__name__}: its __str__ raised {type(inner).__name__}>"
 

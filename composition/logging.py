@@ -9,6 +9,7 @@ request_id, job_id, attempt, entity ids.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import uuid
@@ -33,8 +34,16 @@ REQUEST_ID_HEADER = "X-Request-ID"
 # smuggle newlines or blow up log lines.
 _REQUEST_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # whole value: fullmatch ($ takes a "\n")
 
+def _add_pid(logger: Any, method_name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    # Which process wrote it: `runworkers --processes N`'s supervisor and children, and ./run's
+    # children, write the same lines (a component's start or stop) to one stream.
+    event_dict.setdefault("pid", os.getpid())
+    return event_dict
+
+
 _SHARED_PROCESSORS: list[Any] = [
     structlog.contextvars.merge_contextvars,
+    _add_pid,
     structlog.stdlib.add_logger_name,
     structlog.stdlib.add_log_level,
     structlog.processors.TimeStamper(fmt="iso", utc=True),

@@ -1,11 +1,15 @@
 """The app's models live beside the code that uses them; Django finds them here."""
 
 # Each subsystem adds one import line below for its models.
-from composition.cache.models import PendingInvalidation  # noqa: F401
-from composition.jobs.models import DeadLetter, ProcessedMessage, TaskRecord  # noqa: F401
-from composition.locks.models import LockFence  # noqa: F401
-from composition.operations.models import Operations  # noqa: F401
-from composition.outbox.models import OutboxMessage  # noqa: F401
-from composition.pauses.models import Pause  # noqa: F401
-from composition.queues.models import QueueBucket  # noqa: F401
-from composition.schedules.models import ScheduleState, ScheduleTick  # noqa: F401
+from composition.cache.models import PendingInvalidation
+from composition.jobs.models import DeadLetter, ProcessedMessage, TaskRecord
+from composition.locks.models import LockFence
+from composition.operations.models import Operations
+from composition.outbox.models import OutboxMessage
+from composition.pauses.models import Pause
+from composition.queues.models import QueueBucket
+from composition.schedules.models import ScheduleState, ScheduleTick
+
+# Named, so `from composition.models import DeadLetter` is an explicit export to type checkers.
+__all__ = ["DeadLetter", "LockFence", "Operations", "OutboxMessage", "Pause", "PendingInvalidation", "ProcessedMessage",
+           "QueueBucket", "ScheduleState", "ScheduleTick", "TaskRecord"]

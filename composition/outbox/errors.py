@@ -38,8 +38,10 @@ class PublishError(OutboxError, ValueError):
 class UnknownActorError(PublishError, LookupError):
     """The actor is neither an actor object nor the name of an actor declared on the broker."""
 
-    def __init__(self, actor_name: str) -> None:
+    def __init__(self, actor_name: str, *, not_an_actor: bool = False) -> None:
         super().__init__(
+            f"{actor_name} is not a job: publish() takes a function declared with @job (or a Dramatiq "
+            "actor), or its name" if not_an_actor else
             f"unknown actor {actor_name!r}: no actor of that name is declared on the configured "
             "broker (is its app's jobs module imported?)"
         )

@@ -237,4 +237,4 @@ def _actor_name(actor: Any) -> str:
     name = getattr(actor, "actor_name", None)
     if isinstance(name, str):
         return name
-    raise UnknownActorError(repr(actor))
+    raise UnknownActorError(repr(actor), not_an_actor=True)

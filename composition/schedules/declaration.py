@@ -10,13 +10,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
-__all__ = ["CATCH_UP", "DEFAULT_GRACE", "EPOCH", "OVERLAP", "SCHEDULE_HEADER", "Schedule", "declared",
-           "duplicate_names", "forget", "schedule"]
+__all__ = ["CATCH_UP", "DEFAULT_GRACE", "EPOCH", "OVERLAP", "SCHEDULE_HEADER", "CatchUp", "Overlap", "Schedule",
+           "declared", "duplicate_names", "forget", "schedule"]
 
 CATCH_UP = ("skip", "latest", "all")
 OVERLAP = ("allow", "skip")
+# For type checkers: a typo is found before `manage.py check` finds it (E121).
+CatchUp = Literal["skip", "latest", "all"]
+Overlap = Literal["allow", "skip"]
 # How late a tick may be and still fire as on time (a scheduler restarting, a slow round).
 DEFAULT_GRACE = timedelta(seconds=30)
 # The message header (in options["composition"]) of a scheduled run: {"name", "tick", "fire_at",
@@ -67,7 +70,7 @@ class Schedule:
 
 
 def schedule(job: Any, *, cron: str | None = None, every: timedelta | None = None, tz: str = "UTC",
-             catch_up: str = "latest", overlap: str = "allow", payload: Mapping[str, Any] | None = None,
+             catch_up: CatchUp = "latest", overlap: Overlap = "allow", payload: Mapping[str, Any] | None = None,
              name: str | None = None, start: datetime | None = None, catch_up_window: timedelta | None = None,
              catch_up_max: int = 100, max_pending: int | None = None,
              grace: timedelta = DEFAULT_GRACE) -> Schedule:

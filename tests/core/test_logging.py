@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -89,6 +90,7 @@ def test_json_lines_carry_the_bound_context(capsys: pytest.CaptureFixture[str]) 
     assert record["event"] == "processing payment receipt job"
     assert (record["request_id"], record["job_id"], record["attempt"], record["payment_id"]) == ("r1", "j1", 2, 7)
     assert record["level"] == "info" and "timestamp" in record
+    assert record["pid"] == os.getpid()  # several processes write to one stream
 
 
 def test_djangos_own_line_for_an_error_answer_carries_the_request_id(client: Client,

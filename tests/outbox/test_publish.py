@@ -72,6 +72,18 @@ def test_bad_input_raises_at_publish_and_writes_nothing(actor: Any, payload: Any
     assert OutboxMessage.objects.count() == 0
 
 
+def _not_a_job(seq: int) -> None:
+    """A plain function: published by mistake for the @job beside it."""
+
+
+@pytest.mark.django_db
+def test_a_plain_function_is_refused_as_not_a_job() -> None:
+    # It said "unknown actor '<function ...>'": nothing about @job.
+    with pytest.raises(UnknownActorError, match=r"<function _not_a_job at .*> is not a job: publish\(\) takes a "
+                                                r"function declared with @job"):
+        publish(_not_a_job, {"seq": 1})
+
+
 @pytest.mark.django_db
 def test_any_mapping_of_keyword_arguments_is_published_as_a_dict() -> None:
     message = publish(PROBE, types.MappingProxyType({"seq": 1}))
