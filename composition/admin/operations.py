@@ -112,9 +112,12 @@ class OperationsAdmin(ReadOnlyRows, admin.ModelAdmin):
             if action not in ("pause", "resume"):
                 raise PauseRefused(f"No action {action!r} for {what.lower()} {name!r}.")
             changed = change(action, name, by=request.user.get_username(),
-                             reason=request.POST.get("reason", "").strip()[:500], user=request.user)
+                             reason=request.POST.get("reason", "").strip(), user=request.user)
         except PauseRefused as exc:
             messages.error(request, str(exc))
+            return HttpResponseRedirect(page)
+        except ValueError as exc:  # a reason too long: it was cut without a word
+            messages.error(request, f"{str(exc)[:1].upper()}{str(exc)[1:]}; nothing was changed.")
             return HttpResponseRedirect(page)
         done = "paused" if action == "pause" else "resumed"
         messages.success(request, f"{what} {name} {done}." if changed else f"{what} {name} was {done} already.")

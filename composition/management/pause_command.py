@@ -115,7 +115,7 @@ class PauseCommand(BaseCommand):
             change = self.pause_one if action == "pause" else self.resume_one
             try:
                 self.stdout.write(change(name, by=by, reason=options["reason"], user=user))
-            except ValueError as exc:  # a --by too long for the record
+            except ValueError as exc:  # a --by or --reason too long for the record
                 raise CommandError(str(exc)) from None
 
     def write_table(self, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:

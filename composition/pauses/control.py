@@ -13,12 +13,14 @@ from django.db.models.functions import Now
 
 from composition.pauses.models import Pause
 
-__all__ = ["PAUSE_PERMISSION", "pause", "paused_names", "resume"]
+__all__ = ["MAX_REASON_CHARS", "PAUSE_PERMISSION", "pause", "paused_names", "resume"]
 
 log = structlog.get_logger("composition.pauses")
 
 # Who may pause and resume from the admin.
 PAUSE_PERMISSION = "composition.change_pauses"
+# A reason is a line on the operations page and in `queues list`, not a document.
+MAX_REASON_CHARS = 500
 
 
 def _kind(kind: str) -> str:
@@ -32,6 +34,8 @@ def _change(kind: str, name: str, *, paused: bool, by: str, reason: str, user: A
     longest = Pause._meta.get_field("changed_by").max_length or 0
     if len(by) > longest:
         raise ValueError(f"who paused or resumed is at most {longest} characters, got {len(by)}")
+    if len(reason) > MAX_REASON_CHARS:
+        raise ValueError(f"a reason is at most {MAX_REASON_CHARS} characters, got {len(reason)}")
     with transaction.atomic():
         row = Pause.objects.select_for_update().filter(kind=_kind(kind), name=name).first()
         if row is None and not paused:
@@ -81,7 +85,7 @@ def pause(kind: str, name: str, *, by: str, reason: str = "", user: Any = None,
     ``keep_start(resumed_at)``, called under the row's lock when a resumed row is paused again,
     True keeps the earlier pause's start (``paused_at``: ``pause_schedule`` does). Returns
     the row and whether this call changed it (False: it was paused already). Raises ValueError
-    for an unknown kind or a ``by`` over 150 characters."""
+    for an unknown kind, a ``by`` over 150 characters or a ``reason`` over ``MAX_REASON_CHARS``."""
     row, changed = _change(kind, name, paused=True, by=by, reason=reason, user=user, shed=shed,
                            keep_start=keep_start)
     assert row is not None  # a pause always has its row

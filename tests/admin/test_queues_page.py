@@ -64,7 +64,10 @@ def test_an_unknown_queue_the_relay_s_queue_or_an_unknown_action_changes_nothing
     client = staff_client("view_operations", "change_pauses")
     for data, says in (({"name": "nope", "action": "pause"}, "no queue named &#x27;nope&#x27;"),
                        ({"name": RELAY_QUEUE_NAME, "action": "pause"}, "outbox relay"),
-                       ({"name": QUEUE, "action": "explode"}, "No action")):
+                       ({"name": QUEUE, "action": "explode"}, "No action"),
+                       # It was cut to 500 characters without a word, where the command kept it whole.
+                       ({"name": QUEUE, "action": "pause", "reason": "x" * 501},
+                        "A reason is at most 500 characters, got 501; nothing was changed.")):
         answer = client.post(POST, data, follow=True)
         html = answer.content.decode()
         assert says.lower() in html.lower(), re.findall(r'<ul class="messagelist">.*?</ul>', html, re.S)

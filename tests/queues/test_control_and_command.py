@@ -38,6 +38,12 @@ def test_a_second_pause_says_its_reason_was_not_recorded() -> None:
     assert Pause.objects.get(kind=Pause.QUEUE, name=QUEUE).reason == "provider outage"
 
 
+def test_a_reason_over_500_characters_is_refused_as_the_admin_refuses_it() -> None:
+    with pytest.raises(CommandError, match="a reason is at most 500 characters, got 2000"):
+        _run("pause", QUEUE, "--reason", "x" * 2000)
+    assert not Pause.objects.filter(kind=Pause.QUEUE, name=QUEUE).exists()
+
+
 def test_pause_and_resume_change_the_row_once_and_say_so() -> None:
     assert QUEUE in known_queues()
     row, changed = pause_queue(QUEUE, by="ops", reason="provider outage")
