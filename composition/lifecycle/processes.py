@@ -145,6 +145,11 @@ class ProcessComponent:
             self._kill()
         raise TimeoutError(f"{what} not ready within {self.start_timeout_s:.0f}s: {last_error}")
 
+    def kill_now(self) -> None:
+        """SIGKILL the child's process group without waiting: a second Ctrl-C's way (``System``)."""
+        if self.alive():
+            self._signal(signal.SIGKILL)
+
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 

@@ -9,6 +9,7 @@ is the same stop request seen again (see ``_on_signal``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -219,8 +220,14 @@ class System:
                 os.write(2, f"{signal.Signals(signum).name} again: the same stop request, still draining "
                             f"(a second Ctrl-C or SIGINT exits at once)\n".encode())
                 return
-            # The operator pressed Ctrl-C again: do not wait for anything any more.
+            # The operator pressed Ctrl-C again: do not wait for anything any more, nor leave
+            # child processes behind to drain on their own (they wrote on to the terminal).
             os.write(2, b"second signal: exiting at once\n")
+            for component in [*self.started, self._starting]:
+                kill_now = getattr(component, "kill_now", None)
+                if kill_now is not None:
+                    with contextlib.suppress(Exception):
+                        kill_now()
             os._exit(FORCED_EXIT_CODE)
         self._signalled = True
         log.info("signal received, draining", signal=signal.Signals(signum).name)

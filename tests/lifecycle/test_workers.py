@@ -147,6 +147,32 @@ def test_several_processes_drain_together_and_children_die_with_the_parent(worke
                message="worker children outlived their parent")
 
 
+@pytest.mark.slow
+def test_a_second_ctrl_c_ends_the_children_too(worker_processes, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # The supervisor exited at once; its children, orphans now, drained on their own for the
+    # shutdown timeout, writing on to the terminal.
+    from tests.jobsapp import jobs
+    from tests.jobsapp.models import Attempt
+
+    ready = tmp_path / "supervisor.ready"
+    process = worker_processes.spawn(["--processes", "2", "--threads", "1", "--shutdown-timeout", "30",
+                                      "--queues", jobs.SLOW_QUEUE, "--ready-file", str(ready)])
+    wait_until(ready.exists, 40, message="two worker processes did not start")
+    children = _children(process.pid)
+    assert len(children) == 2
+    for index in range(2):  # a job each child is still running when the signals come
+        jobs.slow.send(key=f"second-ctrl-c-{index}", hold_s=60)
+    started = Attempt.objects.filter(key__startswith="second-ctrl-c-")
+    wait_until(lambda: started.count() == 2, 20, message="the children did not take the jobs")
+    process.signal(signal.SIGINT)
+    time.sleep(0.5)
+    process.signal(signal.SIGINT)
+    assert process.process is not None
+    assert process.process.wait(10) == 130
+    wait_until(lambda: not any(_alive(pid) for pid in children), 3,
+               message="the children went on after the second Ctrl-C")
+
+
 def _children(pid: int) -> list[int]:
     result = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
     return [int(line) for line in result.stdout.split()]
