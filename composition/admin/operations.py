@@ -56,6 +56,9 @@ class OperationsAdmin(ReadOnlyRows, admin.ModelAdmin):
             "dead_letters_url": dead_letters,
             # Replay buttons only for who may replay (the action would refuse the others anyway).
             "can_replay": request.user.has_perm(REPLAY_PERMISSION),
+            # A failure's text may quote a payload (an address, a name): only for who may read the
+            # dead letters themselves; the others see the counts, and no links that answer 403.
+            "can_view_dead_letters": request.user.has_perm("composition.view_deadletter"),
             "can_pause": request.user.has_perm(PAUSE_PERMISSION),
             "schedule_url": reverse("admin:composition_operations_schedule"),
             "queue_url": reverse("admin:composition_operations_queue"),
