@@ -34,7 +34,8 @@ def check_queue_names(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
     merged = merged_settings()
     if merged is None:
         return []
-    declared = set(declared_queues(configured_broker()))
+    # The relay's queue too: its actor is declared on first use, and every worker consumes it.
+    declared = {*declared_queues(configured_broker()), RELAY_QUEUE_NAME}
     known = ", ".join(sorted(declared - {RELAY_QUEUE_NAME})) or "none is declared"
     messages: list[CheckMessage] = []
     for key, cost in _NAMING.items():
@@ -44,7 +45,7 @@ def check_queue_names(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
                                     hint=f"The queues of the declared jobs: {known}.", id="composition.W053"))
     try:
         order = None if merged["WORKER_QUEUES"] is None else QueueOrder.parse(merged["WORKER_QUEUES"])
-    except ValueError:
+    except (ValueError, TypeError):
         return messages  # E012
     if order is not None:
         if unknown := sorted(set(order.names) - declared):

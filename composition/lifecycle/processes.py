@@ -69,8 +69,8 @@ def mark_ready(path: Path) -> None:
 class ProcessComponent:
     """A child process in its own session. Start waits until ``ready_url`` answers 200 (when
     given); with a ``ready_file`` (which the child writes once it is up, as ``runworkers
-    --ready-file`` does) start only launches it, and ``wait_ready()``, or an ``AwaitReady`` after
-    it, waits for the file. Drain runs ``pre_stop`` (when given: a web server's draining window,
+    --ready-file`` does) start only launches it, and an ``AwaitReady`` after it waits for the
+    file. Drain runs ``pre_stop`` (when given: a web server's draining window,
     while it still serves), then sends SIGTERM and waits until the deadline; stop kills what is
     left, then calls ``on_exit(pid)`` once the child was reaped (a supervisor archives its metrics
     files)."""
@@ -106,16 +106,25 @@ class ProcessComponent:
                                         preexec_fn=functools.partial(detach_and_die_with_parent, os.getpid()))
         if self.ready_url:
             # Not started until it answers: a start that fails kills what it launched.
-            self._wait_ready(self.ready_url, self._url_answers, kill_on_failure=True)
+            self._wait_ready(self.ready_url, self._url_answers)
 
-    def wait_ready(self) -> None:
-        """Wait for the ``ready_file`` (nothing to wait for without one); raises RuntimeError when
-        the child exits first or a stop cancels the start, TimeoutError after ``start_timeout_s``
-        from its launch. The child is left running: started, it is drained and stopped with the
-        rest (a worker already running jobs finishes them)."""
-        if self.ready_file is not None:
-            ready_file = self.ready_file
-            self._wait_ready(str(ready_file), lambda: ("", ready_file.exists()), kill_on_failure=False)
+    def ready_now(self) -> bool:
+        """Whether the child has written its ``ready_file`` (True without one); raises
+        RuntimeError when the child exited first or a stop cancelled the start, TimeoutError
+        ``start_timeout_s`` after its launch. The child is left running either way: started, it
+        is drained and stopped with the rest (a worker already running jobs finishes them)."""
+        assert self.process is not None
+        if self.ready_file is None:
+            return True
+        if self._start_cancelled.is_set():
+            raise RuntimeError("start cancelled: a stop was requested before it was ready")
+        if self.process.poll() is not None:
+            raise RuntimeError(f"exited with code {self.process.returncode} before it was ready")
+        if self.ready_file.exists():
+            return True
+        if time.monotonic() > self.launched_at + self.start_timeout_s:
+            raise TimeoutError(f"{self.ready_file} not written within {self.start_timeout_s:.0f}s")
+        return False
 
     def _url_answers(self) -> tuple[str, bool]:
         assert self.ready_url is not None
@@ -125,14 +134,13 @@ class ProcessComponent:
         except Exception as exc:
             return str(exc), False
 
-    def _wait_ready(self, what: str, ready: Callable[[], tuple[str, bool]], *, kill_on_failure: bool) -> None:
+    def _wait_ready(self, what: str, ready: Callable[[], tuple[str, bool]]) -> None:
         assert self.process is not None
         deadline = self.launched_at + self.start_timeout_s
         last_error = "no answer"
         while time.monotonic() < deadline:
             if self._start_cancelled.is_set():
-                if kill_on_failure:
-                    self._kill()
+                self._kill()
                 raise RuntimeError("start cancelled: a stop was requested before it was ready")
             if self.process.poll() is not None:
                 raise RuntimeError(f"exited with code {self.process.returncode} before it was ready")
@@ -141,8 +149,7 @@ class ProcessComponent:
                 return
             last_error = error or last_error
             self._start_cancelled.wait(0.2)
-        if kill_on_failure:
-            self._kill()
+        self._kill()
         raise TimeoutError(f"{what} not ready within {self.start_timeout_s:.0f}s: {last_error}")
 
     def kill_now(self) -> None:
@@ -207,8 +214,9 @@ class ProcessComponent:
 
 
 class AwaitReady:
-    """Ready once every one of ``processes`` is (``ProcessComponent.wait_ready``): placed after
-    them, their start-ups run side by side, and one that exits or times out fails the start."""
+    """Ready once every one of ``processes`` is (``ProcessComponent.ready_now``): placed after
+    them, their start-ups run side by side, and the first that exits or times out fails the
+    start."""
 
     def __init__(self, name: str, processes: Sequence[ProcessComponent]) -> None:
         self.name = name
@@ -220,11 +228,16 @@ class AwaitReady:
             process.cancel_start()
 
     def start(self) -> None:
-        for process in self.processes:
-            try:
-                process.wait_ready()
-            except Exception as exc:
-                raise RuntimeError(f"{process.name}: {exc}") from exc
+        waiting = list(self.processes)
+        while waiting:
+            for process in list(waiting):
+                try:
+                    if process.ready_now():
+                        waiting.remove(process)
+                except Exception as exc:
+                    raise RuntimeError(f"{process.name}: {exc}") from exc
+            if waiting:
+                time.sleep(0.1)
 
     def drain(self, deadline: float) -> None:
         pass

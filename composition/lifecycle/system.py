@@ -62,6 +62,8 @@ class System:
     _signalled: bool = field(default=False, init=False)
     _stopping: bool = field(default=False, init=False)
     _starting: Component | None = field(default=None, init=False)
+    # The one being stopped (out of ``started`` already): a second Ctrl-C kills it too.
+    _in_stop: Component | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.components = order_components(self.components)
@@ -148,10 +150,12 @@ class System:
         report = []
         overrun_deadline = deadline + OVERRUN_S
         while self.started:
-            component = self.started.pop()
+            component = self._in_stop = self.started[-1]
+            self.started.pop()
             own = getattr(component, "stop_timeout_s", None) or self.stop_timeout_s
             budget = max(MIN_STOP_SLICE_S, min(own, overrun_deadline - time.monotonic()))
             result = stop_with_timeout(component, budget)
+            self._in_stop = None
             report.append(result)
             COMPONENT_STOP_SECONDS.labels(component.name, result.status).observe(result.duration_s)
             fields = {"component": component.name, "status": result.status,
@@ -174,7 +178,13 @@ class System:
             self.start()
             if on_started is not None and len(self.started) == len(self.components) \
                     and not self._stop_event.is_set():
-                on_started()  # not after a start a stop cut short: nothing announced is up
+                try:
+                    on_started()  # not after a start a stop cut short: nothing announced is up
+                except Exception as exc:
+                    # Everything runs (the worker threads too): stop it as any stop does, rather
+                    # than leave it to the interpreter's exit with jobs under way.
+                    log.error("could not announce the start; stopping", error=described(exc))
+                    self._stop_event.set()
             failed = None
             while not self._stop_event.wait(0.2):
                 failed = self._first_failed()
@@ -207,6 +217,8 @@ class System:
         # at once) abandoned the jobs under way without a word.
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             previous[signum] = signal.getsignal(signum)
+            if signum == signal.SIGHUP and previous[signum] == signal.SIG_IGN:
+                continue  # under nohup: it asked for the process to outlive the terminal
             signal.signal(signum, self._on_signal)
         return previous
 
@@ -217,13 +229,13 @@ class System:
                 # signals every process of the service, and a runworkers child under ./run gets
                 # it again from its supervisor once the web's draining window ends, seconds later.
                 # Taken as "exit at once", it dropped the jobs it was finishing.
-                os.write(2, f"{signal.Signals(signum).name} again: the same stop request, still draining "
-                            f"(a second Ctrl-C or SIGINT exits at once)\n".encode())
+                _say(f"{signal.Signals(signum).name} again: the same stop request, still draining "
+                     "(a second Ctrl-C or SIGINT exits at once)")
                 return
             # The operator pressed Ctrl-C again: do not wait for anything any more, nor leave
             # child processes behind to drain on their own (they wrote on to the terminal).
-            os.write(2, b"second signal: exiting at once\n")
-            for component in [*self.started, self._starting]:
+            _say("second signal: exiting at once")
+            for component in [*self.started, self._starting, self._in_stop]:
                 kill_now = getattr(component, "kill_now", None)
                 if kill_now is not None:
                     with contextlib.suppress(Exception):
@@ -236,3 +248,10 @@ class System:
         cancel = getattr(starting, "cancel_start", None)
         if cancel is not None:  # a component waiting to be ready (a child process) gives up now
             cancel()
+
+
+def _say(line: str) -> None:
+    """A line to stderr from a signal handler. A terminal that hung up (the SIGHUP's own) fails
+    the write with EIO: raised in the handler, that would end the drain it is part of."""
+    with contextlib.suppress(OSError):
+        os.write(2, f"{line}\n".encode())

@@ -38,6 +38,7 @@ from composition.lifecycle.components import (
     MetricsComponent,
 )
 from composition.lifecycle.heartbeat import HeartbeatComponent
+from composition.lifecycle.pids import pid_runs
 from composition.lifecycle.processes import AwaitReady, ProcessComponent
 from composition.lifecycle.system import System
 from composition.lifecycle.worker_threads import WorkerComponent
@@ -223,18 +224,32 @@ def build_supervisor(options: WorkerOptions) -> System:
 
 class ReadyFiles:
     """The directory of the children's ready files: made at start, removed at stop (a component
-    before the children, so it outlives them)."""
+    before the children, so it outlives them). One a killed supervisor left is removed at the
+    next start on the host."""
 
     name = "ready-files"
+    PREFIX = "runworkers-ready-"
 
     def __init__(self) -> None:
-        self.directory = Path(tempfile.gettempdir()) / f"runworkers-ready-{os.getpid()}-{id(self):x}"
+        try:
+            base = Path(tempfile.gettempdir())
+        except FileNotFoundError:  # none writable: start() says so
+            base = Path("/tmp")
+        self.directory = base / f"{self.PREFIX}{os.getpid()}-{id(self):x}"
 
     def path(self, index: int) -> Path:
         return self.directory / f"worker-process-{index}"
 
     def start(self) -> None:
-        self.directory.mkdir(mode=0o700)
+        for stale in self.directory.parent.glob(f"{self.PREFIX}*"):
+            pid = stale.name.removeprefix(self.PREFIX).partition("-")[0]
+            if pid.isdigit() and not pid_runs(int(pid)):
+                shutil.rmtree(stale, ignore_errors=True)
+        try:
+            self.directory.mkdir(mode=0o700)
+        except OSError as exc:
+            raise ConfigurationError(f"the worker processes' ready files need a writable temporary directory "
+                                     f"({self.directory.parent}: {exc.strerror or exc}); set TMPDIR") from exc
 
     def drain(self, deadline: float) -> None:
         pass

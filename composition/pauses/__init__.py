@@ -5,7 +5,7 @@ and why; ``pause()`` and ``resume()`` change it and log the change, ``paused_nam
 what is paused now. Modules: ``models``, ``control``.
 """
 
-from composition.pauses.control import PAUSE_PERMISSION, pause, paused_names, resume
+from composition.pauses.control import MAX_REASON_CHARS, PAUSE_PERMISSION, pause, paused_names, resume
 from composition.pauses.models import Pause
 
-__all__ = ["PAUSE_PERMISSION", "Pause", "pause", "paused_names", "resume"]
+__all__ = ["MAX_REASON_CHARS", "PAUSE_PERMISSION", "Pause", "pause", "paused_names", "resume"]

@@ -23,7 +23,7 @@ from composition.conf import conf
 from composition.lifecycle.periodic import PeriodicComponent
 from composition.metrics import QUEUE_SHEDS_TOTAL, SHEDDING_PRESSURE_RATIO
 from composition.outbox.relay import RELAY_QUEUE_NAME
-from composition.pauses import Pause, pause, paused_names, resume
+from composition.pauses import MAX_REASON_CHARS, Pause, pause, paused_names, resume
 from composition.queues.pressure import Reading, read_pressure
 from composition.sampling.queues import declared_queues
 
@@ -94,7 +94,8 @@ class ShedController(PeriodicComponent):
 
     def _shed(self, queues: list[str], over: list[Reading]) -> None:
         rows = {row.name: row for row in Pause.objects.filter(kind=Pause.QUEUE, name__in=queues)}
-        reason = "shed: " + "; ".join(reading.describe() for reading in over)
+        # Cut to what a pause keeps: many essential queues must not stop the shedding.
+        reason = ("shed: " + "; ".join(reading.describe() for reading in over))[:MAX_REASON_CHARS]
         for queue in queues:
             row = rows.get(queue)
             if row is not None and row.paused:
@@ -111,6 +112,7 @@ class ShedController(PeriodicComponent):
         if not shed.exists():
             return
         reason = (f"pressure below {float(conf.SHED_RESUME_BELOW):g} of every limit for "
-                  f"{float(conf.SHED_RESUME_AFTER_S):g} s: " + "; ".join(reading.describe() for reading in readings))
+                  f"{float(conf.SHED_RESUME_AFTER_S):g} s: "
+                  + "; ".join(reading.describe() for reading in readings))[:MAX_REASON_CHARS]
         for queue in shed.values_list("name", flat=True):
             resume(Pause.QUEUE, queue, by=SHEDDING_BY, reason=reason, shed=True)

@@ -74,11 +74,10 @@ def subprocess_env(**overrides: str) -> dict[str, str]:
     params = connections["default"].settings_dict
     for variable, key in (("PGDATABASE", "NAME"), ("PGHOST", "HOST"), ("PGPORT", "PORT"), ("PGUSER", "USER"),
                           ("PGPASSWORD", "PASSWORD")):
-        value = str(params.get(key) or "")
-        if value:
+        # An empty one Django leaves out of the connection, so libpq reads the variable: the
+        # child inherits the one this process connected through.
+        if value := str(params.get(key) or ""):
             env[variable] = value
-        else:  # the default, as in the settings: never the environment's own (a developer's)
-            env.pop(variable, None)
     env.setdefault("DJANGO_SETTINGS_MODULE", os.environ.get("DJANGO_SETTINGS_MODULE", "project.settings"))
     env.update(overrides)
     return env

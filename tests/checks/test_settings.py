@@ -120,3 +120,6 @@ def test_queue_names_no_job_uses_are_reported() -> None:
     assert left_out[0] == "composition.W018" and repr([declared[0]]) in left_out[1]
     assert [check_id for check_id, _ in found(SHED_QUEUES=["remindrs"], SHED_ESSENTIAL_QUEUES=["biling"],
                                               BACKPRESSURE_QUEUES={"biling": 5})] == ["composition.W053"] * 3
+    # The relay's queue is every worker's, though its actor is declared only on first use.
+    assert found(BACKPRESSURE_QUEUES={"composition.outbox": 5}) == []
+    assert found(WORKER_QUEUES=7) == []  # malformed: E012's to report, not a crash here

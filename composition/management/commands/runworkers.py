@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,20 @@ def _check_declared(order: QueueOrder | None) -> None:
                            f"the outbox relay's: {RELAY_QUEUE_NAME})")
 
 
+def _check_ready_file(path: Path | None) -> None:
+    """A ready file left by an earlier life (killed) is removed: this one is not up yet. One that
+    could not be written would be found only once everything had started: refused now."""
+    if path is None:
+        return
+    directory = path.parent
+    if not directory.is_dir() or not os.access(directory, os.W_OK | os.X_OK):
+        raise CommandError(f"--ready-file {path}: {directory} is not a directory this process can write to")
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        raise CommandError(f"--ready-file {path}: {exc.strerror or exc}") from exc
+
+
 def _option_or(options: dict[str, Any], name: str, default: Any) -> Any:
     """The command-line value of ``name``, or ``default`` when it was not given."""
     return default if options[name] is None else options[name]
@@ -88,7 +103,7 @@ def _option_or(options: dict[str, Any], name: str, default: Any) -> Any:
 
 class Command(BaseCommand):
     help = ("Run Dramatiq workers (and the outbox relay) as one composed system. SIGTERM/SIGINT "
-            "drains gracefully; a second SIGINT exits at once.")
+            "drains gracefully (SIGHUP too); a second SIGINT exits at once.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         # Bad values are usage errors (exit 2), as --processes abc always was.
@@ -128,6 +143,7 @@ class Command(BaseCommand):
         if worker_options.shutdown_timeout_s <= 0:
             raise CommandError("--shutdown-timeout must be a positive number of seconds")
         _check_declared(worker_options.queue_order)
+        _check_ready_file(worker_options.ready_file)
         if worker_options.metrics_port is not None and worker_options.processes > 1 and multiproc_dir() is None:
             raise CommandError("serving /metrics for several processes needs PROMETHEUS_MULTIPROC_DIR: "
                                "without it the children's metrics stay in the children")
