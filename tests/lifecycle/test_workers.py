@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -198,6 +199,9 @@ def test_a_second_ctrl_c_ends_the_children_too(worker_processes, tmp_path: Path)
     assert process.process.wait(10) == 130
     wait_until(lambda: not any(_alive(pid) for pid in children), 3,
                message="the children went on after the second Ctrl-C")
+    # Its children's ready files, which the next supervisor's start on this host would remove.
+    for left in Path(tempfile.gettempdir()).glob(f"runworkers-ready-{process.pid}-*"):
+        shutil.rmtree(left)
 
 
 def _children(pid: int) -> list[int]:
