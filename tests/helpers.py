@@ -8,8 +8,9 @@ import re
 import threading
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from django.test import Client
@@ -22,6 +23,16 @@ PROXIED_DATABASE = "proxied"
 """The checkout: where ``manage.py``, the README and ``docs/`` are."""
 RABBITMQ_URL = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 """The RabbitMQ the rabbitmq-marked tests use."""
+
+
+T = TypeVar("T")
+
+
+def elsewhere(call: Callable[[], T]) -> T:
+    """``call()``'s result (or exception) from another thread: another owner of a lock, as this
+    thread's own ``redis_lock`` blocks refuse their lock to it (not re-entrant)."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(call).result()
 
 
 def unique(prefix: str = "t") -> str:

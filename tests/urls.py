@@ -5,6 +5,7 @@ import time
 from django.http import HttpRequest, JsonResponse
 from django.urls import path
 
+from composition.backpressure import admit
 from project.urls import urlpatterns as project_urlpatterns
 
 
@@ -15,4 +16,10 @@ def slow(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"slept_s": seconds})
 
 
-urlpatterns = [path("test/slow", slow), *project_urlpatterns]
+def admitted(request: HttpRequest, queue: str) -> JsonResponse:
+    """A view of a user's that calls ``admit(queue)`` itself and lets ``Backpressure`` rise."""
+    admit(queue)
+    return JsonResponse({"queued": True}, status=202)
+
+
+urlpatterns = [path("test/slow", slow), path("test/admit/<str:queue>", admitted), *project_urlpatterns]

@@ -4,9 +4,10 @@
 (``composition.backpressure.depth``) reaches its limit in ``COMPOSITION["BACKPRESSURE_QUEUES"]``,
 or while the queue is shed (one of ``SHED_QUEUES`` the shedding controller paused under
 pressure: ``composition.queues.shedding``); ``BackpressureMiddleware`` answers unsafe requests
-under ``BACKPRESSURE_PATHS`` with 503 and ``Retry-After``. Both are read at most every
-``BACKPRESSURE_CACHE_S`` per process, so admission costs nothing on the hot path. A queue an
-operator paused is admitted as usual: its publishes wait on the broker.
+under ``BACKPRESSURE_PATHS``, and any view whose own ``admit()`` refused, with 503 and
+``Retry-After``. Both are read at most every ``BACKPRESSURE_CACHE_S`` per process, so admission
+costs nothing on the hot path. A queue an operator paused is admitted as usual: its publishes
+wait on the broker.
 """
 
 from __future__ import annotations
@@ -103,16 +104,26 @@ class BackpressureMiddleware:
             try:
                 admit(queue)
             except Backpressure as exc:
-                log.warning("request shed: queue shed under pressure" if exc.shed else "request shed: queue full",
-                            queue=queue, depth=exc.depth, limit=exc.limit)
-                retry_after = max(1, math.ceil(exc.retry_after_s))
-                # The shape of any JSON API error (a stable code, a sentence for people). Not the
-                # queue, its depth or its limit: this runs before authentication, so anyone could
-                # read them; they are in the warning above and in the metrics.
-                response = JsonResponse({"code": "overloaded",
-                                         "error": f"too much work is waiting: this request is not taken now; "
-                                                  f"retry after {retry_after} s",
-                                         "retry_after_s": retry_after}, status=503)
-                response["Retry-After"] = str(retry_after)
-                return already_logged(response)
+                return self._overloaded(exc)
         return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        """A view's own ``admit()`` that refused (uncaught): the same 503 as a path's."""
+        if isinstance(exception, Backpressure):
+            return self._overloaded(exception)
+        return None
+
+    @staticmethod
+    def _overloaded(exc: Backpressure) -> HttpResponse:
+        log.warning("request shed: queue shed under pressure" if exc.shed else "request shed: queue full",
+                    queue=exc.queue, depth=exc.depth, limit=exc.limit)
+        retry_after = max(1, math.ceil(exc.retry_after_s))
+        # The shape of any JSON API error (a stable code, a sentence for people). Not the queue,
+        # its depth or its limit: this may answer before authentication, so anyone could read
+        # them; they are in the warning above and in the metrics.
+        response = JsonResponse({"code": "overloaded",
+                                 "error": f"too much work is waiting: this request is not taken now; "
+                                          f"retry after {retry_after} s",
+                                 "retry_after_s": retry_after}, status=503)
+        response["Retry-After"] = str(retry_after)
+        return already_logged(response)

@@ -109,7 +109,7 @@ class CacheAside:
               stale_ttl_s: float | None = None, pattern: str | None = None,
               early_refresh: float = 0.0) -> CacheResult:
         """The value for ``key``: cached, or ``loader()`` (see ``composition.cache.cache_aside``)."""
-        check_arguments(key, ttl_s=ttl_s, jitter=jitter, stale_ttl_s=stale_ttl_s)
+        check_arguments(key, ttl_s=ttl_s, jitter=jitter, stale_ttl_s=stale_ttl_s, early_refresh=early_refresh)
         if self.invalidations.invalidated_in_transaction(key):
             # Written and invalidated by the open transaction: the cache still holds what the write
             # replaces until COMMIT, and what the loader reads here is not committed (cached, a

@@ -6,6 +6,7 @@ once per ``EPOCH_CHECK_S`` and at once after the breaker closes."""
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 
 import structlog
@@ -30,6 +31,7 @@ class Epoch:
         self._key = key
         self._alias = alias
         self._due = 0.0  # time.monotonic() of the next check
+        self._checking = threading.Lock()
         # Only a check sets it: a stale value sends hits to the slow path, whose scripts read the
         # real one, until the next check.
         self.value = b""
@@ -37,7 +39,12 @@ class Epoch:
     def current(self) -> bytes:
         """The epoch, checked first when a check is due."""
         if time.monotonic() >= self._due:
-            self._check()
+            # The other threads wait for the one check rather than go on with the epoch it
+            # replaces: right after a new one was installed, their rebuilds were versioned before
+            # it, refused at the fill, and the key loaded twice.
+            with self._checking:
+                if time.monotonic() >= self._due:
+                    self._check()
         return self.value
 
     def recheck(self) -> None:
@@ -45,10 +52,11 @@ class Epoch:
         self._due = 0.0
 
     def _check(self) -> None:
-        self._due = time.monotonic() + EPOCH_CHECK_S
         try:
             installed, self.value = self._store.ensure_epoch(self._key, secrets.token_hex(8), self.value)
         except REDIS_ERRORS:
             return  # the read that follows finds Redis failing, and counts it
+        finally:
+            self._due = time.monotonic() + EPOCH_CHECK_S
         if installed:
             log.info("cache epoch installed: what Redis held before is a miss", alias=self._alias)

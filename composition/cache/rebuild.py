@@ -68,7 +68,8 @@ class Rebuilder:
         """The value of ``call.key`` after a miss; ``fallback`` (the stale value, or the fresh one an
         early refresh replaces) is served at once when another process holds the lease."""
         token = secrets.token_hex(16)
-        lease_ms = int(self.lease_ttl_s * 1000)
+        # At least 1 ms: PX 0 is an error Redis answers every call with, which read as an outage.
+        lease_ms = max(1, int(self.lease_ttl_s * 1000))
         # Early refresh: the entry is fresh and this caller rebuilds it anyway.
         rebuild_even_if_fresh = fallback is not None and fallback.outcome == HIT
         deadline = time.monotonic() + self.lease_wait_s

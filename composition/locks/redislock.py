@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import redis
@@ -42,6 +43,9 @@ __all__ = ["RedisLock", "acquire_redis_lock", "redis_lock"]
 log = structlog.get_logger("composition.locks")
 
 _UNAVAILABLE: tuple[type[BaseException], ...] = (*REDIS_ERRORS, DatabaseError)
+# The (cache alias, name) of the redis_lock blocks this flow of control (a thread, an asyncio
+# task) is inside: taking one of them again waited on itself for wait_s, then said "busy".
+_held: ContextVar[frozenset[tuple[str, str]]] = ContextVar("composition_redis_locks_held", default=frozenset())
 _MAX_POLL_S = 0.05
 # A lock held, or waited for, longer than a week is a mistake (1e20 s overflowed Redis's PX).
 MAX_TTL_S = 7 * 86_400.0
@@ -180,6 +184,9 @@ def acquire_redis_lock(name: str, *, ttl_s: float, wait_s: float = 0) -> RedisLo
         raise TypeError(f"a lock name is a non-empty string, got {name!r}")
     ttl_s = checked_seconds("ttl_s", ttl_s, at_most=MAX_TTL_S)
     wait_s = checked_seconds("wait_s", wait_s, at_most=MAX_TTL_S, zero=True)
+    if (conf.CACHE_ALIAS, name) in _held.get():
+        raise RuntimeError(f"redis lock {name!r} is held already by this thread, in a redis_lock block around "
+                           "this call: a redis lock is not re-entrant (take it once, and pass the held lock down)")
     store = _store()
     label = key_label(name)
     token = secrets.token_hex(16)
@@ -238,9 +245,11 @@ def redis_lock(name: str, *, ttl_s: float, wait_s: float = 0) -> Iterator[RedisL
     else: extend it, and guard writes with ``fenced_write(resource, lock.fence)``.
     The metric label is the text of ``name`` before its first ``:`` ("(none)" without one)."""
     lock = acquire_redis_lock(name, ttl_s=ttl_s, wait_s=wait_s)
+    held = _held.set(_held.get() | {(conf.CACHE_ALIAS, name)})
     try:
         yield lock
     finally:
+        _held.reset(held)
         lock.release()
         if lock.lost:
             # The TTL ran out under the body: someone else may have held it meanwhile. Only the

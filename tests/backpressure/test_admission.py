@@ -107,6 +107,24 @@ def test_middleware_sheds_unsafe_requests_with_503_and_retry_after(api_client: C
     assert created.status_code == 201
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("nudge_only")
+def test_a_view_whose_own_admit_refuses_answers_503_with_retry_after(caplog: pytest.LogCaptureFixture) -> None:
+    # Nothing turned Backpressure into a 503 outside BACKPRESSURE_PATHS: the view answered 500.
+    with transaction.atomic():
+        publish(record_effect, {"seq": 1})
+    client = Client(raise_request_exception=False)
+    with _limits(**{QUEUE: 1}):
+        response = client.post(f"/test/admit/{QUEUE}")
+        assert response.status_code == 503, response.content
+        assert response["Retry-After"] == "5"
+        assert response.json()["code"] == "overloaded"
+        [shed] = [r for r in caplog.records if r.name == "composition.backpressure"]
+        assert (shed.msg["queue"], shed.msg["depth"], shed.msg["limit"]) == (QUEUE, 1, 1)
+        assert not [r for r in caplog.records if r.name == "django.request" and r.levelno >= logging.ERROR]
+        assert client.post("/test/admit/a-queue-without-limit").status_code == 202
+
+
 def test_backpressure_settings_are_checked() -> None:
     def ids(**composition: object) -> set[str]:
         with override_settings(COMPOSITION={**settings.COMPOSITION, **composition}):

@@ -115,6 +115,44 @@ def test_invalid_arguments() -> None:
     assert loaded == []
 
 
+def test_a_bad_early_refresh_is_refused_on_the_first_call_not_on_the_first_hit() -> None:
+    # Only a hit read it: a cold cache loaded fine, then every read of the warm one raised TypeError.
+    key = f"{unique()}:1"
+    loaded = []
+    for bad in (None, "1", True, float("nan"), float("inf"), -1):
+        with pytest.raises(ValueError, match="early_refresh is a finite number >= 0"):
+            cache_aside(key, lambda: loaded.append(1), ttl_s=30, early_refresh=bad)  # type: ignore[arg-type]
+    assert loaded == []
+    assert cache_aside_result(key, lambda: 1, ttl_s=30, early_refresh=0).outcome == "loaded"
+    assert cache_aside_result(key, lambda: 1, ttl_s=30, early_refresh=1.0).outcome in ("hit", "loaded")
+
+
+def test_an_overlong_key_is_refused_and_never_counted_as_an_outage() -> None:
+    # A 40 MB key timed out at Redis and was counted against every key by the breaker.
+    ns = unique()
+    engine = get_cache_aside()
+    loaded = []
+    for call in (lambda: cache_aside(f"{ns}:" + "x" * 5000, lambda: loaded.append(1), ttl_s=30),
+                 lambda: invalidate(f"{ns}:" + "x" * 5000), lambda: invalidate_namespace("x" * 5000)):
+        with pytest.raises(ValueError, match="at most 4096 characters") as refused:
+            call()
+        assert len(str(refused.value)) < 400, "the message quotes the whole key"
+    assert loaded == []
+    assert engine.breaker.state == "closed"
+    key = f"{ns}:" + "x" * (4096 - len(ns) - 1)
+    assert cache_aside_result(key, lambda: 1, ttl_s=30).outcome == "loaded"
+    assert cache_aside_result(key, lambda: 2, ttl_s=30).outcome == "hit"
+
+
+def test_a_lease_shorter_than_a_millisecond_still_caches() -> None:
+    # PX 0 was refused by Redis on every miss: nothing was ever cached, and each miss logged a
+    # Redis failure.
+    with override_settings(COMPOSITION={**conf.as_dict(), "CACHE_LEASE_TTL_S": 0.0005}):
+        key = f"{unique()}:1"
+        assert cache_aside_result(key, lambda: 1, ttl_s=30).outcome == "loaded"
+        assert cache_aside_result(key, lambda: 2, ttl_s=30).outcome == "hit"
+
+
 @pytest.mark.django_db(transaction=True)
 def test_invalidate_waits_for_commit_and_is_dropped_on_rollback() -> None:
     key = f"{unique()}:1"

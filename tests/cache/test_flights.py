@@ -55,6 +55,59 @@ def test_stampede_64_threads_one_loader_call() -> None:
     assert sorted({result.outcome for result in results}) == ["coalesced", "loaded"]
 
 
+def test_a_stampede_right_as_the_epoch_is_checked_loads_once_and_caches_it(monkeypatch: Any) -> None:
+    """The threads that arrived while one checked the epoch went on with the one it replaced:
+    their rebuild, versioned before the epoch came back, was refused at the fill (uncached), and
+    the key was loaded twice. The check is slowed down (a thread descheduled in it, a first
+    connection), so the others surely arrive meanwhile."""
+    from composition.cache.store import LeaseStore
+
+    check = LeaseStore.ensure_epoch
+
+    def slow_check(self: LeaseStore, *args: Any) -> tuple[bool, bytes]:
+        time.sleep(0.05)
+        return check(self, *args)
+
+    monkeypatch.setattr(LeaseStore, "ensure_epoch", slow_check)
+    engine = get_cache_aside()
+    for round_ in range(3):
+        key = f"{unique('epoch-race')}:{round_}"
+        engine.client.delete(engine.keys.epoch)  # evicted, or a new server: the next check restores it
+        engine.epoch.recheck()
+        calls, outcomes = _stampede(key, 50)
+        assert calls == 1, f"round {round_}: {calls} loads ({outcomes})"
+        assert outcomes.count("loaded") == 1, f"round {round_}: {outcomes}"
+        assert engine.peek(key) == 7, f"round {round_}: the one load was not cached ({outcomes})"
+
+
+def _stampede(key: str, threads: int) -> tuple[int, list[str]]:
+    """``threads`` threads released at once on ``key`` with a slow loader: its calls, and the
+    outcomes in order."""
+    calls = 0
+    calls_lock = threading.Lock()
+
+    def loader() -> int:
+        nonlocal calls
+        with calls_lock:
+            calls += 1
+        time.sleep(LOADER_S)
+        return 7
+
+    barrier = threading.Barrier(threads)
+    results: list[CacheResult] = []
+
+    def reader() -> None:
+        barrier.wait()
+        results.append(cache_aside_result(key, loader, ttl_s=30))
+
+    started = [threading.Thread(target=reader) for _ in range(threads)]
+    for thread in started:
+        thread.start()
+    for thread in started:
+        thread.join(10)
+    return calls, sorted(result.outcome for result in results)
+
+
 def test_a_thread_waits_for_another_s_rebuild_as_long_as_a_process_would(settings: Any) -> None:
     """Then it loads uncached, as a process waiting out the lease does; a loader asking for its
     own key raises instead of waiting on itself for good."""

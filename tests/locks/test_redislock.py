@@ -29,7 +29,7 @@ from composition.locks import (
 from composition.locks.models import LockFence
 from composition.locks.redislock import _store
 from composition.testing import ThrowawayRedis, free_port
-from tests.helpers import unique
+from tests.helpers import elsewhere, unique
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -78,13 +78,32 @@ def test_context_manager_releases_also_when_the_body_raises() -> None:
         assert lock.fence > 0
 
 
+def test_taking_a_held_lock_again_in_its_block_says_so_at_once_and_other_threads_still_wait() -> None:
+    # It waited on itself for wait_s, then said "busy" as if someone else held it.
+    name = unique("rl")
+    with redis_lock(name, ttl_s=5) as outer:
+        for again in (lambda: redis_lock(name, ttl_s=5, wait_s=3).__enter__(),
+                      lambda: acquire_redis_lock(name, ttl_s=5, wait_s=3)):
+            started = time.monotonic()
+            with pytest.raises(RuntimeError, match=r"held already by this thread.*not re-entrant"):
+                again()
+            assert time.monotonic() - started < 0.5
+        with redis_lock(f"{name}-other", ttl_s=5):  # another name nests as before
+            pass
+        with pytest.raises(LockNotAcquired, match="busy"):  # another thread waits, as before
+            elsewhere(lambda: acquire_redis_lock(name, ttl_s=5, wait_s=0.1))
+        assert outer.fence > 0
+    with redis_lock(name, ttl_s=5):  # released, and no longer counted as held
+        pass
+
+
 def test_extend_keeps_the_lock_and_fails_once_it_was_lost() -> None:
     name = unique("rl")
     with redis_lock(name, ttl_s=0.3) as lock:
         lock.extend(2)
         time.sleep(0.4)
         with pytest.raises(LockNotAcquired):
-            acquire_redis_lock(name, ttl_s=1)
+            elsewhere(lambda: acquire_redis_lock(name, ttl_s=1))
     lost = acquire_redis_lock(name, ttl_s=0.1)
     time.sleep(0.2)
     other = acquire_redis_lock(name, ttl_s=5)
@@ -184,8 +203,7 @@ def test_a_lock_that_expired_under_its_body_is_logged_and_counted(caplog: pytest
     lost = REGISTRY.get_sample_value("composition_lock_lost_total", {"kind": "redis", "name": label}) or 0.0
     with redis_lock(name, ttl_s=0.2):
         time.sleep(0.3)
-        with redis_lock(name, ttl_s=5):  # another owner took it meanwhile
-            pass
+        elsewhere(lambda: acquire_redis_lock(name, ttl_s=5).release())  # another owner took it meanwhile
     assert REGISTRY.get_sample_value("composition_lock_lost_total", {"kind": "redis", "name": label}) == lost + 1
     assert "redis lock expired before its with-block ended" in caplog.text and name in caplog.text
     with redis_lock(name, ttl_s=5) as lock:
@@ -231,4 +249,4 @@ def test_extend_refuses_what_acquire_refuses() -> None:
                 lock.extend(ttl_s)
         time.sleep(0.05)
         with pytest.raises(LockNotAcquired):
-            acquire_redis_lock(name, ttl_s=5)  # still held: nothing was shortened
+            elsewhere(lambda: acquire_redis_lock(name, ttl_s=5))  # still held: nothing was shortened
