@@ -22,7 +22,7 @@ from composition.jobs.replay import REPLAY_PERMISSION
 from composition.operations.models import Operations
 from composition.operations.snapshot import operations_snapshot
 from composition.outbox.relay import RELAY_QUEUE_NAME
-from composition.pauses import PAUSE_PERMISSION
+from composition.pauses import PAUSE_PERMISSION, Pause, paused_names
 from composition.queues import QueueNotPausable, pause_queue, resume_queue
 from composition.queues.history import HISTORY_BUCKETS
 from composition.schedules import declared, pause_schedule, resume_schedule
@@ -83,7 +83,8 @@ class OperationsAdmin(ReadOnlyRows, admin.ModelAdmin):
         """Pause or resume a schedule (POST ``name``, ``action``, ``reason``) for every host."""
 
         def change(action: str, name: str, **who: Any) -> bool:
-            if name not in declared():
+            # A paused schedule no code declares any more is listed, and its pause can be lifted.
+            if name not in declared() and (action == "pause" or name not in paused_names(Pause.SCHEDULE)):
                 raise PauseRefused(f"No schedule {name!r} to {action}.")
             return (pause_schedule if action == "pause" else resume_schedule)(name, **who)[1]
 

@@ -3,6 +3,7 @@ and (with a database) queued work the running code cannot run."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
@@ -18,20 +19,35 @@ __all__ = ["check_queued_work", "check_schedules"]
 def check_schedules(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
     """Every declared schedule can run: a bad expression, an unknown zone or a payload its job
     refuses is reported now, naming the schedule, not at its first tick."""
+    from composition.broker.configured import configured_broker
     from composition.schedules import declared
     from composition.schedules.declaration import duplicate_names
     from composition.schedules.problems import problems
 
+    # A job's aliases are its old names (@job(aliases=...)), registered as its actor.
+    renamed_jobs: dict[str, list[str]] = {}
+    for registered, actor in configured_broker().actors.items():
+        if registered != actor.actor_name:
+            renamed_jobs.setdefault(actor.actor_name, []).append(registered)
+
     messages: list[CheckMessage] = [
         Error(f"schedule {name!r} is declared twice with different arguments.",
               hint="Give one of them another name= (the name keys the schedule's state).", id="composition.E120")
-        for name in sorted(set(duplicate_names()))]
-    for name, entry in sorted(declared().items()):
+        for name in sorted(set(duplicate_names()), key=str)]
+    for name, entry in declared().items():
         messages += [Error(f"schedule {name!r}: {problem}.", id="composition.E121") for problem in problems(entry)]
+        if entry.named_after_job and entry.actor_name in renamed_jobs:
+            old = renamed_jobs[entry.actor_name]
+            messages.append(Warning(
+                f"schedule {name!r} is named after its job, which was renamed from {', '.join(map(repr, old))}: "
+                f"while hosts with the code from before run, they fire the schedule {old[0]!r} beside it (every "
+                f"tick twice), and this one starts afresh, without the old one's state or pause.",
+                hint=f"Give it name={old[0]!r} to keep one schedule (or name={name!r} to start afresh on purpose).",
+                id="composition.W123"))
     # Tick rows are what an operator reads back of a catch-up: kept at least as long as a window.
     keep_s = conf.SCHEDULE_TICK_RETENTION_S
     windows = [(entry.catch_up_window.total_seconds(), name) for name, entry in declared().items()
-               if entry.catch_up == "all" and entry.catch_up_window is not None]
+               if entry.catch_up == "all" and isinstance(entry.catch_up_window, timedelta)]
     if keep_s is not None and windows and isinstance(keep_s, int | float) and max(windows)[0] > keep_s:
         window_s, name = max(windows)
         messages.append(Warning(

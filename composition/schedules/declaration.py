@@ -49,6 +49,8 @@ class Schedule:
     payload: Mapping[str, Any] = field(default_factory=dict)
     start: datetime | None = None
     grace: timedelta = DEFAULT_GRACE
+    # Named after its job (no name= given): a rename of the job renames the schedule too.
+    named_after_job: bool = field(default=False, compare=False)
 
     @property
     def when(self) -> str:
@@ -56,9 +58,13 @@ class Schedule:
         if self.cron is not None:
             # Spaces are not timing: a re-indented expression must not restart the schedule.
             return f"cron {' '.join(self.cron.split()) if isinstance(self.cron, str) else self.cron}"
+        if self.every is None:
+            return "-"
+        if not isinstance(self.every, timedelta):  # problems() names it; shown as given meanwhile
+            return f"every {self.every!r}"
         # Whole seconds (problems() requires them), not :g, which prints 1000000 as 1e+06 and
         # gives 1000000 and 1000001 the same timing.
-        return f"every {int(self.every.total_seconds())}s" if self.every is not None else "-"
+        return f"every {int(self.every.total_seconds())}s"
 
     @property
     def timing(self) -> str:
@@ -93,7 +99,7 @@ def schedule(job: Any, *, cron: str | None = None, every: timedelta | None = Non
                         overlap=overlap, max_pending=max_pending,
                         # Not a mapping (payload="x"): kept as given, for manage.py check to name.
                         payload=dict(payload) if isinstance(payload, Mapping) else {} if payload is None else payload,
-                        start=start, grace=grace)
+                        start=start, grace=grace, named_after_job=name is None)
     if declared.name in _declared and _declared[declared.name] != declared:
         _duplicates.append(declared.name)
     _declared[declared.name] = declared
@@ -101,8 +107,10 @@ def schedule(job: Any, *, cron: str | None = None, every: timedelta | None = Non
 
 
 def declared() -> dict[str, Schedule]:
-    """Every declared schedule by name (each app's ``schedules.py`` is imported at start-up)."""
-    return dict(_declared)
+    """Every declared schedule by name, in the names' order (each app's ``schedules.py`` is
+    imported at start-up). A name that is not a string (``problems()`` names it) sorts by its
+    text rather than failing every listing."""
+    return dict(sorted(_declared.items(), key=lambda item: str(item[0])))
 
 
 def duplicate_names() -> list[str]:

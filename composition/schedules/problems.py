@@ -41,6 +41,10 @@ def _timing(declared: Schedule) -> list[str]:
     return []
 
 
+def _integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # True is an int to Python
+
+
 def _policies(declared: Schedule) -> list[str]:
     found = []
     if declared.catch_up not in CATCH_UP:
@@ -48,11 +52,11 @@ def _policies(declared: Schedule) -> list[str]:
     elif declared.catch_up == "all" and not (isinstance(declared.catch_up_window, timedelta)
                                             and declared.catch_up_window > timedelta(0)):
         found.append("catch_up='all' needs catch_up_window= (a positive timedelta)")
-    if not isinstance(declared.catch_up_max, int) or not 1 <= declared.catch_up_max <= MAX_TICKS_PER_ROUND:
+    if not _integer(declared.catch_up_max) or not 1 <= declared.catch_up_max <= MAX_TICKS_PER_ROUND:
         found.append(f"catch_up_max= must be an integer from 1 to {MAX_TICKS_PER_ROUND}, got {declared.catch_up_max!r}")
     if declared.overlap not in OVERLAP:
         found.append(f"overlap= must be one of {', '.join(OVERLAP)}, got {declared.overlap!r}")
-    if declared.max_pending is not None and (not isinstance(declared.max_pending, int) or declared.max_pending < 1):
+    if declared.max_pending is not None and (not _integer(declared.max_pending) or declared.max_pending < 1):
         found.append(f"max_pending= must be a positive integer or None, got {declared.max_pending!r}")
     if not isinstance(declared.grace, timedelta) or declared.grace < MIN_GRACE:
         # A round reaches a tick a few milliseconds after it: with less, every tick is late.
@@ -81,6 +85,8 @@ def _payload(declared: Schedule) -> list[str]:
 
 def problems(declared: Schedule) -> list[str]:
     """Each problem of ``declared`` as a sentence; empty when it can run."""
-    if not isinstance(declared.name, str) or not declared.name or len(declared.name) > 200:
-        return [f"name= must be a non-empty string of at most 200 characters, got {declared.name!r}"]
+    name = declared.name
+    if not isinstance(name, str) or not name.strip() or name != name.strip() or len(name) > 200:
+        return [f"name= must be a string of at most 200 characters, not blank and without spaces around it, "
+                f"got {name!r}"]
     return _timing(declared) + _policies(declared) + _payload(declared)

@@ -6,13 +6,17 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from composition.pauses import Pause
-from composition.schedules.declaration import declared
+from composition.schedules.declaration import declared, duplicate_names
 from composition.schedules.firing import database_now
 from composition.schedules.models import ScheduleState
 from composition.schedules.problems import problems
 from composition.schedules.ticks import next_tick
 
-__all__ = ["ScheduleRow", "schedule_rows"]
+__all__ = ["NOT_DECLARED", "ScheduleRow", "schedule_rows"]
+
+# The problem of a paused schedule no code declares (removed, or renamed): listed, so that its
+# pause is seen and can be lifted before it is declared again (it would come back paused).
+NOT_DECLARED = "not declared: removed from the code or renamed, and still paused"
 
 
 @dataclass(frozen=True)
@@ -39,17 +43,28 @@ def schedule_rows() -> list[ScheduleRow]:
     states = {state.name: state for state in ScheduleState.objects.all()}
     pauses = {pause.name: pause for pause in Pause.objects.filter(kind=Pause.SCHEDULE, paused=True)}
     rows = []
-    for name, entry in sorted(declared().items()):
+    twice = set(duplicate_names())
+    for name, entry in declared().items():
         found = tuple(problems(entry))
+        if name in twice:  # composition.E120; the last declaration is the one shown
+            found += ("declared twice with different arguments",)
         state = states.get(name)
         upcoming = lag_s = None
         if not found:
             upcoming = next_tick(entry, state.watermark if state else now)
             lag_s = max((now - upcoming).total_seconds(), 0.0)
         rows.append(ScheduleRow(
-            name=name, job=entry.actor_name, expression=entry.when, tz=entry.tz,
+            name=str(name), job=entry.actor_name, expression=entry.when, tz=str(entry.tz),
             last_fired_at=state.last_fired_at if state else None, next_fire_at=upcoming, lag_s=lag_s or 0.0,
             fired=state.fired if state else 0, caught_up=state.caught_up if state else 0,
             missed=state.missed if state else 0, skipped=state.skipped if state else 0,
             paused_ticks=state.paused if state else 0, paused=pauses.get(name), problems=found))
+    for name in sorted(set(pauses) - set(declared())):
+        state = states.get(name)
+        rows.append(ScheduleRow(
+            name=name, job="-", expression="-", tz="-", last_fired_at=state.last_fired_at if state else None,
+            next_fire_at=None, lag_s=0.0, fired=state.fired if state else 0,
+            caught_up=state.caught_up if state else 0, missed=state.missed if state else 0,
+            skipped=state.skipped if state else 0, paused_ticks=state.paused if state else 0,
+            paused=pauses[name], problems=(NOT_DECLARED,)))
     return rows

@@ -73,3 +73,17 @@ def test_a_pause_from_the_command_line_by_a_named_user_is_in_the_history(nightly
     entries = LogEntry.objects.filter(object_id=str(pause_row.pk))
     assert [(entry.user.username, entry.change_message) for entry in entries] == [("alice", "Paused: deploy")]
     assert pause_row.changed_by.endswith("(manage.py)")
+
+
+def test_a_paused_schedule_no_code_declares_is_shown_and_its_pause_can_be_lifted_from_the_page(nightly: str) -> None:
+    # "No schedule to resume": the pause stayed, and the schedule came back paused when declared again.
+    client = staff_client("view_operations", "change_pauses")
+    client.post(POST, {"name": nightly, "action": "pause", "reason": "before removal"})
+    forget(nightly)
+    row = table_row(client.get(PAGE).content.decode(), "data-schedule", nightly)
+    assert "not declared" in row and "before removal" in row and 'value="Resume"' in row
+    answer = client.post(POST, {"name": nightly, "action": "pause"}, follow=True)
+    assert f"No schedule &#x27;{nightly}&#x27; to pause" in answer.content.decode()
+    client.post(POST, {"name": nightly, "action": "resume"})
+    assert not Pause.objects.get(kind=Pause.SCHEDULE, name=nightly).paused
+    assert f'data-schedule="{nightly}"' not in client.get(PAGE).content.decode()

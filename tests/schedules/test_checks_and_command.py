@@ -77,6 +77,94 @@ def test_a_good_schedule_passes_the_check(declared_names: list[str]) -> None:
     assert _errors_naming(name) == []
 
 
+# Celery beat's habits (seconds as numbers, no zone): each crashed check, schedules list, jobs
+# check-compat or the operations page with a traceback instead of being named.
+WRONGLY_TYPED = [
+    ({"every": 30}, "every= must be a timedelta, got 30"),
+    ({"cron": "0 3 * * *", "tz": None}, "unknown time zone tz=None"),
+    ({"every": timedelta(seconds=5), "catch_up": "all", "catch_up_window": 60}, "needs catch_up_window="),
+    ({"every": timedelta(seconds=5), "catch_up_max": True}, "catch_up_max= must be an integer"),
+    ({"every": timedelta(seconds=5), "max_pending": True}, "max_pending= must be a positive integer"),
+]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_wrongly_typed_arguments_are_named_by_check_list_and_check_compat_never_raised(
+        declared_names: list[str]) -> None:
+    from composition.schedules.status import schedule_rows
+
+    names = []
+    for options, says in WRONGLY_TYPED:
+        name = unique("typed")
+        declared_names.append(name)
+        names.append((name, says))
+        schedule(jobs.scheduled_effect, name=name, payload={"label": name}, **options)
+    for bad_name, says in ((5, "name= must be a string"), ("  ", "name= must be a string")):
+        declared_names.append(bad_name)  # type: ignore[arg-type]
+        names.append((bad_name, says))  # type: ignore[arg-type]
+        schedule(jobs.scheduled_effect, name=bad_name, every=timedelta(seconds=5),  # type: ignore[arg-type]
+                 payload={"label": "x"})
+    errors = [message.msg for message in run_checks() if message.id == "composition.E121"]
+    for name, says in names:
+        assert [error for error in errors if error.startswith(f"schedule {name!r}: ") and says in error], (name, errors)
+    rows = {row.name: row for row in schedule_rows()}
+    listed = {row["name"]: row for row in json.loads(_command("list", "--json"))["schedules"]}
+    for name, says in names:
+        assert any(says in problem for problem in rows[str(name)].problems), rows[str(name)]
+        assert any(says in problem for problem in listed[str(name)]["problems"])
+    assert "problem: every= must be a timedelta" in _command("list")
+    out = io.StringIO()
+    with pytest.raises(SystemExit):
+        call_command("jobs", "check-compat", stdout=out)
+    assert "every= must be a timedelta, got 30" in out.getvalue()
+
+
+def test_a_schedule_named_after_a_renamed_job_is_a_warning_until_it_keeps_the_old_name(
+        declared_names: list[str]) -> None:
+    # Both names fired during a rolling deploy: the old hosts' schedule "old", the new hosts' "new".
+    from composition.jobs import job
+
+    old, new = unique("old_job"), unique("new_job")
+    renamed = job(queue=jobs.SCHEDULE_QUEUE, actor_name=new, aliases=[old])(jobs.scheduled_effect.fn)
+
+    def warnings() -> list[str]:
+        return [message.msg for message in run_checks() if message.id == "composition.W123" and new in message.msg]
+
+    schedule(renamed, every=timedelta(seconds=5), payload={"label": "x"})
+    declared_names.append(new)
+    [warning] = warnings()
+    assert f"renamed from {old!r}" in warning and "every tick twice" in warning
+    forget(new)
+    schedule(renamed, name=old, every=timedelta(seconds=5), payload={"label": "x"})  # the fix: one schedule
+    declared_names.append(old)
+    assert warnings() == []
+    schedule(renamed, name=new, every=timedelta(seconds=5), payload={"label": "x"})  # afresh, on purpose
+    assert warnings() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_paused_schedule_taken_out_of_the_code_is_listed_and_its_pause_can_be_lifted(
+        declared_names: list[str]) -> None:
+    # It could not be resumed (no schedule of that name), and came back paused when declared again.
+    from composition.schedules.status import NOT_DECLARED
+
+    name = unique("removed")
+    declared_names.append(name)
+    schedule(jobs.scheduled_effect, name=name, every=timedelta(seconds=30), payload={"label": name})
+    _command("pause", name, "--reason", "before removal")
+    forget(name)
+    (row,) = [row for row in json.loads(_command("list", "--json"))["schedules"] if row["name"] == name]
+    assert row["problems"] == [NOT_DECLARED] and row["paused"]["reason"] == "before removal"
+    assert f"problem: {NOT_DECLARED}; paused by" in _command("list") and "(before removal)" in _command("list")
+    assert "resumed" in _command("resume", name)
+    assert Pause.objects.get(kind=Pause.SCHEDULE, name=name).paused is False
+    assert name not in [row["name"] for row in json.loads(_command("list", "--json"))["schedules"]]
+    with pytest.raises(CommandError, match=f"no schedule named {name!r}"):
+        _command("pause", name)  # a pause needs the schedule in the code
+    with pytest.raises(CommandError, match=f"no schedule named {name!r}"):
+        _command("resume", name)  # nothing paused under that name now
+
+
 def _command(*args: str) -> str:
     out = io.StringIO()
     call_command("schedules", *args, stdout=out)

@@ -28,8 +28,8 @@ from composition.schedules.problems import problems
 def _schedule_problems() -> list[Problem]:
     """Each declared schedule the new code cannot fire (its job gone, a payload that no longer fits
     it): what its next tick would publish."""
-    return [Problem("schedules", entry.actor_name, problem, 1, name)
-            for name, entry in sorted(declared().items()) for problem in problems(entry)]
+    return [Problem("schedules", entry.actor_name, problem, 1, str(name))
+            for name, entry in declared().items() for problem in problems(entry)]
 
 
 class Command(BaseCommand):

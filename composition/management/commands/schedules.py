@@ -38,7 +38,7 @@ class Command(PauseCommand):
     def _declared(self, name: str) -> Schedule:
         entry = declared().get(name)
         if entry is None:
-            known = ", ".join(sorted(declared())) or "none is declared"
+            known = ", ".join(map(str, declared())) or "none is declared"
             raise CommandError(f"no schedule named {name!r} ({known})")
         return entry
 
@@ -48,7 +48,9 @@ class Command(PauseCommand):
                 else f"schedule {name} was paused already" + kept_reason(row, reason))
 
     def resume_one(self, name: str, *, by: str, reason: str, user: Any) -> str:
-        _, changed = resume_schedule(self._declared(name).name, by=by, reason=reason, user=user)
+        if name not in paused_names(Pause.SCHEDULE):
+            self._declared(name)  # a name no code declares may still be paused: that pause is lifted
+        _, changed = resume_schedule(name, by=by, reason=reason, user=user)
         return f"schedule {name} resumed: the next tick fires" if changed else f"schedule {name} was not paused"
 
     def other_action(self, action: str, name: str | None, *, as_json: bool) -> None:  # run
@@ -74,7 +76,9 @@ class Command(PauseCommand):
             return
         lines = []
         for row in rows:
-            state = "problem: " + "; ".join(row.problems) if row.problems else paused_state(row.paused)
+            state = paused_state(row.paused)
+            if row.problems:  # and, when it is paused too, by whom and why
+                state = "problem: " + "; ".join(row.problems) + ("" if row.paused is None else f"; {state}")
             lines.append((row.name, row.job, row.expression, row.tz, moment(row.last_fired_at),
                           moment(row.next_fire_at), f"{row.lag_s:.1f}", str(row.missed), str(row.skipped), state))
         self.write_table(("name", "job", "when", "tz", "last fire", "next fire", "lag s", "missed", "skipped",
