@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from composition.conf import conf
 from composition.pauses import Pause
 from composition.schedules.declaration import declared, duplicate_names
-from composition.schedules.firing import database_now
+from composition.schedules.firing import database_now, superseded
 from composition.schedules.models import ScheduleState
 from composition.schedules.problems import problems
 from composition.schedules.ticks import next_tick
@@ -36,6 +37,10 @@ class ScheduleRow:
     paused_ticks: int
     paused: Pause | None
     problems: tuple[str, ...]
+    # A deploy changed the timing and the hosts of the new one fire it: this code's timing (the
+    # one before) leaves it to them until then, and its lag and next fire are not this code's.
+    left_to_timing: str = ""
+    left_until: datetime | None = None
 
 
 def schedule_rows() -> list[ScheduleRow]:
@@ -49,8 +54,10 @@ def schedule_rows() -> list[ScheduleRow]:
         if name in twice:  # composition.E120; the last declaration is the one shown
             found += ("declared twice with different arguments",)
         state = states.get(name)
-        upcoming = lag_s = None
-        if not found:
+        upcoming = lag_s = left_until = None
+        if not found and state is not None and state.timing_changed_at and superseded(state, entry, now):
+            left_until = state.timing_changed_at + timedelta(seconds=float(conf.DEPLOY_WINDOW_S))
+        elif not found:
             upcoming = next_tick(entry, state.watermark if state else now)
             lag_s = max((now - upcoming).total_seconds(), 0.0)
         rows.append(ScheduleRow(
@@ -58,7 +65,8 @@ def schedule_rows() -> list[ScheduleRow]:
             last_fired_at=state.last_fired_at if state else None, next_fire_at=upcoming, lag_s=lag_s or 0.0,
             fired=state.fired if state else 0, caught_up=state.caught_up if state else 0,
             missed=state.missed if state else 0, skipped=state.skipped if state else 0,
-            paused_ticks=state.paused if state else 0, paused=pauses.get(name), problems=found))
+            paused_ticks=state.paused if state else 0, paused=pauses.get(name), problems=found,
+            left_to_timing=state.timing if state and left_until else "", left_until=left_until))
     for name in sorted(set(pauses) - set(declared())):
         state = states.get(name)
         rows.append(ScheduleRow(

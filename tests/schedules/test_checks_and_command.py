@@ -18,7 +18,7 @@ from composition.pauses import Pause
 from composition.schedules import TZDATA_VERSION, schedule
 from composition.schedules.declaration import forget
 from composition.schedules.models import ScheduleTick
-from tests.helpers import unique
+from tests.helpers import staff_client, table_row, unique
 from tests.jobsapp import jobs
 
 
@@ -237,3 +237,31 @@ def test_the_list_shows_a_schedule_s_problem_where_the_checks_would_stop_every_o
     assert done.returncode == 0, done.stderr[-3000:]
     (line,) = [line for line in done.stdout.splitlines() if line.startswith(name)]
     assert "problem: the payload does not fit" in line, line
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_schedule_left_to_the_hosts_of_its_new_timing_is_listed_so_not_as_running_behind(
+        declared_names: list[str]) -> None:
+    # Listed "running", its lag growing: that it was handed to the new timing was only in a log.
+    from django.conf import settings
+    from django.test import override_settings
+
+    from composition.schedules.firing import database_now
+    from composition.schedules.models import ScheduleState
+
+    name = unique("deploying")
+    declared_names.append(name)
+    old = schedule(jobs.scheduled_effect, name=name, every=timedelta(seconds=60), payload={"label": name})
+    changed_at = database_now() - timedelta(minutes=3)
+    ScheduleState.objects.create(name=name, watermark=changed_at, timing="every 30s start=-",
+                                 previous_timing=old.timing, timing_changed_at=changed_at, updated_at=changed_at)
+    with override_settings(COMPOSITION={**settings.COMPOSITION, "DEPLOY_WINDOW_S": 300}):
+        (row,) = [row for row in json.loads(_command("list", "--json"))["schedules"] if row["name"] == name]
+        assert (row["left_to_timing"], row["lag_s"], row["next_fire_at"]) == ("every 30s start=-", 0.0, None)
+        assert datetime.fromisoformat(row["left_until"]) == changed_at + timedelta(seconds=300)
+        assert "left to the hosts of its new timing (every 30s start=-) until" in _command("list")
+        page = staff_client("view_operations").get("/admin/composition/operations/").content.decode()
+        assert "left to the hosts of its new timing" in table_row(page, "data-schedule", name)
+    # Past the window (a rollback) this timing takes it back: it is listed as its own again.
+    (row,) = [row for row in json.loads(_command("list", "--json"))["schedules"] if row["name"] == name]
+    assert row["left_until"] is None and row["next_fire_at"] is not None

@@ -19,7 +19,7 @@ from composition.schedules.status import ScheduleRow, schedule_rows
 def _json_row(row: ScheduleRow) -> dict[str, Any]:
     data = asdict(row)
     data["paused"] = pause_json(row.paused)
-    for key in ("last_fired_at", "next_fire_at"):
+    for key in ("last_fired_at", "next_fire_at", "left_until"):
         data[key] = data[key].isoformat() if data[key] else None
     data["problems"] = list(row.problems)
     return data
@@ -77,6 +77,8 @@ class Command(PauseCommand):
         lines = []
         for row in rows:
             state = paused_state(row.paused)
+            if row.left_until is not None:
+                state = f"left to the hosts of its new timing ({row.left_to_timing}) until {moment(row.left_until)}"
             if row.problems:  # and, when it is paused too, by whom and why
                 state = "problem: " + "; ".join(row.problems) + ("" if row.paused is None else f"; {state}")
             lines.append((row.name, row.job, row.expression, row.tz, moment(row.last_fired_at),
