@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -179,6 +180,19 @@ class DeadLetterAdmin(ReadOnlyRows, admin.ModelAdmin):
         return format_html("<pre>{}</pre>", obj.traceback)
 
     # -- actions ------------------------------------------------------------------------------
+    def response_action(self, request: HttpRequest, queryset: QuerySet[Any], *args: Any,
+                        **kwargs: Any) -> HttpResponse | None:
+        # Django's own filters the queryset by the posted ids as they are: one that is not a
+        # number (a forged or mangled form) was a 500 from deep inside the ORM.
+        try:
+            for pk in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+                int(pk)
+        except ValueError:
+            self.message_user(request, "The selection held something that is not a dead letter's id; nothing was "
+                              "done.", messages.ERROR)
+            return None
+        return super().response_action(request, queryset, *args, **kwargs)
+
     @admin.action(description="Replay selected dead letters through the outbox", permissions=["replay"])
     def replay_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> HttpResponse | None:
         return self._confirm_then(request, queryset, "replay", service.replay_many)

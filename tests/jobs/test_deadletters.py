@@ -259,6 +259,10 @@ def test_admin_replay_confirms_the_count_then_acts() -> None:
     stale = client.post(filtered, selection)
     assert b"Nothing to replay" in stale.content and b'name="confirm"' not in stale.content
     assert f'href="{filtered}"'.encode() in stale.content
+    # A selection that is not ids (a forged or mangled form) was a 500 from inside the ORM.
+    mangled = client.post(url, {"action": "replay_selected", "_selected_action": ["abc"], "index": "0"}, follow=True)
+    assert mangled.status_code == 200
+    assert b"The selection held something that is not a dead letter&#x27;s id; nothing was done." in mangled.content
 
 
 # -- fix the data, replay, once: with a real worker and relay ------------------------------------------
