@@ -82,8 +82,13 @@ HEALTH_CHECK_UP = Gauge(
     "composition_health_check_up", "1 when the last probe of a dependency succeeded.", ["dependency"],
     multiprocess_mode="livemostrecent",
 )
+# Labelled by role (only "worker"), so that a process that never beats (the web) exports no
+# sample: an unlabelled gauge is written at 0 by every process, and the web's 0 read as a worker
+# that had not beaten since 1970.
 WORKER_HEARTBEAT_TIMESTAMP = Gauge(
-    "composition_worker_heartbeat_timestamp_seconds", "Unix time of a worker process's last heartbeat.",
+    "composition_worker_heartbeat_timestamp_seconds",
+    "Unix time of a worker process's last heartbeat (its beat thread runs; the cluster's Redis record of "
+    "it may fail meanwhile).", ["role"],
     multiprocess_mode="max",
 )
 
@@ -249,7 +254,7 @@ RETENTION_PRUNED_TOTAL = Counter("composition_retention_pruned_total",
 # cluster, not the process that read them: every runworkers process samples the same numbers, so
 # the merge keeps the most recent of the living processes.
 __all__ += [
-    "BROKER_MESSAGES", "BROKER_OLDEST_MESSAGE_AGE_SECONDS", "CACHE_INVALIDATIONS_PENDING",
+    "BROKER_MESSAGES", "BROKER_OLDEST_MESSAGE_AGE_SECONDS", "BROKER_READ_TIMESTAMP", "CACHE_INVALIDATIONS_PENDING",
     "CACHE_INVALIDATION_OLDEST_PENDING_AGE_SECONDS", "CACHE_OPERATION_SECONDS", "DB_CONNECTIONS_IN_USE",
     "DB_CONNECTIONS_MAX", "DB_CONNECTION_BUDGET", "DB_DEADLOCKS_DETECTED", "DB_SLOW_QUERIES_TOTAL",
     "DEAD_LETTERS_OPEN", "LOCK_LOST_TOTAL", "LOCK_TIMEOUTS_TOTAL",
@@ -290,6 +295,12 @@ BROKER_MESSAGES = Gauge(
     "Messages the broker holds for a queue, by state: ready, delayed (retries and etas), in_flight "
     "(fetched, not acked; Redis only). Sampled by runworkers.", ["queue", "state"],
     multiprocess_mode="livemostrecent")
+# Not moved while the broker cannot be read: the queue gauges keep their last reading then (a
+# false 0 would clear the alerts), and this says how old that reading is.
+BROKER_READ_TIMESTAMP = Gauge(
+    "composition_broker_read_timestamp_seconds",
+    "Unix time runworkers' sampler last read a queue's counts from the broker.", ["queue"],
+    multiprocess_mode="max")
 BROKER_OLDEST_MESSAGE_AGE_SECONDS = Gauge(
     "composition_broker_oldest_message_age_seconds",
     "How long the oldest ready message of a queue has been waiting (since it was created, or its "

@@ -47,8 +47,6 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "composition.logging.RequestIdMiddleware",
-    # Shed payments before the receipt queue overflows: 503 with Retry-After.
-    "composition.backpressure.BackpressureMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files (the admin's CSS and icons) from gunicorn itself, collected by ./run's set-up
     # step and the Dockerfile: no separate file server to run for the example.
@@ -61,6 +59,9 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # django-prometheus's, with its method labels bounded (composition.prometheus.http_metrics).
     "composition.prometheus.http_metrics.PrometheusAfterMiddleware",
+    # Shed payments before the receipt queue overflows: 503 with Retry-After. Last, so that the
+    # HTTP metrics above count the 503s it answers (a shed request still reaches no view).
+    "composition.backpressure.BackpressureMiddleware",
 ]
 
 ROOT_URLCONF = "project.urls"

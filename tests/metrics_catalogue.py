@@ -37,6 +37,9 @@ RUNWORKERS_ONLY = {
     # Set as runworkers' metrics sampler starts: its process's share of the `manage.py system`
     # budget (the web's is not reported). The other sampled gauges are sampled here in-process.
     "composition_db_connection_budget": "the metrics sampler started",
+    # Beaten by runworkers' heartbeat component: a web target shows no sample (an unlabelled
+    # gauge's 0 read as a worker not beaten since 1970).
+    "composition_worker_heartbeat_timestamp_seconds": "a worker process beat",
 }
 
 

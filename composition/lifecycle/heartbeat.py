@@ -76,9 +76,11 @@ class HeartbeatComponent(PeriodicComponent):
     def tick(self) -> None:
         """One beat; a failure is logged (the next beat may well succeed)."""
         self._register()
+        # Before the write, which needs Redis: with only the cache's Redis down the process
+        # still consumes, and its metric must not page as a worker that stopped.
+        WORKER_HEARTBEAT_TIMESTAMP.labels("worker").set(time.time())
         try:
             heartbeats.write_heartbeat(self._client, self.worker_id, self.state())
-            WORKER_HEARTBEAT_TIMESTAMP.set(time.time())
         except Exception as exc:
             log.warning("heartbeat failed", error=str(exc))
 

@@ -52,10 +52,13 @@ class RelaySweeperComponent(PeriodicComponent):
         """One sweep: release held rows that came due, relay what is pending for a bounded time,
         then sample the gauges."""
         close_old_connections()
-        release_due()
-        round_ = self.relay.run_coalesced_round(max_s=SWEEP_BUDGET_S)
-        refresh_gauges()
-        return round_
+        try:
+            release_due()
+            return self.relay.run_coalesced_round(max_s=SWEEP_BUDGET_S)
+        finally:
+            # Also when the round failed (the broker down): then above all, as the backlog grows.
+            # A failure here (the database down too) is the sweep's, logged by the caller.
+            refresh_gauges()
 
     def tick(self) -> bool:
         round_ = self.sweep()

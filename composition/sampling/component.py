@@ -4,6 +4,7 @@ records the queues' history there: ``composition.queues.history``)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -18,6 +19,7 @@ from composition.lifecycle.periodic import PeriodicComponent
 from composition.metrics import (
     BROKER_MESSAGES,
     BROKER_OLDEST_MESSAGE_AGE_SECONDS,
+    BROKER_READ_TIMESTAMP,
     CACHE_INVALIDATION_OLDEST_PENDING_AGE_SECONDS,
     CACHE_INVALIDATIONS_PENDING,
     DB_CONNECTION_BUDGET,
@@ -145,9 +147,11 @@ class MetricsSamplerComponent(PeriodicComponent):
         depths: dict[tuple[str, ...], float] = {}
         messages: dict[tuple[str, ...], float] = {}
         ages: dict[tuple[str, ...], float] = {}
+        read_at = time.time()
         for queue in sample.queues:
             if queue.broker is None:
                 continue
+            BROKER_READ_TIMESTAMP.labels(queue.queue).set(read_at)
             depths[(queue.queue,)] = queue.depth
             messages[(queue.queue, "ready")] = queue.broker.ready
             messages[(queue.queue, "delayed")] = queue.broker.delayed

@@ -75,7 +75,7 @@ def write(jobs: int, value: float, *, test_gauges: bool) -> None:
         metrics.JOB_DURATION_SECONDS.labels(actor).observe((run % 7) * 0.05)
     for actor in ACTORS:
         metrics.JOBS_IN_PROGRESS.labels(actor).set(1)
-    metrics.WORKER_HEARTBEAT_TIMESTAMP.set(time.time())
+    metrics.WORKER_HEARTBEAT_TIMESTAMP.labels("worker").set(time.time())
     if test_gauges:
         for mode in GAUGE_MODES:
             _gauge(mode).set(value)

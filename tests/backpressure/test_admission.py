@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.http import HttpResponse
 from django.test import Client, RequestFactory, override_settings
+from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
 from composition.backpressure import admission as backpressure
@@ -77,9 +78,13 @@ def test_middleware_sheds_unsafe_requests_with_503_and_retry_after(api_client: C
     overrides = {**settings.COMPOSITION, "BACKPRESSURE_QUEUES": {"billing": 1},
                  "BACKPRESSURE_PATHS": {"/api/invoices": "billing"}, "BACKPRESSURE_CACHE_S": 0.001}
     with override_settings(COMPOSITION=overrides):
+        shed_before = REGISTRY.get_sample_value("django_http_responses_total_by_status_total", {"status": "503"}) or 0
         response = client.post("/api/invoices", data=json.dumps({"number": "X", "customer": "c", "amount_cents": 5}),
                                content_type="application/json")
         assert response.status_code == 503
+        # In the HTTP metrics as any response is: the 5xx rate and the dashboard stayed flat.
+        assert REGISTRY.get_sample_value("django_http_responses_total_by_status_total",
+                                         {"status": "503"}) == shed_before + 1
         assert response["Retry-After"] == "5"
         # Not the queue, its depth or limit: the caller may not even be authenticated.
         assert response.json() == {"code": "overloaded", "retry_after_s": 5,

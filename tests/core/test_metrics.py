@@ -300,3 +300,31 @@ def _lose_a_rebuild_lease(namespace: str) -> CacheResult:
     assert other.fetch(key, their_loader, ttl_s=5).outcome == "loaded"
     return asked[0]
 
+
+
+# A process as the web is: Django set up, the cache used, no component started, then scraped.
+FRESH_PROCESS_SCRAPE = """
+import django
+django.setup()
+from prometheus_client import generate_latest
+from composition.cache import get_cache_aside
+get_cache_aside()
+print(generate_latest().decode())
+"""
+
+
+def test_a_process_that_never_beats_shows_no_heartbeat_and_counters_alerted_on_start_at_zero() -> None:
+    # The web exported a heartbeat of 0 (WorkerHeartbeatStale paged for it from the start, and
+    # NoWorkerUp could never fire), and a first lost invalidation, seen at 1, had no increase().
+    import subprocess
+    import sys
+
+    from composition.testing import subprocess_env
+
+    done = subprocess.run([sys.executable, "-c", FRESH_PROCESS_SCRAPE], capture_output=True, text=True, timeout=60,
+                          env=subprocess_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    samples = [line for line in done.stdout.splitlines() if not line.startswith("#")]
+    assert [line for line in samples if line.startswith("composition_worker_heartbeat_timestamp_seconds")] == []
+    for outcome in ("applied", "deferred", "replayed", "lost"):
+        assert f'composition_cache_invalidations_total{{outcome="{outcome}"}} 0.0' in samples

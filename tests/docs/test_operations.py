@@ -161,6 +161,66 @@ def test_the_queue_alerts_leave_a_paused_queue_out(tmp_path: Path) -> None:
     _promtool_unit_test(tmp_path, QUEUE_ALERTS_TEST)
 
 
+# promtool's unit test of a broker outage as the targets report it: the workers' sampler stops
+# reading the broker at 2m (its queue gauges keep their last reading, 0), the outbox backlog ages
+# (the sweeper samples it after each failed round), the heartbeat goes on; the web target exports
+# no heartbeat sample at all. Nothing paged: the frozen gauges cleared every queue alert, and
+# the web's heartbeat of 0 paged WorkerHeartbeatStale from the start.
+BROKER_OUTAGE_TEST = """
+rule_files: [{rules}]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'composition_broker_read_timestamp_seconds{{queue="billing", instance="worker:9100"}}'
+        values: '0+60x2 120x10'
+      - series: 'composition_broker_oldest_message_age_seconds{{queue="billing", instance="worker:9100"}}'
+        values: '0x12'
+      - series: 'composition_queue_paused{{queue="billing", instance="worker:9100"}}'
+        values: '0x12'
+      - series: 'composition_outbox_oldest_pending_age_seconds{{instance="worker:9100"}}'
+        values: '0x2 60+60x10'
+      - series: 'composition_worker_heartbeat_timestamp_seconds{{role="worker", instance="worker:9100"}}'
+        values: '0+60x12'
+      - series: 'up{{job="billing-worker", instance="worker:9100"}}'
+        values: '1x12'
+    alert_rule_test:
+      - eval_time: 3m
+        alertname: BrokerUnread
+        exp_alerts: []
+      - eval_time: 6m
+        alertname: BrokerUnread
+        exp_alerts:
+          - exp_labels: {{severity: page, queue: billing}}
+            exp_annotations:
+              summary: "Queue billing: the broker has not been read for 4m 0s"
+              runbook: "docs/operations.md#queue-piling-up"
+      - eval_time: 6m
+        alertname: OutboxNotRelaying
+        exp_alerts: []
+      - eval_time: 8m
+        alertname: OutboxNotRelaying
+        exp_alerts:
+          - exp_labels: {{severity: page}}
+            exp_annotations:
+              summary: "Outbox rows have waited 6m 0s to be relayed to the broker"
+              runbook: "docs/operations.md#queue-piling-up"
+      - eval_time: 6m
+        alertname: BrokerOldestMessageTooOld
+        exp_alerts: []
+      - eval_time: 10m
+        alertname: WorkerHeartbeatStale
+        exp_alerts: []
+      - eval_time: 10m
+        alertname: NoWorkerUp
+        exp_alerts: []
+"""
+
+
+def test_a_broker_outage_pages_while_the_queue_gauges_keep_their_last_reading(tmp_path: Path) -> None:
+    _promtool_unit_test(tmp_path, BROKER_OUTAGE_TEST)
+
+
 def test_the_alerts_are_loaded_name_catalogued_metrics_and_link_a_runbook() -> None:
     prometheus = yaml.safe_load((DOCKER / "prometheus.yml").read_text())
     compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())

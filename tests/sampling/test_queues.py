@@ -51,9 +51,12 @@ def test_a_frozen_broker_costs_one_timeout_and_keeps_the_last_readings(throwaway
         broker.declare_queue(queue)
     broker.enqueue(Message(queue_name=busy, actor_name="nobody", args=(), kwargs={}, options={}))
     sampler = MetricsSamplerComponent(broker, connection_budget=1)
+    before = time.time()
     first = sampler.sample()
     assert {q.queue: q.depth for q in first.queues or ()} == {busy: 1, idle: 0}
     assert REGISTRY.get_sample_value("composition_broker_messages", {"queue": busy, "state": "ready"}) == 1
+    read_at = REGISTRY.get_sample_value("composition_broker_read_timestamp_seconds", {"queue": busy})
+    assert read_at is not None and read_at >= before
 
     throwaway_redis_server.freeze()
     try:
@@ -68,6 +71,8 @@ def test_a_frozen_broker_costs_one_timeout_and_keeps_the_last_readings(throwaway
     # What the broker could not say keeps its last reading, not a false 0.
     assert REGISTRY.get_sample_value("composition_queue_depth_messages", {"queue": busy}) == 1
     assert REGISTRY.get_sample_value("composition_broker_messages", {"queue": busy, "state": "ready"}) == 1
+    # And says how old that reading is: it stood for a reading of now, and nothing paged.
+    assert REGISTRY.get_sample_value("composition_broker_read_timestamp_seconds", {"queue": busy}) == read_at
 
 
 def test_the_sampling_and_slow_query_settings_are_checked() -> None:

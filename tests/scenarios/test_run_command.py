@@ -237,7 +237,7 @@ def test_run_command_serves_readyz_on_embedded_servers_and_ctrl_c_stops_in_rever
                 return bytes(response.read())
 
         deadline = time.monotonic() + 15
-        while b"composition_worker_heartbeat_timestamp_seconds " not in metrics():
+        while b'composition_worker_heartbeat_timestamp_seconds{role="worker"} ' not in metrics():
             assert time.monotonic() < deadline, metrics().decode()[:3000]
             time.sleep(0.25)
         assert b"django_http_requests_total" in metrics()
