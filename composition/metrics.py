@@ -125,6 +125,10 @@ CACHE_INVALIDATIONS = Counter("composition_cache_invalidations_total",
                               "Invalidations by outcome: applied, deferred (left in PostgreSQL for the "
                               "replay: Redis unreachable, breaker open or apply failed), replayed, lost "
                               "(neither worked).", ["outcome"])
+# At 0 in every process from the start: a series first seen at 1 has no increase(), so a process's
+# first lost invalidation fired no CacheInvalidationLost.
+for _outcome in ("applied", "deferred", "replayed", "lost"):
+    CACHE_INVALIDATIONS.labels(_outcome)
 LOCK_ACQUIRE = Counter("composition_lock_acquire_total",
                        "Lock acquisitions by kind (row, advisory, redis), name and outcome "
                        "(acquired, busy, unavailable).", ["kind", "name", "outcome"])
@@ -296,11 +300,13 @@ BROKER_MESSAGES = Gauge(
     "(fetched, not acked; Redis only). Sampled by runworkers.", ["queue", "state"],
     multiprocess_mode="livemostrecent")
 # Not moved while the broker cannot be read: the queue gauges keep their last reading then (a
-# false 0 would clear the alerts), and this says how old that reading is.
+# false 0 would clear the alerts), and this says how old that reading is. Live processes only: a
+# dead one's last reading must not stand for the broker's.
 BROKER_READ_TIMESTAMP = Gauge(
     "composition_broker_read_timestamp_seconds",
-    "Unix time runworkers' sampler last read a queue's counts from the broker.", ["queue"],
-    multiprocess_mode="max")
+    "Unix time runworkers' sampler last read a queue's counts from the broker (or, before its first "
+    "reading, started).", ["queue"],
+    multiprocess_mode="livemax")
 BROKER_OLDEST_MESSAGE_AGE_SECONDS = Gauge(
     "composition_broker_oldest_message_age_seconds",
     "How long the oldest ready message of a queue has been waiting (since it was created, or its "

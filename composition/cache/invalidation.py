@@ -88,10 +88,6 @@ class Invalidations(ReplaysPending):
         # ended the transaction yet (a connection belongs to one thread): the other threads,
         # nearly every read, skip the look at their connections.
         self._batch_databases: dict[int, set[str]] = {}
-        # At 0 from the start: a series first seen at 1 has no increase(), so the first lost
-        # invalidation of a process fired no CacheInvalidationLost.
-        for outcome in ("applied", "deferred", "replayed", "lost"):
-            CACHE_INVALIDATIONS.labels(outcome)
 
     def schedule(self, kind: str, target: str, *, using: str | None = None) -> None:
         """Invalidate after the transaction on ``using`` commits (at once outside one); nothing

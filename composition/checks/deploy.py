@@ -38,11 +38,16 @@ def check_schedules(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
         messages += [Error(f"schedule {name!r}: {problem}.", id="composition.E121") for problem in problems(entry)]
         if entry.named_after_job and entry.actor_name in renamed_jobs:
             old = renamed_jobs[entry.actor_name]
+            # Which old name the running code's schedule has is not known here: with one alias it
+            # is that one; with several, the job's name before this rename.
+            keep = (f"name={old[0]!r}" if len(old) == 1 else
+                    f"name= the schedule's name in the code running now (one of {', '.join(map(repr, old))}: "
+                    "the job's name before this rename)")
             messages.append(Warning(
                 f"schedule {name!r} is named after its job, which was renamed from {', '.join(map(repr, old))}: "
-                f"while hosts with the code from before run, they fire the schedule {old[0]!r} beside it (every "
-                f"tick twice), and this one starts afresh, without the old one's state or pause.",
-                hint=f"Give it name={old[0]!r} to keep one schedule (or name={name!r} to start afresh on purpose).",
+                "while hosts with the code from before run, they fire the schedule under its old name beside "
+                "this one (every tick twice), and this one starts afresh, without the old one's state or pause.",
+                hint=f"Give it {keep} to keep one schedule (or name={name!r} to start afresh on purpose).",
                 id="composition.W123"))
     # Tick rows are what an operator reads back of a catch-up: kept at least as long as a window.
     keep_s = conf.SCHEDULE_TICK_RETENTION_S

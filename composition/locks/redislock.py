@@ -14,9 +14,9 @@ import random
 import secrets
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Any
 
 import redis
@@ -43,9 +43,11 @@ __all__ = ["RedisLock", "acquire_redis_lock", "redis_lock"]
 log = structlog.get_logger("composition.locks")
 
 _UNAVAILABLE: tuple[type[BaseException], ...] = (*REDIS_ERRORS, DatabaseError)
-# The (cache alias, name) of the redis_lock blocks this flow of control (a thread, an asyncio
-# task) is inside: taking one of them again waited on itself for wait_s, then said "busy".
-_held: ContextVar[frozenset[tuple[str, str]]] = ContextVar("composition_redis_locks_held", default=frozenset())
+# By thread, the (cache alias, name) of the redis_lock blocks it entered and has not left: taking
+# one of them again waited on itself for wait_s, then said "busy". Each block removes its own
+# entry, on the thread that entered it (a generator's block may end elsewhere, or out of order).
+_held: dict[int, Counter[tuple[str, str]]] = {}
+_held_lock = threading.Lock()
 _MAX_POLL_S = 0.05
 # A lock held, or waited for, longer than a week is a mistake (1e20 s overflowed Redis's PX).
 MAX_TTL_S = 7 * 86_400.0
@@ -184,7 +186,8 @@ def acquire_redis_lock(name: str, *, ttl_s: float, wait_s: float = 0) -> RedisLo
         raise TypeError(f"a lock name is a non-empty string, got {name!r}")
     ttl_s = checked_seconds("ttl_s", ttl_s, at_most=MAX_TTL_S)
     wait_s = checked_seconds("wait_s", wait_s, at_most=MAX_TTL_S, zero=True)
-    if (conf.CACHE_ALIAS, name) in _held.get():
+    held_here = _held.get(threading.get_ident())
+    if held_here and held_here[(conf.CACHE_ALIAS, name)]:
         raise RuntimeError(f"redis lock {name!r} is held already by this thread, in a redis_lock block around "
                            "this call: a redis lock is not re-entrant (take it once, and pass the held lock down)")
     store = _store()
@@ -245,15 +248,24 @@ def redis_lock(name: str, *, ttl_s: float, wait_s: float = 0) -> Iterator[RedisL
     else: extend it, and guard writes with ``fenced_write(resource, lock.fence)``.
     The metric label is the text of ``name`` before its first ``:`` ("(none)" without one)."""
     lock = acquire_redis_lock(name, ttl_s=ttl_s, wait_s=wait_s)
-    held = _held.set(_held.get() | {(conf.CACHE_ALIAS, name)})
+    held, thread = (conf.CACHE_ALIAS, name), threading.get_ident()
+    with _held_lock:
+        _held.setdefault(thread, Counter())[held] += 1
     try:
         yield lock
     finally:
-        _held.reset(held)
-        lock.release()
-        if lock.lost:
-            # The TTL ran out under the body: someone else may have held it meanwhile. Only the
-            # fence (fenced_write) protected the writes; say so where an operator looks.
-            LOCK_LOST_TOTAL.labels("redis", key_label(name)).inc()
-            log.warning("redis lock expired before its with-block ended; another owner may have held it",
-                        lock=name, ttl_s=ttl_s)
+        try:
+            lock.release()
+            if lock.lost:
+                # The TTL ran out under the body: someone else may have held it meanwhile. Only the
+                # fence (fenced_write) protected the writes; say so where an operator looks.
+                LOCK_LOST_TOTAL.labels("redis", key_label(name)).inc()
+                log.warning("redis lock expired before its with-block ended; another owner may have held it",
+                            lock=name, ttl_s=ttl_s)
+        finally:
+            with _held_lock:
+                _held[thread][held] -= 1
+                if _held[thread][held] <= 0:
+                    del _held[thread][held]
+                if not _held[thread]:
+                    del _held[thread]

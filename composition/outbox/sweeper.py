@@ -13,6 +13,7 @@ import structlog
 from django.db import close_old_connections
 from dramatiq.broker import Broker
 
+from composition.errors import described
 from composition.lifecycle.periodic import PeriodicComponent
 from composition.outbox.held import release_due
 from composition.outbox.maintenance import refresh_gauges
@@ -54,11 +55,17 @@ class RelaySweeperComponent(PeriodicComponent):
         close_old_connections()
         try:
             release_due()
-            return self.relay.run_coalesced_round(max_s=SWEEP_BUDGET_S)
-        finally:
+            round_ = self.relay.run_coalesced_round(max_s=SWEEP_BUDGET_S)
+        except Exception:
             # Also when the round failed (the broker down): then above all, as the backlog grows.
-            # A failure here (the database down too) is the sweep's, logged by the caller.
-            refresh_gauges()
+            # Its own failure (the database down too) is logged here; the round's is raised.
+            try:
+                refresh_gauges()
+            except Exception as exc:
+                log.warning("outbox gauges not sampled", error=described(exc))
+            raise
+        refresh_gauges()
+        return round_
 
     def tick(self) -> bool:
         round_ = self.sweep()

@@ -78,10 +78,16 @@ class MetricsSamplerComponent(PeriodicComponent):
         self.connection_budget = connection_budget
         self.alias = alias
         self._labels_set: dict[Gauge, set[tuple[str, ...]]] = {}
+        self._read_queues: set[str] = set()
         self.on_sample = on_sample
 
     def start(self) -> None:
         DB_CONNECTION_BUDGET.labels("worker").set(self.connection_budget)
+        # From now: a broker down from the start is unread from the start (BrokerUnread).
+        started_at = time.time()
+        for queue in self.broker.get_declared_queues():
+            BROKER_READ_TIMESTAMP.labels(queue).set(started_at)
+            self._read_queues.add(queue)
         super().start()
 
     def tick(self) -> None:
@@ -148,7 +154,12 @@ class MetricsSamplerComponent(PeriodicComponent):
         messages: dict[tuple[str, ...], float] = {}
         ages: dict[tuple[str, ...], float] = {}
         read_at = time.time()
+        # A queue sampled before and not now (its outbox rows relayed, never declared) has nothing
+        # left to read: not unread.
+        for queue_name in self._read_queues - {queue.queue for queue in sample.queues}:
+            BROKER_READ_TIMESTAMP.labels(queue_name).set(read_at)
         for queue in sample.queues:
+            self._read_queues.add(queue.queue)
             if queue.broker is None:
                 continue
             BROKER_READ_TIMESTAMP.labels(queue.queue).set(read_at)

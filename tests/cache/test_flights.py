@@ -80,6 +80,38 @@ def test_a_stampede_right_as_the_epoch_is_checked_loads_once_and_caches_it(monke
         assert engine.peek(key) == 7, f"round {round_}: the one load was not cached ({outcomes})"
 
 
+def test_a_check_that_hangs_holds_other_threads_a_bounded_while_and_a_recheck_during_it_is_kept(
+        monkeypatch: Any) -> None:
+    # Against a Redis that hangs, the waiters sat out the check's socket timeout, then their own;
+    # and a recheck asked for during a check (the breaker closing) was lost until the next second.
+    from composition.cache.epoch import CHECK_WAIT_S, EPOCH_CHECK_S
+    from composition.cache.store import LeaseStore
+
+    check = LeaseStore.ensure_epoch
+    calls: list[float] = []
+
+    def hanging_check(self: LeaseStore, *args: Any) -> tuple[bool, bytes]:
+        calls.append(time.monotonic())
+        time.sleep(0.6)
+        return check(self, *args)
+
+    monkeypatch.setattr(LeaseStore, "ensure_epoch", hanging_check)
+    epoch = get_cache_aside().epoch
+    epoch.recheck()
+    checking = threading.Thread(target=epoch.current)
+    checking.start()
+    wait_until(lambda: calls, 5, interval_s=0.01)
+    started = time.monotonic()
+    epoch.current()  # another thread's read meanwhile
+    assert time.monotonic() - started < CHECK_WAIT_S + 0.2
+    epoch.recheck()  # asked for while the check runs
+    checking.join(5)
+    epoch.current()
+    assert len(calls) == 2, "the recheck asked for during the check was dropped"
+    epoch.current()
+    assert len(calls) == 2, f"checked again within EPOCH_CHECK_S ({EPOCH_CHECK_S} s)"
+
+
 def _stampede(key: str, threads: int) -> tuple[int, list[str]]:
     """``threads`` threads released at once on ``key`` with a slow loader: its calls, and the
     outcomes in order."""

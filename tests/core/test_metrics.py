@@ -302,13 +302,12 @@ def _lose_a_rebuild_lease(namespace: str) -> CacheResult:
 
 
 
-# A process as the web is: Django set up, the cache used, no component started, then scraped.
+# A process as a web process is before its first request: Django set up, no component started,
+# nothing cached yet (billing builds its cache-aside object on first use), then scraped.
 FRESH_PROCESS_SCRAPE = """
 import django
 django.setup()
 from prometheus_client import generate_latest
-from composition.cache import get_cache_aside
-get_cache_aside()
 print(generate_latest().decode())
 """
 

@@ -163,9 +163,9 @@ def test_the_queue_alerts_leave_a_paused_queue_out(tmp_path: Path) -> None:
 
 # promtool's unit test of a broker outage as the targets report it: the workers' sampler stops
 # reading the broker at 2m (its queue gauges keep their last reading, 0), the outbox backlog ages
-# (the sweeper samples it after each failed round), the heartbeat goes on; the web target exports
-# no heartbeat sample at all. Nothing paged: the frozen gauges cleared every queue alert, and
-# the web's heartbeat of 0 paged WorkerHeartbeatStale from the start.
+# (the sweeper samples it after each failed round), the heartbeat goes on. Nothing paged: the
+# frozen gauges cleared every queue alert. (That the web exports no heartbeat sample is
+# tests/core/test_metrics.py's.)
 BROKER_OUTAGE_TEST = """
 rule_files: [{rules}]
 evaluation_interval: 1m

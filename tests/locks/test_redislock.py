@@ -97,6 +97,30 @@ def test_taking_a_held_lock_again_in_its_block_says_so_at_once_and_other_threads
         pass
 
 
+def test_blocks_ended_out_of_order_or_on_another_thread_release_their_locks_and_forget_them() -> None:
+    # A generator's block can end out of order, or on another thread: the set of held names was
+    # restored from a snapshot (leaving a released lock "held" for good), or its reset raised
+    # before the release (the lock stayed taken until its TTL).
+    first, second = unique("rl"), unique("rl")
+
+    def holding(name: str) -> Iterator[None]:
+        with redis_lock(name, ttl_s=30):
+            yield
+
+    a, b = holding(first), holding(second)
+    next(a)
+    next(b)
+    a.close()
+    b.close()
+    with redis_lock(first, ttl_s=5), redis_lock(second, ttl_s=5):
+        pass
+    c = holding(first)
+    next(c)
+    elsewhere(c.close)  # ended on another thread
+    with redis_lock(first, ttl_s=5):  # released, and no longer held by this thread
+        pass
+
+
 def test_extend_keeps_the_lock_and_fails_once_it_was_lost() -> None:
     name = unique("rl")
     with redis_lock(name, ttl_s=0.3) as lock:

@@ -31,3 +31,28 @@ def test_a_round_the_broker_fails_still_samples_the_backlog_it_leaves() -> None:
     assert OutboxMessage.objects.filter(status=OutboxMessage.Status.PENDING).count() == 3
     assert REGISTRY.get_sample_value("composition_outbox_pending_messages") == 3
     assert (REGISTRY.get_sample_value("composition_outbox_oldest_pending_age_seconds") or 0) > 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_round_whose_sampling_fails_too_raises_the_round_s_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The sampling's error (the database down too) replaced the broker's in the sweep's log line.
+    from django.db import OperationalError
+    from structlog.testing import capture_logs
+
+    from composition.outbox import sweeper as module
+
+    down = build_broker(f"redis://127.0.0.1:{free_port()}/0", heartbeat_timeout_s=4, maintenance_chance=0,
+                        socket_timeout_s=0.3, connect_timeout_s=0.3)
+    sweeper = RelaySweeperComponent(down)
+    with left_to_the_relay(), transaction.atomic():
+        publish(record_effect, {"seq": 1})
+
+    def database_down() -> tuple[int, float]:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(module, "refresh_gauges", database_down)
+    with capture_logs() as logs, pytest.raises(Exception, match=r"(?i)connect") as raised:
+        sweeper.sweep()
+    assert not isinstance(raised.value, OperationalError)
+    assert [entry["error"] for entry in logs if entry["event"] == "outbox gauges not sampled"] == [
+        "OperationalError: server closed the connection unexpectedly"]

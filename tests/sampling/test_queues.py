@@ -75,6 +75,37 @@ def test_a_frozen_broker_costs_one_timeout_and_keeps_the_last_readings(throwaway
     assert REGISTRY.get_sample_value("composition_broker_read_timestamp_seconds", {"queue": busy}) == read_at
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_read_time_of_a_queue_counts_from_the_start_and_one_no_longer_sampled_is_not_unread() -> None:
+    # A broker down from the start left no series (BrokerUnread could not fire), and a queue
+    # sampled once for its outbox rows kept its last read time for good (BrokerUnread fired).
+    import time
+
+    from composition.outbox import OutboxMessage
+
+    broker = configured_broker()
+    declared = next(iter(broker.get_declared_queues()))
+    before = time.time()
+    sampler = MetricsSamplerComponent(broker, connection_budget=1, interval_s=3600)
+    sampler.start()
+    try:
+        assert (REGISTRY.get_sample_value("composition_broker_read_timestamp_seconds", {"queue": declared})
+                or 0) >= before
+        # A row left on a queue no code declares any more (its job moved to another queue).
+        orphan = f"undeclared-{uuid.uuid4().hex[:8]}"
+        row = OutboxMessage.objects.create(actor_name="moved", queue_name=orphan, payload={})
+        sampler.sample()
+        first = REGISTRY.get_sample_value("composition_broker_read_timestamp_seconds", {"queue": orphan})
+        assert first is not None
+        row.delete()  # relayed, say: the queue is sampled no more
+        time.sleep(0.05)
+        sampler.sample()
+        later = REGISTRY.get_sample_value("composition_broker_read_timestamp_seconds", {"queue": orphan})
+        assert later is not None and later > first
+    finally:
+        sampler.stop(5.0)
+
+
 def test_the_sampling_and_slow_query_settings_are_checked() -> None:
     from django.core.checks import run_checks
 

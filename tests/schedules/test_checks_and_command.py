@@ -134,12 +134,21 @@ def test_a_schedule_named_after_a_renamed_job_is_a_warning_until_it_keeps_the_ol
     declared_names.append(new)
     [warning] = warnings()
     assert f"renamed from {old!r}" in warning and "every tick twice" in warning
+    [hint] = [message.hint for message in run_checks() if message.id == "composition.W123" and new in message.msg]
+    assert f"Give it name={old!r} to keep one schedule" in (hint or "")
     forget(new)
     schedule(renamed, name=old, every=timedelta(seconds=5), payload={"label": "x"})  # the fix: one schedule
     declared_names.append(old)
     assert warnings() == []
     schedule(renamed, name=new, every=timedelta(seconds=5), payload={"label": "x"})  # afresh, on purpose
     assert warnings() == []
+    # Renamed twice: which old name the running code's schedule has is for the author to say.
+    first, second, third = unique("first_job"), unique("second_job"), unique("third_job")
+    twice = job(queue=jobs.SCHEDULE_QUEUE, actor_name=third, aliases=[first, second])(jobs.scheduled_effect.fn)
+    schedule(twice, every=timedelta(seconds=5), payload={"label": "x"})
+    declared_names.append(third)
+    [hint] = [message.hint for message in run_checks() if message.id == "composition.W123" and third in message.msg]
+    assert f"one of {first!r}, {second!r}" in (hint or "")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -262,6 +271,14 @@ def test_a_schedule_left_to_the_hosts_of_its_new_timing_is_listed_so_not_as_runn
         assert "left to the hosts of its new timing (every 30s start=-) until" in _command("list")
         page = staff_client("view_operations").get("/admin/composition/operations/").content.decode()
         assert "left to the hosts of its new timing" in table_row(page, "data-schedule", name)
+        # Paused as well: both are said, the pause first (it hid behind the hand-over).
+        _command("pause", name, "--reason", "month-end")
+        (line,) = [line for line in _command("list").splitlines() if line.startswith(name)]
+        assert "paused by" in line and "(month-end); left to the hosts of its new timing" in line
+        page = staff_client("view_operations").get("/admin/composition/operations/").content.decode()
+        row = table_row(page, "data-schedule", name)
+        assert "month-end" in row and "left to the hosts of its new timing" in row and "running" not in row
+        _command("resume", name)
     # Past the window (a rollback) this timing takes it back: it is listed as its own again.
     (row,) = [row for row in json.loads(_command("list", "--json"))["schedules"] if row["name"] == name]
     assert row["left_until"] is None and row["next_fire_at"] is not None

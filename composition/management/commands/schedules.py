@@ -78,7 +78,8 @@ class Command(PauseCommand):
         for row in rows:
             state = paused_state(row.paused)
             if row.left_until is not None:
-                state = f"left to the hosts of its new timing ({row.left_to_timing}) until {moment(row.left_until)}"
+                handed = f"left to the hosts of its new timing ({row.left_to_timing}) until {moment(row.left_until)}"
+                state = handed if row.paused is None else f"{state}; {handed}"
             if row.problems:  # and, when it is paused too, by whom and why
                 state = "problem: " + "; ".join(row.problems) + ("" if row.paused is None else f"; {state}")
             lines.append((row.name, row.job, row.expression, row.tz, moment(row.last_fired_at),
