@@ -99,6 +99,11 @@ def job(*, queue: str = "default", max_attempts: int = 5, initial_delay_s: float
     Raises ValueError/TypeError for an inconsistent policy, and Dramatiq's ValueError when the
     actor name, or an alias, is taken.
     """
+    if actor_name is not None and (not isinstance(actor_name, str) or not actor_name or len(actor_name) > 255
+                                   or any(char.isspace() for char in actor_name)):
+        # "" fell back to the function's name; 5 raised from inside Dramatiq; over 255 characters
+        # every publish failed at the outbox's column.
+        raise ValueError(f"actor_name must be a name of at most 255 characters without spaces, got {actor_name!r}")
     limits = JobLimits.of(concurrency, rate)
     versions = JobVersions.of(version, upgrade)
     if isinstance(permanent, type) or not isinstance(permanent, Sequence):

@@ -63,6 +63,8 @@ class JobPolicy:
                              f"{self.initial_delay_s} and {self.max_delay_s}")
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
             raise ValueError(f"priority must be a whole number, got {self.priority!r}")
+        if not isinstance(self.idempotent, bool):  # "no" and 0.0 read from a setting ran it under the ledger
+            raise ValueError(f"idempotent must be True or False, got {self.idempotent!r}")
         if not isinstance(self.queue, str) or not self.queue.strip() or self.queue.endswith((".DQ", ".XQ")):
             raise ValueError(f"queue must be a queue's name (not empty, not a delay or dead-letter queue's), "
                              f"got {self.queue!r}")

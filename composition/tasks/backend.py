@@ -76,7 +76,20 @@ class OutboxBackend(BaseTaskBackend):
         return [self.actor(queue) for queue in sorted(self.parsed_options.queues)]
 
     def validate_task(self, task: Task[Any, Any]) -> None:
-        """Django's checks, and a priority only where the broker honours it."""
+        """Django's checks, a ``run_after`` the outbox can delay to, and a priority only where the
+        broker honours it."""
+        run_after: Any = task.run_after
+        # Before Django's, which took a timedelta (Celery's countdown) for a datetime and raised
+        # AttributeError; and the outbox's bound, which named a delay_s nobody gave.
+        if run_after is not None:
+            from composition.outbox.publish import MAX_DELAY_S  # only at .using(run_after=...): apps ready
+
+            if not isinstance(run_after, datetime) or timezone.is_naive(run_after):
+                raise InvalidTask(f"run_after must be an aware datetime (timezone.now() + timedelta(...)), "
+                                  f"got {run_after!r}")
+            if (run_after - timezone.now()).total_seconds() > MAX_DELAY_S:
+                raise InvalidTask(f"run_after is at most {MAX_DELAY_S / 86_400 / 365:g} years ahead, got "
+                                  f"{run_after.isoformat()}")
         super().validate_task(task)
         if task.priority != DEFAULT_TASK_PRIORITY and broker_kind(str(conf.BROKER_URL)) == "rabbitmq" \
                 and conf.RABBITMQ_QUEUE_TYPE == "quorum":

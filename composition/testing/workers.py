@@ -8,8 +8,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -118,13 +119,38 @@ class WorkerProcess:
         os.kill(self.pid, signum)
 
     def kill_group(self) -> None:
-        """SIGKILL the whole process group: the crash no handler can see."""
+        """SIGKILL the whole process group and every process it started: the crash no handler can
+        see. Under ``--processes N`` the worker processes have sessions of their own (a terminal's
+        Ctrl-C reaches only the supervisor), so the group alone missed them, and its supervisor's
+        death only sent them SIGTERM: they drained for up to their shutdown timeout, beside
+        whatever was started next."""
+        children = self._children()
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        for child in children:
+            with suppress(ProcessLookupError):
+                os.killpg(child, signal.SIGKILL)  # a child's own session: its group is its pid
         if self.process is not None:
             self.process.wait()
+        deadline = time.monotonic() + 10
+        while any(_alive(child) for child in children) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def _children(self) -> list[int]:
+        """The pids of the processes this one started (their parent pid in /proc: no dependency)."""
+        children = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # gone meanwhile
+            if int(fields[1]) == self.pid:
+                children.append(int(entry.name))
+        return children
 
     def terminate(self, timeout_s: float = 30.0) -> int:
         """SIGTERM, wait for the drain, return the exit code (SIGKILL after ``timeout_s``)."""
@@ -146,3 +172,12 @@ class WorkerProcess:
         if hasattr(self, "_log"):
             self._log.close()
         self.log_path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie reaped by its parent, or gone, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"

@@ -82,6 +82,14 @@ def test_job_defaults_follow_the_worker_policy() -> None:
     ({"priority": "high"}, "priority must be a whole number, got 'high'"),
     ({"queue": "jobs_check.DQ"}, "not a delay or dead-letter queue's"),
     ({"permanent": ValueError}, "permanent must be a sequence of exception classes"),
+    # Read from a setting as text: "no" is truthy, and ran the job under the ledger.
+    ({"idempotent": "no"}, "idempotent must be True or False, got 'no'"),
+    ({"idempotent": 0.0}, "idempotent must be True or False"),
+    # "" fell back to the function's name, 5 raised from inside Dramatiq, a long one failed every publish.
+    ({"actor_name": ""}, "actor_name must be a name of at most 255 characters without spaces, got ''"),
+    ({"actor_name": "has space"}, "actor_name must be a name"),
+    ({"actor_name": 5}, "actor_name must be a name"),
+    ({"actor_name": "x" * 256}, "actor_name must be a name"),
 ])
 def test_job_refuses_a_bad_policy_at_declaration(options: dict[str, Any], says: str) -> None:
     """Accepted, each failed later: in a worker thread (priority), in every system check

@@ -13,7 +13,7 @@ import json
 import socket
 import time
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -193,6 +193,14 @@ def test_bad_tasks_and_arguments_are_refused_and_nothing_is_written() -> None:
     assert isinstance(misnamed, Task)
     with pytest.raises(InvalidTask, match="not importable"):
         misnamed.enqueue(1)
+    # A countdown as Celery takes it (an AttributeError from deep inside Django), a naive moment,
+    # and one further than the outbox delays (its error named a delay_s nobody gave).
+    for run_after, says in ((timedelta(seconds=5), "run_after must be an aware datetime"),
+                            ("tomorrow", "run_after must be an aware datetime"),
+                            (datetime(2030, 1, 1), "run_after must be an aware datetime"),
+                            (timezone.now() + timedelta(days=365 * 20), "run_after is at most 10 years ahead")):
+        with pytest.raises(InvalidTask, match=says):
+            tasks.add_effect.using(run_after=run_after).enqueue("never")
     assert not OutboxMessage.objects.exists() and not TaskRecord.objects.exists()
 
 

@@ -72,3 +72,26 @@ def test_a_child_that_reads_libpq_s_variables_as_the_install_guide_s_settings_do
     found = subprocess.run([sys.executable, "-c", read], env=subprocess_env(), capture_output=True, text=True,
                            timeout=30)
     assert found.stdout.strip() == connection.settings_dict["NAME"], found.stderr
+
+
+@pytest.mark.slow
+def test_kill_group_kills_the_worker_processes_of_a_supervisor_too(worker_processes) -> None:  # type: ignore[no-untyped-def]
+    # Under --processes N they have sessions of their own: the group's SIGKILL missed them, and
+    # their supervisor's death only sent them SIGTERM, so "a crash" drained them for up to 30 s.
+    import psutil
+
+    ready = Path(os.environ.get("TMPDIR", "/tmp")) / f"kill-group-{os.getpid()}.ready"
+    host = worker_processes.spawn(["--processes", "2", "--threads", "1", "--shutdown-timeout", "30",
+                                   "--ready-file", str(ready)])
+    wait_until(ready.exists, 60, message=host.output()[-3000:])
+    children = psutil.Process(host.pid).children()
+    assert len(children) == 2, host.output()[-3000:]
+    host.kill_group()
+
+    def running(process: psutil.Process) -> bool:  # a zombie waits for a reaper, it runs nothing
+        try:
+            return process.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    assert [child.pid for child in children if running(child)] == [], "outlived the crash of their group"
