@@ -75,12 +75,12 @@ def test_a_child_that_reads_libpq_s_variables_as_the_install_guide_s_settings_do
 
 
 @pytest.mark.slow
-def test_kill_group_kills_the_worker_processes_of_a_supervisor_too(worker_processes) -> None:  # type: ignore[no-untyped-def]
+def test_kill_group_kills_the_worker_processes_of_a_supervisor_too(worker_processes, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     # Under --processes N they have sessions of their own: the group's SIGKILL missed them, and
     # their supervisor's death only sent them SIGTERM, so "a crash" drained them for up to 30 s.
     import psutil
 
-    ready = Path(os.environ.get("TMPDIR", "/tmp")) / f"kill-group-{os.getpid()}.ready"
+    ready = tmp_path / "workers.ready"  # a killed supervisor leaves it: in the test's own directory
     host = worker_processes.spawn(["--processes", "2", "--threads", "1", "--shutdown-timeout", "30",
                                    "--ready-file", str(ready)])
     wait_until(ready.exists, 60, message=host.output()[-3000:])
