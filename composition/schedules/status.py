@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from composition.conf import conf
 from composition.pauses import Pause
@@ -43,6 +44,13 @@ class ScheduleRow:
     left_until: datetime | None = None
 
 
+def _history(state: ScheduleState | None) -> dict[str, Any]:
+    """What a row shows of the schedule's state row: its last fire and its counts."""
+    return {"last_fired_at": state.last_fired_at if state else None, "fired": state.fired if state else 0,
+            "caught_up": state.caught_up if state else 0, "missed": state.missed if state else 0,
+            "skipped": state.skipped if state else 0, "paused_ticks": state.paused if state else 0}
+
+
 def schedule_rows() -> list[ScheduleRow]:
     now = database_now()
     states = {state.name: state for state in ScheduleState.objects.all()}
@@ -61,18 +69,10 @@ def schedule_rows() -> list[ScheduleRow]:
             upcoming = next_tick(entry, state.watermark if state else now)
             lag_s = max((now - upcoming).total_seconds(), 0.0)
         rows.append(ScheduleRow(
-            name=str(name), job=entry.actor_name, expression=entry.when, tz=str(entry.tz),
-            last_fired_at=state.last_fired_at if state else None, next_fire_at=upcoming, lag_s=lag_s or 0.0,
-            fired=state.fired if state else 0, caught_up=state.caught_up if state else 0,
-            missed=state.missed if state else 0, skipped=state.skipped if state else 0,
-            paused_ticks=state.paused if state else 0, paused=pauses.get(name), problems=found,
-            left_to_timing=state.timing if state and left_until else "", left_until=left_until))
+            name=str(name), job=entry.actor_name, expression=entry.when, tz=str(entry.tz), next_fire_at=upcoming,
+            lag_s=lag_s or 0.0, paused=pauses.get(name), problems=found,
+            left_to_timing=state.timing if state and left_until else "", left_until=left_until, **_history(state)))
     for name in sorted(set(pauses) - set(declared())):
-        state = states.get(name)
-        rows.append(ScheduleRow(
-            name=name, job="-", expression="-", tz="-", last_fired_at=state.last_fired_at if state else None,
-            next_fire_at=None, lag_s=0.0, fired=state.fired if state else 0,
-            caught_up=state.caught_up if state else 0, missed=state.missed if state else 0,
-            skipped=state.skipped if state else 0, paused_ticks=state.paused if state else 0,
-            paused=pauses[name], problems=(NOT_DECLARED,)))
+        rows.append(ScheduleRow(name=name, job="-", expression="-", tz="-", next_fire_at=None, lag_s=0.0,
+                                paused=pauses[name], problems=(NOT_DECLARED,), **_history(states.get(name))))
     return rows
