@@ -78,7 +78,7 @@ class StatusFilter(admin.SimpleListFilter):
 
 
 class FingerprintFilter(admin.SimpleListFilter):
-    """Failure groups (actor + error class + normalised message) with how many dead letters each."""
+    """Failure groups (actor or task + error class + normalised message) with how many dead letters each."""
 
     title = "fingerprint"
     parameter_name = "fingerprint"
@@ -87,7 +87,7 @@ class FingerprintFilter(admin.SimpleListFilter):
         groups = failure_groups(DeadLetter.objects.filter(status=DeadLetter.Status.DEAD), limit=FINGERPRINT_CHOICES)
         # The message's start too: two groups of one actor and error class differ only there.
         return [(group["fingerprint"],
-                 f"{group['actor']} · {group['error_class'].rsplit('.', 1)[-1]}: "
+                 f"{group['task_path'] or group['actor']} · {group['error_class'].rsplit('.', 1)[-1]}: "
                  f"{shortened(group['sample_message'], 50)} ({group['count']})")
                 for group in groups]
 
@@ -110,12 +110,12 @@ class FingerprintFilter(admin.SimpleListFilter):
 class DeadLetterAdmin(ReadOnlyRows, admin.ModelAdmin):
     # The error's class and message in one column, and moments to the second: the list fits a
     # laptop's admin beside the sidebar without scrolling sideways.
-    list_display = ("id", "actor", "error", "runs", "status", "last_failed", "short_fingerprint")
-    list_filter = (StatusFilter, "actor", "error_class", FingerprintFilter)
-    search_fields = ("=message_id", "=fingerprint", "error_message")
+    list_display = ("id", "runs_what", "error", "runs", "status", "last_failed", "short_fingerprint")
+    list_filter = (StatusFilter, "actor", "task_path", "error_class", FingerprintFilter)
+    search_fields = ("=message_id", "=fingerprint", "task_path", "error_message")
     list_per_page = 100
     actions = ("replay_selected", "discard_selected")
-    readonly_fields = ("id", "actor", "queue", "message_id", "status", "attempts", "error_class",
+    readonly_fields = ("id", "actor", "task_path", "queue", "message_id", "status", "attempts", "error_class",
                        "error_message", "fingerprint", "pretty_payload", "pretty_args", "pretty_headers",
                        "first_failed", "last_failed", "replayed", "replayed_by", "replay_outbox_id",
                        "discarded", "discarded_by", "pretty_traceback")
@@ -143,6 +143,11 @@ class DeadLetterAdmin(ReadOnlyRows, admin.ModelAdmin):
         return request.user.has_perm(service.DISCARD_PERMISSION)
 
     # -- columns and detail ---------------------------------------------------------------------
+    @admin.display(description="actor or task", ordering="actor")
+    def runs_what(self, obj: DeadLetter) -> str:
+        # A task's actor runs every task of its queue: the task is what failed.
+        return obj.task_path or obj.actor
+
     @admin.display(description="error", ordering="error_class")
     def error(self, obj: DeadLetter) -> str:
         return format_html("<strong>{}</strong> {}", obj.error_class.rsplit(".", 1)[-1],
@@ -225,7 +230,8 @@ class DeadLetterAdmin(ReadOnlyRows, admin.ModelAdmin):
                 "ids": [str(pk) for pk in queryset.values_list("pk", flat=True)[
                     :1 if request.POST.get("select_across") == "1" else None]],
                 "select_across": request.POST.get("select_across", "0"),
-                "groups": (selected.filter(pk__in=batch).values("actor", "error_class").annotate(count=Count("id"))
+                "groups": (selected.filter(pk__in=batch).values("actor", "task_path", "error_class")
+                           .annotate(count=Count("id"))
                            .order_by("-count")[:FINGERPRINT_CHOICES]),
                 # Back to the list as the operator left it (a group's filter kept).
                 "back_url": request.get_full_path(),

@@ -13,11 +13,17 @@ from django.db import transaction
 from django.utils import timezone
 from dramatiq.broker import MessageProxy
 
+from composition.broker.configured import configured_broker
 from composition.errors import exception_text
 from composition.metrics import DEAD_LETTERS_TOTAL
 from composition.outbox.publish import VERSION_HEADER
 
-__all__ = ["Failure", "error_class_name", "fingerprint", "normalise_message", "record_dead_letter"]
+__all__ = ["TASK_PATH_OPTION", "Failure", "error_class_name", "fingerprint", "normalise_message", "record_dead_letter"]
+
+# An actor option: ``task_path(payload) -> str``, the task a message of an actor that runs many
+# (the django.tasks backend's, one per queue) runs. Its dead letters are grouped, shown and
+# filtered by that task, not only by the actor they share with every other task of the queue.
+TASK_PATH_OPTION = "composition_task_path"
 
 # Bounded so one huge error message cannot bloat a row or a fingerprint's input.
 MAX_MESSAGE_CHARS = 2_000
@@ -98,9 +104,10 @@ class Failure:
         return cls(value["error_class"], value["error_message"][:MAX_MESSAGE_CHARS], value["traceback"])
 
 
-def fingerprint(actor: str, error_class: str, message: str) -> str:
-    """A stable hex digest of actor + error class + normalised message."""
-    basis = "\x1f".join((actor, error_class, normalise_message(message)))
+def fingerprint(actor: str, error_class: str, message: str, task_path: str = "") -> str:
+    """A stable hex digest of actor (and task, for a task's message) + error class + normalised
+    message."""
+    basis = "\x1f".join((actor, *([task_path] if task_path else []), error_class, normalise_message(message)))
     return hashlib.blake2b(basis.encode(), digest_size=16).hexdigest()
 
 
@@ -135,6 +142,17 @@ def _storable(value: Any) -> Any:
     return _storable(repr(value))
 
 
+def _task_path(message: MessageProxy) -> str:
+    """The task ``message`` runs, for an actor that runs many (``TASK_PATH_OPTION``), else ""."""
+    actor = configured_broker().actors.get(message.actor_name)
+    of = actor.options.get(TASK_PATH_OPTION) if actor is not None else None
+    if of is None:
+        return ""
+    path = of(dict(message.kwargs or {}))
+    # A column of 1,024 characters: a longer "path" (a mangled payload's) is cut, not a lost letter.
+    return _storable(path)[:1024] if isinstance(path, str) else ""
+
+
 def record_dead_letter(message: MessageProxy, exception: BaseException | Failure, attempts: int) -> int:
     """Write (or refresh) the dead letter of ``message``, failed with ``exception`` (or the
     ``Failure`` taken from it earlier); returns its id.
@@ -151,8 +169,10 @@ def record_dead_letter(message: MessageProxy, exception: BaseException | Failure
     headers = message.options.get("composition")
     if not isinstance(headers, dict) and VERSION_HEADER in message.options:
         headers = {VERSION_HEADER: message.options[VERSION_HEADER]}  # a direct send's (VersionedActor)
+    task_path = _task_path(message)
     fields = {
         "actor": message.actor_name,
+        "task_path": task_path,
         "queue": message.queue_name,
         "payload": _storable(dict(message.kwargs or {})),
         "args": _storable(list(message.args or ())),
@@ -161,7 +181,7 @@ def record_dead_letter(message: MessageProxy, exception: BaseException | Failure
         "error_class": failure.error_class,
         "error_message": failure.error_message,
         "traceback": failure.traceback,
-        "fingerprint": fingerprint(message.actor_name, failure.error_class, failure.error_message),
+        "fingerprint": fingerprint(message.actor_name, failure.error_class, failure.error_message, task_path),
         "last_failed_at": now,
     }
     with transaction.atomic():

@@ -1,5 +1,6 @@
-"""Dead letters counted per failure group (one fingerprint: actor, error class and normalised
-message), largest first: what ``deadletters list``, the admin and the operations page show."""
+"""Dead letters counted per failure group (one fingerprint: actor, and task for a task's letter,
+error class and normalised message), largest first: what ``deadletters list``, the admin and the
+operations page show."""
 
 from __future__ import annotations
 
@@ -17,11 +18,12 @@ SAMPLE_CHARS = 200
 
 
 def failure_groups(rows: QuerySet[DeadLetter], *, limit: int | None = None) -> list[dict[str, Any]]:
-    """``rows`` grouped by fingerprint: ``fingerprint``, ``actor``, ``error_class``, ``count``
+    """``rows`` grouped by fingerprint: ``fingerprint``, ``actor``, ``task_path`` (a task's letters;
+    "" for a job's), ``error_class``, ``count``
     ``last_failed_at`` (a datetime), ``latest_id`` (one of its dead letters, for a form that
     acts on the whole group) and ``sample_message`` (the start of one of their error messages:
     two groups of one actor and error class differ there), largest group first; one query."""
-    grouped = (rows.values("fingerprint", "actor", "error_class")
+    grouped = (rows.values("fingerprint", "actor", "task_path", "error_class")
                .annotate(count=Count("id"), last_failed_at=Max("last_failed_at"), latest_id=Max("id"),
                          sample_message=Max(Left("error_message", SAMPLE_CHARS)))
                .order_by("-count", "fingerprint"))

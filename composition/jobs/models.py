@@ -23,8 +23,8 @@ __all__ = ["DeadLetter", "ProcessedMessage", "TaskRecord"]
 class DeadLetter(models.Model):
     """One message that failed for good: a permanent error or its last allowed attempt.
 
-    ``fingerprint`` groups failures with the same cause (actor + error class + normalised
-    message), so one bad deploy is one group, not thousands of rows to read one by one.
+    ``fingerprint`` groups failures with the same cause (actor, and task for a task's letter, +
+    error class + normalised message), so one bad deploy is one group, not thousands of rows to read one by one.
     """
 
     class Status(models.TextChoices):
@@ -33,6 +33,9 @@ class DeadLetter(models.Model):
         DISCARDED = "discarded", "discarded"
 
     actor = models.CharField(max_length=255, db_index=True)
+    # The task, for a django.tasks task's letter: its actor runs every task of its queue.
+    task_path = models.CharField(max_length=1024, blank=True, default="", db_index=True,
+                                 help_text="The task's module path, for a django.tasks task.")
     queue = models.CharField(max_length=255)
     message_id = models.CharField(max_length=255, unique=True)
     # The job's keyword arguments (what the outbox publishes) and any positional ones (only a

@@ -57,10 +57,11 @@ RESOLVED_HOOK_OPTION = "composition_dead_letter_resolved"
 
 
 def filter_dead_letters(*, ids: Iterable[int] | None = None, actor: str | None = None,
-                        error: str | None = None, fingerprint: str | None = None,
+                        task: str | None = None, error: str | None = None, fingerprint: str | None = None,
                         status: str | None = DeadLetter.Status.DEAD,
                         max_id: int | None = None) -> QuerySet[DeadLetter]:
-    """Dead letters matching every given filter; ``error`` matches the error class exactly or by
+    """Dead letters matching every given filter; ``task`` is a django.tasks task's module path;
+    ``error`` matches the error class exactly or by
     its last dotted part (``ValueError``, ``PayloadValidationError``); ``fingerprint`` matches a
     whole fingerprint or a prefix of one, as ``deadletters list`` shows it (12 characters);
     ``max_id`` keeps to the rows there were when an operator counted them (ids only grow), so
@@ -74,6 +75,8 @@ def filter_dead_letters(*, ids: Iterable[int] | None = None, actor: str | None =
         rows = rows.filter(pk__in=list(ids))
     if actor:
         rows = rows.filter(actor=actor)
+    if task:
+        rows = rows.filter(task_path=task)
     if error:
         rows = rows.filter(error_class=error) | rows.filter(error_class__endswith=f".{error}")
     if status:

@@ -31,6 +31,7 @@ from composition.errors import IncompatibleMessageError, PermanentError, describ
 from composition.jobs import current_message, job
 from composition.jobs.compatibility import PAYLOAD_CHECK_OPTION
 from composition.jobs.current import attempt_of
+from composition.jobs.deadletters import TASK_PATH_OPTION
 from composition.jobs.decorator import run_idempotently
 from composition.jobs.deploy_window import refuse
 from composition.jobs.inbox import ledger_key, record_processed
@@ -95,7 +96,14 @@ def declare_task_actor(alias: str, queue: str, policy: QueuePolicy) -> Actor[...
         declared.options[PAYLOAD_CHECK_OPTION] = partial(_check_payload, alias, queue)
         # A replayed or discarded dead letter tells the task's result.
         declared.options[RESOLVED_HOOK_OPTION] = dead_letter_resolved
+        # Its dead letters name their task: the actor runs every task of the queue.
+        declared.options[TASK_PATH_OPTION] = _task_path
         return declared
+
+
+def _task_path(payload: dict[str, Any]) -> str:
+    path = payload.get("task")
+    return path if isinstance(path, str) else ""
 
 
 def _check_payload(alias: str, queue: str, args: Any, kwargs: Any) -> None:

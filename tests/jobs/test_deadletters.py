@@ -21,7 +21,7 @@ from dramatiq.broker import MessageProxy
 from composition.broker.configured import configured_broker
 from composition.errors import DeadLetterStateError, PermanentError
 from composition.jobs import replay as service
-from composition.jobs.deadletters import record_dead_letter
+from composition.jobs.deadletters import fingerprint, record_dead_letter
 from composition.jobs.models import DeadLetter, ProcessedMessage
 from composition.outbox import OutboxMessage, publish
 from composition.outbox.relay import RELAY_QUEUE_NAME
@@ -403,8 +403,11 @@ def test_a_fingerprint_prefix_as_list_shows_it_replays_exactly_its_group() -> No
     other = dead_letter(error="card declined", key="other")
     assert group[0].fingerprint != other.fingerprint
     listing = _command("list")
-    assert listing.splitlines()[0].split() == ["COUNT", "FINGERPRINT", "ACTOR", "ERROR", "LAST", "FAILED",
-                                               "SAMPLE", "MESSAGE"]
+    assert listing.splitlines()[0].split() == ["COUNT", "FINGERPRINT", "ACTOR", "OR", "TASK", "ERROR", "LAST",
+                                               "FAILED", "SAMPLE", "MESSAGE"]
+    # A job's letter names no task, and its group is the actor's, as before there were tasks.
+    assert (group[0].task_path, group[0].fingerprint) == ("", fingerprint("charge", group[0].error_class,
+                                                                          "no account"))
     assert "ID" in listing and "STATUS" in listing and "MESSAGE" in listing
     prefix = group[0].fingerprint[:12]
     assert prefix in listing

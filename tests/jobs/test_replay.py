@@ -125,14 +125,14 @@ def test_what_the_count_and_the_dry_run_say_is_what_the_run_does() -> None:
     with pytest.raises(CommandError, match=r"1 dead letter\(s\) not discarded"):
         call_command("deadletters", "discard", "--id", str(high.pk), "--max-id", str(low.pk), "--yes",
                      stdout=StringIO(), stderr=err)
-    assert f"does not match --actor/--error/--fingerprint/--max-id: ids {high.pk}" in err.getvalue()
+    assert f"does not match --actor/--task/--error/--fingerprint/--max-id: ids {high.pk}" in err.getvalue()
     assert DeadLetter.objects.get(pk=high.pk).status == "dead"
     # An open letter left out by the other options is not "already dead".
     err = StringIO()
     with pytest.raises(CommandError, match="1 dead letter\\(s\\) not replayed"):
         call_command("deadletters", "replay", "--id", str(low.pk), str(high.pk), "--max-id", str(low.pk), "--yes",
                      stdout=StringIO(), stderr=err)
-    assert f"1 refused: does not match --actor/--error/--fingerprint/--max-id: ids {high.pk}" in err.getvalue()
+    assert f"1 refused: does not match --actor/--task/--error/--fingerprint/--max-id: ids {high.pk}" in err.getvalue()
     # A count or a dry run that finds nothing fails, as the run would.
     with pytest.raises(CommandError, match="no open dead letter matches"):
         run("replay", "--fingerprint", "3f2a9c")

@@ -14,6 +14,7 @@ import socket
 import time
 import uuid
 from datetime import datetime, timedelta
+from io import StringIO
 from typing import Any
 
 import pytest
@@ -24,13 +25,18 @@ if not (importlib.util.find_spec("django.tasks") or importlib.util.find_spec("dj
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management import CommandError, call_command
 from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
+from dramatiq import Message
+from dramatiq.broker import MessageProxy
 from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import TimeLimitExceeded
 
 from composition.broker.configured import configured_broker
+from composition.errors import PermanentError
+from composition.jobs.deadletters import record_dead_letter
 from composition.jobs.models import DeadLetter, ProcessedMessage, TaskRecord
 from composition.jobs.replay import replay
 from composition.outbox import OutboxMessage, PayloadTooLargeError, publish
@@ -204,6 +210,42 @@ def test_bad_tasks_and_arguments_are_refused_and_nothing_is_written() -> None:
     assert not OutboxMessage.objects.exists() and not TaskRecord.objects.exists()
 
 
+def test_a_task_s_dead_letter_names_its_task_and_is_grouped_listed_and_selected_by_it(admin_client: Any) -> None:
+    # One actor runs every task of the queue: before, two tasks failing alike were one group
+    # under that actor, and nothing selected one task's letters.
+    runner = task_backends["default"].actor(tasks.QUEUE)
+    fails, refuses = tasks.always_fails.module_path, tasks.refuses.module_path
+
+    def letter(path: str) -> DeadLetter:
+        message = MessageProxy(Message(queue_name=tasks.QUEUE, actor_name=runner.actor_name, args=(), options={},
+                                       kwargs={"task": path, "args": ["k"], "kwargs": {}, "result": str(uuid.uuid4())}))
+        return DeadLetter.objects.get(pk=record_dead_letter(message, PermanentError("no account 41"), attempts=1))
+
+    first, second, other = letter(fails), letter(fails), letter(refuses)
+    assert (first.task_path, other.task_path, first.actor) == (fails, refuses, runner.actor_name)
+    assert first.fingerprint == second.fingerprint != other.fingerprint
+
+    listed = json.loads(call_command_output("deadletters", "list", "--task", fails, "--json"))
+    assert (listed["count"], [group["task_path"] for group in listed["groups"]]) == (2, [fails])
+    plain = call_command_output("deadletters", "list")
+    assert f"{first.fingerprint[:12]}  {fails}" in plain and f"{other.fingerprint[:12]}  {refuses}" in plain
+    assert "replayed 1 of 1" in call_command_output("deadletters", "discard", "--task", refuses, "--yes") \
+        .replace("discarded", "replayed")
+    assert [row.status for row in DeadLetter.objects.order_by("id")] == ["dead", "dead", "discarded"]
+    with pytest.raises(CommandError, match="--task is empty"):
+        call_command_output("deadletters", "list", "--task", " ")
+
+    page = admin_client.get("/admin/composition/deadletter/", {"task_path": fails})
+    assert {row.pk for row in page.context["cl"].result_list} == {first.pk, second.pk}
+    assert fails in page.content.decode() and "Actor or task" in page.content.decode()
+
+
+def call_command_output(*args: str) -> str:
+    out = StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
 def test_get_result_of_an_unknown_id_or_another_actors_row() -> None:
     for result_id in ("", "abc", "-1", "12345678", "1.0", str(uuid.uuid4())):
         with pytest.raises(TaskResultDoesNotExist):
@@ -328,8 +370,8 @@ def test_failures_retry_with_backoff_then_dead_letter_and_replay(worker_processe
     assert result.started_at is not None and result.last_attempted_at is not None
     assert result.enqueued_at <= result.started_at < result.last_attempted_at <= result.finished_at
     dead = DeadLetter.objects.get(message_id=outbox_row(failing).message_id)
-    assert (dead.attempts, dead.actor, dead.payload["task"]) == (3, actor_name("default", tasks.QUEUE),
-                                                                   "tests.jobsapp.tasks.always_fails")
+    assert (dead.attempts, dead.actor, dead.payload["task"], dead.task_path) == (
+        3, actor_name("default", tasks.QUEUE), "tests.jobsapp.tasks.always_fails", "tests.jobsapp.tasks.always_fails")
     with pytest.raises(ValueError, match="failed"):
         _ = result.return_value
 

@@ -23,13 +23,22 @@ from composition.retention import prune_dead_letters
 
 LIST_LIMIT = 200
 LIST_GROUPS = 50
+# The options that narrow a selection, besides --id.
+FILTERS = ("actor", "task", "error", "fingerprint")
+FILTERS_SHOWN = "/".join(f"--{name}" for name in FILTERS)
 
 
 def _summary(row: DeadLetter) -> dict[str, Any]:
-    return {"id": row.pk, "actor": row.actor, "status": row.status, "attempts": row.attempts,
+    return {"id": row.pk, "actor": row.actor, "task_path": row.task_path, "status": row.status,
+            "attempts": row.attempts,
             "error_class": row.error_class, "error_message": row.error_message,
             "fingerprint": row.fingerprint, "message_id": row.message_id,
             "last_failed_at": row.last_failed_at.isoformat()}
+
+
+def _runs(row: dict[str, Any]) -> str:
+    """What a letter (or group) of the plain output ran: its task, for a task's, else its actor."""
+    return str(row["task_path"] or row["actor"])
 
 
 def _groups(rows: QuerySet[DeadLetter]) -> list[dict[str, Any]]:
@@ -73,7 +82,7 @@ def _missing(ids: list[int] | None, found: Any) -> list[int]:
 
 def _filtered(options: dict[str, Any]) -> bool:
     """Whether a filter narrows the ids asked for."""
-    return bool(options["actor"] or options["error"] or options["fingerprint"])
+    return any(options[name] for name in FILTERS)
 
 
 def _why_not_open(pk: int) -> str:
@@ -81,7 +90,7 @@ def _why_not_open(pk: int) -> str:
     if status is None:
         return "no such dead letter"
     if status == DeadLetter.Status.DEAD:  # open, but left out by the other options given
-        return "does not match --actor/--error/--fingerprint/--max-id"
+        return f"does not match {FILTERS_SHOWN}/--max-id"
     return f"already {status}"
 
 
@@ -95,6 +104,7 @@ class Command(BaseCommand):
         parser.add_argument("--id", dest="ids", type=int, action="extend", nargs="+", default=None,
                             help="dead letter ids: --id 3 4 or --id 3 --id 4")
         parser.add_argument("--actor", help="only this actor")
+        parser.add_argument("--task", help="only this django.tasks task (its module path)")
         parser.add_argument("--error", help="only this error class (full or last dotted part)")
         parser.add_argument("--fingerprint", help="only this failure group")
         parser.add_argument("--all", action="store_true",
@@ -126,11 +136,11 @@ class Command(BaseCommand):
                              ("dry_run", ("replay", "discard", "prune"))):
             if options[name] not in (None, False) and action not in takers:
                 raise CommandError(f"--{name.replace('_', '-')} is for {' and '.join(takers)}, not {action}")
-        for name in ("actor", "error", "fingerprint"):
+        for name in FILTERS:
             # A blank filter would match every dead letter (it filters on nothing): refused.
             if options[name] is not None and not options[name].strip():
                 raise CommandError(f"--{name} is empty")
-        filtered = bool(options["ids"] or options["actor"] or options["error"] or options["fingerprint"])
+        filtered = bool(options["ids"]) or _filtered(options)
         options["user"] = operator_user(options["by"])
         if options["by"] is not None and options["user"] is None:
             raise CommandError(f"--by {options['by']}: no Django user has that username")
@@ -148,12 +158,13 @@ class Command(BaseCommand):
             self._show(self._select(options, None), options)
         else:
             if not filtered and not options["all"]:
-                raise CommandError(f"{action} needs --id, a filter (--actor/--error/--fingerprint) or --all")
+                raise CommandError(f"{action} needs --id, a filter ({FILTERS_SHOWN}) or --all")
             self._act(action, self._select(options, DeadLetter.Status.DEAD), options)
 
     def _select(self, options: dict[str, Any], status: str | None) -> QuerySet[DeadLetter]:
         try:
-            return service.filter_dead_letters(ids=options["ids"], actor=options["actor"], error=options["error"],
+            return service.filter_dead_letters(ids=options["ids"], actor=options["actor"], task=options["task"],
+                                               error=options["error"],
                                                fingerprint=options["fingerprint"], status=status,
                                                max_id=options["max_id"])
         except CompositionError as exc:  # an ambiguous fingerprint prefix
@@ -172,20 +183,20 @@ class Command(BaseCommand):
             return
         # The groups first: at 3 a.m. "one bug, 4,000 letters" matters more than the letters.
         if groups:
-            self.stdout.write(f"{'COUNT':<7} {'FINGERPRINT':<12}  {'ACTOR':<30} {'ERROR':<28} "
+            self.stdout.write(f"{'COUNT':<7} {'FINGERPRINT':<12}  {'ACTOR OR TASK':<30} {'ERROR':<28} "
                               f"{'LAST FAILED':<37} SAMPLE MESSAGE")
         for group in groups:
             # The sample tells apart groups of one actor and error class (a fingerprint does not, to a reader).
-            self.stdout.write(f"x{group['count']:<6} {group['fingerprint'][:12]}  {group['actor']:<30} "
+            self.stdout.write(f"x{group['count']:<6} {group['fingerprint'][:12]}  {_runs(group):<30} "
                               f"{group['error_class'].rsplit('.', 1)[-1]:<28} last {group['last_failed_at']:<32} "
                               f"{' '.join(group['sample_message'].split())[:60]}")
         if groups:
             self.stdout.write("")
         if shown:
-            self.stdout.write(f"{'ID':>8}  {'STATUS':<9} {'ACTOR':<30} {'ERROR':<28} {'RUNS':<4} "
+            self.stdout.write(f"{'ID':>8}  {'STATUS':<9} {'ACTOR OR TASK':<30} {'ERROR':<28} {'RUNS':<4} "
                               f"{'FINGERPRINT':<12}  MESSAGE")
         for row in shown:
-            self.stdout.write(f"{row['id']:>8}  {row['status']:<9} {row['actor']:<30} "
+            self.stdout.write(f"{row['id']:>8}  {row['status']:<9} {_runs(row):<30} "
                               f"{row['error_class'].rsplit('.', 1)[-1]:<28} x{row['attempts']:<3} "
                               f"{row['fingerprint'][:12]}  {' '.join(row['error_message'].split())[:80]}")
         self.stdout.write(f"{total} dead letter(s)" + (f", newest {LIST_LIMIT} shown" if total > LIST_LIMIT else "")
@@ -217,8 +228,7 @@ class Command(BaseCommand):
         count = rows.count()
         ids = options["ids"] or []
         # One --id alone is acted on at once; with any other option it is a selection like any.
-        bulk = len(ids) != 1 or bool(options["actor"] or options["error"] or options["fingerprint"]
-                                     or options["all"] or options["max_id"] is not None)
+        bulk = len(ids) != 1 or _filtered(options) or options["all"] or options["max_id"] is not None
         if options["dry_run"] or (bulk and not options["yes"]):
             upto = rows.aggregate(upto=Max("id"))["upto"]
             if options["json"] and not options["dry_run"]:
