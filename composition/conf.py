@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.apps import apps
 from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
-__all__ = ["DEFAULTS", "conf"]
+from composition.errors import ConfigurationError
+
+__all__ = ["DEFAULTS", "conf", "redis_client_of", "require_installed"]
 
 DEFAULTS: dict[str, Any] = {
     # Dramatiq broker: redis://, rediss:// or amqp://.
@@ -246,6 +250,30 @@ class _Conf:
 
 
 conf = _Conf()
+
+
+def redis_client_of(alias: str, what: str) -> Any:
+    """The Redis client of the django-redis cache ``alias``, which ``what`` needs; raises
+    ConfigurationError for another backend (Django's own RedisCache has no such client, and
+    each use failed on an AttributeError)."""
+    from django.core.cache import caches
+
+    cache: Any = caches[alias]
+    try:
+        return cache.client.get_client(write=True)
+    except AttributeError:
+        backend = django_settings.CACHES.get(alias, {}).get("BACKEND")
+        raise ConfigurationError(f"{what} needs a django-redis cache: CACHES[{alias!r}]['BACKEND'] is {backend!r}, "
+                                   "not 'django_redis.cache.RedisCache'") from None
+
+
+def require_installed(what: str) -> None:
+    """Raise ImproperlyConfigured when the ``composition`` app is not in INSTALLED_APPS: without it
+    ``what`` would seem to work (no check runs, no migration is applied, no worker command exists)
+    until a query met a table that is not there."""
+    if apps.apps_ready and not apps.is_installed("composition"):
+        raise ImproperlyConfigured(f'{what} needs "composition" in INSTALLED_APPS (docs/install.md), then '
+                                   "python manage.py migrate")
 
 
 def _on_setting_changed(*, setting: str, **_: Any) -> None:

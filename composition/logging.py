@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 import structlog
 from django.http import HttpRequest, HttpResponse
 
+from composition.conf import require_installed
+
 __all__ = [
     "REQUEST_ID_HEADER",
     "LevelCap",
@@ -179,6 +181,7 @@ class RequestIdMiddleware:
     """Binds ``request_id`` to the log context for one request and echoes it in the response."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        require_installed("composition.logging.RequestIdMiddleware")
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:

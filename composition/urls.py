@@ -3,6 +3,9 @@
 from django.urls import path
 
 from composition import views
+from composition.conf import require_installed
+
+require_installed("include('composition.urls')")
 
 urlpatterns = [
     path("healthz", views.healthz, name="composition-healthz"),

@@ -20,7 +20,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from composition.backpressure.depth import QueueDepths
 from composition.backpressure.shed import ShedQueues
-from composition.conf import conf
+from composition.conf import conf, require_installed
 from composition.errors import CompositionError
 from composition.logging import already_logged
 from composition.metrics import BACKPRESSURE_REJECTIONS_TOTAL
@@ -88,6 +88,7 @@ class BackpressureMiddleware:
     """503 with Retry-After for unsafe requests whose queue is full (see module doc)."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        require_installed("composition.backpressure.BackpressureMiddleware")
         self.get_response = get_response
         # At 0 from the start (once per process): a series first seen at 1 has no increase().
         for queue in {*(conf.BACKPRESSURE_QUEUES or {}), *(conf.SHED_QUEUES or ())}:

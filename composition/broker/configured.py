@@ -18,7 +18,7 @@ from django.utils.module_loading import import_string
 from dramatiq.broker import Broker
 from dramatiq.middleware import Middleware
 
-from composition.conf import conf
+from composition.conf import conf, require_installed
 from composition.errors import BrokerConfigurationError
 
 __all__ = ["JOB_MIDDLEWARE", "bound_pika_waits", "bounded_redis", "broker_kind", "build_broker", "configured_broker",
@@ -125,6 +125,8 @@ def configured_broker() -> Broker:
     global _installed
     with _lock:
         if _installed is None:
+            # Every @job and publish() comes here first.
+            require_installed("composition's broker (@job, publish)")
             _installed = build_broker(
                 conf.BROKER_URL,
                 heartbeat_timeout_s=float(conf.BROKER_HEARTBEAT_TIMEOUT_S),

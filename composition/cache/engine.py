@@ -41,6 +41,7 @@ from composition.cache.results import (
 from composition.cache.serializers import Serializer
 from composition.cache.store import Entry, KeySpace, LeaseStore, decode_entry, version_of
 from composition.cache.uncommitted import reads_uncommitted_writes
+from composition.conf import redis_client_of
 from composition.errors import REDIS_ERRORS
 from composition.metrics import CACHE_OPERATION_SECONDS, key_label
 
@@ -59,7 +60,7 @@ class CacheAside:
                  breaker_failures: int, breaker_reset_s: float, db_alias: str = DEFAULT_DB_ALIAS) -> None:
         cache: Any = caches[alias]
         self.alias = alias
-        self.client: Any = cache.client.get_client(write=True)  # bytes replies (no decoding)
+        self.client: Any = redis_client_of(alias, "cache_aside")  # bytes replies (no decoding)
         self.serializer = serializer
         self.lease_wait_s = lease_wait_s
         # No trial calls: the probe closes it once Redis answers, after replaying the deferred

@@ -13,6 +13,7 @@ from composition.cache.engine import CacheAside
 from composition.cache.errors import CacheConfigurationError
 from composition.cache.serializers import load_serializer
 from composition.conf import conf
+from composition.errors import ConfigurationError
 
 __all__ = ["get_cache_aside"]
 
@@ -54,8 +55,8 @@ def _build(alias: str) -> CacheAside:
         )
     except InvalidCacheBackendError as exc:
         raise CacheConfigurationError(f"cache alias {alias!r} is not configured: {exc}") from exc
-    except AttributeError as exc:
-        raise CacheConfigurationError(f"cache alias {alias!r} is not a django-redis cache") from exc
+    except ConfigurationError as exc:  # not a django-redis cache
+        raise CacheConfigurationError(str(exc)) from exc
     except ValueError as exc:  # the breaker's settings (also reported by manage.py check)
         raise CacheConfigurationError(f"COMPOSITION cache settings are unusable: {exc}") from exc
 

@@ -71,11 +71,12 @@ def check_shedding_settings(app_configs: Any = None, **_: Any) -> list[CheckMess
         messages.append(Error(f"COMPOSITION: {sorted(set(shed) & set(essential))} are in both SHED_QUEUES and "
                               "SHED_ESSENTIAL_QUEUES: a queue cannot shed itself.", id="composition.E132"))
     when = merged["SHED_WHEN"]
-    if not isinstance(when, dict) or any(signal not in SIGNALS for signal in when) or any(
-            limit is not None and (isinstance(limit, bool) or not isinstance(limit, int | float) or limit <= 0)
-            for limit in when.values()):
+    wrong = ([repr(when)] if not isinstance(when, dict) else
+             [f"{signal!r}: {limit!r}" for signal, limit in when.items() if signal not in SIGNALS or (
+                 limit is not None and (isinstance(limit, bool) or not isinstance(limit, int | float) or limit <= 0))])
+    if wrong:
         messages.append(Error(f"COMPOSITION['SHED_WHEN'] must map signals of {list(SIGNALS)} to positive limits "
-                              "(or None: that signal off).", id="composition.E133"))
+                              f"(or None: that signal off); not {', '.join(wrong)}.", id="composition.E133"))
     elif shed:
         measurable = {signal for signal, limit in when.items() if limit is not None}
         if str(merged["BROKER_URL"]).startswith("amqp"):

@@ -3,6 +3,7 @@ cache-aside settings and of the metrics endpoint's."""
 
 from __future__ import annotations
 
+import difflib
 import os
 from os import PathLike
 from typing import Any
@@ -60,8 +61,10 @@ def check_settings(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
     merged = {**DEFAULTS, **user}
     messages: list[CheckMessage] = []
     for key in sorted(set(user) - set(DEFAULTS)):
-        messages.append(Error(f"COMPOSITION has unknown key {key!r}.",
-                              hint="See composition.conf.DEFAULTS for the keys.", id="composition.E002"))
+        close = difflib.get_close_matches(str(key), DEFAULTS, n=1)
+        messages.append(Error(f"COMPOSITION has unknown key {key!r}"
+                              + (f"; did you mean {close[0]!r}?" if close else "."),
+                              hint="docs/configuration.md lists every key.", id="composition.E002"))
     try:
         broker_kind(str(merged["BROKER_URL"]))
     except Exception as exc:
@@ -100,8 +103,10 @@ def check_settings(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
         messages.append(Error(f"COMPOSITION['CACHE_ALIAS'] names {alias!r}, which is not in CACHES.",
                               id="composition.E007"))
     elif "django_redis" not in str(caches[alias].get("BACKEND", "")):
-        messages.append(Warning(f"CACHES[{alias!r}] is not a django-redis cache; cache-aside and "
-                                "redis locks need one.", id="composition.W001"))
+        # An error: the workers' job limits, heartbeats and retention need it too, and failed at run time.
+        messages.append(Error(f"CACHES[{alias!r}] is not a django-redis cache; cache-aside, redis locks, job "
+                              "limits and worker heartbeats need one.",
+                              hint="BACKEND: 'django_redis.cache.RedisCache' (docs/install.md)", id="composition.E008"))
     for key in DEPRECATED_KEYS:
         if user.get(key) is not None:
             messages.append(Warning(

@@ -28,7 +28,8 @@ from composition.outbox.publish import PAYLOAD_SCHEMA_OPTION, VERSION_HEADER, VE
 __all__ = ["GONE", "PAYLOAD_CHECK_OPTION", "Problem", "largest_first", "queued_problems", "reads_tables", "runnable",
            "sent_problems"]
 
-GONE = "no job of this name in the running code (removed, or renamed without an alias)"
+GONE = ("no job of this name in the running code (removed, renamed without an alias, or declared in a module "
+        "that is not imported: declare jobs in an app's jobs.py)")
 # An actor option: a further check of its payloads, raising IncompatibleMessageError (the
 # django.tasks actors resolve the task and bind its arguments).
 PAYLOAD_CHECK_OPTION = "payload_check"

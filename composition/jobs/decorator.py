@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar, cast, overload
 
 import dramatiq
 import structlog
@@ -70,13 +70,27 @@ def run_idempotently(actor_name: str, message: MessageProxy, fn: Callable[..., R
         return _body(fn, args, kwargs)
 
 
+@overload
+def job(fn: Callable[..., R], /) -> Actor[Any, R]: ...
+
+
+@overload
 def job(*, queue: str = "default", max_attempts: int = 5, initial_delay_s: float = 10,
         max_delay_s: float = 900, timeout_s: float = 120,
         permanent: Sequence[type[BaseException]] = (), idempotent: bool = False,
         priority: int = 0, actor_name: str | None = None, concurrency: int | None = None,
         rate: str | None = None, aliases: Sequence[str] | Mapping[str, str] = (), version: int = 1,
-        upgrade: Mapping[int, Upgrade] | None = None) -> Callable[[Callable[..., R]], Actor[Any, R]]:
-    """Declare the decorated function as a job; returns its Dramatiq ``Actor``.
+        upgrade: Mapping[int, Upgrade] | None = None) -> Callable[[Callable[..., R]], Actor[Any, R]]: ...
+
+
+def job(fn: Callable[..., R] | None = None, /, *, queue: str = "default", max_attempts: int = 5,
+        initial_delay_s: float = 10, max_delay_s: float = 900, timeout_s: float = 120,
+        permanent: Sequence[type[BaseException]] = (), idempotent: bool = False,
+        priority: int = 0, actor_name: str | None = None, concurrency: int | None = None,
+        rate: str | None = None, aliases: Sequence[str] | Mapping[str, str] = (), version: int = 1,
+        upgrade: Mapping[int, Upgrade] | None = None) -> Any:
+    """Declare the decorated function as a job; returns its Dramatiq ``Actor``. ``@job`` alone is
+    ``@job()``, every option at its default, as Dramatiq's ``@actor`` allows.
 
     ``max_attempts`` counts runs (1 = never retried). Retries wait ``initial_delay_s`` doubling up
     to ``max_delay_s``, with jitter. A run longer than ``timeout_s`` is interrupted and retried.
@@ -177,7 +191,7 @@ def job(*, queue: str = "default", max_attempts: int = 5, initial_delay_s: float
                 broker.declare_queue(old_queue)
         return actor
 
-    return decorate
+    return decorate if fn is None else decorate(fn)
 
 
 def _aliases(aliases: Sequence[str] | Mapping[str, str], queue: str) -> dict[str, str]:

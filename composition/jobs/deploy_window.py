@@ -78,8 +78,11 @@ class StandInActor:
     send_with_options = send
 
     def __call__(self, *args: Any, **kwargs: Any) -> NoReturn:
+        # Celery's "did you remember to import the module?": a job declared outside an app's
+        # jobs.py is known where its module was imported (the web) and nowhere else.
         error = IncompatibleMessageError(f"no job named {self.actor_name!r} here (removed, renamed without "
-                                         "an alias, or not yet deployed on this worker)")
+                                         "an alias, not yet deployed on this worker, or declared in a module "
+                                         "the worker does not import: declare jobs in an app's jobs.py)")
         message = current_message()
         if message is None:
             raise error

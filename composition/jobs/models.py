@@ -34,7 +34,8 @@ class DeadLetter(models.Model):
 
     actor = models.CharField(max_length=255, db_index=True)
     # The task, for a django.tasks task's letter: its actor runs every task of its queue.
-    task_path = models.CharField(max_length=1024, blank=True, default="", db_index=True,
+    # db_default: a rolling deploy's older workers write letters without the column.
+    task_path = models.CharField(max_length=1024, blank=True, default="", db_default="", db_index=True,
                                  help_text="The task's module path, for a django.tasks task.")
     queue = models.CharField(max_length=255)
     message_id = models.CharField(max_length=255, unique=True)

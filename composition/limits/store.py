@@ -16,7 +16,7 @@ from typing import Any
 from django.core.cache import caches
 from django.core.signals import setting_changed
 
-from composition.conf import conf
+from composition.conf import conf, redis_client_of
 from composition.limits.declared import JobLimits
 
 __all__ = ["Admission", "LimitState", "LimitStore", "limit_store"]
@@ -245,7 +245,7 @@ def limit_store() -> LimitStore:
             store = _stores.get(alias)
             if store is None:
                 cache: Any = caches[alias]
-                store = _stores[alias] = LimitStore(cache.client.get_client(write=True),
+                store = _stores[alias] = LimitStore(redis_client_of(alias, "@job(concurrency=, rate=)"),
                                                     str(cache.make_key("composition:limit:")))
     return store
 

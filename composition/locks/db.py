@@ -221,10 +221,17 @@ def row_lock(queryset: QuerySet[M], *, nowait: bool = False, skip_locked: bool =
     - ``skip_locked``: lock and yield only the rows nobody else holds (never raises for a busy row).
 
     After LockNotAcquired the caller's transaction is still usable and ``lock_timeout`` is what it
-    was. Raises TransactionRequired outside ``transaction.atomic()``, ValueError for ``nowait``
+    was. Raises TypeError for anything but a QuerySet (a model instance: pass
+    ``Model.objects.filter(pk=...)``), TransactionRequired outside ``transaction.atomic()``, ValueError for ``nowait``
     together with ``skip_locked`` or ``timeout_s``. The lock name (and metric label) is the
     model's label, e.g. ``billing.Invoice``.
     """
+    if not isinstance(queryset, QuerySet):
+        # An instance (row_lock(order)) failed on its missing .model, naming nothing.
+        example = f"{type(queryset).__name__}.objects.filter(pk=...)" if isinstance(queryset, Model) else \
+            "Invoice.objects.filter(pk=...)"
+        raise TypeError(f"row_lock takes a QuerySet of the rows to lock, e.g. {example}; got "
+                        f"{type(queryset).__name__} {queryset!r:.100}")
     if skip_locked and (nowait or timeout_s is not None):
         raise ValueError("skip_locked cannot be combined with nowait or timeout_s")
     if nowait and timeout_s not in (None, 0):

@@ -25,7 +25,7 @@ from django.core.cache import caches
 from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
-from composition.conf import conf
+from composition.conf import conf, redis_client_of
 from composition.errors import REDIS_ERRORS
 from composition.locks.errors import LockBackendUnavailable, LockLost, LockNotAcquired
 from composition.metrics import (
@@ -94,7 +94,7 @@ class _Store:
 
     def __init__(self, alias: str) -> None:
         cache: Any = caches[alias]
-        self.client: redis.Redis = cache.client.get_client(write=True)
+        self.client: redis.Redis = redis_client_of(alias, "redis_lock")
         self.prefix = str(cache.make_key("composition:lock:"))
         self.fence_key = str(cache.make_key("composition:lock-fence"))
         self.acquire = self.client.register_script(_ACQUIRE)

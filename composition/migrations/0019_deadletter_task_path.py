@@ -31,7 +31,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='deadletter',
             name='task_path',
-            field=models.CharField(blank=True, db_index=True, default='', help_text="The task's module path, for a django.tasks task.", max_length=1024),
+            field=models.CharField(blank=True, db_default='', db_index=True, default='', help_text="The task's module path, for a django.tasks task.", max_length=1024),
         ),
         migrations.RunPython(name_the_tasks, migrations.RunPython.noop),
     ]

@@ -18,9 +18,21 @@ def test_project_settings_are_clean() -> None:
     assert check_settings() == []
 
 
+def test_an_unknown_key_is_named_with_the_key_it_was_meant_to_be() -> None:
+    with override_settings(COMPOSITION={**settings.COMPOSITION, "BROKR_URL": "redis://x", "NOTHING_LIKE_IT": 1}):
+        messages = check_settings()
+    assert [message.msg for message in messages] == [
+        "COMPOSITION has unknown key 'BROKR_URL'; did you mean 'BROKER_URL'?",
+        "COMPOSITION has unknown key 'NOTHING_LIKE_IT'."]
+    assert all(message.hint == "docs/configuration.md lists every key." for message in messages)
+
+
 def test_each_mistake_has_its_own_id() -> None:
     assert _ids(BROKR_URL="redis://x") == {"composition.E002"}
     assert _ids(BROKER_URL="kafka://localhost") == {"composition.E003"}
+    with override_settings(CACHES={**settings.CACHES, "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": "redis://127.0.0.1:6379/7"}}):
+        assert {message.id for message in check_settings()} == {"composition.E008"}  # was a warning, W001
     assert _ids(HEALTH_DEADLINE_S=0) == {"composition.E004"}
     assert _ids(SHUTDOWN_TIMEOUT_S="30") == {"composition.E004"}
     assert _ids(LIMIT_SLOT_TTL_S=0) == {"composition.E004"}

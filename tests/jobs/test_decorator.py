@@ -118,6 +118,20 @@ def test_job_refuses_a_positional_only_parameter() -> None:
     assert "never_declared_positional" not in configured_broker().actors
 
 
+def test_job_without_parentheses_is_a_job_with_every_default() -> None:
+    """As Dramatiq's @actor allows; it was "job() takes 0 positional arguments but 1 was given"."""
+    def bare_job_of_this_test(n: int) -> int:
+        return n + 1
+
+    try:
+        actor = job(bare_job_of_this_test)
+        assert isinstance(actor, Actor) and actor.actor_name == "bare_job_of_this_test"
+        assert actor.options["job_policy"] == JobPolicy() and actor.queue_name == "default"
+        assert actor(1) == 2
+    finally:
+        configured_broker().actors.pop("bare_job_of_this_test", None)
+
+
 def test_job_declared_twice_under_one_name_is_refused() -> None:
     with pytest.raises(ValueError, match="already registered"):
         job(queue="jobs_check", actor_name="typed")(lambda: None)

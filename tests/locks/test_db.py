@@ -173,6 +173,14 @@ def test_row_lock_skip_locked_yields_only_free_rows(row: str) -> None:
         assert [r.resource for r in rows] == [free]
 
 
+def test_row_lock_of_an_instance_says_to_pass_a_queryset(row: str) -> None:
+    # It was "AttributeError: 'LockFence' object has no attribute 'model'".
+    instance = LockFence.objects.get(resource=row)
+    says = r"row_lock takes a QuerySet .* e\.g\. LockFence\.objects\.filter\(pk=\.\.\.\)"
+    with pytest.raises(TypeError, match=says), transaction.atomic(), row_lock(instance):  # type: ignore[arg-type]
+        pass
+
+
 def test_row_lock_needs_a_transaction(row: str) -> None:
     with pytest.raises(TransactionRequired, match=r"transaction\.atomic"), \
             row_lock(LockFence.objects.filter(resource=row)):

@@ -17,6 +17,7 @@ from django.test import override_settings
 from prometheus_client import REGISTRY
 
 from composition.conf import conf
+from composition.errors import ConfigurationError
 from composition.locks import (
     LockBackendUnavailable,
     LockLost,
@@ -68,6 +69,16 @@ def test_expired_lock_passes_to_b_and_a_late_release_and_write_change_nothing() 
     for resource in ("r" * 256, "", "a\x00b"):
         with pytest.raises(ValueError, match="fenced resource"), fenced_write(resource, b.fence):
             pytest.fail("refused before the block")
+
+
+def test_django_s_own_redis_cache_is_refused_naming_the_backend_it_needs() -> None:
+    # It was "AttributeError: 'RedisCache' object has no attribute 'client'".
+    own = {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": settings.CACHES["default"]["LOCATION"]}
+    with override_settings(CACHES={**settings.CACHES, "default": own}), \
+            pytest.raises(ConfigurationError, match=r"redis_lock needs a django-redis cache: CACHES\['default'\]"
+                                                    r"\['BACKEND'\] is 'django.core.cache.backends.redis.RedisCache"), \
+            redis_lock(unique("own-cache"), ttl_s=5):
+        pass
 
 
 def test_context_manager_releases_also_when_the_body_raises() -> None:

@@ -18,6 +18,7 @@ from composition.broker.configured import configured_broker
 from composition.checks import check_shedding_settings
 from composition.pauses import Pause, pause, resume
 from composition.queues import SHEDDING_BY, ShedController, read_pressure
+from composition.queues.pressure import SIGNALS
 from composition.testing import empty_queues
 from composition.testing.metrics import metric_value
 from tests.jobsapp import jobs
@@ -160,6 +161,11 @@ def test_settings_it_cannot_work_with_are_refused_or_warned_about() -> None:
     assert _check_ids(SHED_QUEUES=["a"], SHED_ESSENTIAL_QUEUES=["a"]) == {"composition.E132"}
     assert _check_ids(SHED_WHEN={"cpu": 90}) == {"composition.E133"}
     assert _check_ids(SHED_WHEN={"ready_messages": -1}) == {"composition.E133"}
+    # The entry at fault is named (it was only "must map signals of [...]").
+    with override_settings(COMPOSITION={**settings.COMPOSITION, "SHED_WHEN": {"oldest_wait": 30, "ready_messages": 5}}):
+        assert [message.msg for message in check_shedding_settings()] == [
+            f"COMPOSITION['SHED_WHEN'] must map signals of {list(SIGNALS)} to positive limits (or None: that signal "
+            "off); not 'oldest_wait': 30."]
     assert _check_ids(SHED_INTERVAL_S=0) == {"composition.E130"}
     assert _check_ids(BROKER_URL="amqp://guest:guest@127.0.0.1:5672/%2F",
                       SHED_WHEN={"oldest_wait_s": 30.0}) == {"composition.W134"}
