@@ -2,8 +2,8 @@
 
 Per job (``<prefix><actor>:``): ``slots``, a sorted set of the concurrency leases (owner token →
 expiry, ms on the Redis server's clock) with ``started`` (token → start) beside it; ``starts``,
-the rate's log of starts in the last window; ``meta``, the job's mean run time, the end of each
-waiting line, and how many starts each limit delayed. A start over a limit is told when to come
+the rate's log of starts in the last window; ``meta``, the job's mean and last run times, the
+end of each waiting line, and how many starts each limit delayed. A start over a limit is told when to come
 back: its turn in that limit's waiting line.
 """
 from __future__ import annotations
@@ -22,9 +22,10 @@ from composition.limits.declared import JobLimits
 __all__ = ["Admission", "LimitState", "LimitStore", "limit_store"]
 
 # A refused start's turn is spaced at TURNS_PER_FREED_START times the pace at which the limit
-# frees a start (a concurrency limit frees one every mean run time ÷ N, a rate one every window ÷
-# starts), from the earliest moment one can free (the first running job's expected end: its
-# start plus the mean run time, or twice what it has run so far once past that; the oldest
+# frees a start (a concurrency limit frees one every mean run time ÷ N, taken as at most twice
+# the last run's; a rate one every window ÷ starts), from the earliest moment one can free (the
+# first running job's expected end: its start plus the mean run time, or twice what it has run
+# so far once past that; the oldest
 # logged start leaving the window). Turns closer than the pace keep a freed start from
 # waiting long for someone to take it; a start refused again takes the next turn, and turns only
 # move forward, so the waiting ones come back at a bounded pace, never in a loop. A turn further
@@ -71,7 +72,11 @@ if concurrency > 0 then
     redis.call('HDEL', KEYS[2], unpack(expired))
   end
   if redis.call('ZCARD', KEYS[1]) >= concurrency then
-    local mean = tonumber(redis.call('HGET', KEYS[4], 'mean_run_ms') or ARGV[6])
+    local run = redis.call('HMGET', KEYS[4], 'mean_run_ms', 'last_run_ms')
+    local mean = tonumber(run[1] or ARGV[6])
+    -- The mean follows a change of pace slowly: a job whose runs got short (20 s, then 0.2 s) kept
+    -- the waiting ones away for the old mean while its slots stood free. Twice the last run bounds it.
+    if run[2] then mean = math.min(mean, 2 * tonumber(run[2])) end
     local first_end = nil
     for _, started in ipairs(redis.call('HVALS', KEYS[2])) do
       started = tonumber(started)
@@ -116,6 +121,7 @@ if ARGV[3] == '1' then
 elseif started and held == 1 then
   local ran = now - tonumber(started)
   local mean = redis.call('HGET', KEYS[3], 'mean_run_ms')
+  redis.call('HSET', KEYS[3], 'last_run_ms', math.floor(ran))
   if mean then ran = (1 - ARGV[2]) * tonumber(mean) + ARGV[2] * ran end
   redis.call('HSET', KEYS[3], 'mean_run_ms', math.floor(ran))
 end

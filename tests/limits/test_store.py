@@ -145,6 +145,21 @@ def test_a_run_past_its_mean_sends_the_waiting_ones_back_as_long_again_not_into_
     assert all(0.4 < delay < 1.0 for delay in delays), delays
 
 
+def test_runs_that_got_short_bring_the_waiting_ones_back_soon_not_after_the_old_mean(store: LimitStore) -> None:
+    # 20 s runs, then 0.2 s ones: the mean (an average) still said many seconds, and the waiting
+    # ones were told to come back then while both slots stood free after 0.2 s.
+    actor, limits = unique("limit"), JobLimits(concurrency=2)
+    store.client.hset(f"{store.prefix}{actor}:meta", "mean_run_ms", 12_000)
+    assert store.admit(actor, limits, "short").started
+    time.sleep(0.2)
+    assert store.release(actor, "short")
+    assert store.state(actor, limits).mean_run_s > 9  # the average has hardly moved
+    assert store.admit(actor, limits, "a").started and store.admit(actor, limits, "b").started
+    delays = [store.admit(actor, limits, f"waiting-{index}").delay_s for index in range(4)]
+    # Twice the last run (0.4 s) at most, spaced by a sixth of it: not 12 s, then 2 s apart.
+    assert delays[0] < 0.6 and delays[-1] < 0.9, delays
+
+
 def test_a_long_line_comes_back_after_the_longest_delay_without_growing(store: LimitStore) -> None:
     actor, limits = unique("limit"), JobLimits(concurrency=1)
     assert store.admit(actor, limits, "first").started
