@@ -84,8 +84,11 @@ def _db_latency_ms() -> float | None:
     return (time.perf_counter() - began) * 1000
 
 
-def read_pressure(broker: Broker, essential: Sequence[str], limits: Mapping[str, float | None]) -> list[Reading]:
-    """One reading per signal whose limit is set, in ``SIGNALS`` order."""
+def read_pressure(broker: Broker, essential: Sequence[str], limits: Mapping[str, float | None],
+                  resumed_at: Mapping[str, float] | None = None) -> list[Reading]:
+    """One reading per signal whose limit is set, in ``SIGNALS`` order. A queue in ``resumed_at``
+    (name → Unix time of its last resume) has waited at most since then: the time its messages
+    spent paused was an operator's choice, not pressure."""
     readings = []
     for signal in SIGNALS:
         limit = limits.get(signal)
@@ -96,6 +99,11 @@ def read_pressure(broker: Broker, essential: Sequence[str], limits: Mapping[str,
         if signal == "db_latency_ms":
             readings.append(Reading(signal, _db_latency_ms(), float(limit)))
             continue
-        value, where = _largest(_per_queue(broker, essential, signal))
+        values = _per_queue(broker, essential, signal)
+        if signal == "oldest_wait_s":
+            now = time.time()
+            values = {queue: value if value is None or queue not in (resumed_at or {})
+                      else min(value, max(0.0, now - (resumed_at or {})[queue])) for queue, value in values.items()}
+        value, where = _largest(values)
         readings.append(Reading(signal, value, float(limit), where))
     return readings

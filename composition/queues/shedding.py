@@ -23,7 +23,7 @@ from composition.conf import conf
 from composition.lifecycle.periodic import PeriodicComponent
 from composition.metrics import QUEUE_SHEDS_TOTAL, SHEDDING_PRESSURE_RATIO
 from composition.outbox.relay import RELAY_QUEUE_NAME
-from composition.pauses import MAX_REASON_CHARS, Pause, pause, paused_names, resume
+from composition.pauses import MAX_REASON_CHARS, Pause, pause, resume
 from composition.queues.pressure import Reading, read_pressure
 from composition.sampling.queues import declared_queues
 
@@ -69,9 +69,12 @@ class ShedController(PeriodicComponent):
             return
         # A queue an operator paused waits on purpose (as the alerts leave it out): its backlog
         # is no pressure to shed others for.
-        paused = paused_names(Pause.QUEUE)
+        rows = Pause.objects.filter(kind=Pause.QUEUE).values_list("name", "paused", "changed_at")
+        paused = {name for name, is_paused, _ in rows if is_paused}
+        # Nor is the time a just-resumed queue's messages spent paused.
+        resumed_at = {name: changed_at.timestamp() for name, is_paused, changed_at in rows if not is_paused}
         essential = [queue for queue in essential_queues() if queue not in paused]
-        readings = read_pressure(configured_broker(), essential, dict(conf.SHED_WHEN or {}))
+        readings = read_pressure(configured_broker(), essential, dict(conf.SHED_WHEN or {}), resumed_at)
         for reading in readings:
             if reading.value is not None:
                 SHEDDING_PRESSURE_RATIO.labels(reading.signal).set(reading.value / reading.limit)

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.conf import settings
 from django.test import override_settings
+from django.utils import timezone
 from dramatiq import Message
 
 from composition.backpressure.admission import Backpressure, _shed, admit
@@ -128,6 +130,25 @@ def test_an_essential_queue_an_operator_paused_is_no_pressure() -> None:
     assert _state(OPTIONAL) is None and _state("reminders") is None
     resume(Pause.QUEUE, jobs.SHED_ESSENTIAL_QUEUE, by="ops")
     controller.tick()  # resumed, its backlog is pressure again
+    assert _state(OPTIONAL) == (True, True, SHEDDING_BY)
+
+
+@pytest.mark.usefixtures("shedding")
+def test_the_time_a_resumed_queue_spent_paused_is_no_pressure() -> None:
+    """Its oldest message waited through the pause: on the first round after a resume that wait
+    shed the other queues, though nothing was slow."""
+    controller = ShedController()
+    pause(Pause.QUEUE, jobs.SHED_ESSENTIAL_QUEUE, by="ops", reason="provider outage")
+    _backlog(2, waited_s=60)
+    resume(Pause.QUEUE, jobs.SHED_ESSENTIAL_QUEUE, by="ops")
+    with override_settings(COMPOSITION={**settings.COMPOSITION, **SETTINGS,
+                                        "SHED_WHEN": {"oldest_wait_s": 30, "ready_messages": None}}):
+        controller.tick()
+        assert _state(OPTIONAL) is None
+        # Waiting 30 s since the resume is pressure again.
+        Pause.objects.filter(kind=Pause.QUEUE, name=jobs.SHED_ESSENTIAL_QUEUE).update(
+            changed_at=timezone.now() - timedelta(seconds=31))
+        controller.tick()
     assert _state(OPTIONAL) == (True, True, SHEDDING_BY)
 
 
