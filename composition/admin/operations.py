@@ -19,6 +19,7 @@ from composition.admin.charts import latest, queue_chart
 from composition.admin.dead_letters import ReadOnlyRows
 from composition.conf import conf
 from composition.jobs.replay import REPLAY_PERMISSION
+from composition.management.pause_command import kept_reason
 from composition.operations.models import Operations
 from composition.operations.snapshot import operations_snapshot
 from composition.outbox.relay import RELAY_QUEUE_NAME
@@ -112,19 +113,26 @@ class OperationsAdmin(ReadOnlyRows, admin.ModelAdmin):
         page = reverse("admin:composition_operations_changelist")
         if request.POST.get("refresh") == "off":  # back as it was: a page that does not reload
             page += "?refresh=off"
+        reason = request.POST.get("reason", "").strip()
         try:
             if action not in ("pause", "resume"):
                 raise PauseRefused(f"No action {action!r} for {what.lower()} {name!r}.")
-            changed = change(action, name, by=request.user.get_username(),
-                             reason=request.POST.get("reason", "").strip(), user=request.user)
+            changed = change(action, name, by=request.user.get_username(), reason=reason, user=request.user)
         except PauseRefused as exc:
             messages.error(request, str(exc))
             return HttpResponseRedirect(page)
         except ValueError as exc:  # a reason too long: it was cut without a word
             messages.error(request, f"{str(exc)[:1].upper()}{str(exc)[1:]}; nothing was changed.")
             return HttpResponseRedirect(page)
-        done = "paused" if action == "pause" else "resumed"
-        messages.success(request, f"{what} {name} {done}." if changed else f"{what} {name} was {done} already.")
+        if changed:
+            messages.success(request, f"{what} {name} {'paused' if action == 'pause' else 'resumed'}.")
+        elif action == "resume":
+            messages.success(request, f"{what} {name} was not paused.")  # as the command says
+        else:
+            # A new reason is not recorded: said, as the command says it, not dropped without a word.
+            row = Pause.objects.filter(kind=Pause.QUEUE if what == "Queue" else Pause.SCHEDULE, name=name).first()
+            messages.success(request, f"{what} {name} was paused already"
+                             + (kept_reason(row, reason) if row is not None else "") + ".")
         return HttpResponseRedirect(page)
 
 

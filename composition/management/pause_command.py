@@ -15,7 +15,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from composition.management.closed_pipe import reader_may_leave
 from composition.management.database_errors import database_must_answer
-from composition.pauses import Pause
+from composition.pauses import PAUSE_PERMISSION, Pause
 
 __all__ = ["PauseCommand", "kept_reason", "moment", "operator_name", "operator_user", "pause_json", "paused_state"]
 
@@ -112,6 +112,9 @@ class PauseCommand(BaseCommand):
                 self.other_action(action, name, as_json=options["json"])
                 return
             by, user = operator_name(options["by"]), operator_user(options["by"])
+            if user is not None and not user.has_perm(PAUSE_PERMISSION):
+                # As the operations page refuses them, and deadletters --by a user without its permission.
+                raise CommandError(f"--by {options['by']}: {PAUSE_PERMISSION} is required")
             change = self.pause_one if action == "pause" else self.resume_one
             try:
                 self.stdout.write(change(name, by=by, reason=options["reason"], user=user))

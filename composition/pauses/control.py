@@ -36,6 +36,9 @@ def _change(kind: str, name: str, *, paused: bool, by: str, reason: str, user: A
         raise ValueError(f"who paused or resumed is at most {longest} characters, got {len(by)}")
     if len(reason) > MAX_REASON_CHARS:
         raise ValueError(f"a reason is at most {MAX_REASON_CHARS} characters, got {len(reason)}")
+    if any(not character.isprintable() for character in reason):
+        # A newline split the row of `queues list` in two, its second half under no column.
+        raise ValueError(f"a reason is one line of text, without a newline or other control character: {reason!r:.80}")
     with transaction.atomic():
         row = Pause.objects.select_for_update().filter(kind=_kind(kind), name=name).first()
         if row is None and not paused:

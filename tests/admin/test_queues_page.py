@@ -33,8 +33,14 @@ def test_an_operator_who_may_pauses_and_resumes_a_queue_from_the_page() -> None:
     row = table_row(answer.content.decode(), "data-queue", QUEUE)
     assert "paused by" in row and "provider outage" in row and 'value="Resume"' in row
     pause_row = Pause.objects.get(kind=Pause.QUEUE, name=QUEUE)
+    # Said as the command says it: a new reason of a queue paused already is not recorded.
+    again = client.post(POST, {"name": QUEUE, "action": "pause", "reason": "another"}, follow=True).content.decode()
+    assert re.search(rf"Queue {QUEUE} was paused already \(by op\w+: provider outage\); the new reason is not "
+                     "recorded", again)
     client.post(POST, {"name": QUEUE, "action": "resume"})
     assert not Pause.objects.get(pk=pause_row.pk).paused
+    assert f"Queue {QUEUE} was not paused." in client.post(POST, {"name": QUEUE, "action": "resume"},
+                                                           follow=True).content.decode()
     history = list(LogEntry.objects.filter(object_id=str(pause_row.pk)).order_by("pk")
                    .values_list("change_message", flat=True))
     assert history == ["Paused: provider outage", "Resumed"]

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 
 from composition.pauses import Pause
@@ -66,7 +66,8 @@ def test_an_unknown_schedule_or_action_changes_nothing(nightly: str) -> None:
 
 
 def test_a_pause_from_the_command_line_by_a_named_user_is_in_the_history(nightly: str) -> None:
-    User.objects.create_user("alice", password="x")
+    User.objects.create_user("alice", password="x").user_permissions.add(
+        Permission.objects.get(codename="change_pauses"))
     call_command("schedules", "pause", nightly, "--by", "alice", "--reason", "deploy", stdout=io.StringIO())
     call_command("schedules", "resume", nightly, stdout=io.StringIO())  # the login name: no such user
     pause_row = Pause.objects.get(name=nightly)

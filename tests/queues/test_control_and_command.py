@@ -8,7 +8,7 @@ import json
 
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from django.core.management import CommandError, call_command
 from django.db import transaction
 
@@ -74,6 +74,9 @@ def test_a_name_that_is_no_queue_and_the_relay_s_queue_are_refused_with_the_reas
             _run(*args)
     with pytest.raises(CommandError, match="at most 150 characters, got 200"):
         _run("pause", QUEUE, "--by", "x" * 200)
+    # A newline split its row of `queues list` in two.
+    with pytest.raises(CommandError, match="a reason is one line of text"):
+        _run("pause", QUEUE, "--reason", "line one\nline two")
     with pytest.raises(ValueError, match="at most 150 characters"):
         pause_queue(QUEUE, by="x" * 151)
     assert not Pause.objects.exists()
@@ -89,7 +92,13 @@ def test_list_shows_depth_oldest_wait_and_who_paused_it_when_and_why() -> None:
     with left_to_the_relay(), transaction.atomic():
         for index in range(3):
             publish("pause_effect", {"key": f"list-{index}", "hold_s": 0.0})
-    User.objects.create_user("alice", password="x")
+    User.objects.create_user("viewer", password="x")
+    # A user who may not pause on the operations page may not be named as having paused here.
+    with pytest.raises(CommandError, match=r"--by viewer: composition\.change_pauses is required"):
+        _run("pause", QUEUE, "--by", "viewer")
+    assert not Pause.objects.exists()
+    User.objects.create_user("alice", password="x").user_permissions.add(
+        Permission.objects.get(codename="change_pauses"))
     assert "paused: within 0.5 s no worker starts a job of it" in _run("pause", QUEUE, "--by", "alice",
                                                                        "--reason", "deploy")
     pause_row = Pause.objects.get(kind=Pause.QUEUE, name=QUEUE)
