@@ -252,6 +252,10 @@ class Command(BaseCommand):
             return
         # Ids asked for by number that are not open dead letters are refused by name, not dropped.
         not_open = _missing(ids, rows.filter(pk__in=ids))
+        # Selected once, counted and acted on as selected: a letter another replay takes meanwhile
+        # is reported refused ("already replayed"), not counted and then lost from the summary.
+        selected = list(rows.values_list("pk", flat=True))
+        count, rows = len(selected), DeadLetter.objects.filter(pk__in=selected).order_by("id")
         result = service.BulkResult()
         try:
             try:
