@@ -41,7 +41,10 @@ class QueueRow:
 
     @property
     def oldest_age_s(self) -> float | None:
-        """How long its oldest work has waited: a pending outbox row, or (Redis) a ready message."""
+        """How long its oldest work has waited: a pending outbox row, or (Redis) a ready message;
+        None when nothing waits (an empty queue read "0.0 s", as if something had just arrived)."""
+        if not self.outbox_pending and self.broker is not None and not self.broker.ready:
+            return None
         if self.broker_oldest_age_s is None:
             return self.oldest_pending_age_s if self.outbox_pending else None
         return max(self.oldest_pending_age_s, self.broker_oldest_age_s)

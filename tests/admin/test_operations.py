@@ -144,6 +144,9 @@ def test_queue_and_dead_letter_figures_are_the_database_and_the_brokers(admin_cl
     assert sorted(group["count"] for group in snapshot.failure_groups) == [3, 4]
     html = page.content.decode()
     assert f'data-queue="{jobs.CHECK_QUEUE}"' in html
+    # An empty queue's waits are a dash, not "0.0 s" as if something had just arrived.
+    empty = table_row(html, "data-queue", jobs.NOOP_QUEUE)
+    assert "0.0 s" not in empty and empty.count("\N{EN DASH}") >= 2, empty
     for group in snapshot.failure_groups:
         assert f"?fingerprint={group['fingerprint']}" in html, "each group links to its filtered list"
     # Two groups of one actor and error class are told apart by their message.

@@ -112,6 +112,8 @@ def test_list_shows_depth_oldest_wait_and_who_paused_it_when_and_why() -> None:
     assert listed[QUEUE]["depth"] == 3 and listed[QUEUE]["oldest_age_s"] >= 0
     assert listed[QUEUE]["paused"]["by"] == "alice" and listed[QUEUE]["paused"]["reason"] == "deploy"
     assert listed[jobs.NOOP_QUEUE]["paused"] is None
+    # Nothing waits in it: no age (it read 0.0 s, as if something had just arrived).
+    assert (listed[jobs.NOOP_QUEUE]["depth"], listed[jobs.NOOP_QUEUE]["oldest_age_s"]) == (0, None)
     assert "was paused already" in _run("pause", QUEUE)
     assert "resumed: its waiting jobs run" in _run("resume", QUEUE)
 
