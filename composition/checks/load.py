@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
 from composition.checks.common import merged_settings, not_positive_seconds
@@ -33,7 +34,29 @@ def check_backpressure_settings(app_configs: Any = None, **_: Any) -> list[Check
             if queue not in queues:
                 messages.append(Warning(f"BACKPRESSURE_PATHS[{prefix!r}] names queue {queue!r}, which has no limit "
                                         "in BACKPRESSURE_QUEUES: it is never refused.", id="composition.W050"))
-    return messages
+    return messages + _middleware_order(paths)
+
+
+BACKPRESSURE_MIDDLEWARE = "composition.backpressure.BackpressureMiddleware"
+
+
+def _middleware_order(paths: Any) -> list[CheckMessage]:
+    """Where BackpressureMiddleware stands in MIDDLEWARE, as docs/backpressure.md asks: last."""
+    middleware = [str(path) for path in getattr(settings, "MIDDLEWARE", None) or ()]
+    if BACKPRESSURE_MIDDLEWARE not in middleware:
+        if isinstance(paths, dict) and paths:
+            return [Warning(f"BACKPRESSURE_PATHS is set but {BACKPRESSURE_MIDDLEWARE} is not in MIDDLEWARE: no "
+                            "request is refused.", hint="MIDDLEWARE.append(...) (docs/backpressure.md)",
+                            id="composition.W054")]
+        return []
+    after = [path for path in middleware[middleware.index(BACKPRESSURE_MIDDLEWARE) + 1:]
+             if path.endswith("PrometheusAfterMiddleware")]
+    if after:
+        # The After middleware records a response on its way out: a 503 answered inside it is seen.
+        return [Warning(f"{BACKPRESSURE_MIDDLEWARE} comes before {after[0]} in MIDDLEWARE: the requests it "
+                        "refuses are missing from the HTTP metrics.",
+                        hint="Put it last: MIDDLEWARE.append(...) (docs/backpressure.md)", id="composition.W055")]
+    return []
 
 
 @register("composition")

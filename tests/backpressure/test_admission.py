@@ -24,6 +24,7 @@ from composition.backpressure.admission import (
 from composition.backpressure.depth import queue_depth
 from composition.broker.configured import configured_broker
 from composition.checks import check_backpressure_settings
+from composition.checks.load import BACKPRESSURE_MIDDLEWARE
 from composition.outbox import OutboxMessage, publish
 from composition.outbox.relay import Relay
 from composition.testing import ThrowawayRedis, use_broker
@@ -143,6 +144,19 @@ def test_backpressure_settings_are_checked() -> None:
     # nan and inf passed the check, then a shed request's Retry-After raised (a 500, not a 503).
     assert ids(BACKPRESSURE_RETRY_AFTER_S=float("inf")) == ids(BACKPRESSURE_RETRY_AFTER_S=float("nan")) \
         == {"composition.E050"}
+
+
+def test_the_middleware_s_place_is_checked() -> None:
+    """First in MIDDLEWARE, its 503s were missing from django-prometheus' HTTP metrics; left out,
+    BACKPRESSURE_PATHS refused nothing. Neither was reported."""
+    middleware = [path for path in settings.MIDDLEWARE if path != BACKPRESSURE_MIDDLEWARE]
+    assert settings.COMPOSITION["BACKPRESSURE_PATHS"] and settings.MIDDLEWARE[-1] == BACKPRESSURE_MIDDLEWARE
+    assert check_backpressure_settings() == []
+    with override_settings(MIDDLEWARE=[BACKPRESSURE_MIDDLEWARE, *middleware]):
+        [first] = check_backpressure_settings()
+    assert first.id == "composition.W055" and "PrometheusAfterMiddleware" in first.msg
+    with override_settings(MIDDLEWARE=middleware):
+        assert [message.id for message in check_backpressure_settings()] == ["composition.W054"]
 
 
 @pytest.mark.django_db
