@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 import structlog
-from django.contrib.admin.models import CHANGE, LogEntry
+from django.apps import apps
 from django.db import transaction
 from django.db.models.functions import Now
 
@@ -67,7 +67,9 @@ def _change(kind: str, name: str, *, paused: bool, by: str, reason: str, user: A
             changed = True
         if changed:
             row.refresh_from_db(fields=["changed_at", "paused_at"])
-            if user is not None:
+            if user is not None and apps.is_installed("django.contrib.admin"):
+                from django.contrib.admin.models import CHANGE, LogEntry  # an API-only project has no admin
+
                 # The admin's history of the row: who did what, as for any admin change.
                 action = "Paused" if paused else "Resumed"
                 LogEntry.objects.log_actions(user.pk, [row], CHANGE,

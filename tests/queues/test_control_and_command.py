@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from django.contrib.admin.models import LogEntry
@@ -16,7 +19,8 @@ from composition.outbox import publish
 from composition.outbox.relay import RELAY_QUEUE_NAME
 from composition.pauses import Pause
 from composition.queues import QueueNotPausable, known_queues, pause_queue, paused_queue_names, resume_queue
-from composition.testing import left_to_the_relay
+from composition.testing import left_to_the_relay, subprocess_env
+from tests.helpers import ROOT
 from tests.jobsapp import jobs
 
 pytestmark = [pytest.mark.django_db, pytest.mark.empty_queues(jobs.PAUSE_QUEUE)]
@@ -139,3 +143,22 @@ def test_list_with_the_broker_down_prints_the_pauses_and_exits_1(monkeypatch: py
         call_command("queues", "list", "--json", stdout=out)
     row = next(row for row in json.loads(out.getvalue())["queues"] if row["name"] == QUEUE)
     assert row["depth"] is None and row["broker_error"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_project_without_the_admin_pauses_and_resumes(tmp_path: Path) -> None:
+    """An API-only monolith: every manage.py command crashed on the admin's LogEntry, imported
+    when composition's apps loaded."""
+    (tmp_path / "settings_without_admin.py").write_text(
+        "from tests.settings import *  # noqa: F403\n"
+        "INSTALLED_APPS = [app for app in INSTALLED_APPS if app != 'django.contrib.admin']  # noqa: F405\n"
+        "ROOT_URLCONF = 'composition.urls'\n")
+    User.objects.create_user("alice", password="x").user_permissions.add(
+        Permission.objects.get(codename="change_pauses"))
+    env = subprocess_env(DJANGO_SETTINGS_MODULE="settings_without_admin", PYTHONPATH=f"{ROOT}:{tmp_path}")
+    for args in (["check"], ["queues", "pause", QUEUE, "--by", "alice"], ["queues", "resume", QUEUE]):
+        ran = subprocess.run([sys.executable, "-m", "django", *args], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=120)
+        assert ran.returncode == 0, (args, ran.stderr[-2000:])
+    row = Pause.objects.get(kind=Pause.QUEUE, name=QUEUE)
+    assert (row.paused, row.changed_by) == (False, row.changed_by) and not LogEntry.objects.exists()

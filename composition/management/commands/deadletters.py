@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.contrib.admin.models import CHANGE, LogEntry
+from django.apps import apps
 from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, transaction
@@ -64,8 +64,10 @@ _JSON_FIELDS = ("payload", "args", "headers")
 def _in_history(user: Any, action: str, pks: list[int]) -> None:
     """With ``--by``, the letters acted on go in that user's admin history (each letter's, and
     Recent actions), as the admin's actions do. Never fails the action, which has been done."""
-    if user is None or user.pk is None or not pks:
+    if user is None or user.pk is None or not pks or not apps.is_installed("django.contrib.admin"):
         return
+    from django.contrib.admin.models import CHANGE, LogEntry  # an API-only project has no admin
+
     try:
         LogEntry.objects.log_actions(user_id=user.pk, queryset=DeadLetter.objects.filter(pk__in=pks),
                                      action_flag=CHANGE,
