@@ -24,6 +24,7 @@ __all__ = [
     "DeadLetterStateError",
     "IncompatibleMessageError",
     "JobError",
+    "MigrationsNotApplied",
     "PayloadValidationError",
     "PermanentError",
     "SystemStartError",
@@ -63,6 +64,17 @@ class SystemStartError(ComponentError):
         super().__init__(component, f"failed to start: {type(cause).__name__}: {cause}")
         self.cause = cause
         self.rollback = rollback
+
+
+class MigrationsNotApplied(CompositionError):
+    """composition's migrations are not all applied to the database (an upgrade without
+    ``manage.py migrate``, a fresh database): its tables lack what the code queries.
+    ``migrations`` names those ``migrate`` would apply."""
+
+    def __init__(self, migrations: list[str]) -> None:
+        super().__init__(f"composition's migrations are not applied: {', '.join(migrations)}; "
+                         "run python manage.py migrate")
+        self.migrations = migrations
 
 
 # -- jobs -------------------------------------------------------------------------------------------

@@ -11,13 +11,14 @@ from composition.testing import (
     ThrowawayPostgres,
     ThrowawayRedis,
     WorkerProcess,
+    current_database_url,
     empty_queues,
     fault_proxy,
     subprocess_env,
     throwaway_postgres,
     throwaway_redis,
 )
-from tests.helpers import PROXIED_DATABASE, delete_rabbitmq_queue
+from tests.helpers import PROXIED_DATABASE, ROOT, delete_rabbitmq_queue
 
 
 def _roomy_live_server() -> None:
@@ -92,6 +93,43 @@ def throwaway_redis_server() -> Iterator[ThrowawayRedis]:
     """A private Valkey server for outage tests: freeze or stop it, never the shared one."""
     with throwaway_redis() as server:
         yield server
+
+
+@pytest.fixture
+def scratch_database_url() -> Iterator[str]:
+    """An empty database of its own on the test database's server (nothing migrated), dropped
+    after the test: what a test migrates or leaves unmigrated there touches no other test."""
+    import uuid
+
+    import psycopg
+
+    server_url = current_database_url()
+    name = f"composition_migrate_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield current_database_url(name=name)
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+# The last migration of composition before the ones the schedules' timing added (0017 on): a
+# database left there is one upgraded without ``manage.py migrate``.
+BEFORE_SCHEDULE_TIMING = "0016"
+
+
+@pytest.fixture
+def database_before_an_upgrade(scratch_database_url: str) -> str:
+    """``scratch_database_url`` migrated up to composition's ``BEFORE_SCHEDULE_TIMING`` only."""
+    import subprocess
+    import sys
+
+    env = subprocess_env(DATABASE_URL=scratch_database_url, DJANGO_SETTINGS_MODULE="tests.settings")
+    migrated = subprocess.run([sys.executable, "manage.py", "migrate", "composition", BEFORE_SCHEDULE_TIMING],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert migrated.returncode == 0, migrated.stdout + migrated.stderr
+    return scratch_database_url
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,8 @@
 (``transactions``), slow-query logging (``slow_queries``), batched deletes (``pruning``), the
 connection budget (``budget``), the connections each thread opened, which a job's time limit
 cuts when the network never answers (``blocked_calls``), jsonb as raw SQL reads it (``jsonb``),
-text PostgreSQL can store (``text``), and which database errors pass (``failures``).
+text PostgreSQL can store (``text``), which database errors pass (``failures``), and whether
+composition's migrations are applied (``schema``).
 Invariant: any PostgreSQL backend gives the same guarantees.
 """
 

@@ -6,31 +6,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 
-import psycopg
 import pytest
 from django.db import OperationalError, connection, transaction
 from django.test import override_settings
 
 from composition.db.timeouts import without_session_timeouts
-from composition.testing import current_database_url, subprocess_env
+from composition.testing import subprocess_env
 from tests.helpers import ROOT
-
-
-@pytest.fixture
-def scratch_database_url() -> Iterator[str]:
-    """A database of its own, so the test app's migration is applied fresh each run."""
-    server_url = current_database_url()
-    name = f"composition_migrate_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield current_database_url(name=name)
-    finally:
-        with psycopg.connect(server_url, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _manage(database_url: str, *args: str, hold_s: float, **composition: float) -> subprocess.CompletedProcess[str]:

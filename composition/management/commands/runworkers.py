@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError, connections
 
 from composition.broker.configured import configured_broker
 from composition.conf import conf
-from composition.errors import SystemStartError
+from composition.db.schema import check_migrations_applied
+from composition.errors import MigrationsNotApplied, SystemStartError
 from composition.jobs.queue_order import QueueOrder
 from composition.lifecycle.processes import mark_ready
 from composition.lifecycle.workers import WorkerOptions, build_supervisor, build_worker_system
@@ -96,6 +98,22 @@ def _check_ready_file(path: Path | None) -> None:
         raise CommandError(f"--ready-file {path}: {exc.strerror or exc}") from exc
 
 
+def _check_migrations() -> None:
+    """Refused before any component starts while composition's migrations are not applied: the
+    components' queries would fail on the missing tables and columns, each its own way (the
+    scheduler's in a warning every round, forever). A database that cannot be reached is left to
+    the database component, whose failed start says so as every failed start does."""
+    try:
+        check_migrations_applied()
+    except MigrationsNotApplied as exc:
+        raise CommandError(str(exc)) from exc
+    except DatabaseError:
+        pass
+    finally:
+        # The main thread only supervises: it keeps no connection the budget does not count.
+        connections["default"].close()
+
+
 def _option_or(options: dict[str, Any], name: str, default: Any) -> Any:
     """The command-line value of ``name``, or ``default`` when it was not given."""
     return default if options[name] is None else options[name]
@@ -142,6 +160,7 @@ class Command(BaseCommand):
             raise CommandError("--processes and --threads must be at least 1")
         if worker_options.shutdown_timeout_s <= 0:
             raise CommandError("--shutdown-timeout must be a positive number of seconds")
+        _check_migrations()
         _check_declared(worker_options.queue_order)
         _check_ready_file(worker_options.ready_file)
         if worker_options.metrics_port is not None and worker_options.processes > 1 and multiproc_dir() is None:
