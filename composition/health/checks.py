@@ -1,8 +1,9 @@
 """Liveness, readiness and worker health: cheap probes without side effects.
 
 Liveness touches no dependency. Readiness probes the dependencies concurrently under one deadline
-(``HEALTH_DEADLINE_S``), reuses the answer for ``HEALTH_CACHE_S``, and fails only for a dependency
-critical to the process's role (``HEALTH_DEPENDENCIES``, ``HEALTH_WORKER_DEPENDENCIES``); a
+(``HEALTH_DEADLINE_S``), reuses the answer for ``HEALTH_CACHE_S``, and fails for a dependency
+critical to the process's role (``HEALTH_DEPENDENCIES``, ``HEALTH_WORKER_DEPENDENCIES``) and
+while composition's migrations are not applied (``migrations``, at the database's level); a
 draining process is never ready. Worker health reads the heartbeats ``runworkers`` writes.
 """
 
@@ -19,6 +20,7 @@ from composition.conf import conf
 from composition.errors import described
 from composition.health.draining import is_draining
 from composition.health.heartbeats import read_heartbeats, read_stale_workers
+from composition.health.migrations import forget_applied_migrations, probe_migrations
 from composition.health.probes import PROBES, heartbeat_client
 from composition.lifecycle.pids import registered_workers
 from composition.metrics import HEALTH_CHECK_SECONDS, HEALTH_CHECK_UP
@@ -34,6 +36,9 @@ ROLES = ("web", "worker")
 # How long a readiness answer waits for a degraded dependency's probe at least (critical ones get
 # the whole HEALTH_DEADLINE_S): a healthy cache or broker answers in milliseconds.
 DEGRADED_WAIT_S = 0.25
+# What readiness runs: each dependency's probe, and the check of the database's schema, which
+# counts at the database's level (a process that ignores the database ignores its schema too).
+READINESS_PROBES: dict[str, Callable[[float], None]] = {**PROBES, "migrations": probe_migrations}
 
 
 @dataclass(frozen=True)
@@ -87,11 +92,12 @@ _in_flight_lock = threading.Lock()
 
 
 def dependency_levels(role: str) -> dict[str, str]:
-    """Each dependency's level for ``role``: "critical", "degraded" or "ignore"."""
+    """Each readiness probe's level for ``role``: "critical", "degraded" or "ignore"."""
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}: expected one of {', '.join(ROLES)}")
     levels = conf.HEALTH_DEPENDENCIES if role == "web" else conf.HEALTH_WORKER_DEPENDENCIES
-    return {name: levels.get(name, "critical") for name in PROBES}
+    found = {name: levels.get(name, "critical") for name in PROBES}
+    return {**found, "migrations": found["database"]}
 
 
 def _run_probes(levels: dict[str, str], deadline_s: float) -> list[CheckResult]:
@@ -125,7 +131,7 @@ def _run_probes(levels: dict[str, str], deadline_s: float) -> list[CheckResult]:
             continue
         # A daemon thread: a probe that hangs (a server that accepts but never answers) is
         # abandoned at the deadline, and neither the answer nor the process exit waits for it.
-        threading.Thread(target=run, args=(name, PROBES[name]), name=f"probe-{name}", daemon=True).start()
+        threading.Thread(target=run, args=(name, READINESS_PROBES[name]), name=f"probe-{name}", daemon=True).start()
     critical = [name for name in names if levels[name] == "critical"]
     with done:
         # The answer waits for the critical probes only, up to the deadline; a degraded one gets
@@ -164,9 +170,10 @@ def _last_report(role: str) -> HealthReport | None:
 
 
 def reset_readiness_cache() -> None:
-    """Forget every cached answer: the next readiness call probes."""
+    """Forget every cached answer: the next readiness call probes, the migrations' too."""
     with _cache_lock:
         _cached.clear()
+    forget_applied_migrations()
 
 
 def readiness(*, use_cache: bool = True, role: str = "web") -> HealthReport:

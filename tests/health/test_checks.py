@@ -41,7 +41,7 @@ def test_readyz_is_200_when_every_dependency_answers(client: Client) -> None:
     body = response.json()
     assert response.status_code == 200, body
     assert body["status"] == "ok"
-    assert set(body["checks"]) == {"database", "cache", "broker"}
+    assert set(body["checks"]) == {"database", "cache", "broker", "migrations"}
 
 
 def _broker_critical_for_web(**overrides: Any) -> dict[str, Any]:
