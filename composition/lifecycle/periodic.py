@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, ClassVar
 
 import structlog
@@ -11,9 +12,13 @@ from django.db import connections
 from composition.conf import conf
 from composition.errors import described
 
-__all__ = ["PeriodicComponent"]
+__all__ = ["REPEATED_FAILURE_WARNING_S", "PeriodicComponent"]
 
 log = structlog.get_logger("composition.lifecycle")
+
+# A failure identical to the round before's is logged at debug, and at warning again once this
+# long has passed: an outage of minutes says so a few times, not once per round.
+REPEATED_FAILURE_WARNING_S = 60.0
 
 
 class PeriodicComponent:
@@ -22,7 +27,10 @@ class PeriodicComponent:
     A subclass sets ``name`` (and ``depends_on``) and implements ``tick()``; ``tick()`` returning
     True means work was left over: the next round starts at once (a stop is still noticed in
     between) instead of after ``interval_s``. A round that raises is logged as
-    ``failure_event`` on ``logger`` and the loop carries on. The thread closes its database
+    ``failure_event`` on ``logger`` and the loop carries on; the same failure again is logged at
+    debug (at warning once every ``REPEATED_FAILURE_WARNING_S``, with the count), and the first
+    round to succeed after failures says so; ``failed_rounds`` counts the failures in a row, for a
+    subclass whose ``interval_s`` backs off. The thread closes its database
     connections when it ends. Class attributes tune the rest:
 
     - ``interval_setting``: the ``COMPOSITION`` key read at every wait when no ``interval_s``
@@ -46,6 +54,10 @@ class PeriodicComponent:
         self._interval_s = interval_s
         self._stop_event = threading.Event()
         self._thread: threading.Thread | None = None
+        self.failed_rounds = 0
+        # The last failure as logged, and the monotonic time it was last logged at warning.
+        self._last_failure: str | None = None
+        self._warned_at = 0.0
 
     @property
     def interval_s(self) -> float:
@@ -80,10 +92,25 @@ class PeriodicComponent:
 
     def _guarded_tick(self) -> bool:
         try:
-            return self.tick() is True
+            more = self.tick() is True
         except Exception as exc:  # a database or broker blip must not end the loop
-            self.logger.warning(self.failure_event, error=described(exc))
+            self._failed(described(exc))
             return False
+        if self.failed_rounds:
+            self.logger.info(f"{self.name}: rounds succeed again", failed_rounds=self.failed_rounds,
+                             last_error=self._last_failure)
+        self.failed_rounds, self._last_failure = 0, None
+        return more
+
+    def _failed(self, error: str) -> None:
+        self.failed_rounds += 1
+        now = time.monotonic()
+        if error != self._last_failure or now - self._warned_at >= REPEATED_FAILURE_WARNING_S:
+            self.logger.warning(self.failure_event, error=error, failed_rounds=self.failed_rounds)
+            self._warned_at = now
+        else:
+            self.logger.debug(self.failure_event, error=error, failed_rounds=self.failed_rounds)
+        self._last_failure = error
 
     def alive(self) -> bool:
         """False only when the thread ended without being asked to."""

@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from structlog.testing import capture_logs
 
 from composition.errors import ComponentError, SystemStartError
 from composition.lifecycle import PeriodicComponent, ProcessComponent, System
@@ -335,6 +336,22 @@ def test_periodic_component_goes_again_at_once_survives_a_failed_round_and_ends_
     rounds.stop(5)
     assert rounds._thread is not None and not rounds._thread.is_alive()
     assert rounds.alive(), "a loop that was asked to stop did not die"
+
+
+def test_a_periodic_failure_repeated_round_after_round_is_warned_of_once_and_its_end_said() -> None:
+    # The scheduler on a database without its migrations warned of the same missing column
+    # about 40 times a second.
+    down, other = RuntimeError("column x does not exist"), RuntimeError("connection refused")
+    rounds = Rounds([down, down, down, down, other, other, None], interval_s=0.01)
+    with capture_logs() as logs:
+        rounds.start()
+        wait_until(lambda: rounds.ticks >= 7, 5)
+        rounds.stop(5)
+    warned = [(entry["error"], entry.get("failed_rounds")) for entry in logs if entry["log_level"] == "warning"]
+    assert warned == [("RuntimeError: column x does not exist", 1), ("RuntimeError: connection refused", 5)]
+    (recovered,) = [entry for entry in logs if entry["event"] == "rounds: rounds succeed again"]
+    assert recovered["failed_rounds"] == 6 and recovered["last_error"] == "RuntimeError: connection refused"
+    assert rounds.failed_rounds == 0
 
 
 def test_periodic_component_that_keeps_running_through_the_drain() -> None:
