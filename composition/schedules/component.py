@@ -2,7 +2,8 @@
 
 There is no leader: each host's scheduler reads every schedule's watermark each round and fires
 what is due; the state row's lock and the tick's unique constraint make each tick fire once
-(``firing``). Rounds run when the next tick is due, at least every second.
+(``firing``). Rounds run when the next tick is due, at least every second; after a failed round
+the wait doubles instead, up to ``FAILED_ROUND_MAX_WAIT_S``, until a round succeeds.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from django.db import close_old_connections
 
 from composition.conf import conf
 from composition.errors import described
+from composition.jobs.policy import backoff_s
 from composition.lifecycle.periodic import PeriodicComponent
 from composition.metrics import SCHEDULE_NEXT_FIRE_TIMESTAMP, SCHEDULER_CLOCK_SKEW_SECONDS
 from composition.schedules.declaration import Schedule, declared
@@ -30,6 +32,12 @@ log = structlog.get_logger("composition.schedules")
 # little before the database's clock reaches it).
 MAX_WAIT_S = 1.0
 MIN_WAIT_S = 0.02
+# The waits after failed rounds in a row: doubling (jittered, as a job's retries) from the first
+# up to the last. A failed round keeps no next tick to wait for, and retrying every MIN_WAIT_S
+# queried a database without its migrations 40 times a second; at most this late, a tick due
+# during an outage fires once the database is back.
+FAILED_ROUND_FIRST_WAIT_S = 0.1
+FAILED_ROUND_MAX_WAIT_S = 5.0
 
 
 def host_now() -> datetime:
@@ -100,6 +108,9 @@ class SchedulerComponent(PeriodicComponent):
 
     @property
     def interval_s(self) -> float:
+        if self.failed_rounds:
+            return backoff_s(self.failed_rounds - 1, initial_s=FAILED_ROUND_FIRST_WAIT_S,
+                             max_s=FAILED_ROUND_MAX_WAIT_S)
         return self._wait_s
 
     def tick(self) -> bool:
