@@ -5,6 +5,7 @@ from __future__ import annotations
 import structlog
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
+from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_safe
 
 from composition.health import checks as health
@@ -15,6 +16,7 @@ log = structlog.get_logger("composition.health")
 
 
 @never_cache
+@csrf_exempt  # a POST is answered 405, not with the CSRF failure page
 @require_safe
 def healthz(request: HttpRequest) -> JsonResponse:
     """Liveness: answers without touching any dependency."""
@@ -22,6 +24,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
 
 
 @never_cache
+@csrf_exempt
 @require_safe
 def readyz(request: HttpRequest) -> JsonResponse:
     """Readiness: 200 when every critical dependency answers, 503 (naming it) otherwise."""
@@ -36,6 +39,7 @@ def readyz(request: HttpRequest) -> JsonResponse:
 
 
 @never_cache
+@csrf_exempt
 @require_safe
 def metrics(request: HttpRequest) -> HttpResponse:
     """Prometheus exposition, merged across processes in multiprocess mode (read under the

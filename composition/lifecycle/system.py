@@ -84,7 +84,11 @@ class System:
         A stop requested meanwhile (a signal under ``run``, ``request_stop()``) ends the start-up
         early: the rest is not started, a component waiting to be ready gives up
         (``cancel_start``), and what did start is then drained and stopped as in any stop,
-        rather than after every other component came up."""
+        rather than after every other component came up. A System starts once: started again
+        after its stop it raised nothing, started everything, and its next stop stopped nothing.
+        """
+        if self._stopping or self.started:
+            raise RuntimeError("this System was started already: build a new one to start again")
         for component in self.components:
             if self._stop_event.is_set():
                 log.info("stop requested during start-up; the rest is not started", next=component.name)
@@ -174,16 +178,21 @@ class System:
         Must be called from the main thread when ``install_signals`` is true.
         """
         previous = self._install_signals() if install_signals else {}
+        not_announced: StopResult | None = None
         try:
             self.start()
             if on_started is not None and len(self.started) == len(self.components) \
                     and not self._stop_event.is_set():
+                began = time.monotonic()
                 try:
                     on_started()  # not after a start a stop cut short: nothing announced is up
                 except Exception as exc:
                     # Everything runs (the worker threads too): stop it as any stop does, rather
-                    # than leave it to the interpreter's exit with jobs under way.
+                    # than leave it to the interpreter's exit with jobs under way; and say so in
+                    # the report, whose clean stop read as a deliberate exit 0 (no restart).
                     log.error("could not announce the start; stopping", error=described(exc))
+                    not_announced = StopResult("start announcement", "failed", time.monotonic() - began,
+                                               described(exc))
                     self._stop_event.set()
             failed = None
             while not self._stop_event.wait(0.2):
@@ -195,8 +204,9 @@ class System:
             # A component that ended on its own did not stop cleanly, whatever its exit code: the
             # system's exit says so, so that a supervisor (systemd's Restart=on-failure, a
             # container's restart policy) starts it again.
-            return [replace(result, status="died", error=result.error or "ended on its own while the system ran")
-                    if result.name == failed else result for result in report]
+            return [*([not_announced] if not_announced else []),
+                    *(replace(result, status="died", error=result.error or "ended on its own while the system ran")
+                      if result.name == failed else result for result in report)]
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)

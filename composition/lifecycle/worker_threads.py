@@ -3,21 +3,32 @@ signal, hand back the rest."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
 import structlog
 from dramatiq import Worker
 from dramatiq.broker import Broker
+from dramatiq.middleware import Shutdown
 
 from composition.broker.time_limits import boot_worker_process
 from composition.jobs.deploy_window import accept_unknown_jobs
 from composition.jobs.queue_order import OrderedWorkQueue, QueueOrder
 from composition.jobs.runtime import BrokerKeepalive, drain_worker, stop_intake
 
-__all__ = ["WorkerComponent"]
+__all__ = ["ShutdownIsNoFailure", "WorkerComponent"]
 
 log = structlog.get_logger("composition.components")
+
+
+class ShutdownIsNoFailure(logging.Filter):
+    """Drops Dramatiq's "Failed to process message ... with unhandled exception" for a job a drain
+    interrupted: an error with a traceback on every busy thread of every deploy, for a job that is
+    requeued without using an attempt (which the job middleware logs, once, as what it is)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], Shutdown))
 
 
 class WorkerComponent:
@@ -48,6 +59,9 @@ class WorkerComponent:
     def start(self) -> None:
         # As Dramatiq's CLI does, once per process before any worker: starts the time limits.
         boot_worker_process(self.broker)
+        dramatiq_threads = logging.getLogger("dramatiq.worker.WorkerThread")
+        if not any(isinstance(each, ShutdownIsNoFailure) for each in dramatiq_threads.filters):
+            dramatiq_threads.addFilter(ShutdownIsNoFailure())
         # A job this code does not know waits for the deploy, then is parked, rather than being
         # rejected by Dramatiq's consumer (composition.jobs.deploy_window).
         accept_unknown_jobs(self.broker)

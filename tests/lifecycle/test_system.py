@@ -55,6 +55,10 @@ def test_starts_in_declared_order_and_stops_in_reverse() -> None:
                        "stop:http", "stop:cache", "stop:db", "stop:metrics", "stop:logger"]
     assert [r.name for r in report] == ["http", "cache", "db", "metrics", "logger"]
     assert all(r.status == "stopped" for r in report)
+    # Once: started again it started everything and its next stop stopped nothing.
+    with pytest.raises(RuntimeError, match="started already: build a new one"):
+        system.start()
+    assert system.started == []
 
 
 def test_depends_on_moves_a_component_after_its_dependencies() -> None:
@@ -158,6 +162,22 @@ def test_nothing_is_announced_when_a_stop_cuts_the_start_short_and_a_failed_star
     system = System([Recorder("db", journal), FailsWhileStopping("http", journal)])
     with pytest.raises(SystemStartError, match="http"):
         system.start()
+
+
+def test_a_start_that_could_not_be_announced_stops_and_is_reported_failed() -> None:
+    """--ready-file on a full disk: the system stopped cleanly and runworkers exited 0, which
+    systemd's and Docker's on-failure restarts take for a deliberate stop."""
+    journal: list[str] = []
+
+    def announce() -> None:
+        raise OSError(28, "No space left on device")
+
+    report = System([Recorder("db", journal), Recorder("http", journal)]).run(install_signals=False,
+                                                                            on_started=announce)
+    assert journal == ["start:db", "start:http", "stop:http", "stop:db"]
+    assert [(result.name, result.status) for result in report] == [
+        ("start announcement", "failed"), ("http", "stopped"), ("db", "stopped")]
+    assert "No space left on device" in (report[0].error or "")
 
 
 def test_drain_runs_before_any_stop_and_readiness_hook_fires_first() -> None:
@@ -442,6 +462,8 @@ def test_a_child_whose_parent_died_before_it_could_watch_ends_at_once() -> None:
     (["--shutdown-timeout", "inf"], "--shutdown-timeout: 'inf' is not a number of seconds"),
     (["--shutdown-timeout", "-1"], "--shutdown-timeout: '-1' is not a number of seconds"),
     (["--queues", ","], "--queues: ',' names no queue"),
+    # It spent 20 s creating threads until fork failed host-wide, and its rollback crashed.
+    (["--threads", "99999999"], "--threads from 1 to 512 (WORKER_PROCESSES, WORKER_THREADS), got 1 and 99999999"),
 ])
 def test_runworkers_refuses_bad_arguments_as_usage_errors(argument: list[str], said: str) -> None:
     from composition.testing import subprocess_env
@@ -459,6 +481,6 @@ def test_runworkers_refuses_a_queue_no_job_declares() -> None:
     done = subprocess.run([sys.executable, str(ROOT / "manage.py"), "runworkers", "--queues", "reminder,default",
                            "--metrics-port", "off"], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
                           timeout=60)
-    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.returncode == 2, done.stderr[-2000:]  # a usage error, as every other bad --queues
     assert "no queue named 'reminder' (the queues: " in done.stderr and "reminders" in done.stderr
     assert "Traceback" not in done.stderr

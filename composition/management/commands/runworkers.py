@@ -40,6 +40,13 @@ def _metrics_port(value: str) -> int | str:
     return port
 
 
+# Far above any useful size (each thread holds a database connection), and far below what
+# exhausts the host: --threads 99999999 spent 20 s creating threads until fork failed host-wide,
+# then its rollback could not start the threads its stops need.
+MAX_PROCESSES = 256
+MAX_THREADS = 512
+
+
 def _at_least_one(value: str) -> int:
     try:
         number = int(value)
@@ -81,7 +88,7 @@ def _check_declared(order: QueueOrder | None) -> None:
     if unknown:
         known = ", ".join(sorted(declared - {RELAY_QUEUE_NAME})) or "none is declared"
         raise CommandError(f"no queue named {', '.join(map(repr, unknown))} (the queues: {known}; "
-                           f"the outbox relay's: {RELAY_QUEUE_NAME})")
+                           f"the outbox relay's: {RELAY_QUEUE_NAME})", returncode=2)  # a usage error, as --queues a=0
 
 
 def _check_ready_file(path: Path | None) -> None:
@@ -156,8 +163,10 @@ class Command(BaseCommand):
             schedules=options["schedules"],
             ready_file=options["ready_file"],
         )
-        if worker_options.processes < 1 or worker_options.threads < 1:
-            raise CommandError("--processes and --threads must be at least 1")
+        if not 1 <= worker_options.processes <= MAX_PROCESSES or not 1 <= worker_options.threads <= MAX_THREADS:
+            raise CommandError(f"--processes must be from 1 to {MAX_PROCESSES} and --threads from 1 to {MAX_THREADS} "
+                               f"(WORKER_PROCESSES, WORKER_THREADS), got {worker_options.processes} and "
+                               f"{worker_options.threads}", returncode=2)
         if worker_options.shutdown_timeout_s <= 0:
             raise CommandError("--shutdown-timeout must be a positive number of seconds")
         _check_migrations()
