@@ -4,6 +4,7 @@ modules are imported."""
 
 from __future__ import annotations
 
+import structlog
 from django.apps import AppConfig
 from django.conf import settings
 from django.db.backends.signals import connection_created
@@ -16,6 +17,7 @@ from composition.db.timeouts import (
     lift_timeouts_for_migrate,
     restore_timeouts_after_migrate,
 )
+from composition.errors import BrokerConfigurationError
 
 
 class CompositionConfig(AppConfig):
@@ -42,7 +44,14 @@ class CompositionConfig(AppConfig):
         post_migrate.connect(restore_timeouts_after_migrate, dispatch_uid="composition-timeouts-migrate")
         # The configured broker must exist before any actor is declared; then each app's
         # ``jobs`` module declares its actors against it.
-        configured_broker()
+        try:
+            configured_broker()
+        except BrokerConfigurationError as exc:
+            # No job module can load without it. Left to manage.py check (E003), and raised again by
+            # the first @job or publish(): raised here, every command (check, migrate, help) died in
+            # a traceback from app loading.
+            structlog.get_logger("composition").error("no broker: the jobs are not loaded", error=str(exc))
+            return
         autodiscover_modules("jobs")
         # Each app's ``schedules`` module declares its schedules (after its jobs exist).
         autodiscover_modules("schedules")

@@ -9,13 +9,26 @@ from django.core.checks import CheckMessage, Error
 
 from composition.conf import DEFAULTS
 
-__all__ = ["MAX_SETTING_S", "merged_settings", "not_positive_integers", "not_positive_seconds"]
+__all__ = ["MAX_SETTING_S", "configured_broker_or_none", "merged_settings", "not_positive_integers",
+           "not_positive_seconds"]
 
 
 def merged_settings() -> dict[str, Any] | None:
     """COMPOSITION over the defaults, or None when it is not a dict (reported as E001)."""
     user = getattr(settings, "COMPOSITION", {})
     return {**DEFAULTS, **user} if isinstance(user, dict) else None
+
+
+def configured_broker_or_none() -> Any:
+    """The configured broker, or None when the settings cannot build one: E003 reports that, and
+    the checks that read the declared jobs have nothing to read."""
+    from composition.broker.configured import configured_broker
+    from composition.errors import BrokerConfigurationError
+
+    try:
+        return configured_broker()
+    except BrokerConfigurationError:
+        return None
 
 
 # No duration setting needs more: a thousand years, as the prune commands' --older-than. Past it

@@ -9,6 +9,7 @@ from typing import Any
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DEFAULT_DB_ALIAS
 
+from composition.checks.common import configured_broker_or_none
 from composition.conf import conf
 from composition.db.pooling import check_pooled_settings, check_pooled_timeouts
 
@@ -19,14 +20,16 @@ __all__ = ["check_queued_work", "check_schedules"]
 def check_schedules(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
     """Every declared schedule can run: a bad expression, an unknown zone or a payload its job
     refuses is reported now, naming the schedule, not at its first tick."""
-    from composition.broker.configured import configured_broker
     from composition.schedules import declared
     from composition.schedules.declaration import duplicate_names
     from composition.schedules.problems import problems
 
+    broker = configured_broker_or_none()
+    if broker is None:
+        return []
     # A job's aliases are its old names (@job(aliases=...)), registered as its actor.
     renamed_jobs: dict[str, list[str]] = {}
-    for registered, actor in configured_broker().actors.items():
+    for registered, actor in broker.actors.items():
         if registered != actor.actor_name:
             renamed_jobs.setdefault(actor.actor_name, []).append(registered)
 
@@ -79,12 +82,12 @@ def check_queued_work(app_configs: Any = None, databases: Any = None, **_: Any) 
         return []
     from django.db import connections
 
-    from composition.broker.configured import configured_broker
     from composition.jobs.compatibility import queued_problems, reads_tables
 
-    if not set(reads_tables()) <= set(connections[DEFAULT_DB_ALIAS].introspection.table_names()):
+    broker = configured_broker_or_none()
+    if broker is None or not set(reads_tables()) <= set(connections[DEFAULT_DB_ALIAS].introspection.table_names()):
         return []
     return [Warning(f"{problem.count} {problem.source} of {problem.actor} (e.g. id {problem.example_id}): "
                     f"{problem.reason}.", hint="manage.py jobs check-compat lists them and exits 1; "
                     "docs/deployment.md says what to do before deploying.", id="composition.W140")
-            for problem in queued_problems(configured_broker())]
+            for problem in queued_problems(broker)]

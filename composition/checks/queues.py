@@ -7,8 +7,7 @@ from typing import Any
 
 from django.core.checks import CheckMessage, Error, Warning, register
 
-from composition.broker.configured import configured_broker
-from composition.checks.common import merged_settings
+from composition.checks.common import configured_broker_or_none, merged_settings
 from composition.jobs.queue_order import QueueOrder
 from composition.outbox.relay import RELAY_QUEUE_NAME
 from composition.sampling.queues import declared_queues
@@ -34,8 +33,11 @@ def check_queue_names(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
     merged = merged_settings()
     if merged is None:
         return []
+    broker = configured_broker_or_none()
+    if broker is None:
+        return []
     # The relay's queue too: its actor is declared on first use, and every worker consumes it.
-    declared = {*declared_queues(configured_broker()), RELAY_QUEUE_NAME}
+    declared = {*declared_queues(broker), RELAY_QUEUE_NAME}
     known = ", ".join(sorted(declared - {RELAY_QUEUE_NAME})) or "none is declared"
     messages: list[CheckMessage] = []
     for key, cost in _NAMING.items():

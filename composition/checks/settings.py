@@ -22,7 +22,8 @@ from composition.prometheus.access import parse_networks
 from composition.prometheus.errors import MetricsAccessConfigurationError
 
 __all__ = ["CACHE_POSITIVE_NUMBERS", "DEPENDENCIES", "DEPENDENCY_LEVELS", "DEPRECATED_KEYS", "POSITIVE_INTEGERS",
-           "POSITIVE_NUMBERS", "check_cache_settings", "check_metrics_settings", "check_settings"]
+           "POSITIVE_NUMBERS", "check_cache_settings", "check_metrics_directory", "check_metrics_settings",
+           "check_settings"]
 
 POSITIVE_NUMBERS = (
     "BROKER_HEARTBEAT_TIMEOUT_S", "BROKER_SOCKET_TIMEOUT_S", "BROKER_CONNECT_TIMEOUT_S",
@@ -196,3 +197,14 @@ def check_metrics_settings(app_configs: Any = None, **_: Any) -> list[CheckMessa
                                   hint="Unset it (one process), or name a directory of its own.",
                                   id="composition.E075"))
     return messages
+
+
+@register("composition", deploy=True)
+def check_metrics_directory(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
+    """``check --deploy`` only: one process serving its own metrics is fine while developing."""
+    if any(variable in os.environ for variable in ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")):
+        return []
+    return [Warning("the environment variable PROMETHEUS_MULTIPROC_DIR is not set: each gunicorn worker's /metrics "
+                    "shows its own process only, and the workers' job metrics never reach the web's /metrics.",
+                    hint="Set it in the environment of the web and worker processes, one directory per host or "
+                         "container (docs/install.md, 'Metrics from every process').", id="composition.W076")]

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
+import pytest
 from django.conf import settings
+from django.core.checks import run_checks
 from django.test import override_settings
 
 from composition.checks import check_settings
+from composition.checks.settings import check_metrics_directory
 from composition.conf import DEFAULTS, conf
+from composition.testing import subprocess_env
+from tests.helpers import ROOT
 
 
 def _ids(**composition: object) -> set[str]:
@@ -135,3 +143,22 @@ def test_queue_names_no_job_uses_are_reported() -> None:
     # The relay's queue is every worker's, though its actor is declared only on first use.
     assert found(BACKPRESSURE_QUEUES={"composition.outbox": 5}) == []
     assert found(WORKER_QUEUES=7) == []  # malformed: E012's to report, not a crash here
+
+
+def test_a_broker_url_it_cannot_use_is_a_check_error_not_a_traceback_from_app_loading() -> None:
+    # Every command (check, migrate, even help) died in a 30-line traceback from ready().
+    done = subprocess.run([sys.executable, str(ROOT / "manage.py"), "check"], cwd=ROOT, capture_output=True, text=True,
+                          env=subprocess_env(BROKER_URL="http://127.0.0.1:6379"), timeout=120)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "(composition.E003) COMPOSITION['BROKER_URL'] has scheme 'http'" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_deploy_without_a_metrics_directory_is_warned_of(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each gunicorn worker's /metrics showed its own process only, and no check said so.
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    monkeypatch.delenv("prometheus_multiproc_dir", raising=False)
+    assert [message.id for message in check_metrics_directory()] == ["composition.W076"]
+    assert "composition.W076" not in {message.id for message in run_checks(include_deployment_checks=False)}
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "/tmp/somewhere")
+    assert check_metrics_directory() == []
