@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import structlog
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -64,11 +65,29 @@ def admit(queue: str) -> None:
         raise Backpressure(queue, None, None, float(conf.BACKPRESSURE_RETRY_AFTER_S), shed=True)
     limit = (conf.BACKPRESSURE_QUEUES or {}).get(queue)
     if limit is None:
+        _warn_if_unknown(queue, shed_queues)
         return
     depth = _depths.get(queue, max_age_s=float(conf.BACKPRESSURE_CACHE_S))
     if depth >= int(limit):
         BACKPRESSURE_REJECTIONS_TOTAL.labels(queue).inc()
         raise Backpressure(queue, depth, int(limit), float(conf.BACKPRESSURE_RETRY_AFTER_S))
+
+
+# The names admit() was asked about that no setting and no job knows, each warned of once.
+_unknown_warned: set[str] = set()
+
+
+def _warn_if_unknown(queue: str, shed_queues: Any) -> None:
+    """A name with no limit, not shed and no job's queue is always admitted: most likely a
+    misspelt one (admit("ordrs")), which protects nothing. Said once per process and name."""
+    if queue in _unknown_warned or queue in shed_queues:
+        return
+    from composition.broker.configured import configured_broker
+
+    if queue not in configured_broker().get_declared_queues():
+        _unknown_warned.add(queue)
+        log.warning("admit() of a queue no setting limits and no job uses: always admitted (a misspelt name?)",
+                    queue=queue, limited=sorted(conf.BACKPRESSURE_QUEUES or {}))
 
 
 def queue_for_path(path: str, prefixes: Mapping[str, str]) -> str | None:

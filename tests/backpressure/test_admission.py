@@ -29,6 +29,7 @@ from composition.outbox import OutboxMessage, publish
 from composition.outbox.relay import Relay
 from composition.testing import ThrowawayRedis, use_broker
 from tests.helpers import HeldInAnotherTransaction
+from tests.jobsapp import jobs
 from tests.outboxapp.jobs import QUEUE, record_effect
 
 
@@ -65,7 +66,13 @@ def test_admit_counts_outbox_backlog_and_broker_messages() -> None:
             admit(QUEUE)
     assert (caught.value.queue, caught.value.depth, caught.value.limit) == (QUEUE, 4, 4)
     assert caught.value.retry_after_s > 0
-    admit("a-queue-without-limit")
+    # A name no setting limits and no job uses is admitted, said once: it is most likely misspelt.
+    with capture_logs() as logs:
+        admit("a-queue-without-limit")
+        admit("a-queue-without-limit")
+        admit(jobs.NOOP_QUEUE)  # a job's queue without a limit: admitted, nothing to say
+    assert [(entry["event"].split(":")[0], entry["queue"]) for entry in logs] == [
+        ("admit() of a queue no setting limits and no job uses", "a-queue-without-limit")]
 
 
 @pytest.mark.django_db(transaction=True)
