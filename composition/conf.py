@@ -1,4 +1,6 @@
-"""One lazy accessor for ``settings.COMPOSITION``.
+"""One lazy accessor for ``settings.COMPOSITION``, and the two facts of the settings that the
+library's parts check before use: the app is installed (``require_installed``), and the cache is
+a django-redis one (``redis_client_of``).
 
 Every key is optional; ``DEFAULTS`` documents each one. Values are read when first used, never
 at import, and the merged view is dropped whenever Django's ``setting_changed`` fires, so
@@ -11,7 +13,6 @@ from typing import Any
 
 from django.apps import apps
 from django.conf import settings as django_settings
-from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
 from composition.errors import ConfigurationError
@@ -268,12 +269,12 @@ def redis_client_of(alias: str, what: str) -> Any:
 
 
 def require_installed(what: str) -> None:
-    """Raise ImproperlyConfigured when the ``composition`` app is not in INSTALLED_APPS: without it
-    ``what`` would seem to work (no check runs, no migration is applied, no worker command exists)
-    until a query met a table that is not there."""
+    """Raise ConfigurationError (an ImproperlyConfigured) when the ``composition`` app is not in
+    INSTALLED_APPS: without it ``what`` would seem to work (no check runs, no migration is applied,
+    no worker command exists) until a query met a table that is not there."""
     if apps.apps_ready and not apps.is_installed("composition"):
-        raise ImproperlyConfigured(f'{what} needs "composition" in INSTALLED_APPS (docs/install.md), then '
-                                   "python manage.py migrate")
+        raise ConfigurationError(f'{what} needs "composition" in INSTALLED_APPS (docs/install.md), then '
+                                 "python manage.py migrate")
 
 
 def _on_setting_changed(*, setting: str, **_: Any) -> None:

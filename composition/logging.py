@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import structlog
 from django.http import HttpRequest, HttpResponse
+from dramatiq.middleware import Shutdown
 
 from composition.conf import require_installed
 
@@ -25,6 +26,7 @@ __all__ = [
     "REQUEST_ID_HEADER",
     "LevelCap",
     "RequestIdMiddleware",
+    "ShutdownIsNoFailure",
     "already_logged",
     "configure_structlog",
     "log_thread_deaths",
@@ -78,6 +80,15 @@ def _renderer(fmt: str) -> Any:
     if fmt == "console":
         return structlog.dev.ConsoleRenderer(colors=False)
     return structlog.processors.JSONRenderer()
+
+
+class ShutdownIsNoFailure(logging.Filter):
+    """Drops Dramatiq's "Failed to process message ... with unhandled exception" for a job a drain
+    interrupted: an error with a traceback on every busy thread of every deploy, for a job that is
+    requeued without using an attempt (which the job middleware logs, once, as what it is)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], Shutdown))
 
 
 class LevelCap(logging.Filter):

@@ -19,11 +19,10 @@ from composition.admin.charts import latest, queue_chart
 from composition.admin.dead_letters import ReadOnlyRows
 from composition.conf import conf
 from composition.jobs.replay import REPLAY_PERMISSION
-from composition.management.pause_command import kept_reason
 from composition.operations.models import Operations
 from composition.operations.snapshot import operations_snapshot
 from composition.outbox.relay import RELAY_QUEUE_NAME
-from composition.pauses import PAUSE_PERMISSION, Pause, paused_names
+from composition.pauses import PAUSE_PERMISSION, Pause, kept_reason, paused_names
 from composition.queues import QueueNotPausable, pause_queue, resume_queue
 from composition.queues.history import HISTORY_BUCKETS
 from composition.schedules import declared, pause_schedule, resume_schedule

@@ -6,6 +6,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
+from django.utils.module_loading import import_string
 
 from composition.checks.common import merged_settings, not_positive_seconds
 
@@ -40,20 +41,38 @@ def check_backpressure_settings(app_configs: Any = None, **_: Any) -> list[Check
 BACKPRESSURE_MIDDLEWARE = "composition.backpressure.BackpressureMiddleware"
 
 
+def _middleware_classes() -> list[tuple[str, type | None]]:
+    """MIDDLEWARE's entries and their classes (None for one that does not import: Django's own
+    loading reports it)."""
+    found: list[tuple[str, type | None]] = []
+    for path in getattr(settings, "MIDDLEWARE", None) or ():
+        try:
+            loaded = import_string(str(path))
+        except ImportError:
+            loaded = None
+        found.append((str(path), loaded if isinstance(loaded, type) else None))
+    return found
+
+
 def _middleware_order(paths: Any) -> list[CheckMessage]:
-    """Where BackpressureMiddleware stands in MIDDLEWARE, as docs/backpressure.md asks: last."""
-    middleware = [str(path) for path in getattr(settings, "MIDDLEWARE", None) or ()]
-    if BACKPRESSURE_MIDDLEWARE not in middleware:
+    """Where BackpressureMiddleware stands in MIDDLEWARE, as docs/backpressure.md asks: last.
+    By class, not by name: it is also importable from the module that defines it, or subclassed."""
+    from django_prometheus.middleware import PrometheusAfterMiddleware
+
+    from composition.backpressure import BackpressureMiddleware
+
+    classes = _middleware_classes()
+    ours = [index for index, (_, cls) in enumerate(classes) if cls and issubclass(cls, BackpressureMiddleware)]
+    if not ours:
         if isinstance(paths, dict) and paths:
             return [Warning(f"BACKPRESSURE_PATHS is set but {BACKPRESSURE_MIDDLEWARE} is not in MIDDLEWARE: no "
                             "request is refused.", hint="MIDDLEWARE.append(...) (docs/backpressure.md)",
                             id="composition.W054")]
         return []
-    after = [path for path in middleware[middleware.index(BACKPRESSURE_MIDDLEWARE) + 1:]
-             if path.endswith("PrometheusAfterMiddleware")]
+    after = [path for path, cls in classes[ours[0] + 1:] if cls and issubclass(cls, PrometheusAfterMiddleware)]
     if after:
         # The After middleware records a response on its way out: a 503 answered inside it is seen.
-        return [Warning(f"{BACKPRESSURE_MIDDLEWARE} comes before {after[0]} in MIDDLEWARE: the requests it "
+        return [Warning(f"{classes[ours[0]][0]} comes before {after[0]} in MIDDLEWARE: the requests it "
                         "refuses are missing from the HTTP metrics.",
                         hint="Put it last: MIDDLEWARE.append(...) (docs/backpressure.md)", id="composition.W055")]
     return []

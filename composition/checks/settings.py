@@ -104,10 +104,12 @@ def check_settings(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
         messages.append(Error(f"COMPOSITION['CACHE_ALIAS'] names {alias!r}, which is not in CACHES.",
                               id="composition.E007"))
     elif "django_redis" not in str(caches[alias].get("BACKEND", "")):
-        # An error: the workers' job limits, heartbeats and retention need it too, and failed at run time.
-        messages.append(Error(f"CACHES[{alias!r}] is not a django-redis cache; cache-aside, redis locks, job "
-                              "limits and worker heartbeats need one.",
-                              hint="BACKEND: 'django_redis.cache.RedisCache' (docs/install.md)", id="composition.E008"))
+        # A warning: test settings with LocMemCache (no worker, no lock) stay usable; what needs
+        # Redis says so when used (composition.conf.redis_client_of).
+        messages.append(Warning(f"CACHES[{alias!r}] is not a django-redis cache; cache-aside, redis locks, job "
+                                "limits and worker heartbeats need one.",
+                                hint="BACKEND: 'django_redis.cache.RedisCache' (docs/install.md)",
+                                id="composition.W001"))
     for key in DEPRECATED_KEYS:
         if user.get(key) is not None:
             messages.append(Warning(
@@ -202,7 +204,10 @@ def check_metrics_settings(app_configs: Any = None, **_: Any) -> list[CheckMessa
 @register("composition", deploy=True)
 def check_metrics_directory(app_configs: Any = None, **_: Any) -> list[CheckMessage]:
     """``check --deploy`` only: one process serving its own metrics is fine while developing."""
-    if any(variable in os.environ for variable in ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")):
+    from composition.prometheus.directory import multiproc_dir
+
+    # The library's own reading of it: the lowercase name alone leaves our metrics per process.
+    if multiproc_dir() is not None:
         return []
     return [Warning("the environment variable PROMETHEUS_MULTIPROC_DIR is not set: each gunicorn worker's /metrics "
                     "shows its own process only, and the workers' job metrics never reach the web's /metrics.",

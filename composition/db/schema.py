@@ -1,5 +1,6 @@
-"""Whether composition's migrations are applied to a database, read with Django's public
-``MigrationExecutor`` as ``showmigrations`` and ``runserver``'s warning read it.
+"""Whether composition's migrations are applied to a database, read with Django's
+``MigrationExecutor`` as ``showmigrations`` and ``runserver``'s warning read it (an undocumented
+class: docs/architecture.md lists it, tests/core/test_internals.py checks it).
 
 A process whose code expects columns the database lacks fails at its first query, far from the
 cause; ``runworkers`` and readiness ask here first. This module never migrates anything.

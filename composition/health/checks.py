@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from composition.conf import conf
-from composition.errors import described
+from composition.errors import ConfigurationError, described
 from composition.health.draining import is_draining
 from composition.health.heartbeats import read_heartbeats, read_stale_workers
 from composition.health.migrations import forget_applied_migrations, probe_migrations
@@ -105,6 +105,10 @@ def _run_probes(levels: dict[str, str], deadline_s: float) -> list[CheckResult]:
     round is not started again (its dependency is reported down), so a frozen server does
     not pile up a thread per readiness request."""
     outcomes: dict[str, tuple[float, str | None]] = {}
+    # Settings the dependency cannot be used with (a BROKER_URL of another scheme) fail readiness
+    # whatever its level: no retry mends them, and a "degraded" broker let a web process whose
+    # every publish() raises answer ready.
+    misconfigured: set[str] = set()
     done = threading.Condition()
     began = time.monotonic()
 
@@ -113,6 +117,9 @@ def _run_probes(levels: dict[str, str], deadline_s: float) -> list[CheckResult]:
         error = None
         try:
             probe(deadline_s)
+        except ConfigurationError as exc:
+            error = described(exc)[:300]
+            misconfigured.add(name)
         except Exception as exc:
             error = described(exc)[:300]
         with _in_flight_lock:
@@ -151,7 +158,8 @@ def _run_probes(levels: dict[str, str], deadline_s: float) -> list[CheckResult]:
             error = f"no answer within {took:.2f}s"
         HEALTH_CHECK_SECONDS.labels(name).observe(took)
         HEALTH_CHECK_UP.labels(name).set(0 if error else 1)
-        results.append(CheckResult(name, error is None, levels[name] == "critical", took, error))
+        results.append(CheckResult(name, error is None, levels[name] == "critical" or name in misconfigured, took,
+                                   error))
     return results
 
 

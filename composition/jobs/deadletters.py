@@ -149,8 +149,9 @@ def _task_path(message: MessageProxy) -> str:
     if of is None:
         return ""
     path = of(dict(message.kwargs or {}))
-    # A column of 1,024 characters: a longer "path" (a mangled payload's) is cut, not a lost letter.
-    return _storable(path)[:1024] if isinstance(path, str) else ""
+    # Cut to 1,024 bytes, not characters: a longer "path" (a mangled payload's) is cut rather than
+    # a lost letter, in the column and in its index (whose rows stop at 2,704 bytes).
+    return _storable(path).encode()[:1024].decode(errors="ignore") if isinstance(path, str) else ""
 
 
 def record_dead_letter(message: MessageProxy, exception: BaseException | Failure, attempts: int) -> int:

@@ -191,7 +191,13 @@ def job(fn: Callable[..., R] | None = None, /, *, queue: str = "default", max_at
                 broker.declare_queue(old_queue)
         return actor
 
-    return decorate if fn is None else decorate(fn)
+    if fn is None:
+        return decorate
+    if not callable(fn):
+        # @job("billing") took the queue for the function.
+        raise TypeError(f"@job takes its options by keyword, e.g. @job(queue={fn!r}); got {fn!r} where a "
+                        "function goes")
+    return decorate(fn)
 
 
 def _aliases(aliases: Sequence[str] | Mapping[str, str], queue: str) -> dict[str, str]:

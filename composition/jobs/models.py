@@ -34,8 +34,9 @@ class DeadLetter(models.Model):
 
     actor = models.CharField(max_length=255, db_index=True)
     # The task, for a django.tasks task's letter: its actor runs every task of its queue.
-    # db_default: a rolling deploy's older workers write letters without the column.
-    task_path = models.CharField(max_length=1024, blank=True, default="", db_default="", db_index=True,
+    # db_default: a rolling deploy's older workers write letters without the column. Its index
+    # is built concurrently by a migration of its own (0020): the table may be large and busy.
+    task_path = models.CharField(max_length=1024, blank=True, default="", db_default="",
                                  help_text="The task's module path, for a django.tasks task.")
     queue = models.CharField(max_length=255)
     message_id = models.CharField(max_length=255, unique=True)
@@ -67,7 +68,8 @@ class DeadLetter(models.Model):
     class Meta:
         app_label = "composition"
         ordering = ("-last_failed_at", "-id")
-        indexes = [models.Index(fields=["status", "actor"], name="composition_dl_status_actor")]
+        indexes = [models.Index(fields=["status", "actor"], name="composition_dl_status_actor"),
+                   models.Index(fields=["task_path"], name="composition_dl_task_path")]
         permissions = [
             ("replay_deadletter", "Can replay dead letters"),
             ("discard_deadletter", "Can discard dead letters"),

@@ -97,7 +97,7 @@ class PeriodicComponent:
             self._failed(described(exc))
             return False
         if self.failed_rounds:
-            self.logger.info(f"{self.name}: rounds succeed again", failed_rounds=self.failed_rounds,
+            self.logger.info("rounds succeed again", component=self.name, failed_rounds=self.failed_rounds,
                              last_error=self._last_failure)
         self.failed_rounds, self._last_failure = 0, None
         return more

@@ -61,6 +61,7 @@ class System:
     _stop_event: threading.Event = field(default_factory=threading.Event, init=False)
     _signalled: bool = field(default=False, init=False)
     _stopping: bool = field(default=False, init=False)
+    _started_once: bool = field(default=False, init=False)
     _starting: Component | None = field(default=None, init=False)
     # The one being stopped (out of ``started`` already): a second Ctrl-C kills it too.
     _in_stop: Component | None = field(default=None, init=False)
@@ -87,8 +88,9 @@ class System:
         rather than after every other component came up. A System starts once: started again
         after its stop it raised nothing, started everything, and its next stop stopped nothing.
         """
-        if self._stopping or self.started:
+        if self._started_once:
             raise RuntimeError("this System was started already: build a new one to start again")
+        self._started_once = True
         for component in self.components:
             if self._stop_event.is_set():
                 log.info("stop requested during start-up; the rest is not started", next=component.name)

@@ -10,25 +10,16 @@ import time
 import structlog
 from dramatiq import Worker
 from dramatiq.broker import Broker
-from dramatiq.middleware import Shutdown
 
 from composition.broker.time_limits import boot_worker_process
 from composition.jobs.deploy_window import accept_unknown_jobs
 from composition.jobs.queue_order import OrderedWorkQueue, QueueOrder
 from composition.jobs.runtime import BrokerKeepalive, drain_worker, stop_intake
+from composition.logging import ShutdownIsNoFailure
 
-__all__ = ["ShutdownIsNoFailure", "WorkerComponent"]
+__all__ = ["WorkerComponent"]
 
 log = structlog.get_logger("composition.components")
-
-
-class ShutdownIsNoFailure(logging.Filter):
-    """Drops Dramatiq's "Failed to process message ... with unhandled exception" for a job a drain
-    interrupted: an error with a traceback on every busy thread of every deploy, for a job that is
-    requeued without using an attempt (which the job middleware logs, once, as what it is)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], Shutdown))
 
 
 class WorkerComponent:

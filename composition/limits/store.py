@@ -23,15 +23,14 @@ __all__ = ["Admission", "LimitState", "LimitStore", "limit_store"]
 
 # A refused start's turn is spaced at TURNS_PER_FREED_START times the pace at which the limit
 # frees a start (a concurrency limit frees one every mean run time ÷ N, taken as at most twice
-# the last run's; a rate one every window ÷ starts), from the earliest moment one can free (the
-# first running job's expected end: its start plus the mean run time, or twice what it has run
-# so far once past that; the oldest
-# logged start leaving the window). Turns closer than the pace keep a freed start from
-# waiting long for someone to take it; a start refused again takes the next turn, and turns only
-# move forward, so the waiting ones come back at a bounded pace, never in a loop. A turn further
-# away than LIMIT_MAX_DELAY_S comes back after that long without advancing the line.
-# Each turn costs a put-back (a few milliseconds of a worker thread) when refused, and a freed
-# start waits half a turn on average for the next one.
+# the last run's but at least an eighth of the mean; a rate one every window ÷ starts), from the
+# earliest moment one can free (the first running job's expected end: its start plus the mean run
+# time, or twice what it has run so far once past that; the oldest logged start leaving the
+# window). Turns closer than the pace keep a freed start from waiting long for someone to take it;
+# a start refused again takes the next turn, and turns only move forward, so the waiting ones come
+# back at a bounded pace, never in a loop. A turn further away than LIMIT_MAX_DELAY_S comes back
+# after that long without advancing the line. Each turn costs a put-back (a few milliseconds of a
+# worker thread) when refused, and a freed start waits half a turn on average for the next one.
 TURNS_PER_FREED_START = 3
 # A rate's margin: the start is logged when the limiter admits it, the job's first line runs a
 # moment later, and a window measured from there must hold too.
@@ -75,8 +74,10 @@ if concurrency > 0 then
     local run = redis.call('HMGET', KEYS[4], 'mean_run_ms', 'last_run_ms')
     local mean = tonumber(run[1] or ARGV[6])
     -- The mean follows a change of pace slowly: a job whose runs got short (20 s, then 0.2 s) kept
-    -- the waiting ones away for the old mean while its slots stood free. Twice the last run bounds it.
-    if run[2] then mean = math.min(mean, 2 * tonumber(run[2])) end
+    -- the waiting ones away for the old mean while its slots stood free. Twice the last run bounds
+    -- it, down to an eighth of the mean: one run that ended at once (a quick failure) must not send
+    -- the whole line back every few milliseconds.
+    if run[2] then mean = math.max(math.min(mean, 2 * tonumber(run[2])), mean / 8) end
     local first_end = nil
     for _, started in ipairs(redis.call('HVALS', KEYS[2])) do
       started = tonumber(started)

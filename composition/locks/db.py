@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, OperationalError, connections, transaction
-from django.db.models import Model, QuerySet
+from django.db.models import Manager, Model, QuerySet
 
 from composition.locks.errors import LockNotAcquired, TransactionRequired
 from composition.metrics import LOCK_ACQUIRE, LOCK_HOLD_SECONDS, LOCK_TIMEOUTS_TOTAL, LOCK_WAIT_SECONDS
@@ -226,6 +226,8 @@ def row_lock(queryset: QuerySet[M], *, nowait: bool = False, skip_locked: bool =
     together with ``skip_locked`` or ``timeout_s``. The lock name (and metric label) is the
     model's label, e.g. ``billing.Invoice``.
     """
+    if isinstance(queryset, Manager):
+        queryset = queryset.all()  # Invoice.objects: every row, as select_for_update() on it takes
     if not isinstance(queryset, QuerySet):
         # An instance (row_lock(order)) failed on its missing .model, naming nothing.
         example = f"{type(queryset).__name__}.objects.filter(pk=...)" if isinstance(queryset, Model) else \

@@ -17,7 +17,7 @@ from composition.management.closed_pipe import reader_may_leave
 from composition.management.database_errors import database_must_answer
 from composition.pauses import PAUSE_PERMISSION, Pause
 
-__all__ = ["PauseCommand", "kept_reason", "moment", "operator_name", "operator_user", "pause_json", "paused_state"]
+__all__ = ["PauseCommand", "moment", "operator_name", "operator_user", "pause_json", "paused_state"]
 
 
 def operator_name(by: str | None) -> str:
@@ -49,14 +49,6 @@ def paused_state(pause: Pause | None) -> str:
     who = "shed under pressure" if pause.shed else f"paused by {pause.changed_by}"
     return f"{who} since {moment(pause.changed_at)}" + (
         f" ({pause.reason})" if pause.reason else "")
-
-
-def kept_reason(pause: Pause, given: str) -> str:
-    """What a pause of something paused already says of a reason it did not record."""
-    if not given or given == pause.reason:
-        return ""
-    return (f" (by {pause.changed_by}: {pause.reason or 'no reason'}); the new reason is not recorded: "
-            "resume and pause again to change it")
 
 
 def pause_json(pause: Pause | None) -> dict[str, str | bool] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -13,12 +14,15 @@ from django.db.models.functions import Now
 
 from composition.pauses.models import Pause
 
-__all__ = ["MAX_REASON_CHARS", "PAUSE_PERMISSION", "pause", "paused_names", "resume"]
+__all__ = ["LINE_BREAKING", "MAX_REASON_CHARS", "PAUSE_PERMISSION", "kept_reason", "pause", "paused_names",
+           "resume"]
 
 log = structlog.get_logger("composition.pauses")
 
 # Who may pause and resume from the admin.
 PAUSE_PERMISSION = "composition.change_pauses"
+# Unicode's control characters (a newline, a tab) and line and paragraph separators.
+LINE_BREAKING = frozenset({"Cc", "Zl", "Zp"})
 # A reason is a line on the operations page and in `queues list`, not a document.
 MAX_REASON_CHARS = 500
 
@@ -36,8 +40,9 @@ def _change(kind: str, name: str, *, paused: bool, by: str, reason: str, user: A
         raise ValueError(f"who paused or resumed is at most {longest} characters, got {len(by)}")
     if len(reason) > MAX_REASON_CHARS:
         raise ValueError(f"a reason is at most {MAX_REASON_CHARS} characters, got {len(reason)}")
-    if any(not character.isprintable() for character in reason):
-        # A newline split the row of `queues list` in two, its second half under no column.
+    if any(unicodedata.category(character) in LINE_BREAKING for character in reason):
+        # A newline split the row of `queues list` in two, its second half under no column. A
+        # no-break space or an emoji's joiner is text (isprintable() refused them too).
         raise ValueError(f"a reason is one line of text, without a newline or other control character: {reason!r:.80}")
     with transaction.atomic():
         row = Pause.objects.select_for_update().filter(kind=_kind(kind), name=name).first()
@@ -106,3 +111,11 @@ def resume(kind: str, name: str, *, by: str, reason: str = "", user: Any = None,
 def paused_names(kind: str) -> frozenset[str]:
     """The names of ``kind`` paused now."""
     return frozenset(Pause.objects.filter(kind=_kind(kind), paused=True).values_list("name", flat=True))
+
+
+def kept_reason(pause: Pause, given: str) -> str:
+    """What a pause of something paused already says of a reason it did not record."""
+    if not given or given == pause.reason:
+        return ""
+    return (f" (by {pause.changed_by}: {pause.reason or 'no reason'}); the new reason is not recorded: "
+            "resume and pause again to change it")

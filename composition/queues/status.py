@@ -40,14 +40,24 @@ class QueueRow:
         return None if self.broker is None else backlog(self.outbox_pending, self.broker)
 
     @property
-    def oldest_age_s(self) -> float | None:
-        """How long its oldest work has waited: a pending outbox row, or (Redis) a ready message;
-        None when nothing waits (an empty queue read "0.0 s", as if something had just arrived)."""
-        if not self.outbox_pending and self.broker is not None and not self.broker.ready:
+    def pending_age_s(self) -> float | None:
+        """How long its oldest pending outbox row has waited; None when none is pending."""
+        return self.oldest_pending_age_s if self.outbox_pending else None
+
+    @property
+    def ready_age_s(self) -> float | None:
+        """(Redis) how long its oldest ready message has waited; None when none is ready, or on
+        RabbitMQ (an empty queue read "0.0 s", as if something had just arrived)."""
+        if self.broker_oldest_age_s is None or (self.broker is not None and not self.broker.ready):
             return None
-        if self.broker_oldest_age_s is None:
-            return self.oldest_pending_age_s if self.outbox_pending else None
-        return max(self.oldest_pending_age_s, self.broker_oldest_age_s)
+        return self.broker_oldest_age_s
+
+    @property
+    def oldest_age_s(self) -> float | None:
+        """How long its oldest work has waited (a pending outbox row, or a ready message); None
+        when nothing waits."""
+        ages = [age for age in (self.pending_age_s, self.ready_age_s) if age is not None]
+        return max(ages) if ages else None
 
 
 def queue_rows(*, window_s: float = RUNS_WINDOW_S, runs: Mapping[str, int] | None = None,

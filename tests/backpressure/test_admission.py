@@ -164,6 +164,9 @@ def test_the_middleware_s_place_is_checked() -> None:
     assert first.id == "composition.W055" and "PrometheusAfterMiddleware" in first.msg
     with override_settings(MIDDLEWARE=middleware):
         assert [message.id for message in check_backpressure_settings()] == ["composition.W054"]
+    # By class: the defining module's path is the same middleware (it read as missing).
+    with override_settings(MIDDLEWARE=[*middleware, "composition.backpressure.admission.BackpressureMiddleware"]):
+        assert check_backpressure_settings() == []
 
 
 @pytest.mark.django_db

@@ -26,6 +26,10 @@ def test_django_s_query_and_logging_internals_are_there() -> None:
     from composition.outbox.models import OutboxMessage
 
     assert hasattr(OutboxMessage.objects.all().query, "get_compiler")
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    assert isinstance(executor.migration_plan(executor.loader.graph.leaf_nodes()), list)
     assert "_has_been_logged" in inspect.getsource(log.log_response)
 
 

@@ -125,6 +125,16 @@ def test_with_the_broker_stopped_web_stays_ready_and_worker_readiness_fails(
     assert [check.name for check in worker.checks if not check.ok] == ["broker"]
 
 
+def test_a_broker_url_nothing_can_use_fails_web_readiness_too(client: Client) -> None:
+    """A web process with a BROKER_URL of another scheme loads (gunicorn runs no checks), and
+    every publish() raises: "degraded" let it answer ready."""
+    with override_settings(COMPOSITION={**settings.COMPOSITION, "BROKER_URL": "rediss//oops"}):
+        response = client.get("/readyz")
+    body = response.json()
+    assert response.status_code == 503, body
+    assert body["checks"]["broker"] == {**body["checks"]["broker"], "ok": False, "critical": True}
+
+
 def test_readiness_of_an_unknown_role_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown role 'cron'"):
         health.readiness(role="cron")

@@ -130,6 +130,8 @@ def test_job_without_parentheses_is_a_job_with_every_default() -> None:
         assert actor(1) == 2
     finally:
         configured_broker().actors.pop("bare_job_of_this_test", None)
+    with pytest.raises(TypeError, match=r"@job takes its options by keyword, e\.g\. @job\(queue='billing'\)"):
+        job("billing")  # type: ignore[call-overload]
 
 
 def test_job_declared_twice_under_one_name_is_refused() -> None:

@@ -162,6 +162,9 @@ def test_nothing_is_announced_when_a_stop_cuts_the_start_short_and_a_failed_star
     system = System([Recorder("db", journal), FailsWhileStopping("http", journal)])
     with pytest.raises(SystemStartError, match="http"):
         system.start()
+    # Once, a failed start too (its rollback emptied what had started).
+    with pytest.raises(RuntimeError, match="started already"):
+        system.start()
 
 
 def test_a_start_that_could_not_be_announced_stops_and_is_reported_failed() -> None:
@@ -369,7 +372,7 @@ def test_a_periodic_failure_repeated_round_after_round_is_warned_of_once_and_its
         rounds.stop(5)
     warned = [(entry["error"], entry.get("failed_rounds")) for entry in logs if entry["log_level"] == "warning"]
     assert warned == [("RuntimeError: column x does not exist", 1), ("RuntimeError: connection refused", 5)]
-    (recovered,) = [entry for entry in logs if entry["event"] == "rounds: rounds succeed again"]
+    (recovered,) = [entry for entry in logs if entry["event"] == "rounds succeed again"]
     assert recovered["failed_rounds"] == 6 and recovered["last_error"] == "RuntimeError: connection refused"
     assert rounds.failed_rounds == 0
 

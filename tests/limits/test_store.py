@@ -156,8 +156,14 @@ def test_runs_that_got_short_bring_the_waiting_ones_back_soon_not_after_the_old_
     assert store.state(actor, limits).mean_run_s > 9  # the average has hardly moved
     assert store.admit(actor, limits, "a").started and store.admit(actor, limits, "b").started
     delays = [store.admit(actor, limits, f"waiting-{index}").delay_s for index in range(4)]
-    # Twice the last run (0.4 s) at most, spaced by a sixth of it: not 12 s, then 2 s apart.
-    assert delays[0] < 0.6 and delays[-1] < 0.9, delays
+    # Twice the last run (0.4 s), but no less than an eighth of the mean (now 9.64 s: 1.2 s),
+    # spaced by a sixth of that: not 9.6 s, then 1.6 s apart.
+    assert 1.0 < delays[0] < 1.5 and 0.15 < delays[1] - delays[0] < 0.25, delays
+
+    # One run that ended at once (a quick failure) does not send the line back every few ms.
+    store.client.hset(f"{store.prefix}{actor}:meta", mapping={"mean_run_ms": 20_000, "last_run_ms": 0})
+    quick = [store.admit(actor, limits, f"after-quick-{index}").delay_s for index in range(3)]
+    assert all(delay >= 2.4 for delay in quick), quick
 
 
 def test_a_long_line_comes_back_after_the_longest_delay_without_growing(store: LimitStore) -> None:

@@ -179,6 +179,9 @@ def test_row_lock_of_an_instance_says_to_pass_a_queryset(row: str) -> None:
     says = r"row_lock takes a QuerySet .* e\.g\. LockFence\.objects\.filter\(pk=\.\.\.\)"
     with pytest.raises(TypeError, match=says), transaction.atomic(), row_lock(instance):  # type: ignore[arg-type]
         pass
+    # A manager is its every row, as before the check.
+    with transaction.atomic(), row_lock(LockFence.objects) as rows:  # type: ignore[arg-type]
+        assert row in {fence.resource for fence in rows}
 
 
 def test_row_lock_needs_a_transaction(row: str) -> None:

@@ -79,8 +79,9 @@ def test_a_name_that_is_no_queue_and_the_relay_s_queue_are_refused_with_the_reas
     with pytest.raises(CommandError, match="at most 150 characters, got 200"):
         _run("pause", QUEUE, "--by", "x" * 200)
     # A newline split its row of `queues list` in two.
-    with pytest.raises(CommandError, match="a reason is one line of text"):
-        _run("pause", QUEUE, "--reason", "line one\nline two")
+    for broken in ("line one\nline two", "tab\there", "separator\u2028here"):
+        with pytest.raises(CommandError, match="a reason is one line of text"):
+            _run("pause", QUEUE, "--reason", broken)
     with pytest.raises(ValueError, match="at most 150 characters"):
         pause_queue(QUEUE, by="x" * 151)
     assert not Pause.objects.exists()
@@ -103,6 +104,10 @@ def test_list_shows_depth_oldest_wait_and_who_paused_it_when_and_why() -> None:
     assert not Pause.objects.exists()
     User.objects.create_user("alice", password="x").user_permissions.add(
         Permission.objects.get(codename="change_pauses"))
+    # Text, not control: a no-break space (pasted from a chat) and an emoji's joiner.
+    assert Pause.objects.filter(kind=Pause.QUEUE).count() == 0
+    assert "paused" in _run("pause", QUEUE, "--reason", "deploy\u00a0in progress \U0001f468\u200d\U0001f469")
+    _run("resume", QUEUE)
     assert "paused: within 0.5 s no worker starts a job of it" in _run("pause", QUEUE, "--by", "alice",
                                                                        "--reason", "deploy")
     pause_row = Pause.objects.get(kind=Pause.QUEUE, name=QUEUE)

@@ -9,7 +9,8 @@ from django.core.management.base import CommandError
 
 from composition.broker.configured import configured_broker
 from composition.conf import conf
-from composition.management.pause_command import PauseCommand, kept_reason, pause_json, paused_state
+from composition.management.pause_command import PauseCommand, pause_json, paused_state
+from composition.pauses import kept_reason
 from composition.queues import QueueNotPausable, QueueRow, pause_queue, queue_rows, resume_queue
 from composition.sampling.limits import LimitSample, sample_limits
 

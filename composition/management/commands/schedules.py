@@ -8,8 +8,8 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from composition.management.pause_command import PauseCommand, kept_reason, moment, pause_json, paused_state
-from composition.pauses import Pause, paused_names
+from composition.management.pause_command import PauseCommand, moment, pause_json, paused_state
+from composition.pauses import Pause, kept_reason, paused_names
 from composition.schedules import TZDATA_VERSION, Schedule, declared, pause_schedule, resume_schedule
 from composition.schedules.firing import run_now
 from composition.schedules.problems import problems
