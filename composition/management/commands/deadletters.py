@@ -13,52 +13,17 @@ from django.db.models import Max, QuerySet
 
 from composition.errors import CompositionError
 from composition.jobs import replay as service
-from composition.jobs.failure_groups import failure_groups
 from composition.jobs.models import DeadLetter
 from composition.management.closed_pipe import reader_may_leave
 from composition.management.database_errors import database_must_answer
+from composition.management.dead_letter_listing import detail, detail_lines, listing, listing_lines
 from composition.management.pause_command import operator_user
 from composition.management.retention_option import SECONDS_PER_DAY, older_than_days
 from composition.retention import prune_dead_letters
 
-LIST_LIMIT = 200
-LIST_GROUPS = 50
 # The options that narrow a selection, besides --id.
 FILTERS = ("actor", "task", "error", "fingerprint")
 FILTERS_SHOWN = "/".join(f"--{name}" for name in FILTERS)
-
-
-def _summary(row: DeadLetter) -> dict[str, Any]:
-    return {"id": row.pk, "actor": row.actor, "task_path": row.task_path, "status": row.status,
-            "attempts": row.attempts,
-            "error_class": row.error_class, "error_message": row.error_message,
-            "fingerprint": row.fingerprint, "message_id": row.message_id,
-            "last_failed_at": row.last_failed_at.isoformat()}
-
-
-def _runs(row: dict[str, Any]) -> str:
-    """What a letter (or group) of the plain output ran: its task, for a task's, else its actor."""
-    return str(row["task_path"] or row["actor"])
-
-
-def _groups(rows: QuerySet[DeadLetter]) -> list[dict[str, Any]]:
-    return [{**group, "last_failed_at": group["last_failed_at"].isoformat()}
-            for group in failure_groups(rows, limit=LIST_GROUPS)]
-
-
-def _detail(row: DeadLetter) -> dict[str, Any]:
-    return {**_summary(row), "queue": row.queue, "payload": row.payload, "args": row.args,
-            "headers": row.headers, "first_failed_at": row.first_failed_at.isoformat(),
-            "replayed_at": row.replayed_at.isoformat() if row.replayed_at else None,
-            "replayed_by": row.replayed_by.get_username() if row.replayed_by else None,
-            "replay_outbox_id": row.replay_outbox_id,
-            "discarded_at": row.discarded_at.isoformat() if row.discarded_at else None,
-            "discarded_by": row.discarded_by.get_username() if row.discarded_by else None,
-            "traceback": row.traceback}
-
-
-# Shown as JSON in the plain output too, so that they can be pasted where JSON is read.
-_JSON_FIELDS = ("payload", "args", "headers")
 
 
 def _in_history(user: Any, action: str, pks: list[int]) -> None:
@@ -176,34 +141,12 @@ class Command(BaseCommand):
         self.stdout.write(json.dumps(data, indent=2, sort_keys=True))
 
     def _list(self, rows: QuerySet[DeadLetter], as_json: bool) -> None:
-        total = rows.count()
-        groups = _groups(rows)
-        group_count = rows.values("fingerprint").distinct().count() if len(groups) == LIST_GROUPS else len(groups)
-        shown = [_summary(row) for row in rows.order_by("-last_failed_at", "-id")[:LIST_LIMIT]]
+        found = listing(rows)
         if as_json:
-            self._emit({"count": total, "group_count": group_count, "groups": groups, "dead_letters": shown})
+            self._emit(found)
             return
-        # The groups first: at 3 a.m. "one bug, 4,000 letters" matters more than the letters.
-        if groups:
-            self.stdout.write(f"{'COUNT':<7} {'FINGERPRINT':<12}  {'ACTOR OR TASK':<30} {'ERROR':<28} "
-                              f"{'LAST FAILED':<37} SAMPLE MESSAGE")
-        for group in groups:
-            # The sample tells apart groups of one actor and error class (a fingerprint does not, to a reader).
-            self.stdout.write(f"x{group['count']:<6} {group['fingerprint'][:12]}  {_runs(group):<30} "
-                              f"{group['error_class'].rsplit('.', 1)[-1]:<28} last {group['last_failed_at']:<32} "
-                              f"{' '.join(group['sample_message'].split())[:60]}")
-        if groups:
-            self.stdout.write("")
-        if shown:
-            self.stdout.write(f"{'ID':>8}  {'STATUS':<9} {'ACTOR OR TASK':<30} {'ERROR':<28} {'RUNS':<4} "
-                              f"{'FINGERPRINT':<12}  MESSAGE")
-        for row in shown:
-            self.stdout.write(f"{row['id']:>8}  {row['status']:<9} {_runs(row):<30} "
-                              f"{row['error_class'].rsplit('.', 1)[-1]:<28} x{row['attempts']:<3} "
-                              f"{row['fingerprint'][:12]}  {' '.join(row['error_message'].split())[:80]}")
-        self.stdout.write(f"{total} dead letter(s)" + (f", newest {LIST_LIMIT} shown" if total > LIST_LIMIT else "")
-                          + (f"; {group_count} groups, largest {LIST_GROUPS} shown" if group_count > len(groups)
-                             else ""))
+        for line in listing_lines(found):
+            self.stdout.write(line)
 
     def _show(self, rows: QuerySet[DeadLetter], options: dict[str, Any]) -> None:
         ids, as_json = options["ids"], options["json"]
@@ -213,15 +156,11 @@ class Command(BaseCommand):
             raise CommandError(f"no dead letter with id {', '.join(map(str, missing))}"
                                + (" that matches the filters" if _filtered(options) else ""))
         if as_json:
-            self._emit([_detail(row) for row in found])
+            self._emit([detail(row) for row in found])
         else:
             for row in found:
-                for name, value in _detail(row).items():
-                    if name in _JSON_FIELDS:
-                        self.stdout.write(f"{name}: {json.dumps(value, ensure_ascii=False, sort_keys=True)}")
-                    elif name != "traceback":
-                        self.stdout.write(f"{name}: {value}")
-                self.stdout.write(row.traceback)
+                for line in detail_lines(row):
+                    self.stdout.write(line)
         if missing:
             raise CommandError(f"no dead letter with id {', '.join(map(str, missing))}"
                                + (" that matches the filters" if _filtered(options) else ""))
