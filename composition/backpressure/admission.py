@@ -73,19 +73,20 @@ def admit(queue: str) -> None:
         raise Backpressure(queue, depth, int(limit), float(conf.BACKPRESSURE_RETRY_AFTER_S))
 
 
-# The names admit() was asked about that no setting and no job knows, each warned of once.
-_unknown_warned: set[str] = set()
+# Every name looked at, known or not: a job's queue without a limit is admitted on each request,
+# and the broker's queues (copied on each read) are not read again for it.
+_looked_at: set[str] = set()
 
 
 def _warn_if_unknown(queue: str, shed_queues: Any) -> None:
     """A name with no limit, not shed and no job's queue is always admitted: most likely a
     misspelt one (admit("ordrs")), which protects nothing. Said once per process and name."""
-    if queue in _unknown_warned or queue in shed_queues:
+    if queue in _looked_at or queue in shed_queues:
         return
     from composition.broker.configured import configured_broker
 
+    _looked_at.add(queue)
     if queue not in configured_broker().get_declared_queues():
-        _unknown_warned.add(queue)
         log.warning("admit() of a queue no setting limits and no job uses: always admitted (a misspelt name?)",
                     queue=queue, limited=sorted(conf.BACKPRESSURE_QUEUES or {}))
 
