@@ -229,5 +229,11 @@ def end_waits(consumers: Iterable[WakingRedisConsumer]) -> threading.Thread | No
             pass
 
     thread = threading.Thread(target=push, name="end-consumer-waits", daemon=True)
-    thread.start()
+    try:
+        thread.start()
+    except RuntimeError:
+        # No thread to be had (the host's limit: what fails a worker's start part-way, whose
+        # clean-up comes here): pushed from this thread, bounded by the client's socket timeout.
+        push()
+        return None
     return thread

@@ -12,6 +12,7 @@ from dramatiq import Worker
 from dramatiq.broker import Broker
 
 from composition.broker.time_limits import boot_worker_process
+from composition.errors import described
 from composition.jobs.deploy_window import accept_unknown_jobs
 from composition.jobs.queue_order import OrderedWorkQueue, QueueOrder
 from composition.jobs.runtime import BrokerKeepalive, drain_worker, stop_intake
@@ -20,6 +21,9 @@ from composition.logging import ShutdownIsNoFailure
 __all__ = ["WorkerComponent"]
 
 log = structlog.get_logger("composition.components")
+
+# What a start that failed half-way gives the threads it did start to hand their messages back.
+FAILED_START_STOP_S = 5.0
 
 
 class WorkerComponent:
@@ -53,6 +57,20 @@ class WorkerComponent:
         dramatiq_threads = logging.getLogger("dramatiq.worker.WorkerThread")
         if not any(isinstance(each, ShutdownIsNoFailure) for each in dramatiq_threads.filters):
             dramatiq_threads.addFilter(ShutdownIsNoFailure())
+        try:
+            self._start()
+        except BaseException:
+            # Threads and consumers that did start before one the host refused (a container's
+            # pid limit) would go on taking and running jobs while the System rolls back the
+            # database and the broker under them: the System stops only the components that
+            # started, so this one cleans up its own part.
+            try:
+                self._stop(time.monotonic() + FAILED_START_STOP_S)
+            except Exception as exc:  # the start's own failure is the one to report
+                log.error("worker threads of a failed start not cleaned up", error=described(exc))
+            raise
+
+    def _start(self) -> None:
         # A job this code does not know waits for the deploy, then is parked, rather than being
         # rejected by Dramatiq's consumer (composition.jobs.deploy_window).
         accept_unknown_jobs(self.broker)
@@ -91,14 +109,12 @@ class WorkerComponent:
             raise TimeoutError(f"the worker drain did not finish within {timeout_s:.1f}s more")
 
     def _stop(self, deadline: float) -> None:
-        if self.worker is None:
-            self._drained.set()
-            return
         if self._stopped:
             return
         self._stopped = True
         try:
-            drain_worker(self.worker, deadline)
+            if self.worker is not None:
+                drain_worker(self.worker, deadline)
         finally:
             self.keepalive.stop()
             accept_unknown_jobs(self.broker, False)
