@@ -4,13 +4,15 @@ succeeds brings back its usual cadence."""
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import ProgrammingError
+from django.db import ProgrammingError, connection
+from structlog.testing import capture_logs
 
 from composition.schedules import Schedule
 from composition.schedules.component import MAX_WAIT_S, SchedulerComponent
+from composition.schedules.models import ScheduleTick
 from composition.testing import wait_until
 from tests.helpers import unique
 from tests.jobsapp import jobs
@@ -36,6 +38,16 @@ class FailingClock:
         return datetime.now(UTC)
 
 
+class SteppedClock:
+    """The database's clock as the test sets it."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
 def test_the_scheduler_backs_off_after_failed_rounds_and_resumes_its_cadence_after_one_succeeds() -> None:
     # It went again every 20 ms: about 40 failed rounds a second, each a warning.
     yearly = Schedule(name=unique("sched"), actor_name=jobs.scheduled_effect.actor_name, cron="0 0 1 1 *")
@@ -51,3 +63,46 @@ def test_the_scheduler_backs_off_after_failed_rounds_and_resumes_its_cadence_aft
         assert scheduler.interval_s <= MAX_WAIT_S
     finally:
         scheduler.stop(5)
+
+
+def test_one_schedule_that_fails_every_round_says_so_once_and_the_others_fire() -> None:
+    # Its warning came every round, a second apart at most, for as long as it failed.
+    good, bad = unique("sched-good"), unique("sched-bad")
+    table = ScheduleTick._meta.db_table
+    with connection.cursor() as cursor:  # a user's audit trigger refusing one schedule's ticks
+        cursor.execute(f"""
+            CREATE FUNCTION refuse_one_schedule() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.schedule = '{bad}' THEN RAISE EXCEPTION 'refused by an audit trigger'; END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER refuse_one_schedule BEFORE INSERT ON {table}
+                FOR EACH ROW EXECUTE FUNCTION refuse_one_schedule();""")
+    clock = SteppedClock(datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC))
+    every = timedelta(seconds=1)
+    scheduler = SchedulerComponent([Schedule(name=name, actor_name=jobs.scheduled_effect.actor_name, every=every,
+                                             payload={"label": name})
+                                    for name in (good, bad)], clock=clock, host_clock=clock)
+    try:
+        with capture_logs() as logs:
+            for _ in range(30):
+                clock.now += every
+                scheduler.tick()
+            with connection.cursor() as cursor:
+                cursor.execute(f"DROP TRIGGER refuse_one_schedule ON {table}; DROP FUNCTION refuse_one_schedule();")
+            clock.now += every
+            scheduler.tick()
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TRIGGER IF EXISTS refuse_one_schedule ON {table};"
+                           "DROP FUNCTION IF EXISTS refuse_one_schedule();")
+
+    failed = [entry for entry in logs if entry["event"] == "schedule round failed" and entry["schedule"] == bad]
+    warned = [entry for entry in failed if entry["log_level"] == "warning"]
+    assert len(warned) == 1, warned
+    assert len(failed) >= 25  # tried every round all the same
+    assert "refused by an audit trigger" in failed[0]["error"]
+    assert ScheduleTick.objects.filter(schedule=good).count() >= 29
+    back = [entry for entry in logs if entry["event"] == "schedule rounds succeed again"]
+    assert [(entry["schedule"], entry["failed_rounds"]) for entry in back] == [(bad, len(failed))]
+    assert ScheduleTick.objects.filter(schedule=bad).exists()  # its due ticks fire once it can
