@@ -254,3 +254,32 @@ def test_with_the_database_away_the_commands_say_so_in_one_line(command: list[st
     assert result.returncode == 1, result.stderr
     assert "the database did not answer (connection failed" in result.stderr
     assert "Traceback" not in result.stderr, result.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_bulk_replays_of_one_group_at_once_replay_each_letter_once_and_their_reports_add_up() -> None:
+    # Two operators (or a runbook run twice) replaying the same group: each letter is published
+    # again once, by one of them, and each report accounts for every letter it counted.
+    letters = [dead_letter(key=f"race{index}", error="gateway down") for index in range(300)]
+    env = subprocess_env()
+    command = [sys.executable, "manage.py", "deadletters", "replay", "--actor", "charge", "--yes", "--json"]
+    runs = [subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    reports = []
+    for each in runs:
+        out, err = each.communicate(timeout=120)
+        assert "Traceback" not in err, err
+        reports.append(json.loads(out))
+    ids = {letter.pk for letter in letters}
+    done = [set(report["done"]) for report in reports]
+    assert done[0].isdisjoint(done[1]), reports
+    assert done[0] | done[1] == ids, reports
+    for report, its_done in zip(reports, done, strict=True):
+        refused = {int(pk) for pk in report["refused"]}
+        assert set(report["refused"].values()) <= {"already replayed"}, report["refused"]
+        # What it counted, it reports: done or refused, none lost from its summary.
+        assert len(its_done) + len(refused) == report["count"], report
+        assert refused <= ids - its_done
+    assert OutboxMessage.objects.count() == len(ids)  # published again once each
+    assert set(DeadLetter.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"replayed"}
+    assert DeadLetter.objects.filter(pk__in=ids).values("replay_outbox_id").distinct().count() == len(ids)
