@@ -16,6 +16,7 @@ from composition.schedules.models import ScheduleTick
 from composition.testing import wait_until
 from tests.helpers import unique
 from tests.jobsapp import jobs
+from tests.schedules.test_firing import DbClock
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -36,16 +37,6 @@ class FailingClock:
         if self.failing:
             raise ProgrammingError("column composition_schedulestate.timing does not exist")
         return datetime.now(UTC)
-
-
-class SteppedClock:
-    """The database's clock as the test sets it."""
-
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 def test_the_scheduler_backs_off_after_failed_rounds_and_resumes_its_cadence_after_one_succeeds() -> None:
@@ -78,7 +69,7 @@ def test_one_schedule_that_fails_every_round_says_so_once_and_the_others_fire() 
             END $$;
             CREATE TRIGGER refuse_one_schedule BEFORE INSERT ON {table}
                 FOR EACH ROW EXECUTE FUNCTION refuse_one_schedule();""")
-    clock = SteppedClock(datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC))
+    clock = DbClock(datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC))
     every = timedelta(seconds=1)
     scheduler = SchedulerComponent([Schedule(name=name, actor_name=jobs.scheduled_effect.actor_name, every=every,
                                              payload={"label": name})
