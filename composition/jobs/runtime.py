@@ -169,8 +169,9 @@ class BrokerKeepalive:
     def start(self) -> None:
         if not isinstance(self.broker, RedisBroker):
             return
-        self._thread = threading.Thread(target=self._loop, name="broker-keepalive", daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=self._loop, name="broker-keepalive", daemon=True)
+        thread.start()
+        self._thread = thread  # once started: a thread the host refused cannot be joined
 
     def _loop(self) -> None:
         assert isinstance(self.broker, RedisBroker)

@@ -60,8 +60,14 @@ class HeartbeatComponent(PeriodicComponent):
     def start(self) -> None:
         self._register()
         self._client = probes.heartbeat_client()
-        self.tick()
-        super().start()
+        try:
+            self.tick()
+            super().start()
+        except BaseException:
+            # The System stops only what started: the beat and the registration would stay,
+            # and health would count a worker that never consumed, then report it dead.
+            self.stop(0.0)
+            raise
 
     def _register(self) -> None:
         # On this host, apart from Redis: `health workers --local` tells this project's

@@ -78,8 +78,9 @@ class PeriodicComponent:
 
     def start(self) -> None:
         self._stop_event.clear()
-        self._thread = threading.Thread(target=self._loop, name=self.thread_name or self.name, daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=self._loop, name=self.thread_name or self.name, daemon=True)
+        thread.start()
+        self._thread = thread  # once started: a thread the host refused cannot be joined
 
     def _loop(self) -> None:
         try:

@@ -35,7 +35,8 @@ def stop_with_timeout(component: Component, timeout_s: float) -> StopResult:
 
 def call_with_timeout(name: str, call: Callable[[], object], timeout_s: float) -> StopResult:
     """Run ``call`` in a daemon thread; "stopped" when it returned, "failed" when it raised,
-    "timeout" (and abandoned) when it was still running after ``timeout_s``."""
+    "timeout" (and abandoned) when it was still running after ``timeout_s``. Where no thread
+    can be started, ``call`` runs in the calling thread, unbounded."""
     outcome: list[BaseException | None] = []
 
     def target() -> None:
@@ -47,8 +48,14 @@ def call_with_timeout(name: str, call: Callable[[], object], timeout_s: float) -
 
     began = time.monotonic()
     thread = threading.Thread(target=target, name=f"stop-{name}", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
+    try:
+        thread.start()
+    except RuntimeError:
+        # No thread to be had (a container's pid limit, what may have failed the start this
+        # stop rolls back): the call runs here, without its bound, rather than not at all.
+        target()
+    else:
+        thread.join(timeout_s)
     took = time.monotonic() - began
     if thread.is_alive():
         return StopResult(name, "timeout", took, f"did not return within {timeout_s:.1f}s")
