@@ -119,8 +119,12 @@ class JobRetries(Retries):
         delay, as it is; any other as a ``Retry`` delayed by the backoff (recorded in the
         message's options)."""
         throws = message.options.get("throws") or actor.options.get("throws")
-        permanent = throws is not None and isinstance(exception, throws)
-        if permanent or (isinstance(exception, Retry) and exception.delay is not None):
+        if throws is not None and isinstance(exception, throws):
+            return exception
+        if isinstance(exception, Retry) and exception.delay is not None:
+            # The job's own delay, recorded as a backoff is: the retry's log line and a
+            # scheduled run's lease (composition.schedules.runs) read it from here.
+            message.options[BACKOFF_OPTION] = int(exception.delay)
             return exception
         retries = int(message.options.get("retries", 0))
         min_ms, max_ms = self._backoff_bounds_ms(message, actor)

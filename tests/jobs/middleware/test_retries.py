@@ -16,7 +16,7 @@ from dramatiq import Message
 from dramatiq.broker import Broker, MessageProxy
 
 from composition.broker.configured import build_broker
-from composition.jobs.middleware.retries import RETRY_ENQUEUE_PAUSES_S, JobRetries
+from composition.jobs.middleware.retries import BACKOFF_OPTION, RETRY_ENQUEUE_PAUSES_S, JobRetries
 from composition.testing import ThrowawayRedis
 
 QUEUE = "retry_probe"
@@ -74,6 +74,19 @@ def test_a_per_message_backoff_out_of_bounds_still_retries(broker: Broker, optio
     retries.after_process_message(broker, message, exception=RuntimeError("transient"))
     assert not message.failed
     assert message.options["retries"] == 1 and _delayed(broker) == 1
+
+
+def test_a_job_s_own_retry_delay_is_the_one_recorded_for_its_log_and_its_schedule_lease(broker: Broker) -> None:
+    # raise dramatiq.Retry(delay=...) was retried after its delay, but the retry's log line said
+    # delay_ms null (or the previous attempt's backoff), and a scheduled run's lease was sized
+    # without it, so overlap="skip" could fire the next tick while the retry waited.
+    message = MessageProxy(Message(queue_name=QUEUE, actor_name="retry_probe", args=(), kwargs={},
+                                   options={BACKOFF_OPTION: 10_000, "retries": 1}))
+    retries = next(m for m in broker.middleware if isinstance(m, JobRetries))
+    retries.after_process_message(broker, message, exception=dramatiq.Retry(delay=120_000))
+    assert not message.failed
+    assert message.options[BACKOFF_OPTION] == 120_000
+    assert _delayed(broker) == 1
 
 
 def test_after_a_redis_outage_a_live_worker_s_messages_are_not_taken_for_a_dead_one(
