@@ -12,13 +12,41 @@ from django.db import connections
 from composition.conf import conf
 from composition.errors import described
 
-__all__ = ["REPEATED_FAILURE_WARNING_S", "PeriodicComponent"]
+__all__ = ["REPEATED_FAILURE_WARNING_S", "PeriodicComponent", "RepeatedFailures"]
 
 log = structlog.get_logger("composition.lifecycle")
 
 # A failure identical to the round before's is logged at debug, and at warning again once this
 # long has passed: an outage of minutes says so a few times, not once per round.
 REPEATED_FAILURE_WARNING_S = 60.0
+
+
+class RepeatedFailures:
+    """Says a run of failures of one thing (a loop's rounds, one schedule's) as ``event`` on
+    ``logger``: at warning when the error is new or was last said ``REPEATED_FAILURE_WARNING_S``
+    ago, at debug otherwise; then, at the first success, "rounds succeed again" once."""
+
+    def __init__(self, logger: Any, event: str, **fields: Any) -> None:
+        self.logger, self.event, self.fields = logger, event, fields
+        self.count = 0  # failures in a row
+        self.last_error: str | None = None
+        self._warned_at = 0.0
+
+    def failed(self, error: str) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if error != self.last_error or now - self._warned_at >= REPEATED_FAILURE_WARNING_S:
+            self.logger.warning(self.event, error=error, failed_rounds=self.count, **self.fields)
+            self._warned_at = now
+        else:
+            self.logger.debug(self.event, error=error, failed_rounds=self.count, **self.fields)
+        self.last_error = error
+
+    def succeeded(self) -> None:
+        if self.count:
+            self.logger.info("rounds succeed again", failed_rounds=self.count, last_error=self.last_error,
+                             **self.fields)
+        self.count, self.last_error = 0, None
 
 
 class PeriodicComponent:
@@ -54,10 +82,12 @@ class PeriodicComponent:
         self._interval_s = interval_s
         self._stop_event = threading.Event()
         self._thread: threading.Thread | None = None
-        self.failed_rounds = 0
-        # The last failure as logged, and the monotonic time it was last logged at warning.
-        self._last_failure: str | None = None
-        self._warned_at = 0.0
+        self._failures = RepeatedFailures(self.logger, self.failure_event, component=self.name)
+
+    @property
+    def failed_rounds(self) -> int:
+        """Rounds failed in a row."""
+        return self._failures.count
 
     @property
     def interval_s(self) -> float:
@@ -95,23 +125,10 @@ class PeriodicComponent:
         try:
             more = self.tick() is True
         except Exception as exc:  # a database or broker blip must not end the loop
-            self._failed(described(exc))
+            self._failures.failed(described(exc))
             return False
-        if self.failed_rounds:
-            self.logger.info("rounds succeed again", component=self.name, failed_rounds=self.failed_rounds,
-                             last_error=self._last_failure)
-        self.failed_rounds, self._last_failure = 0, None
+        self._failures.succeeded()
         return more
-
-    def _failed(self, error: str) -> None:
-        self.failed_rounds += 1
-        now = time.monotonic()
-        if error != self._last_failure or now - self._warned_at >= REPEATED_FAILURE_WARNING_S:
-            self.logger.warning(self.failure_event, error=error, failed_rounds=self.failed_rounds)
-            self._warned_at = now
-        else:
-            self.logger.debug(self.failure_event, error=error, failed_rounds=self.failed_rounds)
-        self._last_failure = error
 
     def alive(self) -> bool:
         """False only when the thread ended without being asked to."""

@@ -9,7 +9,6 @@ that fails is tried again every round, and its failure said again once a minute.
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime, timedelta
 
 import structlog
@@ -18,7 +17,7 @@ from django.db import close_old_connections
 from composition.conf import conf
 from composition.errors import described
 from composition.jobs.policy import backoff_s
-from composition.lifecycle.periodic import REPEATED_FAILURE_WARNING_S, PeriodicComponent
+from composition.lifecycle.periodic import PeriodicComponent, RepeatedFailures
 from composition.metrics import SCHEDULE_NEXT_FIRE_TIMESTAMP, SCHEDULER_CLOCK_SKEW_SECONDS
 from composition.schedules.declaration import Schedule, declared
 from composition.schedules.firing import Clock, database_now, fire_due, superseded
@@ -68,10 +67,8 @@ class SchedulerComponent(PeriodicComponent):
         self._active: list[Schedule] | None = None
         # (schedule, the timing it is left to) already logged: one line per hand-over, not per round.
         self._left_to: set[tuple[str, str]] = set()
-        # Schedule -> (its last failure, failed rounds in a row, when last logged at warning):
-        # one failing schedule is tried again every round, but said once a minute, as the
-        # loop's own failures are (PeriodicComponent).
-        self._failing: dict[str, tuple[str, int, float]] = {}
+        # A failing schedule's failures: it is tried again every round, but said once a minute.
+        self._failing: dict[str, RepeatedFailures] = {}
 
     def schedules(self) -> list[Schedule]:
         if self._given is not None:
@@ -152,25 +149,14 @@ class SchedulerComponent(PeriodicComponent):
             try:
                 fire_due(entry, self.clock)
             except Exception as exc:  # one schedule's failure must not hold up the others
-                self._schedule_failed(entry.name, described(exc))
+                self._failing.setdefault(entry.name, RepeatedFailures(log, "schedule round failed",
+                                                                      schedule=entry.name)).failed(described(exc))
                 continue
-            failed = self._failing.pop(entry.name, None)
-            if failed is not None:
-                log.info("schedule rounds succeed again", schedule=entry.name, failed_rounds=failed[1],
-                         last_error=failed[0])
+            failures = self._failing.pop(entry.name, None)
+            if failures is not None:
+                failures.succeeded()
             upcoming.append(now)  # fired or held elsewhere: look again soon
         # Until the next tick (a little past it, so the round finds it due), at most MAX_WAIT_S.
         wait_s = (min(upcoming) - now).total_seconds() + 0.005 if upcoming else MAX_WAIT_S
         self._wait_s = min(max(wait_s, MIN_WAIT_S), MAX_WAIT_S)
         return False
-
-    def _schedule_failed(self, name: str, error: str) -> None:
-        last_error, rounds, warned_at = self._failing.get(name, (None, 0, 0.0))
-        now = time.monotonic()
-        rounds += 1
-        if error != last_error or now - warned_at >= REPEATED_FAILURE_WARNING_S:
-            log.warning("schedule round failed", schedule=name, error=error, failed_rounds=rounds)
-            warned_at = now
-        else:
-            log.debug("schedule round failed", schedule=name, error=error, failed_rounds=rounds)
-        self._failing[name] = (error, rounds, warned_at)
