@@ -94,9 +94,14 @@ class MetricsServerComponent:
         class Server(ThreadingWSGIServer):
             address_family = socket.AF_INET6 if ":" in self.address else socket.AF_INET
 
-        self._server = make_server(self.address, self.requested_port, app, Server, handler_class=_QuietHandler)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-server", daemon=True)
-        self._thread.start()
+        server = make_server(self.address, self.requested_port, app, Server, handler_class=_QuietHandler)
+        thread = threading.Thread(target=server.serve_forever, name="metrics-server", daemon=True)
+        try:
+            thread.start()
+        except BaseException:
+            server.server_close()  # the port is not held by a server nothing serves
+            raise
+        self._server, self._thread = server, thread
         log.info("serving metrics", address=self.address, port=self.port)
 
     def alive(self) -> bool:
