@@ -63,7 +63,7 @@ class OperationsSnapshot:
     stale_workers: list[dict[str, Any]]
     workers_error: str | None
     breakers_here: dict[str, str]
-    relay_lag_s: float
+    relay_lag_s: float | None  # None when nothing is pending
     outbox_pending: int
     schedules: list[ScheduleRow] = field(default_factory=list)
     # queue → its last HISTORY_BUCKETS buckets (composition.queues.history), oldest first.

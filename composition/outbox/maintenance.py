@@ -32,11 +32,12 @@ RELAYED_WINDOW_S = 300.0
 
 @dataclass(frozen=True)
 class QueueBacklog:
-    """One queue's outbox side: rows not yet relayed, the age of the oldest, and rows relayed
-    within the last ``window_s`` seconds."""
+    """One queue's outbox side: rows not yet relayed, the age of the oldest (None when none is:
+    an empty queue's "0.0 s" read as if a row had just arrived), and rows relayed within the
+    last ``window_s`` seconds."""
 
     pending: int
-    oldest_pending_age_s: float
+    oldest_pending_age_s: float | None
     relayed_recently: int
 
 
@@ -45,7 +46,7 @@ class OutboxStatus:
     pending: int
     leased: int
     sent: int
-    oldest_pending_age_s: float
+    oldest_pending_age_s: float | None  # None when nothing is pending
     pending_by_actor: dict[str, int]
     # Held until due (composition.outbox.held): no backlog, counted apart; the next one due in
     # this many seconds (None when none is held).
@@ -72,10 +73,11 @@ def _age_s(now: datetime, then: datetime) -> float:
     return max(0.0, (now - then).total_seconds())
 
 
-def backlog_totals(backlog: Mapping[str, QueueBacklog]) -> tuple[int, float]:
-    """(pending rows, age in seconds of the oldest, 0.0 when none) over every queue of ``backlog``."""
+def backlog_totals(backlog: Mapping[str, QueueBacklog]) -> tuple[int, float | None]:
+    """(pending rows, age in seconds of the oldest, None when none) over every queue of ``backlog``."""
     return (sum(queue.pending for queue in backlog.values()),
-            max((queue.oldest_pending_age_s for queue in backlog.values()), default=0.0))
+            max((queue.oldest_pending_age_s for queue in backlog.values() if queue.oldest_pending_age_s is not None),
+                default=None))
 
 
 def backlog_by_queue(window_s: float = RELAYED_WINDOW_S) -> dict[str, QueueBacklog]:
@@ -89,7 +91,7 @@ def backlog_by_queue(window_s: float = RELAYED_WINDOW_S) -> dict[str, QueueBackl
                    .values_list("queue_name").annotate(n=Count("id")).order_by())
     return {queue: QueueBacklog(
         pending=pending[queue][0] if queue in pending else 0,
-        oldest_pending_age_s=_age_s(now, pending[queue][1]) if queue in pending else 0.0,
+        oldest_pending_age_s=_age_s(now, pending[queue][1]) if queue in pending else None,
         relayed_recently=int(relayed.get(queue, 0)))
         for queue in sorted(set(pending) | set(relayed))}
 
@@ -119,7 +121,7 @@ def outbox_status(*, window_s: float = RELAYED_WINDOW_S) -> OutboxStatus:
     totals are the pending count and the oldest age (also refreshes the gauges)."""
     queues = backlog_by_queue(window_s)
     pending, age_s = backlog_totals(queues)
-    _set_gauges(pending, age_s)
+    _set_gauges(pending, age_s or 0.0)  # the gauge reads 0 when none, for the alerts' arithmetic
     now = timezone.now()
     counts = OutboxMessage.objects.aggregate(
         leased=Count("id", filter=Q(status=OutboxMessage.Status.PENDING, claimed_until__gt=now)),
@@ -129,10 +131,14 @@ def outbox_status(*, window_s: float = RELAYED_WINDOW_S) -> OutboxStatus:
     by_actor = dict(OutboxMessage.objects.filter(status=OutboxMessage.Status.PENDING)
                     .values_list("actor_name").annotate(n=Count("id")).order_by("actor_name"))
     return OutboxStatus(pending=pending, leased=int(counts["leased"]), sent=int(counts["sent"]),
-                        oldest_pending_age_s=round(age_s, 3), pending_by_actor=by_actor, held=int(held["n"]),
+                        oldest_pending_age_s=_rounded(age_s), pending_by_actor=by_actor, held=int(held["n"]),
                         next_due_in_s=None if held["next"] is None else round((held["next"] - now).total_seconds(), 3),
-                        queues={name: replace(queue, oldest_pending_age_s=round(queue.oldest_pending_age_s, 3))
+                        queues={name: replace(queue, oldest_pending_age_s=_rounded(queue.oldest_pending_age_s))
                                 for name, queue in queues.items()}, window_s=window_s)
+
+
+def _rounded(age_s: float | None) -> float | None:
+    return None if age_s is None else round(age_s, 3)
 
 
 def sent_older_than(older_than_s: float) -> QuerySet[OutboxMessage]:

@@ -26,7 +26,7 @@ log = structlog.get_logger("composition.queues")
 class QueueRow:
     name: str
     outbox_pending: int
-    oldest_pending_age_s: float
+    oldest_pending_age_s: float | None
     broker: BrokerCounts | None  # None when the broker could not be asked
     broker_error: str | None
     broker_oldest_age_s: float | None  # the oldest ready message's wait (Redis only)
@@ -79,7 +79,7 @@ def queue_rows(*, window_s: float = RUNS_WINDOW_S, runs: Mapping[str, int] | Non
             log.warning("broker counts unavailable", queue=name, error=sample.error)
         rows.append(QueueRow(
             name=name, outbox_pending=waiting.pending if waiting else 0,
-            oldest_pending_age_s=waiting.oldest_pending_age_s if waiting else 0.0,
+            oldest_pending_age_s=waiting.oldest_pending_age_s if waiting else None,
             broker=sample.broker, broker_error=sample.error.split(":", 1)[0] if sample.error else None,
             broker_oldest_age_s=sample.oldest_age_s,
             enqueued_per_min=(waiting.relayed_recently if waiting else 0) * 60.0 / window_s,

@@ -258,6 +258,13 @@ def _running(jobs_started_ago_s: list[float], max_job_s: float | None) -> dict[s
 
 
 @pytest.mark.django_db
+def test_with_nothing_pending_the_relay_lag_reads_a_dash(admin_client: Client) -> None:
+    html = admin_client.get(URL + "?refresh=off").content.decode()
+    lag = re.search(r'id="ops-relay-lag"><strong[^>]*>([^<]*)</strong>', html)
+    assert lag and lag.group(1) == "\N{EN DASH}"
+
+
+@pytest.mark.django_db
 def test_a_workers_row_is_its_heartbeat_with_stuck_and_stale_ones_marked(admin_client: Client) -> None:
     tag = uuid.uuid4().hex[:8]
     healthy, stuck, gone = (f"ops-{tag}:{pid}" for pid in (101, 102, 103))

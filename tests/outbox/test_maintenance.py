@@ -57,6 +57,20 @@ def test_status_reports_backlog_by_actor_and_sets_the_gauges() -> None:
     assert 90 <= REGISTRY.get_sample_value("composition_outbox_oldest_pending_age_seconds") < 120  # type: ignore[operator]
 
 
+@pytest.mark.django_db
+def test_with_nothing_pending_the_oldest_age_is_none_and_its_gauge_0() -> None:
+    # It said 0.0 s, as if a row had just arrived; the page's card too. The gauge stays a number
+    # for the alerts' arithmetic.
+    _sent(0, 2)  # a queue with rows relayed recently and none pending
+    status = _outbox("status")
+    assert status["pending"] == 0 and status["oldest_pending_age_s"] is None
+    assert status["queues"][QUEUE] == {"pending": 0, "oldest_pending_age_s": None, "relayed_recently": 2}
+    assert REGISTRY.get_sample_value("composition_outbox_oldest_pending_age_seconds") == 0
+    text = StringIO()
+    call_command("outbox", "status", stdout=text)
+    assert "oldest_pending_age_s: None" in text.getvalue()
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("nudge_only")  # rows stay pending for the command to relay
 def test_relay_command_relays_everything_pending() -> None:
