@@ -76,7 +76,7 @@ def test_one_schedule_that_fails_every_round_says_so_once_and_the_others_fire() 
                                     for name in (good, bad)], clock=clock, host_clock=clock)
     try:
         with capture_logs() as logs:
-            for _ in range(30):
+            for _ in range(12):
                 clock.now += every
                 scheduler.tick()
             with connection.cursor() as cursor:
@@ -91,9 +91,9 @@ def test_one_schedule_that_fails_every_round_says_so_once_and_the_others_fire() 
     failed = [entry for entry in logs if entry["event"] == "schedule round failed" and entry["schedule"] == bad]
     warned = [entry for entry in failed if entry["log_level"] == "warning"]
     assert len(warned) == 1, warned
-    assert len(failed) >= 25  # tried every round all the same
+    assert len(failed) == 11  # tried every round all the same (the first makes its state row)
     assert "refused by an audit trigger" in failed[0]["error"]
-    assert ScheduleTick.objects.filter(schedule=good).count() >= 29
+    assert ScheduleTick.objects.filter(schedule=good).count() >= 10
     back = [entry for entry in logs if entry["event"] == "rounds succeed again" and "schedule" in entry]
     assert [(entry["schedule"], entry["failed_rounds"]) for entry in back] == [(bad, len(failed))]
     assert ScheduleTick.objects.filter(schedule=bad).exists()  # its due ticks fire once it can
