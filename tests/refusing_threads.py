@@ -41,7 +41,8 @@ def _start_or_refuse(thread: threading.Thread) -> None:
     # A stack larger than any thread's so far: glibc cannot hand it one it kept from a thread
     # that ended, and must map a new one, which the limit refuses.
     threading.stack_size(64 * 2**20)
-    resource.setrlimit(resource.RLIMIT_AS, (_mapped_bytes() + 2**20, resource.RLIM_INFINITY))
+    # Room for what the process's other threads allocate meanwhile, not for a 64 MiB stack.
+    resource.setrlimit(resource.RLIMIT_AS, (_mapped_bytes() + 16 * 2**20, resource.RLIM_INFINITY))
     try:
         _start(thread)
     finally:

@@ -277,7 +277,8 @@ def boot_worker_process(broker: Broker) -> None:
         broker.emit_after("process_boot")
         # Dramatiq's emit_after logs a hook's failure and goes on: a watchdog whose thread the
         # host refused would leave every job without its time limit, unseen.
-        if any(isinstance(each, JobTimeLimit) for each in broker.middleware) and not time_limits_enforced():
+        if any(isinstance(each, JobTimeLimit) and not (isinstance(each.manager, _Watchdog) and each.manager.is_alive())
+               for each in broker.middleware):
             raise RuntimeError("the job time-limit watchdog did not start (see the log above): no job's "
                                "timeout_s would be enforced")
         _booted.add(broker)

@@ -79,7 +79,10 @@ def stop_intake(worker: Worker) -> None:
 
 def _join(threads: Iterable[threading.Thread], deadline: float) -> None:
     for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
+        # A thread the host refused (Dramatiq lists a consumer before starting it) is not
+        # joined: that raises, and would end the drain before the hand-back.
+        if thread.ident is not None:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def drain_worker(worker: Worker, deadline: float) -> int:

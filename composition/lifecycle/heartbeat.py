@@ -66,7 +66,10 @@ class HeartbeatComponent(PeriodicComponent):
         except BaseException:
             # The System stops only what started: the beat and the registration would stay,
             # and health would count a worker that never consumed, then report it dead.
-            self.stop(0.0)
+            try:
+                self.stop(0.0)
+            except Exception as exc:  # the start's own failure is the one to report
+                log.warning("heartbeat of a failed start not withdrawn", error=str(exc))
             raise
 
     def _register(self) -> None:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import redis
 
 from composition.broker.keys import acks_key, messages_key
@@ -19,7 +20,9 @@ from composition.conf import conf
 from tests.helpers import ROOT, unique
 
 # The child: 20 messages queued, then the component started with 16 threads in an address space
-# with room for only a few more 32 MiB thread stacks, so that thread creation fails part-way.
+# with room for only so many more 32 MiB thread stacks (its second argument, in MiB), so that
+# thread creation fails part-way: Dramatiq starts a consumer per queue (the queue and its delay
+# queue), then the worker threads.
 CHILD = textwrap.dedent("""
     import json, resource, sys, threading, time
     import django
@@ -45,7 +48,7 @@ CHILD = textwrap.dedent("""
     threading.stack_size(32 * 2**20)
     with open("/proc/self/statm") as statm:
         mapped = int(statm.read().split()[0]) * resource.getpagesize()
-    resource.setrlimit(resource.RLIMIT_AS, (mapped + 160 * 2**20, resource.RLIM_INFINITY))
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + int(sys.argv[2]) * 2**20, resource.RLIM_INFINITY))
     began = time.monotonic()
     try:
         component.start()
@@ -62,11 +65,12 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def test_a_start_that_fails_part_way_stops_the_threads_it_started_and_hands_their_messages_back() -> None:
+@pytest.mark.parametrize("room_mib", [40, 160], ids=["a-consumer-refused", "a-worker-thread-refused"])
+def test_a_start_that_fails_part_way_stops_the_threads_it_started_and_hands_their_messages_back(room_mib: int) -> None:
     queue = unique("worker_threads")
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT)}
-    child = subprocess.run([sys.executable, "-c", CHILD, queue], cwd=ROOT, env=env, capture_output=True,
-                           text=True, timeout=60)
+    child = subprocess.run([sys.executable, "-c", CHILD, queue, str(room_mib)], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=60)
     assert child.returncode == 0, child.stderr[-3000:]
     seen = json.loads(child.stdout.strip().splitlines()[-1])
     client = redis.Redis.from_url(conf.BROKER_URL)
@@ -80,6 +84,7 @@ def test_a_start_that_fails_part_way_stops_the_threads_it_started_and_hands_thei
 
     assert seen["failure"] is not None and "can't start new thread" in seen["failure"], seen
     assert seen["alive"] == [], f"still running after the failed start: {seen}"
+    assert "not cleaned up" not in child.stdout + child.stderr, child.stderr[-3000:]
     assert seen["took"] < 5
     # Every message ran once, or is back on its queue now: none is held by the
     # failed process for the dead-worker recovery to find later.

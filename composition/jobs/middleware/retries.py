@@ -124,7 +124,8 @@ class JobRetries(Retries):
         if isinstance(exception, Retry) and exception.delay is not None:
             # The job's own delay, recorded as a backoff is: the retry's log line and a
             # scheduled run's lease (composition.schedules.runs) read it from here.
-            message.options[BACKOFF_OPTION] = int(exception.delay)
+            if _ms(exception.delay) is not None:
+                message.options[BACKOFF_OPTION] = int(exception.delay)
             return exception
         retries = int(message.options.get("retries", 0))
         min_ms, max_ms = self._backoff_bounds_ms(message, actor)
