@@ -75,8 +75,8 @@ check: venv
 	$(PY) manage.py check --fail-level WARNING
 	$(PY) manage.py makemigrations --check --dry-run
 
-# The main cell: every test but the soak tests, which `make soak` runs (docs/testing.md), in three
-# shards side by side (tools/run_shards.py): these paths, those, and the rest, about 7 to 8
+# The main cell: every test but the soak tests, which `make soak` runs (docs/testing.md), in four
+# shards side by side (tools/run_shards.py): these paths, those, those, and the rest, 7 to 9
 # minutes of tests each. The scenarios are split by name (a new one joins by its first letter).
 # The tests that start the embedded servers in .data (./run, the install guide, tests/project)
 # are all in shard 0.
@@ -84,8 +84,9 @@ SCENARIOS_A_TO_J := $(wildcard tests/scenarios/test_[a-j]*.py)
 SHARD_0 := $(SCENARIOS_A_TO_J) tests/scenarios/test_run_command.py tests/project tests/docs tests/deploy \
   tests/backpressure tests/tasks
 SHARD_1 := $(filter-out $(SHARD_0),$(wildcard tests/scenarios/test_*.py)) tests/admin tests/broker tests/lifecycle
+SHARD_2 := tests/health tests/outbox tests/db tests/billing
 pytest: bytecode browser promtool nginx pgbouncer
-	$(PY) tools/run_shards.py --pytest $(VENV)/bin/pytest --shard "$(SHARD_0)" --shard "$(SHARD_1)" -- \
+	$(PY) tools/run_shards.py --pytest $(VENV)/bin/pytest --shard "$(SHARD_0)" --shard "$(SHARD_1)" --shard "$(SHARD_2)" -- \
 	  -m "not soak" --durations=15 $(PYTEST_ARGS)
 
 # The soak tests alone, never part of `make test`: the scenarios that take minutes by nature at
@@ -163,10 +164,10 @@ test:
 	rm -f "$$before"; exit $$status
 
 # The matrix cell runs beside the others (its own test database, Redis databases and temporary
-# directory: TEST_SHARD=3, after the main cell's three shards), its output printed after theirs.
+# directory: TEST_SHARD=4, after the main cell's four shards), its output printed after theirs.
 gate:
-	@log=$$(mktemp); tmp=$$(mktemp -d /tmp/shard3-XXXXXX); chmod 1777 "$$tmp"; \
-	TEST_SHARD=3 TMPDIR="$$tmp" $(MAKE) --no-print-directory matrix >"$$log" 2>&1 & matrix=$$!; \
+	@log=$$(mktemp); tmp=$$(mktemp -d /tmp/shard4-XXXXXX); chmod 1777 "$$tmp"; \
+	TEST_SHARD=4 TMPDIR="$$tmp" $(MAKE) --no-print-directory matrix >"$$log" 2>&1 & matrix=$$!; \
 	$(MAKE) --no-print-directory lint typecheck check pytest; status=$$?; \
 	wait $$matrix; matrix_status=$$?; cat "$$log"; rm -rf "$$log" "$$tmp"; \
 	[ $$status -eq 0 ] && [ $$matrix_status -eq 0 ]

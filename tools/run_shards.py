@@ -1,8 +1,8 @@
 """Run the main cell's tests as shards side by side, then print each shard's output in turn.
 
 The tests wait on the processes and servers they start far more than they compute (one pytest
-keeps about a third of a core busy), so three shards take little more than a third of the time
-of one. Each ``--shard`` gives one shard's paths (directories or files), in order; one more shard
+keeps about a third of a core busy), so shards side by side take far less time than one after
+another. Each ``--shard`` gives one shard's paths (directories or files), in order; one more shard
 runs every other test under ``tests``. Shard N has ``TEST_SHARD=N`` (tests/settings.py gives it
 its own test database and Redis databases) and a temporary directory of its own (``TMPDIR``: the
 registry of this host's worker processes, and every temporary file, apart). Exits with the first
