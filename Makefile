@@ -82,9 +82,9 @@ check: venv
 # are all in shard 0.
 SCENARIOS_A_TO_J := $(wildcard tests/scenarios/test_[a-j]*.py)
 SHARD_0 := $(SCENARIOS_A_TO_J) tests/scenarios/test_run_command.py tests/project tests/docs tests/deploy \
-  tests/backpressure tests/tasks
-SHARD_1 := $(filter-out $(SHARD_0),$(wildcard tests/scenarios/test_*.py)) tests/admin tests/broker tests/lifecycle
-SHARD_2 := tests/health tests/outbox tests/db tests/billing
+  tests/backpressure
+SHARD_1 := $(filter-out $(SHARD_0),$(wildcard tests/scenarios/test_*.py)) tests/admin tests/broker
+SHARD_2 := tests/health tests/outbox tests/db tests/billing tests/tasks
 pytest: bytecode browser promtool nginx pgbouncer
 	$(PY) tools/run_shards.py --pytest $(VENV)/bin/pytest --shard "$(SHARD_0)" --shard "$(SHARD_1)" --shard "$(SHARD_2)" -- \
 	  -m "not soak" --durations=15 $(PYTEST_ARGS)
