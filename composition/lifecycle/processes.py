@@ -9,7 +9,6 @@ import functools
 import os
 import signal
 import subprocess
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -92,11 +91,13 @@ class ProcessComponent:
         self.on_exit = on_exit
         self.process: subprocess.Popen[bytes] | None = None
         self.launched_at = 0.0
-        self._start_cancelled = threading.Event()
+        self._start_cancelled = False
 
     def cancel_start(self) -> None:
-        """Give up waiting for readiness (a stop came during start-up): start raises."""
-        self._start_cancelled.set()
+        """Give up waiting for readiness (a stop came during start-up): start raises. Called from
+        a signal handler, so it only sets a flag, which the waits poll: an event's ``set`` there
+        could wait for ever on a lock the interrupted ``wait`` holds."""
+        self._start_cancelled = True
 
     def start(self) -> None:
         if self.ready_file is not None:
@@ -116,7 +117,7 @@ class ProcessComponent:
         assert self.process is not None
         if self.ready_file is None:
             return True
-        if self._start_cancelled.is_set():
+        if self._start_cancelled:
             raise RuntimeError("start cancelled: a stop was requested before it was ready")
         if self.process.poll() is not None:
             raise RuntimeError(f"exited with code {self.process.returncode} before it was ready")
@@ -139,7 +140,7 @@ class ProcessComponent:
         deadline = self.launched_at + self.start_timeout_s
         last_error = "no answer"
         while time.monotonic() < deadline:
-            if self._start_cancelled.is_set():
+            if self._start_cancelled:
                 self._kill()
                 raise RuntimeError("start cancelled: a stop was requested before it was ready")
             if self.process.poll() is not None:
@@ -148,7 +149,7 @@ class ProcessComponent:
             if done:
                 return
             last_error = error or last_error
-            self._start_cancelled.wait(0.2)
+            time.sleep(0.2)
         self._kill()
         raise TimeoutError(f"{what} not ready within {self.start_timeout_s:.0f}s: {last_error}")
 

@@ -41,6 +41,8 @@ FORCED_EXIT_CODE = 130
 # 5 s, into the container's SIGKILL.
 OVERRUN_S = 2.0
 MIN_STOP_SLICE_S = 0.1
+# How often the main thread looks for a stop request (and a component that died) while it runs.
+STOP_POLL_S = 0.2
 
 
 @dataclass
@@ -59,7 +61,10 @@ class System:
     on_draining: Callable[[], None] | None = None
     started: list[Component] = field(default_factory=list, init=False)
     _stop_event: threading.Event = field(default_factory=threading.Event, init=False)
-    _signalled: bool = field(default=False, init=False)
+    # The first signal's number, set by the handler and read by the main thread: a plain attribute,
+    # not the event (see _on_signal).
+    _signal_received: int | None = field(default=None, init=False)
+    _signal_logged: bool = field(default=False, init=False)
     _stopping: bool = field(default=False, init=False)
     _started_once: bool = field(default=False, init=False)
     _starting: Component | None = field(default=None, init=False)
@@ -92,18 +97,24 @@ class System:
             raise RuntimeError("this System was started already: build a new one to start again")
         self._started_once = True
         for component in self.components:
-            if self._stop_event.is_set():
+            # Named before the check: a signal after the check cancels this start (cancel_start),
+            # one before it is seen by the check. The other way round, a signal in between was
+            # seen only once the start had waited out its whole ready timeout.
+            self._starting = component
+            if self._stop_requested():
+                self._starting = None
+                self._log_signal()
                 log.info("stop requested during start-up; the rest is not started", next=component.name)
                 return
             began = time.monotonic()
-            self._starting = component
             try:
                 component.start()
             except BaseException as exc:
-                if self._stop_event.is_set() and isinstance(exc, Exception) \
+                if self._stop_requested() and isinstance(exc, Exception) \
                         and getattr(component, "cancel_start", None) is not None:
                     # Told to give up (cancel_start): that is the stop, not a failure. Any other
                     # component failed on its own, stop or no stop, and is reported as failed.
+                    self._log_signal()
                     log.info("start-up cancelled by a stop request", component=component.name,
                              error=described(exc))
                     return
@@ -184,7 +195,7 @@ class System:
         try:
             self.start()
             if on_started is not None and len(self.started) == len(self.components) \
-                    and not self._stop_event.is_set():
+                    and not self._stop_requested():
                 began = time.monotonic()
                 try:
                     on_started()  # not after a start a stop cut short: nothing announced is up
@@ -197,11 +208,14 @@ class System:
                                                described(exc))
                     self._stop_event.set()
             failed = None
-            while not self._stop_event.wait(0.2):
+            # Slept, not the event's wait: a signal's handler must find no lock of the event held.
+            while not self._stop_requested():
+                time.sleep(STOP_POLL_S)
                 failed = self._first_failed()
                 if failed is not None:
                     log.error("component died, stopping the system", component=failed)
                     break
+            self._log_signal()
             report = self.stop()
             # A component that ended on its own did not stop cleanly, whatever its exit code: the
             # system's exit says so, so that a supervisor (systemd's Restart=on-failure, a
@@ -214,7 +228,18 @@ class System:
                 signal.signal(signum, handler)
 
     def request_stop(self) -> None:
+        """Ask ``run()`` to drain and stop (from another thread; not from a signal handler)."""
         self._stop_event.set()
+
+    def _stop_requested(self) -> bool:
+        return self._signal_received is not None or self._stop_event.is_set()
+
+    def _log_signal(self) -> None:
+        """The first signal's line, said by the main thread once it sees the signal (the
+        handler says nothing: see _on_signal)."""
+        if self._signal_received is not None and not self._signal_logged:
+            self._signal_logged = True
+            log.info("signal received, draining", signal=signal.Signals(self._signal_received).name)
 
     def _first_failed(self) -> str | None:
         for component in self.started:
@@ -235,7 +260,13 @@ class System:
         return previous
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        if self._signalled:
+        """Python runs a handler on the main thread between two of its bytecodes, wherever that
+        thread is: maybe inside ``Event.wait``, holding the event's lock, or inside a log call
+        holding a metric's lock. Taking such a lock here deadlocked the process for good (on CI a
+        runworkers logged "signal received, draining", then nothing, until it was killed). So the
+        handler only sets plain attributes (this one, a component's ``cancel_start`` flag) and
+        writes to stderr with ``os.write``; the main thread polls and does the rest."""
+        if self._signal_received is not None:
             if signum in (signal.SIGTERM, signal.SIGHUP):
                 # A supervisor's, not an operator insisting: systemd's KillMode=control-group
                 # signals every process of the service, and a runworkers child under ./run gets
@@ -253,9 +284,7 @@ class System:
                     with contextlib.suppress(Exception):
                         kill_now()
             os._exit(FORCED_EXIT_CODE)
-        self._signalled = True
-        log.info("signal received, draining", signal=signal.Signals(signum).name)
-        self._stop_event.set()
+        self._signal_received = signum
         starting = self._starting
         cancel = getattr(starting, "cancel_start", None)
         if cancel is not None:  # a component waiting to be ready (a child process) gives up now

@@ -301,6 +301,68 @@ def test_the_same_stop_request_seen_twice_still_drains() -> None:
     assert process.returncode == 130
 
 
+# SIGTERM at the n-th line the main thread runs (of the lifecycle's code and of threading's),
+# for every n over a round of its wait: in the run's wait for a stop, then in a child's start-up
+# wait (ProcessComponent's ready wait, which cancel_start ends). Python runs a handler between
+# two bytecodes of the main thread: one that took a lock held there (Event.set while
+# Event.wait held the event's lock) deadlocked the process, and a runworkers on CI logged
+# "signal received, draining", then nothing, until it was killed 30 s later.
+SIGNAL_AT_EVERY_LINE = textwrap.dedent("""
+    import faulthandler, signal, socket, sys, threading
+    import composition.lifecycle.processes, composition.lifecycle.system
+    from composition.lifecycle import ProcessComponent, System
+
+    class Idle:
+        name = "idle"
+        def start(self): pass
+        def stop(self, timeout_s): pass
+
+    def closed_port():
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            return probe.getsockname()[1]
+
+    def run_signalled_at(line, system, armed, files):
+        seen = 0
+        def tracer(frame, event, arg):
+            nonlocal seen
+            if event == "line" and armed and frame.f_code.co_filename in files:
+                seen += 1
+                if seen == line:
+                    signal.raise_signal(signal.SIGTERM)
+            return tracer
+        faulthandler.dump_traceback_later(15, exit=True)  # a deadlock: say where, and end
+        sys.settrace(tracer)
+        try:
+            return system.run(on_started=lambda: armed.append(True))
+        finally:
+            sys.settrace(None)
+            faulthandler.cancel_dump_traceback_later()
+
+    lifecycle = {threading.__file__, composition.lifecycle.system.__file__,
+                 composition.lifecycle.processes.__file__}
+    for line in range(1, 13):
+        report = run_signalled_at(line, System([Idle()]), [], lifecycle)
+        print("waiting", line, [result.status for result in report], flush=True)
+    for line in range(1, 13):
+        child = ProcessComponent("child", ["sleep", "60"], ready_url=f"http://127.0.0.1:{closed_port()}/",
+                                 start_timeout_s=30)
+        # Only lines of the child's start (the handlers are in place by then).
+        report = run_signalled_at(line, System([child]), [True], lifecycle - {composition.lifecycle.system.__file__})
+        print("starting", line, report, child.process.poll() is not None, flush=True)
+""")
+
+
+def test_a_signal_at_any_line_of_the_main_threads_waits_drains() -> None:
+    child = subprocess.run([sys.executable, "-c", SIGNAL_AT_EVERY_LINE], capture_output=True, text=True,
+                           timeout=120, cwd=str(ROOT))
+    said = [line for line in child.stdout.splitlines() if line.startswith(("waiting", "starting"))]
+    assert child.returncode == 0 and len(said) == 24, child.stdout + child.stderr[-3000:]
+    assert all(line.endswith("['stopped']") for line in said[:12]), said
+    # Cancelled while it waited: nothing started (an empty report), the child killed.
+    assert all(line.endswith("[] True") for line in said[12:]), said
+
+
 def test_a_failing_or_hanging_drain_is_reported_and_bounded_by_the_deadline() -> None:
     journal: list[str] = []
 
