@@ -20,7 +20,11 @@ class Component(Protocol):
       ``time.monotonic()`` value); called after every ``begin_drain`` and before any stop;
     - ``alive() -> bool``: False once the component died on its own (the running System stops);
     - ``stop_timeout_s: float``: this component's own stop budget;
-    - ``check() -> None``: raise when unhealthy (used by ``manage.py system``).
+    - ``check() -> None``: raise when unhealthy (used by ``manage.py system``);
+    - ``cancel_start() -> None``: make a ``start()`` that is waiting (for a child to be ready)
+      give up and raise; ``kill_now() -> None``: end at once (a second Ctrl-C). Both are called
+      from the System's signal handler, on the main thread wherever it is: they set a flag or
+      send a signal, and take no lock (one the interrupted code holds would never be released).
     """
 
     name: str
