@@ -28,14 +28,26 @@ HOLD_BATCH = 1000
 # A held row with a key does not hold its key back while it waits; once due it goes before the
 # key's rows still pending (its id is older), after any of them already in flight: a keyed row
 # waits while a row of its key is in flight (leased): released then, it would be its key's head,
-# sent beside that row.
+# sent beside that row. A relay's claim leases the key's head under a row lock and its lease shows
+# only once it commits, so the release also waits while that head is locked (SKIP LOCKED: it tries
+# again next sweep, never blocks), and reads the head's lease from its newest version (FOR SHARE
+# follows an update committed after this statement began).
 _RELEASE_SQL = """
 UPDATE {table} t SET status = 'pending'
 FROM (SELECT h.id FROM {table} h
       WHERE h.status = 'held' AND h.due_at <= statement_timestamp()
-        AND (h.key IS NULL OR NOT EXISTS (
-              SELECT 1 FROM {table} p
-              WHERE p.status = 'pending' AND p.key = h.key AND p.claimed_until >= statement_timestamp()))
+        AND (h.key IS NULL OR (
+              NOT EXISTS (
+                SELECT 1 FROM {table} p
+                WHERE p.status = 'pending' AND p.key = h.key AND p.claimed_until >= statement_timestamp())
+              AND NOT EXISTS (
+                SELECT 1
+                FROM (SELECT p.id FROM {table} p WHERE p.status = 'pending' AND p.key = h.key
+                      ORDER BY p.id LIMIT 1) head
+                LEFT JOIN LATERAL (
+                  SELECT q.id, q.claimed_until FROM {table} q WHERE q.id = head.id AND q.status = 'pending'
+                  FOR SHARE OF q SKIP LOCKED) free ON TRUE
+                WHERE free.id IS NULL OR free.claimed_until >= statement_timestamp())))
       ORDER BY h.due_at
       LIMIT %(limit)s
       FOR UPDATE OF h SKIP LOCKED) due

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.core.checks import run_checks
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -184,3 +184,30 @@ def test_a_due_held_row_is_released_only_once_no_row_of_its_key_is_in_flight() -
     mark_sent([in_flight.id], sent_at=timezone.now(), relay_id="relay-a")
     assert release_due() == 1
     assert [message.id for message in claim(limit=10, lease_s=30, relay_id="relay-b")] == [held.pk]
+
+
+def test_a_due_held_row_waits_while_a_relay_is_still_claiming_a_row_of_its_key() -> None:
+    import psycopg
+
+    from composition.outbox.claim_sql import CLAIM_SQL, KEEP
+    from composition.outbox.claims import claim
+    from composition.testing import current_database_url
+
+    with transaction.atomic():
+        held = publish(PROBE, {"seq": 0}, key="k", delay_s=TWO_HOURS_S)
+        later = publish(PROBE, {"seq": 1}, key="k")
+    OutboxMessage.objects.filter(pk=later.pk).update(claimed_until=None, claimed_by="")
+    _come_due(held)
+    table = connection.ops.quote_name(OutboxMessage._meta.db_table)
+    # Relay A's claim has leased the key's head but not committed: its lease is not visible yet.
+    with psycopg.connect(current_database_url()) as relay_a:
+        claimed = relay_a.execute(CLAIM_SQL.format(table=table, relax=KEEP),
+                                  {"limit": 10, "lease_s": 30, "relay_id": "relay-a", "only_ids": None}).fetchall()
+        assert [row[0] for row in claimed] == [later.pk]
+        # Released now, the held row would be the key's head beside the row A sends.
+        assert release_due() == 0
+        relay_a.commit()
+    # A's commit left its lease visible: the release still waits, and no relay takes the held row.
+    assert release_due() == 0
+    assert claim(limit=10, lease_s=30, relay_id="relay-b") == []
+    assert OutboxMessage.objects.get(pk=held.pk).status == OutboxMessage.Status.HELD
