@@ -65,14 +65,19 @@ class ShedController(PeriodicComponent):
 
     def tick(self) -> None:
         shed = list(conf.SHED_QUEUES or ())
+        rows = list(Pause.objects.filter(kind=Pause.QUEUE).values_list("name", "paused", "shed", "changed_at"))
+        # Shed under an earlier setting (a deploy took it out of SHED_QUEUES, or turned shedding
+        # off): nothing below would ever resume it, and the alerts leave paused queues out.
+        for name, is_paused, is_shed, _ in rows:
+            if is_paused and is_shed and name not in shed:
+                resume(Pause.QUEUE, name, by=SHEDDING_BY, reason="no longer in SHED_QUEUES", shed=True)
         if not shed:
             return
         # A queue an operator paused waits on purpose (as the alerts leave it out): its backlog
         # is no pressure to shed others for.
-        rows = Pause.objects.filter(kind=Pause.QUEUE).values_list("name", "paused", "changed_at")
-        paused = {name for name, is_paused, _ in rows if is_paused}
+        paused = {name for name, is_paused, _, _ in rows if is_paused}
         # Nor is the time a just-resumed queue's messages spent paused.
-        resumed_at = {name: changed_at.timestamp() for name, is_paused, changed_at in rows if not is_paused}
+        resumed_at = {name: changed_at.timestamp() for name, is_paused, _, changed_at in rows if not is_paused}
         essential = [queue for queue in essential_queues() if queue not in paused]
         readings = read_pressure(configured_broker(), essential, dict(conf.SHED_WHEN or {}), resumed_at)
         for reading in readings:

@@ -121,6 +121,23 @@ def test_an_operator_s_pause_is_never_resumed_by_the_controller() -> None:
 
 
 @pytest.mark.usefixtures("shedding")
+@pytest.mark.parametrize("listed", [[], [OPTIONAL]], ids=["shedding-off", "queue-unlisted"])
+def test_a_queue_shed_under_an_earlier_setting_resumes_at_the_next_round(listed: list[str]) -> None:
+    _backlog(5)
+    ShedController().tick()
+    assert _state("reminders") == (True, True, SHEDDING_BY)
+    pause(Pause.QUEUE, "exports", by="ops", reason="kept off")
+    # A deploy takes "reminders" out of SHED_QUEUES (or turns shedding off) mid-episode.
+    with override_settings(COMPOSITION={**settings.COMPOSITION, **SETTINGS, "SHED_QUEUES": listed}):
+        ShedController().tick()
+    assert _state("reminders") == (False, True, SHEDDING_BY)
+    assert "no longer in SHED_QUEUES" in Pause.objects.get(name="reminders").reason
+    assert _state("exports") == (True, False, "ops")  # an operator's pause is theirs
+    if listed:
+        assert _state(OPTIONAL) == (True, True, SHEDDING_BY)  # still listed, still under pressure
+
+
+@pytest.mark.usefixtures("shedding")
 def test_an_essential_queue_an_operator_paused_is_no_pressure() -> None:
     """Its backlog waits on purpose: shedding the others for it would stop work for nothing."""
     controller = ShedController()
