@@ -59,7 +59,7 @@ class Plan:
     paused: int = 0
 
 
-def plan(declared: Schedule, due: Sequence[datetime], now: datetime, *, paused: bool, running: int) -> Plan:
+def plan(declared: Schedule, due: Sequence[datetime], now: datetime, *, running: int) -> Plan:
     """The outcome of each due tick (all later than the watermark, none after ``now``).
 
     A tick at most ``grace`` late fires as on time; older ones were missed, and the catch-up
@@ -69,9 +69,6 @@ def plan(declared: Schedule, due: Sequence[datetime], now: datetime, *, paused: 
     ``overlap="skip"`` fires nothing while there is one and at most one tick per round, and
     ``max_pending`` caps the runs waiting at once; what they hold back is skipped."""
     result = Plan()
-    if paused:
-        result.paused = len(due)
-        return result
     on_time = [tick for tick in due if now - tick <= declared.grace]
     late = [tick for tick in due if now - tick > declared.grace]
     catch_ups: list[datetime] = []
@@ -194,15 +191,18 @@ def fire_due(declared: Schedule, clock: Clock = database_now) -> Plan | None:
         last = due[-1]
         span = _paused_span(declared.name)
         paused = span is not None and span[0]
-        kept = list(due)
-        if span is not None and not paused:
-            # Resumed since: the ticks due while it was paused stay paused, even when no
-            # scheduler ran to see them then.
-            kept = [tick for tick in due if not span[1] <= tick <= span[2]]
+        # The ticks up to the pause's end (now, while paused) are not the catch-up policy's: those
+        # due while paused count as paused, and those from before it began, which no scheduler
+        # decided then, as missed. A resume fires the next tick only, however the rounds fell.
+        through = None if span is None else (now if paused else span[2])
+        kept = [tick for tick in due if through is None or tick > through]
+        held = len(due) - len(kept)
+        before = 0 if span is None else sum(1 for tick in takewhile(lambda tick: tick < span[1], due))
         running = 0 if paused or not _followed(declared) else _running(declared.name, now)
-        decided = plan(declared, kept, now, paused=paused, running=running)
-        decided.paused += len(due) - len(kept)
-        if paused:
+        decided = plan(declared, kept, now, running=running)
+        decided.paused += held - before
+        decided.missed += before
+        if held and span is not None and due[0] >= span[1]:
             decided.paused += older
         else:
             decided.missed += older

@@ -124,11 +124,13 @@ def test_ticks_due_while_paused_are_counted_and_never_caught_up_and_resume_fires
     declared, clock = _every(name, catch_up="all", catch_up_window=PERIOD * 100), DbClock(T0)
     fire_due(declared, clock)
     pause(Pause.SCHEDULE, name, by="test", reason="maintenance")
+    Pause.objects.filter(name=name).update(paused_at=T0)  # on the test's clock, as the ticks are
     _run_through(declared, clock, T0 + PERIOD * 5 + timedelta(seconds=1))
     assert _ticks(name) == []
     assert ScheduleState.objects.get(name=name).paused == 5
     assert metric_value("composition_schedule_ticks_total", schedule=name, outcome="paused") == 5
     resume(Pause.SCHEDULE, name, by="test")
+    Pause.objects.filter(name=name).update(changed_at=clock.now)
     _run_through(declared, clock, T0 + PERIOD * 6 + timedelta(seconds=1))
     assert _ticks(name) == [(T0 + PERIOD * 6, False)]
 
@@ -360,6 +362,29 @@ def test_ticks_of_two_pauses_that_no_scheduler_saw_stay_paused(name: str) -> Non
     fire_due(declared, clock)
     assert _ticks(name) == []
     assert ScheduleState.objects.get(name=name).paused == 5
+
+
+@pytest.mark.parametrize("round_while_paused", [False, True], ids=["no-round-while-paused", "a-round-while-paused"])
+def test_ticks_an_outage_missed_before_a_pause_are_missed_however_the_rounds_fell(
+        name: str, round_while_paused: bool) -> None:
+    # Every scheduler down from T0; paused after tick 5, resumed after tick 8. Whether one came
+    # back while paused must not decide whether the ticks from before the pause are caught up.
+    declared, clock = _every(name, catch_up="latest"), DbClock(T0)
+    fire_due(declared, clock)
+    pause(Pause.SCHEDULE, name, by="test", reason="maintenance")
+    Pause.objects.filter(name=name).update(paused_at=T0 + PERIOD * 5 + timedelta(seconds=5))
+    if round_while_paused:
+        clock.now = T0 + PERIOD * 7 + timedelta(seconds=5)
+        fire_due(declared, clock)
+    resume(Pause.SCHEDULE, name, by="test")
+    Pause.objects.filter(name=name).update(changed_at=T0 + PERIOD * 8 + timedelta(seconds=5))
+    clock.now = T0 + PERIOD * 8 + timedelta(seconds=7)
+    fire_due(declared, clock)
+    assert _ticks(name) == []
+    state = ScheduleState.objects.get(name=name)
+    assert (state.missed, state.paused, state.caught_up) == (5, 3, 0)
+    _run_through(declared, clock, T0 + PERIOD * 9 + timedelta(seconds=1))
+    assert _ticks(name) == [(T0 + PERIOD * 9, False)]
 
 
 def test_a_new_period_starts_from_its_deploy_instead_of_catching_up_the_new_timing_s_ticks(name: str) -> None:
