@@ -26,15 +26,29 @@ from composition.errors import ConfigurationError
 __all__ = ["apply_session_timeouts", "close_all_connections", "lift_timeouts_for_migrate",
            "restore_timeouts_after_migrate", "without_session_timeouts"]
 
-_lock = threading.Lock()
-_exemptions = 0  # open without_session_timeouts() blocks and migrations, process-wide
-_migrating: set[str] = set()
+# The lifts open in this thread, by alias (without_session_timeouts() blocks and migrations).
+# Per thread because Django's connections are: a lift that reached another thread's new
+# connection would outlast the block there, as nothing restores it when the block ends.
+_lifts = threading.local()
 _opened: weakref.WeakSet[BaseDatabaseWrapper] = weakref.WeakSet()
 
 
-def _timeouts_lifted() -> bool:
-    with _lock:
-        return _exemptions > 0
+def _open_lifts() -> dict[str, int]:
+    if not hasattr(_lifts, "by_alias"):
+        _lifts.by_alias, _lifts.migrating = {}, set()
+    by_alias: dict[str, int] = _lifts.by_alias
+    return by_alias
+
+
+def _migrating() -> set[str]:
+    """The aliases this thread's ``migrate`` lifted (its signals come once per app)."""
+    _open_lifts()
+    migrating: set[str] = _lifts.migrating
+    return migrating
+
+
+def _lifted(using: str) -> bool:
+    return _open_lifts().get(using, 0) > 0
 
 
 def _set_timeouts(connection: BaseDatabaseWrapper, *, lifted: bool) -> None:
@@ -50,58 +64,56 @@ def _set_timeouts(connection: BaseDatabaseWrapper, *, lifted: bool) -> None:
 
 def apply_session_timeouts(sender: Any, connection: BaseDatabaseWrapper, **_: Any) -> None:
     """``connection_created`` receiver: remember the connection and set its timeouts (none
-    while they are lifted)."""
+    while this thread lifts them for its alias)."""
     _opened.add(connection)
     if connection.vendor == "postgresql" and not is_transaction_pooled(connection.alias):
-        _set_timeouts(connection, lifted=_timeouts_lifted())
+        _set_timeouts(connection, lifted=_lifted(connection.alias))
 
 
 def _reapply(using: str) -> None:
     connection = connections[using]
     if connection.vendor == "postgresql" and connection.connection is not None and not is_transaction_pooled(using):
-        _set_timeouts(connection, lifted=_timeouts_lifted())
+        _set_timeouts(connection, lifted=_lifted(using))
 
 
 @contextmanager
 def without_session_timeouts(using: str = DEFAULT_DB_ALIAS) -> Iterator[None]:
-    """No statement or idle-in-transaction timeout inside the block: on the calling thread's
-    connection to ``using`` and on every connection opened meanwhile. Outside it the configured
-    timeouts apply again to that connection. Raises ``ConfigurationError`` for a transaction-pooled
-    ``using``: the lift would reach whichever client the pooler gives that connection next."""
+    """No statement or idle-in-transaction timeout inside the block, on the calling thread's
+    connection to ``using`` (one it opens again meanwhile too); other threads and databases
+    keep theirs. Outside it the configured timeouts apply again to that connection. Raises
+    ``ConfigurationError`` for a transaction-pooled ``using``: the lift would reach whichever
+    client the pooler gives that connection next."""
     if is_transaction_pooled(using):
         raise ConfigurationError(f"without_session_timeouts({using!r}): the database is transaction-pooled; "
                                  "run the long work on a direct connection (another DATABASES alias)")
-    global _exemptions
-    with _lock:
-        _exemptions += 1
+    lifts = _open_lifts()
+    lifts[using] = lifts.get(using, 0) + 1
     try:
         _reapply(using)
         yield
     finally:
-        with _lock:
-            _exemptions -= 1
+        lifts[using] -= 1
         _reapply(using)
 
 
 def lift_timeouts_for_migrate(sender: Any, using: str = DEFAULT_DB_ALIAS, **_: Any) -> None:
-    """``pre_migrate`` receiver (sent once per app; the first one lifts)."""
-    global _exemptions
-    with _lock:
-        if using in _migrating:
-            return
-        _migrating.add(using)
-        _exemptions += 1
+    """``pre_migrate`` receiver (sent once per app, in the migrating thread; the first one lifts)."""
+    migrating = _migrating()
+    if using in migrating:
+        return
+    migrating.add(using)
+    lifts = _open_lifts()
+    lifts[using] = lifts.get(using, 0) + 1
     _reapply(using)
 
 
 def restore_timeouts_after_migrate(sender: Any, using: str = DEFAULT_DB_ALIAS, **_: Any) -> None:
     """``post_migrate`` receiver (sent once per app; the first one restores)."""
-    global _exemptions
-    with _lock:
-        if using not in _migrating:
-            return
-        _migrating.discard(using)
-        _exemptions -= 1
+    migrating = _migrating()
+    if using not in migrating:
+        return
+    migrating.discard(using)
+    _open_lifts()[using] -= 1
     _reapply(using)
 
 

@@ -56,3 +56,43 @@ def test_a_block_can_opt_out_and_the_timeouts_come_back_after_it() -> None:
                 connection.cursor() as cursor:
             cursor.execute("SELECT pg_sleep(0.5)")
     connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lift_reaches_only_the_calling_thread_s_connections() -> None:
+    import threading
+
+    from django.db import connections
+
+    def timeout_seen_by_a_thread_opened_inside(alias: str) -> str:
+        seen: list[str] = []
+
+        def read() -> None:
+            try:
+                with connections[alias].cursor() as cursor:
+                    cursor.execute("SHOW statement_timeout")
+                    seen.append(cursor.fetchone()[0])
+            finally:
+                connections[alias].close()
+
+        thread = threading.Thread(target=read)
+        thread.start()
+        thread.join()
+        return seen[0]
+
+    def own_timeout() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW statement_timeout")
+            return str(cursor.fetchone()[0])
+
+    connection.close()
+    with override_settings(COMPOSITION={"DB_STATEMENT_TIMEOUT_S": 7.0}):
+        with without_session_timeouts():
+            assert own_timeout() == "0"
+            # A worker thread that opens its connection meanwhile keeps its timeout: nothing
+            # would restore it when the block ends.
+            assert timeout_seen_by_a_thread_opened_inside("default") == "7s"
+            connection.close()  # a connection the block's own thread opens again is lifted too
+            assert own_timeout() == "0"
+        assert own_timeout() == "7s"
+    connection.close()
