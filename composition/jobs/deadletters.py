@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import traceback
 from dataclasses import dataclass
@@ -117,6 +118,8 @@ def _from_millis(value: Any) -> datetime | None:
     return None
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
 # Unicode's bidirectional controls (embeddings, overrides, isolates and the implicit marks).
 _BIDI_CONTROLS = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
@@ -129,14 +132,21 @@ def _readable(text: str) -> str:
 
 
 def _storable(value: Any) -> Any:
-    """``value`` as PostgreSQL will store it: text and jsonb refuse NUL characters, and a dead
-    letter that cannot be written would be lost, so they become U+FFFD."""
+    """``value`` as PostgreSQL will store it, as a dead letter that cannot be written would be
+    lost: text and jsonb refuse NUL and a lone surrogate (a name or an output decoded with
+    ``surrogateescape``), which become U+FFFD; jsonb refuses NaN and the infinities, which become
+    their text."""
     if isinstance(value, str):
+        if _SURROGATE.search(value):
+            # Two surrogates that make a pair become its character; a lone one, U+FFFD.
+            value = value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         return value.replace("\x00", "\ufffd")
     if isinstance(value, dict):
         return {_storable(str(key)): _storable(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
         return [_storable(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
     if value is None or isinstance(value, bool | int | float):
         return value
     return _storable(repr(value))

@@ -362,6 +362,22 @@ def test_nul_characters_do_not_stop_a_dead_letter_from_being_written() -> None:
 
 
 @pytest.mark.django_db
+def test_lone_surrogates_and_nan_do_not_stop_a_dead_letter_from_being_written() -> None:
+    # A file name or a process's output decoded with surrogateescape, and a float a direct
+    # actor.send() let through: UTF-8 text and jsonb refuse both, and the letter was lost.
+    name = b"caf\xe9".decode("utf-8", "surrogateescape")
+    message = MessageProxy(Message(queue_name=jobs.CHECK_QUEUE, actor_name="charge", args=(name,),
+                                   kwargs={"file": name, "ratio": float("nan"), "emoji": "\ud83d\ude00"},
+                                   options={}))
+    row_id = record_dead_letter(message, PermanentError(f"no account named {name}"), attempts=1)
+    row = DeadLetter.objects.get(pk=row_id)
+    assert row.error_message == "no account named caf\ufffd"
+    assert row.payload == {"file": "caf\ufffd", "ratio": "nan", "emoji": "\U0001f600"}
+    assert row.args == ["caf\ufffd"]
+    assert "\ufffd" in row.traceback
+
+
+@pytest.mark.django_db
 def test_bidirectional_controls_in_an_error_are_written_out() -> None:
     # One U+202E reversed what the admin and a terminal showed after it ("RTL" read "LTR").
     letter = dead_letter(key="bidi", error="refund to \u202eRTL\u202c account")
