@@ -13,6 +13,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from typing import Any
 
 import structlog
@@ -122,11 +123,19 @@ class JobRetries(Retries):
         if throws is not None and isinstance(exception, throws):
             return exception
         if isinstance(exception, Retry) and exception.delay is not None:
-            # The job's own delay, recorded as a backoff is: the retry's log line and a
-            # scheduled run's lease (composition.schedules.runs) read it from here.
-            if _ms(exception.delay) is not None:
-                message.options[BACKOFF_OPTION] = int(exception.delay)
-            return exception
+            delay = exception.delay
+            if isinstance(delay, timedelta):  # what it means is plain; Retries adds it to an int
+                delay = exception.delay = int(delay.total_seconds() * 1000)
+            if isinstance(delay, int | float) and math.isfinite(delay):
+                # The job's own delay, recorded as a backoff is: the retry's log line and a
+                # scheduled run's lease (composition.schedules.runs) read it from here.
+                if _ms(delay) is not None:
+                    message.options[BACKOFF_OPTION] = int(delay)
+                return exception
+            # Retries would raise in its after-hook, and Dramatiq log it and ack the message:
+            # neither retried nor dead-lettered. The job's backoff is the delay it gets.
+            log.warning("the job's Retry delay is no number of milliseconds; its backoff is used",
+                        actor=message.actor_name, message_id=message.message_id, delay=repr(delay)[:100])
         retries = int(message.options.get("retries", 0))
         min_ms, max_ms = self._backoff_bounds_ms(message, actor)
         delay_ms = int(backoff_s(retries, initial_s=min_ms / 1000, max_s=max_ms / 1000) * 1000)

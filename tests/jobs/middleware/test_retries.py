@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import dramatiq
@@ -87,6 +88,22 @@ def test_a_job_s_own_retry_delay_is_the_one_recorded_for_its_log_and_its_schedul
     assert not message.failed
     assert message.options[BACKOFF_OPTION] == 120_000
     assert _delayed(broker) == 1
+
+
+@pytest.mark.parametrize(("delay", "recorded"), [(timedelta(seconds=30), 30_000), ("30s", 10_000),
+                                                 (float("nan"), 10_000)], ids=["timedelta", "text", "nan"])
+def test_a_job_s_retry_delay_that_is_no_number_of_milliseconds_still_retries(
+        broker: Broker, delay: Any, recorded: int) -> None:
+    # Retry(delay=timedelta(...)) made Dramatiq's Retries raise TypeError in its after-hook:
+    # logged, and the message acked, neither retried nor dead-lettered. A timedelta is taken for
+    # what it says; anything else that is no number gets the job's backoff (10 s at a first retry).
+    message = MessageProxy(Message(queue_name=QUEUE, actor_name="retry_probe", args=(), kwargs={},
+                                   options={"min_backoff": 10_000}))
+    retries = next(m for m in broker.middleware if isinstance(m, JobRetries))
+    retries.after_process_message(broker, message, exception=dramatiq.Retry("rate limited", delay=delay))
+    assert not message.failed
+    assert message.options["retries"] == 1 and _delayed(broker) == 1
+    assert recorded <= message.options[BACKOFF_OPTION] <= recorded * 1.5  # the backoff's jitter
 
 
 def test_after_a_redis_outage_a_live_worker_s_messages_are_not_taken_for_a_dead_one(
