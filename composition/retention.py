@@ -106,9 +106,12 @@ def ledger_older_than(older_than_s: float) -> QuerySet[Any]:
 
 def dead_letters_older_than(older_than_s: float) -> QuerySet[Any]:
     """Dead letters replayed or discarded more than ``older_than_s`` seconds ago; never an
-    unresolved one, whatever its age."""
+    unresolved one, whatever its age, nor one replayed within the ledger's retention: it is what
+    keeps its key's ledger row for the replay (``ledger_older_than``)."""
     cutoff = _before(older_than_s)
-    return DeadLetter.objects.filter(Q(status=DeadLetter.Status.REPLAYED, replayed_at__lt=cutoff)
+    ledger_s = ledger_retention_s()
+    replayed_cutoff = cutoff if ledger_s is None else min(cutoff, _before(ledger_s))
+    return DeadLetter.objects.filter(Q(status=DeadLetter.Status.REPLAYED, replayed_at__lt=replayed_cutoff)
                                      | Q(status=DeadLetter.Status.DISCARDED, discarded_at__lt=cutoff))
 
 

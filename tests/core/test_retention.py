@@ -310,6 +310,22 @@ def _deadletters(*args: str) -> str:
 
 
 @pytest.mark.django_db
+def test_a_replayed_dead_letter_stays_while_it_holds_a_ledger_row_the_ledger_would_keep() -> None:
+    # The letter is what keeps a duplicate's ledger row for its replay, however late it runs:
+    # pruned first (by hand, or by a DEAD_LETTER_RETENTION_S shorter than the ledger's), it let
+    # the row go, and the replay ran the effects a second time.
+    [held] = ledger_rows(400 * DAY_S, 1, "late")
+    letter = dead_letter(2 * DAY_S, "replayed", "late")
+    DeadLetter.objects.filter(pk=letter).update(message_id="late-0")
+    assert json.loads(_deadletters("--older-than", "1", "--json")) == {"deleted": 0, "older_than_days": 1.0}
+    with override_settings(COMPOSITION={**settings.COMPOSITION, "DEAD_LETTER_RETENTION_S": DAY_S}):
+        prune_expired(batch_size=2)
+    assert DeadLetter.objects.filter(pk=letter).exists() and ProcessedMessage.objects.filter(pk=held).exists()
+    DeadLetter.objects.filter(pk=letter).update(replayed_at=_ago(8 * DAY_S))  # past the ledger's 7 days
+    assert json.loads(_deadletters("--older-than", "1", "--json")) == {"deleted": 1, "older_than_days": 1.0}
+
+
+@pytest.mark.django_db
 def test_deadletters_prune_by_hand() -> None:
     keep = {dead_letter(400 * DAY_S, "dead", "unresolved"), dead_letter(2 * DAY_S, "discarded", "young")}
     for n in range(3):
