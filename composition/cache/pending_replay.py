@@ -48,8 +48,9 @@ class ReplaysPending:
     def catch_up(self) -> None:
         """Replay the pending invalidations now, at most every ``CATCH_UP_INTERVAL_S`` and only
         while the breaker is closed (otherwise its probe replays them before it closes); never
-        raises. What this process had left unapplied before the replay began is applied once it
-        succeeds: by it, or by a replayer before it (a row is deleted only once applied)."""
+        raises. What this process had left unapplied before the replay began, and has no row
+        left once it succeeds, is applied: by it, or by a replayer before it (a row is deleted
+        only once applied)."""
         now = time.monotonic()
         if now < self._catch_up_after or self.breaker.state != CircuitBreaker.CLOSED:
             return
@@ -58,11 +59,28 @@ class ReplaysPending:
             before = set(self._unapplied)
         try:
             self.replay_pending()
+            # The replay skips the rows another replayer holds (SKIP LOCKED), and that one may
+            # still fail and roll back: an item whose row is still there is not applied yet.
+            applied = before - self._still_pending(before)
         except REPLAY_ERRORS as exc:
             log.warning("deferred cache invalidations still not applied", alias=self.alias, error=str(exc))
             return
         with self._unapplied_lock:
-            self._unapplied.difference_update(before)
+            self._unapplied.difference_update(applied)
+
+    def _still_pending(self, items: set[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Those of ``items`` that have a row on a database the replay reads; raises the
+        database's error."""
+        from composition.cache.models import PendingInvalidation  # late: needs the app registry
+
+        if not items:
+            return set()
+        targets = {target for _, target in items}
+        found: set[tuple[str, str]] = set()
+        for db_alias in (self.db_alias, *self._other_databases()):
+            rows = PendingInvalidation.objects.using(db_alias).filter(alias=self.alias, target__in=targets)
+            found.update(rows.values_list("kind", "target").distinct())
+        return found & items
 
     def replay_pending(self, *, batch: int = 500) -> int:
         """Apply every recorded invalidation of this alias, oldest first, and delete its rows;

@@ -1,6 +1,6 @@
-"""cache_aside when Redis is unreachable: a closed port, a frozen server (SIGSTOP), a process
-that dies right after an invalidation could not reach Redis, and a Redis restarted from an older
-snapshot."""
+"""cache_aside when Redis is unreachable: a closed port, a frozen server (SIGSTOP), a blackholed
+connection, a process that dies right after an invalidation could not reach Redis, and a Redis
+restarted from an older snapshot."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from django.db import transaction
 from django.test import override_settings
 
 from composition.cache import (
+    CacheResult,
     InvalidationReplayComponent,
     cache_aside,
     cache_aside_result,
@@ -29,7 +31,16 @@ from composition.cache import (
 from composition.cache.models import PendingInvalidation
 from composition.conf import conf
 from composition.locks.models import LockFence
-from composition.testing import ThrowawayRedis, free_port, metric_value, subprocess_env, wait_until
+from composition.testing import (
+    FaultProxy,
+    ThrowawayRedis,
+    current_database_url,
+    fault_proxy,
+    free_port,
+    metric_value,
+    subprocess_env,
+    wait_until,
+)
 from tests.helpers import ROOT, unique
 
 
@@ -326,3 +337,59 @@ def test_a_process_whose_invalidation_failed_after_commit_never_serves_its_own_w
         assert cache_aside_result(key, load, ttl_s=300) == (2, "loaded"), "its own write served stale"
         assert not PendingInvalidation.objects.filter(target=key).exists()  # the read replayed it first
         assert cache_aside_result(key, load, ttl_s=300) == (2, "hit")
+
+
+def _fence(key: str) -> int:
+    return LockFence.objects.get(resource=key).fence
+
+
+@contextmanager
+def redis_behind(server: ThrowawayRedis) -> Iterator[FaultProxy]:
+    """The default cache on ``server`` through a fault proxy. A blackhole, unlike a frozen server,
+    drops a command for good: a frozen server still runs the ones it received once thawed."""
+    with fault_proxy("127.0.0.1", server.port) as proxy, cache_at(proxy.proxied_url(server.url)):
+        yield proxy
+
+
+def _commit_version_2_unreachable(proxy: FaultProxy, key: str, *also_invalidated: str) -> None:
+    """Commit fence 2 for ``key`` with its invalidation (and ``also_invalidated``'s): Redis
+    becomes unreachable right before the after-commit delete, which fails, and stays so."""
+    with transaction.atomic():
+        transaction.on_commit(proxy.blackhole)  # runs before the invalidation's
+        LockFence.objects.filter(resource=key).update(fence=2)
+        for invalidated in (key, *also_invalidated):
+            invalidate(invalidated)
+    assert PendingInvalidation.objects.filter(target=key).exists(), "the apply did not fail"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_catch_up_that_skips_a_row_another_replayer_holds_does_not_take_its_key_for_applied(
+        throwaway_redis_server: ThrowawayRedis) -> None:
+    # The read's catch-up skipped (SKIP LOCKED) the row another process's replayer held, returned
+    # normally, and took the key for applied: the old entry was served as a hit, and kept being
+    # served after that replayer rolled back.
+    import psycopg
+
+    key = f"{unique('held')}:1"
+    LockFence.objects.create(resource=key, fence=1)
+    with redis_behind(throwaway_redis_server) as proxy:
+        assert cache_aside_result(key, partial(_fence, key), ttl_s=300) == (1, "loaded")
+        _commit_version_2_unreachable(proxy, key)
+        proxy.pass_through()
+        row = PendingInvalidation.objects.get(target=key)
+        with psycopg.connect(current_database_url()) as replayer:  # another process's, mid-replay
+            replayer.execute(f"SELECT id FROM {PendingInvalidation._meta.db_table} WHERE id = %s FOR UPDATE",
+                             [row.pk])
+            assert cache_aside_result(key, partial(_fence, key), ttl_s=300) == (2, "degraded")
+            replayer.rollback()  # it failed: the row is this process's to replay again
+        served: list[CacheResult] = []
+
+        def replayed() -> bool:
+            served.append(cache_aside_result(key, partial(_fence, key), ttl_s=300))
+            return served[-1].outcome == "loaded"
+
+        wait_until(replayed, 10, message="the catch-up never replayed the row once it was free")
+        assert {value for value, _ in served} == {2}, f"its own write served stale: {served}"
+        assert not PendingInvalidation.objects.filter(target=key).exists()
+        assert cache_aside_result(key, partial(_fence, key), ttl_s=300) == (2, "hit")
+
