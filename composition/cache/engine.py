@@ -73,6 +73,10 @@ class CacheAside:
             after_close=self._after_close)
         self.keys = KeySpace(str(cache.make_key("composition:ca:")))
         self._flights = Flights()
+        # The database loads of keys whose invalidation this process could not apply, shared only
+        # with each other: any other rebuild may read Redis, whose entry and lease still hold what
+        # the write replaced (a rebuild from before the write would even fill it).
+        self._unapplied_loads = Flights()
         self.invalidations = Invalidations(alias, self.client, self.keys, self.breaker, db_alias=db_alias,
                                            on_applied=self._flights.detach_invalidated)
         self.store = LeaseStore(self.client)
@@ -124,7 +128,8 @@ class CacheAside:
             self.invalidations.catch_up()
             if self.invalidations.unapplied(key):
                 metrics = self._metrics_for(pattern or key_label(key))
-                return self._from_database(Call(key, self.keys.of(key), loader, ttl_s, jitter, stale_ttl_s, metrics))
+                call = Call(key, self.keys.of(key), loader, ttl_s, jitter, stale_ttl_s, metrics)
+                return self._from_database(call, self._unapplied_loads)
         try:
             return self._fetch(key, loader, ttl_s=ttl_s, jitter=jitter, stale_ttl_s=stale_ttl_s, pattern=pattern,
                                early_refresh=early_refresh)
@@ -174,13 +179,14 @@ class CacheAside:
             metrics.error("breaker_open")
         return self._from_database(Call(key, self.keys.of(key), loader, ttl_s, jitter, stale_ttl_s, metrics))
 
-    def _from_database(self, call: Call) -> CacheResult:
-        """The loader's value with Redis out of the way, one load at a time per key (a read
-        joins only a load that began after it, ``_coalesce``); a transaction that has written
-        loads alone, since other threads cannot see what it reads."""
+    def _from_database(self, call: Call, flights: Flights | None = None) -> CacheResult:
+        """The loader's value with Redis out of the way, one load at a time per key among
+        ``flights`` (by default every rebuild's; a read joins only a load that began after it,
+        ``_coalesce``); a transaction that has written loads alone, since other threads cannot
+        see what it reads."""
         if reads_uncommitted_writes():
             return self._uncached(call.loader)
-        return self._coalesce(call, None, partial(self.rebuilder.degraded, call))
+        return self._coalesce(call, None, partial(self.rebuilder.degraded, call), flights or self._flights)
 
     def _slow_path(self, call: Call, entry: Entry | None, early_refresh: float) -> CacheResult:
         """A miss, a stale entry, or a fresh entry that early refresh picked for rebuilding."""
@@ -204,7 +210,7 @@ class CacheAside:
                 return self._uncached(call.loader)
             if entry is not None and stale_ttl_s and now_ms < entry.fresh_until_ms + stale_ttl_s * 1000:
                 fallback = CacheResult(entry.payload, STALE)
-        return self._coalesce(call, fallback, partial(self.rebuilder.rebuild, call, fallback))
+        return self._coalesce(call, fallback, partial(self.rebuilder.rebuild, call, fallback), self._flights)
 
     @staticmethod
     def _refresh_early(entry: Entry, now_ms: float, beta: float) -> bool:
@@ -216,8 +222,8 @@ class CacheAside:
         return now_ms + gap_ms >= entry.fresh_until_ms
 
     def _coalesce(self, call: Call, fallback: CacheResult | None,
-                  produce: Callable[[Flight], CacheResult]) -> CacheResult:
-        """Run ``produce`` once per key in this process; other threads share its payload, or take
+                  produce: Callable[[Flight], CacheResult], flights: Flights) -> CacheResult:
+        """Run ``produce`` once per key among ``flights``; other threads share its payload, or take
         ``fallback`` (the stale value, or the fresh one an early refresh replaces) at once.
 
         A thread takes the payload only of a read that began after it did, or of a load under a
@@ -226,7 +232,7 @@ class CacheAside:
         is the old value. Such a flight is waited out and the next one joined: the readers that
         came during one load share the next, each waiting up to ``lease_wait_s`` for either."""
         began = tick()
-        flight, leader = self._flights.join(call.key)
+        flight, leader = flights.join(call.key)
         if not leader and fallback is not None:
             return self._serve(fallback, call.metrics)
         if not leader:
@@ -237,7 +243,7 @@ class CacheAside:
             # one replaced it, so it began after.
             lease_stands = self._lease_stands(flight, call) if arrived else None
             if lease_stands is False:
-                flight, leader, arrived = *self._flights.leave(call.key, flight), False
+                flight, leader, arrived = *flights.leave(call.key, flight), False
                 continue
             # Raises the leader's exception here; None as long as another process waits for the lease.
             payload = flight.wait(self.lease_wait_s)
@@ -249,13 +255,13 @@ class CacheAside:
             if not arrived:
                 # Its leader served its own earlier lookup (a stale value): not a third flight.
                 return self._uncached(call.loader)
-            flight, leader, arrived = *self._flights.leave(call.key, flight), False
+            flight, leader, arrived = *flights.leave(call.key, flight), False
         try:
             result = produce(flight)
         except BaseException as exc:
-            self._flights.land(call.key, flight, error=exc)
+            flights.land(call.key, flight, error=exc)
             raise
-        self._flights.land(call.key, flight, payload=result.value)
+        flights.land(call.key, flight, payload=result.value)
         return CacheResult(self._loads(result.value), result.outcome)
 
     def _lease_stands(self, flight: Flight, call: Call) -> bool | None:

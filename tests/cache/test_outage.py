@@ -9,14 +9,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
 import pytest
 from django.conf import settings
-from django.db import transaction
+from django.db import connections, transaction
 from django.test import override_settings
 
 from composition.cache import (
@@ -27,6 +27,7 @@ from composition.cache import (
     get_cache_aside,
     invalidate,
     invalidate_namespace,
+    pending_replay,
 )
 from composition.cache.models import PendingInvalidation
 from composition.conf import conf
@@ -196,7 +197,7 @@ CHILD = """
 import os, signal, sys
 import django
 django.setup()
-from django.db import transaction
+from django.db import connections, transaction
 from composition.cache import cache_aside, invalidate, get_cache_aside
 from composition.locks.models import LockFence
 
@@ -393,3 +394,124 @@ def test_a_catch_up_that_skips_a_row_another_replayer_holds_does_not_take_its_ke
         assert not PendingInvalidation.objects.filter(target=key).exists()
         assert cache_aside_result(key, partial(_fence, key), ttl_s=300) == (2, "hit")
 
+
+def _stalled_rebuild(key: str, out: list[CacheResult], read: threading.Event,
+                     proceed: threading.Event) -> threading.Thread:
+    """A rebuild of ``key`` that reads the fence under its lease, sets ``read`` and waits for
+    ``proceed`` before it fills; its result goes to ``out``."""
+    def load() -> int:
+        fence = _fence(key)
+        read.set()
+        assert proceed.wait(10)
+        return fence
+
+    return _reader(key, out, load)
+
+
+def _reader(key: str, out: list[CacheResult], loader: Callable[[], Any] | None = None,
+            name: str | None = None) -> threading.Thread:
+    def run() -> None:
+        try:
+            out.append(cache_aside_result(key, loader or partial(_fence, key), ttl_s=300))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, name=name)
+    thread.start()
+    return thread
+
+
+def _catch_up_fails_then_redis_answers(proxy: FaultProxy, other: str) -> None:
+    """A read of ``other`` (invalidated by the same failed commit) tries the catch-up while Redis
+    is unreachable, which fails and holds the next one off; then Redis answers again."""
+    assert cache_aside_result(other, partial(_fence, other), ttl_s=300) == (1, "degraded")
+    assert PendingInvalidation.objects.filter(target=other).exists(), "the catch-up did not fail"
+    proxy.pass_through()
+    assert not get_cache_aside().breaker.is_open
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_read_after_its_own_failed_invalidation_does_not_join_the_rebuild_from_before_it(
+        throwaway_redis_server: ThrowawayRedis, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A rebuild under a lease had read fence 1 when this process's write committed and its delete
+    # failed: the lease stood in Redis, so a read after the write, its catch-up held off, joined
+    # that rebuild and was handed fence 1 ("coalesced").
+    ns = unique("joined")
+    key, other = f"{ns}:1", f"{ns}:2"
+    LockFence.objects.bulk_create([LockFence(resource=key, fence=1), LockFence(resource=other, fence=1)])
+    # The next catch-up waits CATCH_UP_INTERVAL_S after a failed one: the whole test, here.
+    monkeypatch.setattr(pending_replay, "CATCH_UP_INTERVAL_S", 60.0)
+    read, proceed = threading.Event(), threading.Event()
+    with redis_behind(throwaway_redis_server) as proxy:
+        before: list[CacheResult] = []
+        rebuild = _stalled_rebuild(key, before, read, proceed)
+        try:
+            assert read.wait(10)
+            _commit_version_2_unreachable(proxy, key, other)
+            _catch_up_fails_then_redis_answers(proxy, other)
+            after: list[CacheResult] = []
+            reading = _reader(key, after)
+            wait_until(lambda: after or metric_value("composition_cache_coalesced_total", pattern=ns) >= 1, 10,
+                       message="the read after the write neither returned nor waited")
+        finally:
+            proceed.set()
+            rebuild.join(10)
+        reading.join(10)
+        assert before[0].value == 1  # began before the write: either
+        assert after[0].value == 2, f"its own write served stale ({after[0].outcome})"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_read_after_its_own_failed_invalidation_does_not_join_a_rebuild_that_finds_the_old_entry(
+        throwaway_redis_server: ThrowawayRedis, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Detaching the rebuild from before the write is not enough: a read that raced the write (its
+    # look at the unapplied keys came before) rebuilds anew, waits on the old rebuild's lease, which
+    # no delete revoked, and then finds the entry that rebuild filled with fence 1. A read after
+    # the write that joined it took fence 1, read "after" it began.
+    ns = unique("joined")
+    key, other = f"{ns}:1", f"{ns}:2"
+    LockFence.objects.bulk_create([LockFence(resource=key, fence=1), LockFence(resource=other, fence=1)])
+    monkeypatch.setattr(pending_replay, "CATCH_UP_INTERVAL_S", 60.0)
+    read, proceed = threading.Event(), threading.Event()
+    racing_arrived, racing_go = threading.Event(), threading.Event()
+    with redis_behind(throwaway_redis_server) as proxy:
+        engine = get_cache_aside()
+        execute = engine._execute
+
+        def racing_lookup(*args: Any) -> Any:
+            # Only the racing read's lookup stalls (mock.patch to force this one race).
+            if threading.current_thread().name == "racing":
+                racing_arrived.set()
+                assert racing_go.wait(10)
+            return execute(*args)
+
+        monkeypatch.setattr(engine, "_execute", racing_lookup)
+        before: list[CacheResult] = []
+        rebuild = _stalled_rebuild(key, before, read, proceed)
+        racing: list[CacheResult] = []
+        try:
+            assert read.wait(10)
+            racing_read = _reader(key, racing, name="racing")
+            assert racing_arrived.wait(10)
+            _commit_version_2_unreachable(proxy, key, other)
+            _catch_up_fails_then_redis_answers(proxy, other)
+            racing_go.set()
+
+            def waits() -> float:
+                return (metric_value("composition_cache_coalesced_total", pattern=ns)
+                        + metric_value("composition_cache_lease_rejections_total", pattern=ns, stage="acquire"))
+
+            wait_until(lambda: waits() >= 1, 10, message="the racing read never waited")
+            waited = waits()
+            after: list[CacheResult] = []
+            reading = _reader(key, after)
+            wait_until(lambda: after or waits() > waited, 10,
+                       message="the read after the write neither returned nor waited")
+        finally:
+            racing_go.set()
+            proceed.set()
+            rebuild.join(10)
+        racing_read.join(10)
+        reading.join(10)
+        assert before[0].value == 1 and racing[0].value == 1  # both began before the write: either
+        assert after[0].value == 2, f"its own write served stale ({after[0].outcome})"
