@@ -81,7 +81,9 @@ class Invalidations(ReplaysPending):
         # What this process could not apply right after COMMIT: its reads of those keys go to the
         # database (storing nothing) until a replay applies them, which such a read tries first
         # (at most every CATCH_UP_INTERVAL_S). Its own write is never served stale to it.
-        self._unapplied: set[tuple[str, str]] = set()
+        # Each unapplied item with how often it was left for replay: a catch-up clears only
+        # those not left again while it ran (their newer row may be the one it did not see).
+        self._unapplied: dict[tuple[str, str], int] = {}
         self._unapplied_lock = threading.Lock()
         self._catch_up_after = 0.0
         # By thread ident, the databases on which that thread queued a batch and may not have
@@ -196,7 +198,8 @@ class Invalidations(ReplaysPending):
         items = list(items)
         if self._unapplied:
             with self._unapplied_lock:
-                self._unapplied.difference_update(items)
+                for item in items:
+                    self._unapplied.pop(item, None)
         if self.on_applied is not None:
             for kind, target in items:
                 self.on_applied(kind, target)
@@ -204,7 +207,8 @@ class Invalidations(ReplaysPending):
     def _left_for_replay(self, items: Iterable[tuple[str, str]], reason: str) -> None:
         items = list(items)
         with self._unapplied_lock:
-            self._unapplied.update(items)
+            for item in items:
+                self._unapplied[item] = self._unapplied.get(item, 0) + 1
         CACHE_INVALIDATIONS.labels("deferred").inc(len(items))
         log.warning("cache invalidation deferred until redis is back", alias=self.alias, count=len(items),
                     reason=reason)

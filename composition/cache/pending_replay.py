@@ -35,7 +35,7 @@ class ReplaysPending:
     db_alias: str
     breaker: CircuitBreaker
     _replayed_databases: list[str] | None
-    _unapplied: set[tuple[str, str]]
+    _unapplied: dict[tuple[str, str], int]
     _unapplied_lock: threading.Lock
     _catch_up_after: float
 
@@ -56,17 +56,19 @@ class ReplaysPending:
             return
         self._catch_up_after = now + CATCH_UP_INTERVAL_S
         with self._unapplied_lock:
-            before = set(self._unapplied)
+            before = dict(self._unapplied)
         try:
             self.replay_pending()
             # The replay skips the rows another replayer holds (SKIP LOCKED), and that one may
             # still fail and roll back: an item whose row is still there is not applied yet.
-            applied = before - self._still_pending(before)
+            applied = set(before) - self._still_pending(set(before))
         except REPLAY_ERRORS as exc:
             log.warning("deferred cache invalidations still not applied", alias=self.alias, error=str(exc))
             return
         with self._unapplied_lock:
-            self._unapplied.difference_update(applied)
+            for item in applied:
+                if self._unapplied.get(item) == before[item]:
+                    del self._unapplied[item]
 
     def _still_pending(self, items: set[tuple[str, str]]) -> set[tuple[str, str]]:
         """Those of ``items`` that have a row on a database the replay reads; raises the
