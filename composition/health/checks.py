@@ -22,7 +22,7 @@ from composition.health.draining import is_draining
 from composition.health.heartbeats import read_heartbeats, read_stale_workers
 from composition.health.migrations import forget_applied_migrations, probe_migrations
 from composition.health.probes import PROBES, heartbeat_client
-from composition.lifecycle.pids import registered_workers
+from composition.lifecycle.pids import registered_at, registered_workers
 from composition.metrics import HEALTH_CHECK_SECONDS, HEALTH_CHECK_UP
 
 __all__ = ["DEGRADED_WAIT_S", "ROLES", "CheckResult", "HealthReport", "liveness", "readiness", "workers"]
@@ -230,7 +230,8 @@ def workers(*, local: bool = False) -> HealthReport:
     ``local`` looks only at this host's processes (a container's healthcheck: one stuck worker
     elsewhere must not mark this container unhealthy), skips a beat whose process no longer
     runs, so a container whose workers died is unhealthy at once rather than when their last
-    beats expire, and counts one that runs without beating (frozen) as stuck.
+    beats expire, and counts one that runs without beating (frozen) as stuck once
+    ``WORKER_STALE_AFTER_S`` has passed since it registered.
     """
     stale_after_s = float(conf.WORKER_STALE_AFTER_S)
     try:
@@ -269,10 +270,16 @@ def workers(*, local: bool = False) -> HealthReport:
         mine = [b for b in beats if ours(b)]
         gone = [b["worker"] for b in mine if _host_and_pid(b)[1] not in running]
         beats = [b for b in mine if b["worker"] not in gone]
-        # A process of this host that still runs but stopped beating is frozen (stopped, or
-        # blocked whole): as unhealthy as a stuck one, whatever its siblings do.
+        # A registered process of this host that runs without a fresh beat is frozen (stopped,
+        # or blocked whole): as unhealthy as a stuck one, whatever its siblings do. Told by the
+        # registry, not by its stale record in Redis, which a sibling's beat prunes after
+        # PRUNE_AFTER_STALE_PERIODS. A worker registers just before its first beat, so one
+        # registered less than a stale period ago is starting, not frozen.
+        beating = {_host_and_pid(b)[1] for b in beats}
+        registered_before = time.time() - stale_after_s
+        frozen = [f"{hostname}:{pid}" for pid in sorted(running - beating)
+                  if (since := registered_at(pid)) is not None and since <= registered_before]
         mine_stale = [row for row in stale if ours(row)]
-        frozen = [row["worker"] for row in mine_stale if _host_and_pid(row)[1] in running]
         # This host's stale workers too: once a dead one's beat has aged out of the fresh ones,
         # they are what says why the check fails.
         detail = {"host": hostname, "gone": gone, **({"stale": mine_stale} if mine_stale else {})}

@@ -95,11 +95,13 @@ class HeartbeatComponent(PeriodicComponent):
 
     def stop(self, timeout_s: float) -> None:
         super().stop(timeout_s)
+        # Unregistered before the beat goes: a registered process that runs without a beat is
+        # frozen to `health workers --local`, even for the moment in between.
+        with contextlib.suppress(OSError):
+            pids.unregister_worker()
         try:
             heartbeats.clear_heartbeat(self._client, self.worker_id)
         except Exception as exc:  # best effort: the key expires by itself anyway
             log.warning("could not withdraw heartbeat", error=str(exc))
         finally:
             self._client.close()
-            with contextlib.suppress(OSError):
-                pids.unregister_worker()

@@ -16,8 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["pid_runs", "project_identity", "register_worker", "registered_workers", "unregister_worker",
-           "workers_directory"]
+__all__ = ["pid_runs", "project_identity", "register_worker", "registered_at", "registered_workers",
+           "unregister_worker", "workers_directory"]
 
 
 def pid_runs(pid: int) -> bool:
@@ -85,6 +85,15 @@ def register_worker(pid: int | None = None) -> None:
 def unregister_worker(pid: int | None = None) -> None:
     with contextlib.suppress(FileNotFoundError):
         (workers_directory() / str(pid or os.getpid())).unlink()
+
+
+def registered_at(pid: int) -> float | None:
+    """When ``pid`` registered (seconds since the epoch; a repeated registration keeps the first
+    time), or None when it is not registered."""
+    try:
+        return (workers_directory() / str(pid)).stat().st_mtime
+    except OSError:
+        return None
 
 
 def registered_workers() -> dict[int, bool]:

@@ -174,6 +174,8 @@ def test_a_local_worker_that_runs_without_beating_is_unhealthy_whatever_its_sibl
             report = health.workers(local=True)
             assert not report.ok
             assert report.detail["stuck"] == [f"{host}:{frozen.pid}"] and report.detail["fresh"] == 1, report.detail
+            # Stopped cleanly: withdrawn from the registry as well as from the heartbeats.
+            pids.unregister_worker(frozen.pid)
             heartbeats.clear_heartbeat(client, f"{host}:{frozen.pid}")
             assert health.workers(local=True).ok
     finally:
@@ -181,6 +183,64 @@ def test_a_local_worker_that_runs_without_beating_is_unhealthy_whatever_its_sibl
         pids.unregister_worker(os.getpid())
         frozen.kill()
         frozen.wait()
+
+
+def test_a_frozen_local_worker_stays_unhealthy_after_its_stale_record_is_pruned(
+        client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A sibling's beat prunes the registry's members after PRUNE_AFTER_STALE_PERIODS stale
+    # periods: the frozen worker was then in neither the fresh nor the stale ones, and the
+    # check passed on its sibling with a child that will never run a job.
+    import os
+    import socket
+
+    monkeypatch.setattr(heartbeats, "PRUNE_AFTER_STALE_PERIODS", 2)
+    frozen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    host = socket.gethostname()
+    pids.register_worker(frozen.pid)
+    pids.register_worker(os.getpid())
+    try:
+        with override_settings(COMPOSITION={**settings.COMPOSITION, "WORKER_STALE_AFTER_S": 1.0}):
+            heartbeats.write_heartbeat(client, f"{host}:{frozen.pid}", {"jobs_in_flight": 0})
+            time.sleep(2.2)
+            heartbeats.write_heartbeat(client, f"{host}:{os.getpid()}", {"jobs_in_flight": 0})
+            assert client.zscore(heartbeats.REGISTRY_KEY, f"{host}:{frozen.pid}") is None, "pruned"
+            report = health.workers(local=True)
+            assert not report.ok
+            assert report.detail["stuck"] == [f"{host}:{frozen.pid}"] and report.detail["fresh"] == 1, report.detail
+    finally:
+        pids.unregister_worker(frozen.pid)
+        pids.unregister_worker(os.getpid())
+        heartbeats.clear_heartbeat(client, f"{host}:{os.getpid()}")
+        frozen.kill()
+        frozen.wait()
+
+
+def test_a_local_worker_is_starting_until_a_stale_period_after_it_registered(client: Any) -> None:
+    # Registered a moment before its first beat: not frozen then, but frozen once a beat was due
+    # and none came (stopped while starting), though it never had a record in Redis to go stale.
+    import os
+    import socket
+
+    starting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    host = socket.gethostname()
+    pids.register_worker(os.getpid())
+    try:
+        with override_settings(COMPOSITION={**settings.COMPOSITION, "WORKER_STALE_AFTER_S": 1.0}):
+            pids.register_worker(starting.pid)
+            heartbeats.write_heartbeat(client, f"{host}:{os.getpid()}", {"jobs_in_flight": 0})
+            report = health.workers(local=True)
+            assert report.ok and report.detail["stuck"] == [], report.detail
+            time.sleep(1.2)
+            heartbeats.write_heartbeat(client, f"{host}:{os.getpid()}", {"jobs_in_flight": 0})
+            report = health.workers(local=True)
+            assert not report.ok
+            assert report.detail["stuck"] == [f"{host}:{starting.pid}"] and report.detail["fresh"] == 1, report.detail
+    finally:
+        pids.unregister_worker(starting.pid)
+        pids.unregister_worker(os.getpid())
+        heartbeats.clear_heartbeat(client, f"{host}:{os.getpid()}")
+        starting.kill()
+        starting.wait()
 
 
 def test_a_local_check_names_this_host_s_stale_workers(client: Any) -> None:

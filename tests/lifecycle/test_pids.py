@@ -87,6 +87,21 @@ def test_a_pid_now_held_by_another_process_is_not_taken_for_the_worker() -> None
     assert pids.registered_workers() == {os.getpid(): True}
 
 
+def test_a_registration_keeps_the_time_of_the_first(sleeper: subprocess.Popen[bytes]) -> None:
+    # `health workers --local` gives a process a stale period from it to beat for the first time:
+    # the heartbeat's repeated registrations must not restart that period.
+    assert pids.registered_at(sleeper.pid) is None
+    before = time.time()
+    pids.register_worker(sleeper.pid)
+    first = pids.registered_at(sleeper.pid)
+    assert first is not None and before - 1 <= first <= time.time() + 1
+    time.sleep(0.05)
+    pids.register_worker(sleeper.pid)
+    assert pids.registered_at(sleeper.pid) == first
+    pids.unregister_worker(sleeper.pid)
+    assert pids.registered_at(sleeper.pid) is None
+
+
 def test_registering_forgets_processes_dead_for_an_hour_and_keeps_the_rest(
         sleeper: subprocess.Popen[bytes]) -> None:
     long_dead, lately_dead = _dead_pid(), _dead_pid()
