@@ -55,9 +55,9 @@ class ComponentError(CompositionError):
 
 
 class SystemStartError(ComponentError):
-    """A component failed to start; the components started before it were stopped again.
+    """A component failed to start; the components started before it were drained and stopped.
 
-    ``rollback`` is the stop report of that rollback, in the order the stops ran.
+    ``rollback`` is that stop's report, as ``System.stop`` returns it.
     """
 
     def __init__(self, component: str, cause: BaseException, rollback: list[Any]) -> None:

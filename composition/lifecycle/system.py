@@ -1,8 +1,8 @@
 """Explicit lifecycle: components start in dependency order and stop in reverse.
 
-A ``System`` starts its components one by one; if one fails, those started are stopped in reverse
-and one ``SystemStartError`` names it. ``stop()`` runs in reverse, bounds each component by a
-timeout, carries on past failures and returns a report. ``run()`` adds signals: the first SIGTERM
+A ``System`` starts its components one by one; if one fails, those started are drained and
+stopped as in any stop, and one ``SystemStartError`` names it. ``stop()`` runs in reverse, bounds
+each component by a timeout, carries on past failures and returns a report. ``run()`` adds signals: the first SIGTERM
 or SIGINT drains, then stops; a second SIGINT (Ctrl-C again) exits at once, while another SIGTERM
 is the same stop request seen again (see ``_on_signal``).
 """
@@ -85,7 +85,8 @@ class System:
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
-        """Start every component in order; on a failure roll back and raise SystemStartError.
+        """Start every component in order; on a failure drain and stop what started (as
+        ``stop()`` does) and raise SystemStartError.
 
         A stop requested meanwhile (a signal under ``run``, ``request_stop()``) ends the start-up
         early: the rest is not started, a component waiting to be ready gives up
@@ -120,7 +121,9 @@ class System:
                     return
                 log.error("component failed to start", component=component.name,
                           error=described(exc))
-                rollback = self._stop_started(deadline=time.monotonic() + self.shutdown_timeout_s)
+                # Drained as in any stop, not only stopped: a child process started already may
+                # be running jobs, which it finishes within the shutdown timeout.
+                rollback = self.stop()
                 raise SystemStartError(component.name, exc, rollback) from exc
             finally:
                 self._starting = None

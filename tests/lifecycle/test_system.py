@@ -9,12 +9,14 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
 from composition.errors import ComponentError, SystemStartError
 from composition.lifecycle import PeriodicComponent, ProcessComponent, System
+from composition.lifecycle.processes import AwaitReady
 from composition.lifecycle.system import MIN_STOP_SLICE_S, OVERRUN_S
 from composition.testing import wait_until
 from tests.helpers import ROOT
@@ -475,6 +477,73 @@ def test_a_child_that_ignores_sigterm_is_killed_within_the_stop_budget() -> None
     finally:
         if child.process.poll() is None:  # never leave it behind, whatever failed
             os.kill(child.process.pid, signal.SIGKILL)
+
+
+# A worker process: ready once it has written its file; SIGTERM starts a drain of argv[3] seconds
+# (its jobs finishing), with the moments the drain began and ended in its journal.
+DRAINING_CHILD = textwrap.dedent("""
+    import os, signal, sys, time
+    from pathlib import Path
+
+    ready, journal, drain_s = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
+
+    def drain(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        journal.write_text(f"began {time.monotonic()}\\n")
+        time.sleep(drain_s)
+        with journal.open("a") as lines:
+            lines.write(f"ended {time.monotonic()}\\n")
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, drain)
+    ready.write_text(f"{os.getpid()}\\n")
+    while True:
+        time.sleep(60)
+""")
+# A worker process that fails before it is ready, once the ones named in argv are up.
+FAILS_ONCE_OTHERS_ARE_UP = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+
+    while not all(Path(path).exists() for path in sys.argv[1:]):
+        time.sleep(0.01)
+    sys.exit(3)
+""")
+
+
+def test_a_failed_start_drains_the_children_already_up_side_by_side_within_the_shutdown_timeout(
+        tmp_path: Path) -> None:
+    # runworkers --processes N, one child failing before it was ready: the rollback stopped the
+    # children already up one after another without a drain, each SIGKILLed at its own stop
+    # budget whatever --shutdown-timeout said, mid-job (the job ran again from the broker's
+    # recovery), while those not yet signalled went on taking jobs.
+    drain_s = 1.5
+    up = [ProcessComponent(f"worker-{index}", [sys.executable, "-c", DRAINING_CHILD, str(tmp_path / f"ready-{index}"),
+                                               str(tmp_path / f"journal-{index}"), str(drain_s)],
+                           ready_file=tmp_path / f"ready-{index}")
+          for index in range(2)]
+    failing = ProcessComponent("worker-2", [sys.executable, "-c", FAILS_ONCE_OTHERS_ARE_UP,
+                                            *(str(child.ready_file) for child in up)], ready_file=tmp_path / "ready-2")
+    children = [*up, failing]
+    # Each child's stop budget is shorter than its drain: the shutdown timeout is what bounds it.
+    system = System([*children, AwaitReady("ready", children)], shutdown_timeout_s=10, stop_timeout_s=1)
+    try:
+        began = time.monotonic()
+        with pytest.raises(SystemStartError, match="worker-2: exited with code 3 before it was ready") as caught:
+            system.start()
+        assert time.monotonic() - began < 10
+        assert [(result.name, result.status) for result in caught.value.rollback] == [
+            ("worker-2", "failed"), ("worker-1", "stopped"), ("worker-0", "stopped")], caught.value.rollback
+        assert [child.process.returncode for child in up if child.process] == [0, 0], "killed mid-drain"
+        journals = [dict(line.split() for line in (tmp_path / f"journal-{index}").read_text().splitlines())
+                    for index in range(2)]
+        assert max(float(j["began"]) for j in journals) < min(float(j["ended"]) for j in journals), \
+            f"the children drained one after the other: {journals}"
+    finally:
+        for child in children:  # never leave one behind, whatever failed
+            if child.process is not None and child.process.poll() is None:
+                os.killpg(child.process.pid, signal.SIGKILL)
+                child.process.wait()
 
 
 SIGNALLED_DURING_START = textwrap.dedent("""
