@@ -18,7 +18,7 @@ import structlog
 
 from composition.errors import described
 
-__all__ = ["AwaitReady", "ProcessComponent", "detach_and_die_with_parent", "die_with_parent", "mark_ready"]
+__all__ = ["AwaitReady", "ProcessComponent", "detach_and_die_with_parent", "die_with_parent"]
 
 log = structlog.get_logger("composition.processes")
 
@@ -57,22 +57,14 @@ def detach_and_die_with_parent(parent_pid: int | None = None) -> None:
     die_with_parent(os.getppid() if parent_pid is None else parent_pid)
 
 
-def mark_ready(path: Path) -> None:
-    """Write this process's pid to ``path`` in one step (a reader never sees it half written):
-    what ``runworkers --ready-file`` does once every component has started."""
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    partial.write_text(f"{os.getpid()}\n")
-    partial.replace(path)
-
-
 class ProcessComponent:
     """A child process in its own session. Start waits until ``ready_url`` answers 200 (when
-    given); with a ``ready_file`` (which the child writes once it is up, as ``runworkers
-    --ready-file`` does) start only launches it, and an ``AwaitReady`` after it waits for the
-    file. Drain runs ``pre_stop`` (when given: a web server's draining window,
-    while it still serves), then sends SIGTERM and waits until the deadline; stop kills what is
-    left, then calls ``on_exit(pid)`` once the child was reaped (a supervisor archives its metrics
-    files)."""
+    given); with a ``ready_file`` (which the child writes once it is up, as a ``System`` given a
+    ``ready_file`` does: ``runworkers --ready-file``) start only launches it, and an
+    ``AwaitReady`` after it waits for the file. Drain runs ``pre_stop`` (when given: a web
+    server's draining window, while it still serves), then sends SIGTERM and waits until the
+    deadline; stop kills what is left, then calls ``on_exit(pid)`` once the child was reaped (a
+    supervisor archives its metrics files)."""
 
     def __init__(self, name: str, argv: Sequence[str], *, env: dict[str, str] | None = None,
                  depends_on: Sequence[str] = (), ready_url: str | None = None, ready_file: Path | None = None,

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from types import FrameType
 
 import structlog
@@ -52,14 +53,20 @@ class System:
     ``components`` are given in a sensible order; ``depends_on`` on a component moves it after
     its dependencies (a stable topological sort: ties keep the given order).
     ``shutdown_timeout_s`` bounds the whole drain-and-stop; ``stop_timeout_s`` bounds each
-    component's stop unless the component has its own ``stop_timeout_s``.
+    component's stop unless the component has its own ``stop_timeout_s``. ``ready_file``, when
+    given, is written (the pid) by ``run`` once every component has started, and removed at the
+    first signal, at a forced exit and at exit (only a SIGKILL leaves it).
     """
 
     components: Sequence[Component]
     shutdown_timeout_s: float = 30.0
     stop_timeout_s: float = 10.0
     on_draining: Callable[[], None] | None = None
+    ready_file: Path | None = None
     started: list[Component] = field(default_factory=list, init=False)
+    # The ready file's path as the signal handler unlinks it: a plain string, made before any
+    # signal, so the handler's removal is one system call (no lock, nothing to log).
+    _ready_path: str | None = field(default=None, init=False)
     _stop_event: threading.Event = field(default_factory=threading.Event, init=False)
     # The first signal's number, set by the handler and read by the main thread: a plain attribute,
     # not the event (see _on_signal).
@@ -73,6 +80,7 @@ class System:
 
     def __post_init__(self) -> None:
         self.components = order_components(self.components)
+        self._ready_path = None if self.ready_file is None else os.fspath(self.ready_file)
 
     # -- introspection -------------------------------------------------------------------
     @property
@@ -139,6 +147,7 @@ class System:
         failed or overran, named ``"<component> (drain)"``, so a dirty drain is never reported
         as clean. The stops that follow run whatever happened here.
         """
+        self._remove_ready_file()  # no longer up: a probe of it sees so at once
         if self.on_draining is not None:
             self.on_draining()
         problems: list[StopResult] = []
@@ -191,17 +200,23 @@ class System:
             on_started: Callable[[], None] | None = None) -> list[StopResult]:
         """Start, wait for a signal (or ``request_stop()``), then drain and stop.
 
-        Must be called from the main thread when ``install_signals`` is true.
+        Once every component has started, the ``ready_file`` is written and ``on_started`` called
+        (not after a start a stop cut short); either failing stops the system, reported as a
+        failed "start announcement". Must be called from the main thread when
+        ``install_signals`` is true.
         """
         previous = self._install_signals() if install_signals else {}
         not_announced: StopResult | None = None
         try:
             self.start()
-            if on_started is not None and len(self.started) == len(self.components) \
-                    and not self._stop_requested():
+            if (on_started is not None or self.ready_file is not None) \
+                    and len(self.started) == len(self.components) and not self._stop_requested():
                 began = time.monotonic()
                 try:
-                    on_started()  # not after a start a stop cut short: nothing announced is up
+                    if self.ready_file is not None:
+                        _mark_ready(self.ready_file)
+                    if on_started is not None:
+                        on_started()
                 except Exception as exc:
                     # Everything runs (the worker threads too): stop it as any stop does, rather
                     # than leave it to the interpreter's exit with jobs under way; and say so in
@@ -227,6 +242,7 @@ class System:
                     *(replace(result, status="died", error=result.error or "ended on its own while the system ran")
                       if result.name == failed else result for result in report)]
         finally:
+            self._remove_ready_file()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
@@ -243,6 +259,12 @@ class System:
         if self._signal_received is not None and not self._signal_logged:
             self._signal_logged = True
             log.info("signal received, draining", signal=signal.Signals(self._signal_received).name)
+
+    def _remove_ready_file(self) -> None:
+        """Remove the ready file, if any: from the signal handler too (one ``unlink``, no lock)."""
+        if self._ready_path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._ready_path)
 
     def _first_failed(self) -> str | None:
         for component in self.started:
@@ -267,8 +289,9 @@ class System:
         thread is: maybe inside ``Event.wait``, holding the event's lock, or inside a log call
         holding a metric's lock. Taking such a lock here deadlocked the process for good (on CI a
         runworkers logged "signal received, draining", then nothing, until it was killed). So the
-        handler only sets plain attributes (this one, a component's ``cancel_start`` flag) and
-        writes to stderr with ``os.write``; the main thread polls and does the rest."""
+        handler only sets plain attributes (this one, a component's ``cancel_start`` flag), writes
+        to stderr with ``os.write`` and unlinks the ready file; the main thread polls and does the
+        rest."""
         if self._signal_received is not None:
             if signum in (signal.SIGTERM, signal.SIGHUP):
                 # A supervisor's, not an operator insisting: systemd's KillMode=control-group
@@ -281,6 +304,9 @@ class System:
             # The operator pressed Ctrl-C again: do not wait for anything any more, nor leave
             # child processes behind to drain on their own (they wrote on to the terminal).
             _say("second signal: exiting at once")
+            # Here, not on the main thread: it may not have seen the first signal yet, and after
+            # os._exit nothing runs (the file was left holding a dead pid).
+            self._remove_ready_file()
             for component in [*self.started, self._starting, self._in_stop]:
                 kill_now = getattr(component, "kill_now", None)
                 if kill_now is not None:
@@ -288,10 +314,18 @@ class System:
                         kill_now()
             os._exit(FORCED_EXIT_CODE)
         self._signal_received = signum
+        self._remove_ready_file()  # at the signal itself, not at the main thread's next poll
         starting = self._starting
         cancel = getattr(starting, "cancel_start", None)
         if cancel is not None:  # a component waiting to be ready (a child process) gives up now
             cancel()
+
+
+def _mark_ready(path: Path) -> None:
+    """Write this process's pid to ``path`` in one step (a reader never sees it half written)."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(f"{os.getpid()}\n")
+    partial.replace(path)
 
 
 def _say(line: str) -> None:

@@ -14,7 +14,6 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,18 +165,9 @@ def _task_components() -> list[Component]:
     return [TaskLeaseRenewer()]
 
 
-def _on_draining(options: WorkerOptions) -> Callable[[], None]:
-    def on_draining() -> None:
-        draining.set_draining()
-        if options.ready_file is not None:
-            options.ready_file.unlink(missing_ok=True)  # no longer up: a probe of it sees so at once
-
-    return on_draining
-
-
 def build_worker_system(options: WorkerOptions) -> System:
     return System(worker_components(options), shutdown_timeout_s=options.shutdown_timeout_s,
-                  on_draining=_on_draining(options))
+                  on_draining=draining.set_draining, ready_file=options.ready_file)
 
 
 def child_argv(options: WorkerOptions, ready_file: Path | None = None) -> list[str]:
@@ -219,7 +209,7 @@ def build_supervisor(options: WorkerOptions) -> System:
     return System([LoggingComponent(), *_metrics_components(options), *scheduler, ready_files, *children,
                    AwaitReady("worker-processes-ready", children)],
                   shutdown_timeout_s=options.shutdown_timeout_s + 2.0,
-                  on_draining=_on_draining(options))
+                  on_draining=draining.set_draining, ready_file=options.ready_file)
 
 
 class ReadyFiles:

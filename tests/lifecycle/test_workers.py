@@ -91,6 +91,25 @@ def test_sighup_drains_as_sigterm_does(worker_processes, tmp_path: Path) -> None
     assert not any(beat["worker"].endswith(f":{process.pid}") for beat in _heartbeats())
 
 
+def test_a_second_signal_before_the_first_was_seen_still_removes_the_ready_file(  # type: ignore[no-untyped-def]
+        worker_processes, tmp_path: Path) -> None:
+    # The file went only once the main thread, polling every 0.2 s, saw the first signal: a second
+    # Ctrl-C before that exited at once from the handler and left it behind holding a dead pid.
+    ready = tmp_path / "worker.ready"
+    process = worker_processes.spawn(["--threads", "1", "--ready-file", str(ready)])
+    wait_until(ready.exists, 30, message="runworkers did not start")
+    # Pending together, the two handlers run one after the other before the main thread's next
+    # line, the lower number first: SIGHUP (the first signal: drain), then SIGINT (exit at once).
+    process.signal(signal.SIGSTOP)
+    process.signal(signal.SIGHUP)
+    process.signal(signal.SIGINT)
+    process.signal(signal.SIGCONT)
+    assert process.process is not None
+    assert process.process.wait(10) == 130, process.output()[-3000:]
+    assert "second signal: exiting at once" in process.output()
+    assert not ready.exists(), "the ready file outlived the worker, holding its dead pid"
+
+
 def test_start_failure_rolls_back_and_exits_non_zero(worker_processes) -> None:  # type: ignore[no-untyped-def]
     from composition.testing import free_port
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import math
 import os
 from pathlib import Path
@@ -17,7 +16,6 @@ from composition.conf import conf
 from composition.db.schema import check_migrations_applied
 from composition.errors import MigrationsNotApplied, SystemStartError
 from composition.jobs.queue_order import QueueOrder
-from composition.lifecycle.processes import mark_ready
 from composition.lifecycle.workers import WorkerOptions, build_supervisor, build_worker_system
 from composition.outbox.relay import RELAY_QUEUE_NAME
 from composition.prometheus.directory import multiproc_dir
@@ -177,14 +175,10 @@ class Command(BaseCommand):
                                "without it the children's metrics stay in the children")
         system = (build_worker_system(worker_options) if worker_options.processes == 1
                   else build_supervisor(worker_options))
-        ready_file = worker_options.ready_file
         try:
-            report = system.run(on_started=None if ready_file is None else functools.partial(mark_ready, ready_file))
+            report = system.run()  # the System writes and removes the ready file
         except SystemStartError as exc:
             raise CommandError(str(exc)) from exc
-        finally:
-            if ready_file is not None:
-                ready_file.unlink(missing_ok=True)
         if any(result.status != "stopped" for result in report):
             raise CommandError("some components did not stop cleanly: "
                                + ", ".join(f"{r.name}={r.status}" for r in report if r.status != "stopped"))
