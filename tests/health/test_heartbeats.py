@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -100,8 +103,6 @@ def _health_workers_local() -> tuple[int, dict[str, Any]]:
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_local_checks_only_this_host_s_processes(client: Any, worker_processes) -> None:  # type: ignore[no-untyped-def]
-    import socket
-
     flush_broker()
     elsewhere = "another-host:4242"
     now = time.time()
@@ -159,8 +160,6 @@ def test_a_container_check_with_the_heartbeats_unreadable_asks_whether_its_worke
 def test_a_local_worker_that_runs_without_beating_is_unhealthy_whatever_its_siblings(client: Any) -> None:
     # One of this container's two worker processes frozen (SIGSTOP, or blocked whole): it was
     # neither fresh nor gone, listed nowhere, and the check passed on its sibling.
-    import os
-    import socket
 
     frozen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     host = socket.gethostname()
@@ -185,68 +184,60 @@ def test_a_local_worker_that_runs_without_beating_is_unhealthy_whatever_its_sibl
         frozen.wait()
 
 
+@contextmanager
+def _beside_this_worker(client: Any) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """This host's name and a running process that never beats, with this test process
+    registered as a worker of this host (it beats when the test says)."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    host = socket.gethostname()
+    pids.register_worker(os.getpid())
+    try:
+        yield host, other
+    finally:
+        pids.unregister_worker(other.pid)
+        pids.unregister_worker(os.getpid())
+        heartbeats.clear_heartbeat(client, f"{host}:{os.getpid()}")
+        other.kill()
+        other.wait()
+
+
 def test_a_frozen_local_worker_stays_unhealthy_after_its_stale_record_is_pruned(
         client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # A sibling's beat prunes the registry's members after PRUNE_AFTER_STALE_PERIODS stale
     # periods: the frozen worker was then in neither the fresh nor the stale ones, and the
     # check passed on its sibling with a child that will never run a job.
-    import os
-    import socket
-
     monkeypatch.setattr(heartbeats, "PRUNE_AFTER_STALE_PERIODS", 2)
-    frozen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    host = socket.gethostname()
-    pids.register_worker(frozen.pid)
-    pids.register_worker(os.getpid())
-    try:
-        with override_settings(COMPOSITION={**settings.COMPOSITION, "WORKER_STALE_AFTER_S": 1.0}):
-            heartbeats.write_heartbeat(client, f"{host}:{frozen.pid}", {"jobs_in_flight": 0})
-            time.sleep(2.2)
-            heartbeats.write_heartbeat(client, f"{host}:{os.getpid()}", {"jobs_in_flight": 0})
-            assert client.zscore(heartbeats.REGISTRY_KEY, f"{host}:{frozen.pid}") is None, "pruned"
-            report = health.workers(local=True)
-            assert not report.ok
-            assert report.detail["stuck"] == [f"{host}:{frozen.pid}"] and report.detail["fresh"] == 1, report.detail
-    finally:
-        pids.unregister_worker(frozen.pid)
-        pids.unregister_worker(os.getpid())
-        heartbeats.clear_heartbeat(client, f"{host}:{os.getpid()}")
-        frozen.kill()
-        frozen.wait()
+    with _beside_this_worker(client) as (host, frozen), \
+            override_settings(COMPOSITION={**settings.COMPOSITION, "WORKER_STALE_AFTER_S": 1.0}):
+        pids.register_worker(frozen.pid)
+        heartbeats.write_heartbeat(client, f"{host}:{frozen.pid}", {"jobs_in_flight": 0})
+        time.sleep(2.2)
+        heartbeats.write_heartbeat(client, f"{host}:{os.getpid()}", {"jobs_in_flight": 0})
+        assert client.zscore(heartbeats.REGISTRY_KEY, f"{host}:{frozen.pid}") is None, "pruned"
+        report = health.workers(local=True)
+        assert not report.ok
+        assert report.detail["stuck"] == [f"{host}:{frozen.pid}"] and report.detail["fresh"] == 1, report.detail
 
 
 def test_a_local_worker_is_starting_until_a_stale_period_after_it_registered(client: Any) -> None:
     # Registered a moment before its first beat: not frozen then, but frozen once a beat was due
     # and none came (stopped while starting), though it never had a record in Redis to go stale.
-    import os
-    import socket
-
-    starting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    host = socket.gethostname()
-    pids.register_worker(os.getpid())
-    try:
-        with override_settings(COMPOSITION={**settings.COMPOSITION, "WORKER_STALE_AFTER_S": 1.0}):
-            pids.register_worker(starting.pid)
-            heartbeats.write_heartbeat(client, f"{host}:{os.getpid()}", {"jobs_in_flight": 0})
-            report = health.workers(local=True)
-            assert report.ok and report.detail["stuck"] == [], report.detail
-            time.sleep(1.2)
-            heartbeats.write_heartbeat(client, f"{host}:{os.getpid()}", {"jobs_in_flight": 0})
-            report = health.workers(local=True)
-            assert not report.ok
-            assert report.detail["stuck"] == [f"{host}:{starting.pid}"] and report.detail["fresh"] == 1, report.detail
-    finally:
-        pids.unregister_worker(starting.pid)
-        pids.unregister_worker(os.getpid())
-        heartbeats.clear_heartbeat(client, f"{host}:{os.getpid()}")
-        starting.kill()
-        starting.wait()
+    with _beside_this_worker(client) as (host, starting), \
+            override_settings(COMPOSITION={**settings.COMPOSITION, "WORKER_STALE_AFTER_S": 1.0}):
+        pids.register_worker(starting.pid)
+        heartbeats.write_heartbeat(client, f"{host}:{os.getpid()}", {"jobs_in_flight": 0})
+        report = health.workers(local=True)
+        assert report.ok and report.detail["stuck"] == [], report.detail
+        time.sleep(1.2)
+        heartbeats.write_heartbeat(client, f"{host}:{os.getpid()}", {"jobs_in_flight": 0})
+        report = health.workers(local=True)
+        assert not report.ok
+        assert report.detail["stuck"] == [f"{host}:{starting.pid}"] and report.detail["fresh"] == 1, report.detail
 
 
 def test_a_local_check_names_this_host_s_stale_workers(client: Any) -> None:
     # A killed worker whose beat has aged out: neither fresh nor gone any more, and the check
     # failed with nothing listed to say why.
-    import socket
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     pids.register_worker(dead.pid)
