@@ -18,12 +18,20 @@ import redis
 import structlog
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import dq_name
+from dramatiq.errors import ConnectionClosed
 from dramatiq.message import Message
 
 from composition.broker.hooks import DefinedHooks
 from composition.broker.keys import acks_key, lanes_key, messages_key, queue_key
 from composition.broker.priorities import LANES_LUA, PRIORITY_OPTION
-from composition.broker.redis_consumer import WAKE_SUFFIX, WakingRedisConsumer, has_wake_list, wake_key
+from composition.broker.redis_consumer import (
+    LOST_CONNECTION,
+    WAKE_SUFFIX,
+    WakingRedisConsumer,
+    consumer_of_this_thread,
+    has_wake_list,
+    wake_key,
+)
 from composition.broker.redis_holdings import FENCED_FETCH_LUA, Holdings
 from composition.broker.stand_ins import StandIns
 from composition.errors import described
@@ -224,7 +232,18 @@ class WakingRedisBroker(DefinedHooks, StandIns, RedisBroker):
         args = self._enqueue_wake_args.get(queue_name)
         if args is None:  # fixed per queue, and computing it is a fair share of a send's time
             args = self._enqueue_wake_args[queue_name] = wake_args(self, [queue_name])
-        failure = super().__getattr__("do_enqueue")(queue_name, message_id, data, *args)
+        try:
+            failure = super().__getattr__("do_enqueue")(queue_name, message_id, data, *args)
+        except LOST_CONNECTION as exc:
+            consumer = consumer_of_this_thread()
+            if consumer is None:
+                raise
+            # A consumer thread moving a due delayed message: raised as itself, the thread
+            # restarted its consumer keeping that message held, unacknowledged for as long as the
+            # worker lived. As ConnectionClosed, it drops its delayed messages, which the queue's
+            # next consumer puts back.
+            consumer.connection_lost()
+            raise ConnectionClosed(exc) from None
         if failure:
             log.warning("could not wake consumers; they find the messages after their idle wait",
                         error=failure.decode() if isinstance(failure, bytes) else str(failure))

@@ -10,6 +10,7 @@ its queue is paused (``composition.broker.pausing``) it fetches nothing, and a m
 from __future__ import annotations
 
 import heapq
+import math
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -27,7 +28,8 @@ from composition.broker.pausing import handed_back, paused_queues
 if TYPE_CHECKING:
     from composition.broker.redis import WakingRedisBroker
 
-__all__ = ["WAKE_SUFFIX", "WakingRedisConsumer", "end_waits", "has_wake_list", "wake_key"]
+__all__ = ["LOST_CONNECTION", "WAKE_SUFFIX", "WakingRedisConsumer", "consumer_of_this_thread", "end_waits",
+           "has_wake_list", "wake_key"]
 
 # A queue's wake list is "<namespace>:<queue><WAKE_SUFFIX>", beside Dramatiq's "<queue>.msgs".
 WAKE_SUFFIX = ".wake"
@@ -46,9 +48,18 @@ def has_wake_list(queue_name: str) -> bool:
 # What a lost connection looks like from redis-py: refused, reset, or no answer in time. Raised
 # as itself, a timeout reached the consumer thread's generic handler, whose clean-up timed out
 # too and ended the thread for good; as ConnectionClosed, Dramatiq restarts the consumer.
-_LOST: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError)
+LOST_CONNECTION: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError)
 # An end_waits push that no wait popped (the consumer was not waiting) goes after this.
 _STOP_TTL_MS = 10_000
+# The consumer each of Dramatiq's consumer threads runs now. The thread also moves due delayed
+# messages to their queues with broker.enqueue(), outside the consumer's calls.
+_running = threading.local()
+
+
+def consumer_of_this_thread() -> WakingRedisConsumer | None:
+    """The consumer this thread runs, when it is one of Dramatiq's consumer threads."""
+    consumer: WakingRedisConsumer | None = getattr(_running, "consumer", None)
+    return consumer
 
 
 @contextmanager
@@ -56,7 +67,7 @@ def _lost_as_closed() -> Iterator[None]:
     """Raise a lost connection as Dramatiq's ``ConnectionClosed`` (see the module doc)."""
     try:
         yield
-    except _LOST as exc:
+    except LOST_CONNECTION as exc:
         raise ConnectionClosed(exc) from None
 
 
@@ -85,21 +96,20 @@ class WakingRedisConsumer(_RedisConsumer):
         self._stop_key = f"{self._wake_key}.stop.{uuid4().hex}"
         self._ending = False  # set by end_waits: the worker is stopping
         self._woken = False  # a wake token ended the last wait, and no fetch has used it yet
+        _running.consumer = self  # made by its consumer thread, which it serves until the next
 
-    # __next__, ack and nack run for every message: they catch _LOST themselves rather than
+    # __next__, ack and nack run for every message: they catch LOST_CONNECTION themselves rather than
     # through _lost_as_closed(), whose generator costs a few microseconds a message.
     def __next__(self) -> MessageProxy | None:
         try:
             try:
                 self.broker.holdings.put_back_unheld(self.queue_name)
                 message = self._next()
-            except _LOST as exc:
+            except LOST_CONNECTION as exc:
                 raise ConnectionClosed(exc) from None
         except ConnectionClosed:
-            # A fetch may have run without its answer reaching us, and the consumer thread drops
-            # its delayed messages now: the queue's next consumer puts back what nobody holds.
-            self.broker.holdings.lost(self.queue_name, self._delayed)
-            self._delayed.clear()
+            # A fetch may have run without its answer reaching us.
+            self.connection_lost()
             raise
         if message is not None:
             options = message.options
@@ -107,8 +117,18 @@ class WakingRedisConsumer(_RedisConsumer):
             self._held.add(redis_id)
             if "eta" in options:
                 self._delayed[redis_id] = message
-                heapq.heappush(self._etas, (int(options["eta"] or 0), redis_id))
+                eta = options["eta"]
+                # Dramatiq runs one that is no number at once: so is it due here.
+                due = eta if isinstance(eta, int | float) and math.isfinite(eta) else current_millis()
+                heapq.heappush(self._etas, (int(due), redis_id))
         return message
+
+    def connection_lost(self) -> None:
+        """Its connection was lost, and its consumer thread drops the delayed messages it held
+        (Dramatiq does on ``ConnectionClosed``): the queue's next consumer puts back what nobody
+        holds."""
+        self.broker.holdings.lost(self.queue_name, self._delayed)
+        self._delayed.clear()
 
     def ack(self, message: MessageProxy) -> None:
         try:
@@ -116,7 +136,7 @@ class WakingRedisConsumer(_RedisConsumer):
                 self._hand_back(message)
             else:
                 super().ack(message)
-        except _LOST as exc:
+        except LOST_CONNECTION as exc:
             raise ConnectionClosed(exc) from None
         redis_id = message.options["redis_message_id"]
         self._held.discard(redis_id)
@@ -126,7 +146,7 @@ class WakingRedisConsumer(_RedisConsumer):
     def nack(self, message: MessageProxy) -> None:
         try:
             super().nack(message)
-        except _LOST as exc:
+        except LOST_CONNECTION as exc:
             raise ConnectionClosed(exc) from None
         redis_id = message.options["redis_message_id"]
         self._held.discard(redis_id)
@@ -204,6 +224,10 @@ class WakingRedisConsumer(_RedisConsumer):
             # A token this consumer took and will not use (its worker stops): another one's.
             self.broker.wake([self.queue_name])
             self._woken = False
+        if self.message_cache:
+            # Fetched, never handed out: the thread restarts its consumer (after an error) or
+            # stops. The queue's next consumer puts them back (at a stop, the drain does).
+            self.broker.holdings.lost(self.queue_name)
         super().close()
 
 

@@ -24,12 +24,13 @@ import redis
 from dramatiq.common import dq_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.message import Message
+from dramatiq.middleware import Middleware
 
 from composition.broker.configured import build_broker
 from composition.broker.keys import acks_key
 from composition.broker.redis import WakingRedisBroker
 from composition.broker.redis_consumer import wake_key
-from composition.testing import ThrowawayRedis, throwaway_redis, wait_until
+from composition.testing import ThrowawayRedis, fault_proxy, throwaway_redis, wait_until
 
 QUEUE = "outage_probe"
 DELAY_MS = 2500
@@ -230,3 +231,41 @@ def test_a_consumer_with_a_full_prefetch_takes_nothing_more_and_leaves_the_wake_
     finally:
         busy.close()
         idle.close()
+
+
+def test_a_delayed_message_whose_move_to_its_queue_lost_the_connection_runs_and_so_do_the_rest(
+        throwaway_redis_server: ThrowawayRedis) -> None:
+    # Dramatiq's consumer thread moves a due delayed message with broker.enqueue(), outside the
+    # consumer's calls: a lost connection there restarted the consumer without marking the queue
+    # for recovery, and the message stayed in the live worker's unacknowledged set until it
+    # stopped. Cut exactly then: the proxy blackholes as the move's enqueue begins.
+    with fault_proxy("127.0.0.1", throwaway_redis_server.port) as proxy:
+        broker = build_broker(proxy.proxied_url(throwaway_redis_server.url), heartbeat_timeout_s=30.0,
+                              maintenance_chance=0, socket_timeout_s=0.3, connect_timeout_s=0.3, middleware=[])
+        runs: list[str] = []
+        dramatiq.actor(runs.append, broker=broker, actor_name="outage_probe", queue_name=QUEUE)
+        cut: list[threading.Timer] = []
+
+        class CutTheFirstMove(Middleware):
+            def before_enqueue(self, broker: Any, message: Any, delay: int) -> None:
+                if message.queue_name == QUEUE and message.args == ("first",) and not cut:
+                    proxy.blackhole()
+                    cut.append(threading.Timer(1.0, proxy.pass_through))
+                    cut[0].start()
+
+        broker.add_middleware(CutTheFirstMove())
+        actor = broker.get_actor("outage_probe")
+        actor.send_with_options(args=("first",), delay=1500)
+        for name in ("second", "third"):
+            actor.send_with_options(args=(name,), delay=3000)
+        worker = dramatiq.Worker(broker, worker_timeout=100, worker_threads=1)
+        worker.start()
+        try:
+            wait_until(lambda: sorted(runs) == ["first", "second", "third"], timeout_s=20,
+                       message=f"not every delayed message ran: {runs}")
+            assert cut, "the move was never cut"
+            delayed = acks_key(broker.namespace, broker.broker_id, dq_name(QUEUE))
+            wait_until(lambda: broker.client.scard(delayed) == 0, timeout_s=5)
+        finally:
+            worker.stop(timeout=5000)
+            broker.client.close()  # type: ignore[attr-defined]

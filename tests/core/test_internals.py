@@ -70,6 +70,19 @@ def test_dramatiq_s_consumers_have_what_the_pausable_ones_use() -> None:
     assert isinstance(RabbitmqBroker.consumer_class, property)
 
 
+def test_dramatiq_s_consumer_thread_makes_its_consumer_and_moves_delayed_messages_itself() -> None:
+    import inspect
+
+    from dramatiq.worker import _ConsumerThread
+
+    # The consumer is made in the thread's run loop (consumer_of_this_thread), and the thread
+    # moves due delayed messages with broker.enqueue and drops them on a lost connection.
+    run = inspect.getsource(_ConsumerThread.run)
+    assert "self.broker.consume(" in run and "except BrokerConnectionError" in run
+    assert "self.delay_queue = PriorityQueue()" in run
+    assert "self.broker.enqueue(" in inspect.getsource(_ConsumerThread.handle_delayed_messages)
+
+
 def test_dramatiq_s_rabbitmq_broker_declares_through_the_methods_the_quorum_queues_replace() -> None:
     from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
