@@ -35,8 +35,13 @@ def env_bool(value: str | None, default: bool = False) -> bool:
 
 
 def serving_port() -> int:
-    """The port ``./run`` serves on (``PORT``, 8000): its instance, beside others on other ports."""
-    return int(os.environ.get("PORT") or "8000")
+    """The port ``./run`` serves on (``PORT``, 8000): its instance, beside others on other ports.
+    Raises ValueError, naming the variable, for anything but a port number."""
+    given = os.environ.get("PORT") or "8000"
+    port = int(given) if given.isdigit() else 0
+    if not 1 <= port <= 65535:
+        raise ValueError(f"PORT must be a port number from 1 to 65535, got {given!r}")
+    return port
 
 
 def drain_file(data_dir: Path) -> Path:

@@ -7,10 +7,12 @@ terminal's Ctrl-C reaches only this process, which then stops them in order.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging.config
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -21,7 +23,12 @@ from project.env import drain_file, serving_port
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("COMPOSITION_DATA_DIR", BASE_DIR / ".data"))
 HOST = os.environ.get("HOST", "127.0.0.1")
-PORT = serving_port()
+try:
+    PORT = serving_port()
+except ValueError as exc:
+    raise SystemExit(f"./run: {exc}") from None
+# HOST:PORT as gunicorn binds it and as a URL names it: an IPv6 address goes in brackets.
+HOST_PORT = f"[{HOST}]:{PORT}" if ":" in HOST else f"{HOST}:{PORT}"
 # A Unix socket's path holds at most 107 bytes.
 MAX_SOCKET_PATH = 100
 
@@ -60,11 +67,11 @@ def _control_socket() -> list[str]:
 def main() -> int:
     try:
         taken = _port_in_use()
-    except OSError as exc:
-        print(f"./run: cannot serve on {HOST}:{PORT}: {exc} (set HOST and PORT)", file=sys.stderr)
+    except OSError as exc:  # a HOST not on this machine, a port below 1024
+        print(f"./run: cannot serve on {HOST_PORT}: {exc} (set HOST and PORT)", file=sys.stderr)
         return 2
     if taken:
-        print(f"./run: {HOST}:{PORT} is in use (another ./run?). Stop it, or choose another port: "
+        print(f"./run: {HOST_PORT} is in use (another ./run?). Stop it, or choose another port: "
               f"PORT={PORT + 1} ./run", file=sys.stderr)
         return 2
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
@@ -102,22 +109,34 @@ def main() -> int:
         name = "setup"
         depends_on = tuple(infra)
         api_token: str | None = None
+        process: subprocess.Popen[str] | None = None
 
         def start(self) -> None:
-            done = subprocess.run([python, str(BASE_DIR / "manage.py"), "dev_setup", "--token-name", f"./run :{PORT}"],
-                                  cwd=BASE_DIR, stdout=subprocess.PIPE, text=True)
-            if done.returncode != 0:
-                raise RuntimeError(f"manage.py dev_setup exited {done.returncode}")
-            self.api_token = done.stdout.strip() or None  # the token alone, or nothing
+            # In its own session, as web and workers are: a terminal's Ctrl-C reaches only
+            # ./run, which lets the set-up finish and then stops, rather than a migrate cut short.
+            self.process = subprocess.Popen(
+                [python, str(BASE_DIR / "manage.py"), "dev_setup", "--token-name", f"./run :{PORT}"],
+                cwd=BASE_DIR, stdout=subprocess.PIPE, text=True, start_new_session=True)
+            out, _ = self.process.communicate()
+            if self.process.returncode != 0:
+                raise RuntimeError(f"manage.py dev_setup exited {self.process.returncode}")
+            self.api_token = out.strip() or None  # the token alone, or nothing
             if self.api_token is None:
                 log.warning("no API token made for the dev superuser (see above)")
+
+        def kill_now(self) -> None:
+            """A second Ctrl-C: no set-up left running after ./run (from the signal handler)."""
+            if self.process is not None and self.process.returncode is None:
+                with contextlib.suppress(OSError):
+                    os.kill(self.process.pid, signal.SIGKILL)
 
         def stop(self, timeout_s: float) -> None:
             pass
 
     def announce_draining() -> None:
         # The draining window: /readyz answers 503 while gunicorn still serves, then it stops.
-        subprocess.run([python, str(BASE_DIR / "manage.py"), "drain"], check=True, cwd=BASE_DIR)
+        subprocess.run([python, str(BASE_DIR / "manage.py"), "drain"], check=True, cwd=BASE_DIR,
+                       start_new_session=True)
 
     # Up once it has written its ready file; the web starts meanwhile (AwaitReady, after both).
     workers_ready = DATA_DIR / f"run-{PORT}.workers.ready"
@@ -127,21 +146,21 @@ def main() -> int:
         depends_on=("setup",), cwd=str(BASE_DIR), ready_file=workers_ready)
     web = ProcessComponent(
         "web", [python, "-m", "gunicorn", "project.wsgi:application",
-                "--config", "python:project.gunicorn_conf", "--bind", f"{HOST}:{PORT}", *_control_socket()],
-        depends_on=("setup",), ready_url=f"http://{HOST}:{PORT}/readyz", cwd=str(BASE_DIR),
+                "--config", "python:project.gunicorn_conf", "--bind", HOST_PORT, *_control_socket()],
+        depends_on=("setup",), ready_url=f"http://{HOST_PORT}/readyz", cwd=str(BASE_DIR),
         pre_stop=announce_draining, on_exit=lambda _pid: drain_mark.unlink(missing_ok=True))
     setup = Setup()
     system = System([*components, setup, workers, web, AwaitReady("workers-ready", [workers])],
                     shutdown_timeout_s=30.0, stop_timeout_s=35.0)
 
     def announce() -> None:
-        log.warning("billing system up: http://%s:%s/ (admin at /admin/, admin / admin; /healthz, "
-                    "/readyz, /metrics). Ctrl-C drains and stops.", HOST, PORT)
+        log.warning("billing system up: http://%s/ (admin at /admin/, admin / admin; /healthz, "
+                    "/readyz, /metrics). Ctrl-C drains and stops.", HOST_PORT)
         log.warning("for development only: gunicorn serves without a buffering proxy in front, so slow "
                     "clients can hold its threads; deploy behind one, as docker/compose.yaml does")
         if setup.api_token:
             log.warning("API token of admin (made for this run): %s\n  try: curl -H 'Authorization: Bearer %s' "
-                        "http://%s:%s/api/invoices", setup.api_token, setup.api_token, HOST, PORT)
+                        "http://%s/api/invoices", setup.api_token, setup.api_token, HOST_PORT)
 
     try:
         report = system.run(on_started=announce)

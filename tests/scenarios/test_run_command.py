@@ -336,3 +336,42 @@ def test_run_says_it_could_not_start_when_the_workers_cannot_and_never_that_it_i
         output[-3000:]
     assert http_status(f"http://127.0.0.1:{port}/healthz") == 0  # the web it started is gone
     assert not list(tmp_path.glob("*.ready"))
+
+
+def test_a_terminal_s_ctrl_c_during_the_set_up_lets_it_finish_and_stops_cleanly(tmp_path: Path) -> None:
+    # The set-up (migrate, collectstatic) ran in the terminal's process group: Ctrl-C there
+    # broke it with a KeyboardInterrupt traceback and ./run exited 1.
+    import psutil
+    import psycopg
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    admin = dict(host=db.get("HOST") or "127.0.0.1", port=db.get("PORT") or 5432, user=db.get("USER") or "postgres",
+                 password=db.get("PASSWORD") or None, dbname="postgres", autocommit=True)
+    name = f"run_{os.getpid()}_{free_port()}"
+    with psycopg.connect(**admin) as conn:  # type: ignore[arg-type]
+        conn.execute(f'CREATE DATABASE "{name}"')
+    env = {key: value for key, value in os.environ.items() if key not in ("DJANGO_SETTINGS_MODULE",)}
+    auth = admin["user"] + (f":{admin['password']}" if admin["password"] else "")
+    env.update(COMPOSITION_DATA_DIR=str(tmp_path), PORT=str(free_port()), LOG_FORMAT="json",
+               DATABASE_URL=f"postgresql://{auth}@{admin['host']}:{admin['port']}/{name}",
+               REDIS_URL=settings.CACHES["default"]["LOCATION"], BROKER_URL=settings.COMPOSITION["BROKER_URL"])
+    log_path = tmp_path / "run.log"
+    process = _start_run(env, log_path)
+    try:
+        deadline = time.monotonic() + 60
+        while not any("dev_setup" in " ".join(child.cmdline())
+                      for child in psutil.Process(process.pid).children(recursive=True)):
+            assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.05)
+        os.killpg(process.pid, signal.SIGINT)  # the whole foreground group, as a terminal does
+        code = process.wait(120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        with psycopg.connect(**admin) as conn:  # type: ignore[arg-type]
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    output = log_path.read_text()
+    assert code == 0, output[-3000:]
+    assert "stop requested during start-up" in output and "Traceback" not in output, output[-3000:]
