@@ -12,7 +12,8 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -301,47 +302,10 @@ def test_a_second_run_on_a_taken_port_refuses_before_starting_anything(tmp_path:
     assert not any(tmp_path.iterdir()), "nothing may start: no embedded server, no data"
 
 
-def test_run_says_it_could_not_start_when_the_workers_cannot_and_never_that_it_is_up(tmp_path: Path) -> None:
-    # The workers were up once launched: ./run printed "billing system up" and the API token a
-    # second after they had failed, then stopped everything as a component that died.
-    import psycopg
-    from django.conf import settings
-
-    db = settings.DATABASES["default"]
-    admin = dict(host=db.get("HOST") or "127.0.0.1", port=db.get("PORT") or 5432, user=db.get("USER") or "postgres",
-                 password=db.get("PASSWORD") or None, dbname="postgres", autocommit=True)
-    name = f"run_{os.getpid()}_{free_port()}"
-    with psycopg.connect(**admin) as conn:  # type: ignore[arg-type]
-        conn.execute(f'CREATE DATABASE "{name}"')
-    port = free_port()
-    env = {key: value for key, value in os.environ.items() if key not in ("DJANGO_SETTINGS_MODULE",)}
-    auth = admin["user"] + (f":{admin['password']}" if admin["password"] else "")
-    env.update(COMPOSITION_DATA_DIR=str(tmp_path), PORT=str(port), LOG_FORMAT="json",
-               DATABASE_URL=f"postgresql://{auth}@{admin['host']}:{admin['port']}/{name}",
-               REDIS_URL=settings.CACHES["default"]["LOCATION"], BROKER_URL=f"redis://127.0.0.1:{free_port()}/0")
-    log_path = tmp_path / "run.log"
-    process = _start_run(env, log_path)
-    try:
-        code = process.wait(120)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        with psycopg.connect(**admin) as conn:  # type: ignore[arg-type]
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    output = log_path.read_text()
-    assert code == 1, output[-3000:]
-    assert "billing system up" not in output and "Bearer" not in output, output[-3000:]
-    assert re.search(r"could not start: .*workers-ready.*workers: exited with code 1 before it was ready", output), \
-        output[-3000:]
-    assert http_status(f"http://127.0.0.1:{port}/healthz") == 0  # the web it started is gone
-    assert not list(tmp_path.glob("*.ready"))
-
-
-def test_a_terminal_s_ctrl_c_during_the_set_up_lets_it_finish_and_stops_cleanly(tmp_path: Path) -> None:
-    # The set-up (migrate, collectstatic) ran in the terminal's process group: Ctrl-C there
-    # broke it with a KeyboardInterrupt traceback and ./run exited 1.
-    import psutil
+@contextmanager
+def _on_a_fresh_database(tmp_path: Path, broker_url: str) -> Iterator[dict[str, str]]:
+    """./run's environment on a database of its own (dropped after), this test run's Redis for its
+    cache and ``broker_url`` for its broker, on a free port; JSON logs."""
     import psycopg
     from django.conf import settings
 
@@ -355,23 +319,56 @@ def test_a_terminal_s_ctrl_c_during_the_set_up_lets_it_finish_and_stops_cleanly(
     auth = admin["user"] + (f":{admin['password']}" if admin["password"] else "")
     env.update(COMPOSITION_DATA_DIR=str(tmp_path), PORT=str(free_port()), LOG_FORMAT="json",
                DATABASE_URL=f"postgresql://{auth}@{admin['host']}:{admin['port']}/{name}",
-               REDIS_URL=settings.CACHES["default"]["LOCATION"], BROKER_URL=settings.COMPOSITION["BROKER_URL"])
-    log_path = tmp_path / "run.log"
-    process = _start_run(env, log_path)
+               REDIS_URL=settings.CACHES["default"]["LOCATION"], BROKER_URL=broker_url)
     try:
-        deadline = time.monotonic() + 60
-        while not any("dev_setup" in " ".join(child.cmdline())
-                      for child in psutil.Process(process.pid).children(recursive=True)):
-            assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
-            time.sleep(0.05)
-        os.killpg(process.pid, signal.SIGINT)  # the whole foreground group, as a terminal does
-        code = process.wait(120)
+        yield env
+    finally:
+        with psycopg.connect(**admin) as conn:  # type: ignore[arg-type]
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _stopped(process: subprocess.Popen[bytes], wait_s: float) -> int:
+    """``process``'s exit code once it ends, within ``wait_s``; killed with its group if not."""
+    try:
+        return process.wait(wait_s)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-        with psycopg.connect(**admin) as conn:  # type: ignore[arg-type]
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_run_says_it_could_not_start_when_the_workers_cannot_and_never_that_it_is_up(tmp_path: Path) -> None:
+    # The workers were up once launched: ./run printed "billing system up" and the API token a
+    # second after they had failed, then stopped everything as a component that died.
+    with _on_a_fresh_database(tmp_path, broker_url=f"redis://127.0.0.1:{free_port()}/0") as env:
+        log_path = tmp_path / "run.log"
+        code = _stopped(_start_run(env, log_path), 120)
+    port = int(env["PORT"])
+    output = log_path.read_text()
+    assert code == 1, output[-3000:]
+    assert "billing system up" not in output and "Bearer" not in output, output[-3000:]
+    assert re.search(r"could not start: .*workers-ready.*workers: exited with code 1 before it was ready", output), \
+        output[-3000:]
+    assert http_status(f"http://127.0.0.1:{port}/healthz") == 0  # the web it started is gone
+    assert not list(tmp_path.glob("*.ready"))
+
+
+def test_a_terminal_s_ctrl_c_during_the_set_up_lets_it_finish_and_stops_cleanly(tmp_path: Path) -> None:
+    # The set-up (migrate, collectstatic) ran in the terminal's process group: Ctrl-C there
+    # broke it with a KeyboardInterrupt traceback and ./run exited 1.
+    import psutil
+    from django.conf import settings
+
+    with _on_a_fresh_database(tmp_path, broker_url=settings.COMPOSITION["BROKER_URL"]) as env:
+        log_path = tmp_path / "run.log"
+        process = _start_run(env, log_path)
+        deadline = time.monotonic() + 60
+        while process.poll() is None and not any(
+                "dev_setup" in " ".join(child.cmdline()) for child in psutil.Process(process.pid).children(True)):
+            assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.05)
+        os.killpg(process.pid, signal.SIGINT)  # the whole foreground group, as a terminal does
+        code = _stopped(process, 120)
     output = log_path.read_text()
     assert code == 0, output[-3000:]
     assert "stop requested during start-up" in output and "Traceback" not in output, output[-3000:]
