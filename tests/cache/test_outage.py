@@ -430,17 +430,23 @@ def _catch_up_fails_then_redis_answers(proxy: FaultProxy, other: str) -> None:
     assert not get_cache_aside().breaker.is_open
 
 
+def _two_keys_at_fence_1(monkeypatch: pytest.MonkeyPatch) -> tuple[str, str, str]:
+    """A namespace and two keys of it whose fences are 1; a failed catch-up holds off the next
+    for the whole test (CATCH_UP_INTERVAL_S)."""
+    ns = unique("joined")
+    key, other = f"{ns}:1", f"{ns}:2"
+    LockFence.objects.bulk_create([LockFence(resource=key, fence=1), LockFence(resource=other, fence=1)])
+    monkeypatch.setattr(pending_replay, "CATCH_UP_INTERVAL_S", 60.0)
+    return ns, key, other
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_read_after_its_own_failed_invalidation_does_not_join_the_rebuild_from_before_it(
         throwaway_redis_server: ThrowawayRedis, monkeypatch: pytest.MonkeyPatch) -> None:
     # A rebuild under a lease had read fence 1 when this process's write committed and its delete
     # failed: the lease stood in Redis, so a read after the write, its catch-up held off, joined
     # that rebuild and was handed fence 1 ("coalesced").
-    ns = unique("joined")
-    key, other = f"{ns}:1", f"{ns}:2"
-    LockFence.objects.bulk_create([LockFence(resource=key, fence=1), LockFence(resource=other, fence=1)])
-    # The next catch-up waits CATCH_UP_INTERVAL_S after a failed one: the whole test, here.
-    monkeypatch.setattr(pending_replay, "CATCH_UP_INTERVAL_S", 60.0)
+    ns, key, other = _two_keys_at_fence_1(monkeypatch)
     read, proceed = threading.Event(), threading.Event()
     with redis_behind(throwaway_redis_server) as proxy:
         before: list[CacheResult] = []
@@ -468,10 +474,7 @@ def test_a_read_after_its_own_failed_invalidation_does_not_join_a_rebuild_that_f
     # look at the unapplied keys came before) rebuilds anew, waits on the old rebuild's lease, which
     # no delete revoked, and then finds the entry that rebuild filled with fence 1. A read after
     # the write that joined it took fence 1, read "after" it began.
-    ns = unique("joined")
-    key, other = f"{ns}:1", f"{ns}:2"
-    LockFence.objects.bulk_create([LockFence(resource=key, fence=1), LockFence(resource=other, fence=1)])
-    monkeypatch.setattr(pending_replay, "CATCH_UP_INTERVAL_S", 60.0)
+    ns, key, other = _two_keys_at_fence_1(monkeypatch)
     read, proceed = threading.Event(), threading.Event()
     racing_arrived, racing_go = threading.Event(), threading.Event()
     with redis_behind(throwaway_redis_server) as proxy:
