@@ -2,9 +2,9 @@
 
 A ``System`` starts its components one by one; if one fails, those started are drained and
 stopped as in any stop, and one ``SystemStartError`` names it. ``stop()`` runs in reverse, bounds
-each component by a timeout, carries on past failures and returns a report. ``run()`` adds signals: the first SIGTERM
-or SIGINT drains, then stops; a second SIGINT (Ctrl-C again) exits at once, while another SIGTERM
-is the same stop request seen again (see ``_on_signal``).
+each component by a timeout, carries on past failures and returns a report. ``run()`` adds
+signals: the first SIGTERM or SIGINT drains, then stops; a second SIGINT (Ctrl-C again) exits at
+once, while another SIGTERM is the same stop request seen again (see ``_on_signal``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import structlog
 from composition.errors import SystemStartError, described
 from composition.lifecycle.base import Component
 from composition.lifecycle.ordering import order_components
+from composition.lifecycle.ready_file import ReadyFile
 from composition.lifecycle.stopping import StopResult, call_with_timeout, stop_with_timeout
 from composition.metrics import COMPONENT_START_SECONDS, COMPONENT_STOP_SECONDS
 
@@ -64,9 +65,7 @@ class System:
     on_draining: Callable[[], None] | None = None
     ready_file: Path | None = None
     started: list[Component] = field(default_factory=list, init=False)
-    # The ready file's path as the signal handler unlinks it: a plain string, made before any
-    # signal, so the handler's removal is one system call (no lock, nothing to log).
-    _ready_path: str | None = field(default=None, init=False)
+    _ready: ReadyFile | None = field(default=None, init=False)
     _stop_event: threading.Event = field(default_factory=threading.Event, init=False)
     # The first signal's number, set by the handler and read by the main thread: a plain attribute,
     # not the event (see _on_signal).
@@ -80,7 +79,7 @@ class System:
 
     def __post_init__(self) -> None:
         self.components = order_components(self.components)
-        self._ready_path = None if self.ready_file is None else os.fspath(self.ready_file)
+        self._ready = None if self.ready_file is None else ReadyFile(self.ready_file)
 
     # -- introspection -------------------------------------------------------------------
     @property
@@ -213,8 +212,8 @@ class System:
                     and len(self.started) == len(self.components) and not self._stop_requested():
                 began = time.monotonic()
                 try:
-                    if self.ready_file is not None:
-                        _mark_ready(self.ready_file)
+                    if self._ready is not None:
+                        self._ready.write()
                     if on_started is not None:
                         on_started()
                 except Exception as exc:
@@ -262,9 +261,8 @@ class System:
 
     def _remove_ready_file(self) -> None:
         """Remove the ready file, if any: from the signal handler too (one ``unlink``, no lock)."""
-        if self._ready_path is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(self._ready_path)
+        if self._ready is not None:
+            self._ready.remove()
 
     def _first_failed(self) -> str | None:
         for component in self.started:
@@ -319,13 +317,6 @@ class System:
         cancel = getattr(starting, "cancel_start", None)
         if cancel is not None:  # a component waiting to be ready (a child process) gives up now
             cancel()
-
-
-def _mark_ready(path: Path) -> None:
-    """Write this process's pid to ``path`` in one step (a reader never sees it half written)."""
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    partial.write_text(f"{os.getpid()}\n")
-    partial.replace(path)
 
 
 def _say(line: str) -> None:
