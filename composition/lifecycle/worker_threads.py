@@ -10,6 +10,7 @@ import time
 import structlog
 from dramatiq import Worker
 from dramatiq.broker import Broker
+from dramatiq.middleware import Middleware
 
 from composition.broker.time_limits import boot_worker_process
 from composition.errors import described
@@ -45,6 +46,7 @@ class WorkerComponent:
         self.threads = threads
         self.idle_poll_ms = idle_poll_ms
         self.worker: Worker | None = None
+        self._worker_middleware: list[Middleware] = []
         self._stopped = False
         self._drained = threading.Event()
         # Several beats within the broker's heartbeat timeout, so one late beat does not count.
@@ -90,7 +92,12 @@ class WorkerComponent:
             log.info("worker threads take work in queue order", queues=str(order),
                      mode="strict" if order.weights is None else "weighted", threads=self.threads,
                      reserved_for_first_queue=order.reserved_threads(self.threads))
+        before = list(self.broker.middleware)
         self.worker.start()
+        # What the Worker's start added to the broker for itself (it adds consumers as queues are
+        # declared), taken off again at the stop: a stopped worker must not start consumers, and
+        # a test process starts many (composition.testing.run_queued_jobs).
+        self._worker_middleware = [each for each in self.broker.middleware if not any(each is old for old in before)]
         self.keepalive.start()
 
     def begin_drain(self) -> None:
@@ -118,4 +125,7 @@ class WorkerComponent:
         finally:
             self.keepalive.stop()
             accept_unknown_jobs(self.broker, False)
+            for middleware in self._worker_middleware:
+                self.broker.middleware.remove(middleware)
+            self._worker_middleware = []
             self._drained.set()

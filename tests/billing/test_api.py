@@ -28,6 +28,7 @@ from billing.tokens import DEFAULT_LIFETIME, create_token
 from composition.broker.configured import configured_broker
 from composition.cache import invalidate_namespace
 from composition.outbox import OutboxMessage
+from composition.testing import run_queued_jobs
 from tests.helpers import post_json
 
 # Transactional: invalidations and the outbox send run after COMMIT, as in production.
@@ -185,6 +186,17 @@ def test_the_invoice_shows_its_payment_and_then_its_receipt(api_client: Client) 
     send_payment_receipt.fn(payment_id=Payment.objects.get().pk)  # what the worker runs
     receipt = api_client.get(url).json()["receipt"]
     assert receipt["number"] == "R-INV-1" and receipt["created_at"]
+
+
+@pytest.mark.empty_queues("billing")
+def test_the_receipt_job_a_pay_queued_runs_in_the_test_itself(api_client: Client) -> None:
+    """As docs/jobs.md shows a user's test: pay over HTTP, then run what is queued, in process."""
+    invoice = Invoice.objects.create(**INVOICE)
+    url = f"/api/invoices/{invoice.pk}"
+    assert post_json(api_client, f"{url}/pay", {"payment_id": "p-8", "amount_cents": 12_500}).status_code == 201
+    report = run_queued_jobs("billing")
+    assert report.count("success", actor="send_payment_receipt") == 1 and len(report.runs) == 1
+    assert api_client.get(url).json()["receipt"]["number"] == "R-INV-1"
 
 
 def test_a_payment_id_reused_with_another_amount_is_a_conflict(api_client: Client) -> None:

@@ -14,6 +14,7 @@ from composition.broker.configured import configured_broker
 from composition.jobs import PermanentError, TransientError, current_message, job
 from composition.jobs.middleware.limited_starts import LIMIT_STARTED_AT_OPTION
 from composition.jobs.middleware.retries import BACKOFF_OPTION
+from composition.outbox import publish
 from tests.jobsapp.models import Account, Attempt, Effect
 
 CRASH_QUEUE = "jobs_crash"
@@ -504,5 +505,27 @@ def bulk_step(key: str, hold_s: float) -> None:
     Effect.objects.create(key=key)
 
 
+# composition.testing.run_queued_jobs's tests: a job that publishes another, on a queue of their own.
+INLINE_QUEUE = "jobs_inline"
+
+
+@job(queue=INLINE_QUEUE, max_attempts=3, initial_delay_s=30.0, max_delay_s=30.0)
+def inline_chain(key: str, left: int) -> None:
+    """Writes its effect and, while ``left`` is above 0, publishes the next link of the chain."""
+    with transaction.atomic():
+        Effect.objects.create(key=f"{key}-{left}")
+        if left > 0:
+            publish(inline_chain, {"key": key, "left": left - 1})
+
+
+# A fixed 2 s backoff: a retry comes due well after a run without ``delayed`` has returned.
+@job(queue=INLINE_QUEUE, max_attempts=3, initial_delay_s=2.0, max_delay_s=2.0)
+def inline_flaky(key: str, fail_times: int) -> None:
+    if _record_attempt(key) <= fail_times:
+        raise TransientError(f"{key} not yet")
+    Effect.objects.create(key=key)
+
+
 # Jobs as deploys change them (chosen per process by environment variables).
 from tests.jobsapp import deploys  # noqa: E402, F401
+

@@ -13,7 +13,7 @@ import structlog
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import Middleware
 
-from composition.jobs.connection_hygiene import close_obsolete_connections, refresh_connections
+from composition.jobs.connection_hygiene import close_obsolete_connections, refresh_connections, thread_connections
 from composition.jobs.current import attempt_of
 
 __all__ = ["MessageContext"]
@@ -45,6 +45,13 @@ class MessageContext(Middleware):
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         self._reset()
+
+    def before_worker_thread_shutdown(self, broker: Broker, thread: Any) -> None:
+        # Closed by the stopping thread itself (Django's connections are per thread), not left to
+        # its thread-local storage's collection: a test's in-process run (run_queued_jobs) ends
+        # with its test database still to drop, and PostgreSQL refuses to drop one in use.
+        for wrapper in thread_connections():
+            wrapper.close()
 
     def _reset(self) -> None:
         structlog.contextvars.clear_contextvars()
