@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["LANES_LUA", "MAX_PRIORITY", "MIN_PRIORITY", "PRIORITY_HEADER", "PRIORITY_OPTION", "message_priority",
-           "rabbitmq_priority"]
+           "rabbitmq_priority", "unhonoured_priority"]
 
 PRIORITY_HEADER = "message_priority"
 PRIORITY_OPTION = "composition_priority"
@@ -79,3 +79,18 @@ def rabbitmq_priority(options: Mapping[str, Any], max_priority: int | None) -> i
     if not max_priority:
         return None
     return round((message_priority(options) - MIN_PRIORITY) * max_priority / (MAX_PRIORITY - MIN_PRIORITY))
+
+
+def unhonoured_priority(priority: int, *, broker: str, queue_type: str, max_priority: int | None) -> str | None:
+    """Why a message of ``priority`` (other than 0) could not be honoured on a ``broker``
+    (``broker_kind``) whose RabbitMQ queues are ``queue_type`` with ``max_priority``; None when it
+    can. Refused at publish: otherwise it would run in plain order, silently."""
+    if priority == 0 or broker != "rabbitmq":
+        return None
+    if queue_type == "quorum":
+        return (f"priority {priority}: the RabbitMQ queues are quorum queues, which have no priorities here; use 0, "
+                "or classic queues with RABBITMQ_MAX_PRIORITY (docs/tasks.md, 'Priorities')")
+    if not max_priority:
+        return (f"priority {priority}: RabbitMQ honours priorities only on queues declared with x-max-priority; "
+                "set COMPOSITION['RABBITMQ_MAX_PRIORITY'] (docs/tasks.md, 'Priorities')")
+    return None

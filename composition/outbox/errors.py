@@ -17,6 +17,7 @@ __all__ = [
     "ConfirmTimeout",
     "InvalidDelayError",
     "InvalidKeyError",
+    "InvalidPriorityError",
     "MessagesRejected",
     "OutboxError",
     "PayloadDoesNotFitError",
@@ -76,6 +77,11 @@ class InvalidKeyError(PublishError):
 
 class InvalidDelayError(PublishError):
     """``delay_s`` is negative, not finite or not a number."""
+
+
+class InvalidPriorityError(PublishError):
+    """``priority`` is not a whole number from -100 to 100, or the configured broker would not
+    honour it (RabbitMQ quorum queues, or classic ones without ``RABBITMQ_MAX_PRIORITY``)."""
 
 
 # -- delivery to RabbitMQ (composition.outbox.rabbitmq) ----------------------------------------

@@ -23,7 +23,9 @@ from django.db import DEFAULT_DB_ALIAS
 from django.utils import timezone
 from dramatiq.actor import Actor
 
-from composition.broker.configured import configured_broker
+from composition.broker.configured import broker_kind, configured_broker
+from composition.broker.priorities import MAX_PRIORITY, MIN_PRIORITY, PRIORITY_HEADER, unhonoured_priority
+from composition.conf import conf
 from composition.db.text import storable_text
 from composition.errors import IncompatibleMessageError, PayloadValidationError
 from composition.outbox.after_commit import (
@@ -36,6 +38,7 @@ from composition.outbox.claims import ClaimedMessage, Inserted, insert
 from composition.outbox.errors import (
     InvalidDelayError,
     InvalidKeyError,
+    InvalidPriorityError,
     PayloadDoesNotFitError,
     UnknownActorError,
 )
@@ -44,9 +47,21 @@ from composition.outbox.models import KEY_MAX_LENGTH, OutboxMessage
 from composition.outbox.payload_json import check_json, encode_payload, storable_json
 from composition.seconds import checked_seconds
 
-__all__ = ["PAYLOAD_SCHEMA_OPTION", "VERSIONS_OPTION", "VERSION_HEADER", "checked_delay", "checked_key",
-           "declared_actor", "fitting_payload", "publish", "publish_headers", "publish_with_headers", "read_back",
-           "version_header"]
+__all__ = [
+    "PAYLOAD_SCHEMA_OPTION",
+    "VERSIONS_OPTION",
+    "VERSION_HEADER",
+    "checked_delay",
+    "checked_key",
+    "declared_actor",
+    "fitting_payload",
+    "priority_header",
+    "publish",
+    "publish_headers",
+    "publish_with_headers",
+    "read_back",
+    "version_header",
+]
 
 # The actor option under which ``@job`` leaves its payload check (``jobs.schema.PayloadSchema``,
 # anything with ``validate(args, kwargs)``): publish() runs it without importing ``jobs``.
@@ -68,7 +83,7 @@ _OWN_HEADERS = frozenset({"request_id", "published_at"})
 
 
 def publish(actor: Any, payload: Mapping[str, Any], *, key: str | None = None,
-            delay_s: float | None = None) -> OutboxMessage:
+            delay_s: float | None = None, priority: int = 0) -> OutboxMessage:
     """Write one outbox message for ``actor`` with ``payload`` as its keyword arguments.
 
     ``actor`` is an actor (anything with an ``actor_name``, such as a Dramatiq actor or a job) or
@@ -77,17 +92,19 @@ def publish(actor: Any, payload: Mapping[str, Any], *, key: str | None = None,
     broker at once, and a periodic sweep catches anything that missed. Messages with the same
     ``key`` are relayed in publish order. ``delay_s`` (seconds after publish) delays the job; over
     ``OUTBOX_HELD_DELAY_S`` the row waits in the outbox until due (``composition.outbox.held``).
+    ``priority`` (-100..100, higher first) orders it among the messages waiting in its queue.
 
     Raises ``UnknownActorError``, ``PayloadNotSerializableError`` (not a dict with string keys
     of JSON values, or text PostgreSQL cannot store: a NUL character, a lone surrogate),
     ``PayloadTooLargeError`` (above ``OUTBOX_MAX_PAYLOAD_BYTES`` encoded),
-    ``InvalidKeyError`` or ``InvalidDelayError``; all are ``PublishError``/``ValueError``.
+    ``InvalidKeyError``, ``InvalidDelayError`` or ``InvalidPriorityError``; all are
+    ``PublishError``/``ValueError``.
 
     Returns the row as it was inserted, without reading it again: pending, even once sent (the
     send after COMMIT, or at once outside a transaction, updates the table, not this object;
     ``refresh_from_db()`` reads where it is).
     """
-    return publish_with_headers(actor, payload, headers={}, key=key, delay_s=delay_s)
+    return publish_with_headers(actor, payload, headers=priority_header(priority), key=key, delay_s=delay_s)
 
 
 def publish_with_headers(actor: Any, payload: Mapping[str, Any], *, headers: Mapping[str, Any],
@@ -203,6 +220,20 @@ def checked_delay(delay_s: Any) -> float | None:
         return checked_seconds("delay_s", delay_s, at_most=MAX_DELAY_S, zero=True)
     except ValueError as exc:
         raise InvalidDelayError(str(exc)) from None
+
+
+def priority_header(priority: Any) -> dict[str, int]:
+    """The header a message of ``priority`` is published with (none for 0); raises
+    ``InvalidPriorityError`` for anything but a whole number from -100 to 100, and for one the
+    configured broker would not honour."""
+    if isinstance(priority, bool) or not isinstance(priority, int) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise InvalidPriorityError(f"priority must be a whole number from {MIN_PRIORITY} to {MAX_PRIORITY} "
+                                   f"(higher runs first), got {priority!r}")
+    problem = unhonoured_priority(priority, broker=broker_kind(str(conf.BROKER_URL)),
+                                  queue_type=conf.RABBITMQ_QUEUE_TYPE, max_priority=conf.RABBITMQ_MAX_PRIORITY)
+    if problem is not None:
+        raise InvalidPriorityError(problem)
+    return {PRIORITY_HEADER: priority} if priority else {}
 
 
 def publish_headers(extra: Mapping[str, Any]) -> dict[str, Any]:

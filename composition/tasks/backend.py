@@ -20,11 +20,10 @@ from django.utils import timezone
 from dramatiq import Actor
 
 from composition.broker.configured import broker_kind
-from composition.broker.priorities import PRIORITY_HEADER
+from composition.broker.priorities import PRIORITY_HEADER, unhonoured_priority
 from composition.conf import conf
 from composition.errors import PayloadValidationError
 from composition.tasks._compat import (
-    DEFAULT_TASK_PRIORITY,
     DEFAULT_TASK_QUEUE_NAME,
     BaseTaskBackend,
     InvalidTask,
@@ -91,15 +90,10 @@ class OutboxBackend(BaseTaskBackend):
                 raise InvalidTask(f"run_after is at most {MAX_DELAY_S / 86_400 / 365:g} years ahead, got "
                                   f"{run_after.isoformat()}")
         super().validate_task(task)
-        if task.priority != DEFAULT_TASK_PRIORITY and broker_kind(str(conf.BROKER_URL)) == "rabbitmq" \
-                and conf.RABBITMQ_QUEUE_TYPE == "quorum":
-            raise InvalidTask(f"priority {task.priority}: the RabbitMQ queues are quorum queues, which have no "
-                              "priorities here; use 0, or classic queues with RABBITMQ_MAX_PRIORITY "
-                              "(docs/tasks.md, 'Priorities')")
-        if task.priority != DEFAULT_TASK_PRIORITY and broker_kind(str(conf.BROKER_URL)) == "rabbitmq" \
-                and not conf.RABBITMQ_MAX_PRIORITY:
-            raise InvalidTask(f"priority {task.priority}: RabbitMQ honours priorities only on queues declared with "
-                              "x-max-priority; set COMPOSITION['RABBITMQ_MAX_PRIORITY'] (docs/tasks.md, 'Priorities')")
+        problem = unhonoured_priority(task.priority, broker=broker_kind(str(conf.BROKER_URL)),
+                                      queue_type=conf.RABBITMQ_QUEUE_TYPE, max_priority=conf.RABBITMQ_MAX_PRIORITY)
+        if problem is not None:
+            raise InvalidTask(problem)
 
     def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
         """Write the task's outbox row in the current transaction; returns its READY result.

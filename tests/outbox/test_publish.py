@@ -15,6 +15,7 @@ from django.test import override_settings
 from composition.outbox import (
     InvalidDelayError,
     InvalidKeyError,
+    InvalidPriorityError,
     OutboxMessage,
     PayloadNotSerializableError,
     PayloadTooLargeError,
@@ -62,6 +63,12 @@ pytestmark = [pytest.mark.empty_queues()]
     (PROBE, {"seq": 1}, {"key": "k\ud800"}, InvalidKeyError),
     (PROBE, {"seq": 10**5000}, {}, PayloadNotSerializableError),
     (PROBE, {"seq": types.MappingProxyType({"a": 1})}, {}, PayloadNotSerializableError),
+    (PROBE, {"seq": 1}, {"priority": 101}, InvalidPriorityError),
+    (PROBE, {"seq": 1}, {"priority": -101}, InvalidPriorityError),
+    (PROBE, {"seq": 1}, {"priority": 1.5}, InvalidPriorityError),
+    (PROBE, {"seq": 1}, {"priority": "high"}, InvalidPriorityError),
+    (PROBE, {"seq": 1}, {"priority": True}, InvalidPriorityError),
+    (PROBE, {"seq": 1}, {"priority": None}, InvalidPriorityError),
 ])
 def test_bad_input_raises_at_publish_and_writes_nothing(actor: Any, payload: Any, kwargs: dict[str, Any],
                                                         error: type[Exception]) -> None:

@@ -14,9 +14,11 @@ from django.db.transaction import TransactionManagementError
 from django.test.utils import CaptureQueriesContext
 
 from composition.broker.configured import configured_broker
+from composition.broker.priorities import PRIORITY_HEADER
 from composition.outbox import (
     InvalidDelayError,
     InvalidKeyError,
+    InvalidPriorityError,
     OutboxMessage,
     PayloadDoesNotFitError,
     PayloadNotSerializableError,
@@ -143,6 +145,8 @@ def test_a_payload_that_does_not_fit_the_job_refuses_the_batch_and_leaves_the_tr
     (PROBE, [{"seq": 1}], {"key": ""}, InvalidKeyError),
     (PROBE, [], {"key": 7}, InvalidKeyError),
     (PROBE, [{"seq": 1}], {"delay_s": -1}, InvalidDelayError),
+    (PROBE, [{"seq": 1}], {"priority": "high"}, InvalidPriorityError),
+    (PROBE, [], {"priority": 500}, InvalidPriorityError),
     (PROBE, {"seq": 1}, {}, PayloadNotSerializableError),
     (PROBE, "seq", {}, PayloadNotSerializableError),
     (PROBE, 7, {}, PayloadNotSerializableError),
@@ -235,6 +239,41 @@ def test_left_to_the_relay_the_batch_stays_pending_and_the_relay_is_nudged_once(
     assert len(enqueued(RELAY_QUEUE_NAME)) == 1
     assert Relay(configured_broker()).run_until_idle() == 3
     assert _seqs() == [0, 1, 2]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_priority_orders_what_waits_in_the_queue_higher_first_equal_ones_in_publish_order() -> None:
+    with transaction.atomic():
+        publish(PROBE, {"seq": 0})
+        publish(PROBE, {"seq": 1}, priority=-5)
+        publish_many(PROBE, [{"seq": 2}, {"seq": 3}], priority=10)
+        publish(PROBE, {"seq": 4}, priority=50, key=KEY)
+        publish(PROBE, {"seq": 5}, priority=0)
+    rows = OutboxMessage.objects.order_by("id")
+    assert [row.headers.get(PRIORITY_HEADER) for row in rows] == [None, -5, 10, 10, 50, None]
+    consumer = configured_broker().consume(PROBE_QUEUE, prefetch=1, timeout=100)
+    fetched: list[int] = []
+    try:
+        for _ in range(100):
+            message = next(consumer)
+            if message is not None:
+                fetched.append(message.kwargs["seq"])
+                consumer.ack(message)
+            if len(fetched) == 6:
+                break
+    finally:
+        consumer.close()
+    assert fetched == [4, 2, 3, 0, 5, 1]
+
+
+def test_a_priority_rabbitmq_would_not_honour_is_refused_at_publish(settings: Any) -> None:
+    amqp = "amqp://guest:guest@127.0.0.1:5672/%2F"
+    settings.COMPOSITION = {**settings.COMPOSITION, "BROKER_URL": amqp, "RABBITMQ_QUEUE_TYPE": "quorum"}
+    with pytest.raises(InvalidPriorityError, match="quorum queues"):
+        publish(PROBE, {"seq": 1}, priority=5)
+    settings.COMPOSITION = {**settings.COMPOSITION, "RABBITMQ_QUEUE_TYPE": "classic", "RABBITMQ_MAX_PRIORITY": None}
+    with pytest.raises(InvalidPriorityError, match="RABBITMQ_MAX_PRIORITY"):
+        publish_many(PROBE, [{"seq": 1}], priority=-1)
 
 
 # -- a key's order -----------------------------------------------------------------------------------
