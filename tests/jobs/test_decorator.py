@@ -153,7 +153,9 @@ def _example(invoice_id: int, amount: float, note: str | None = None, tags: list
     ((), {"invoice_id": True, "amount": 1.0}, "argument 'invoice_id' must be int, got bool"),
     ((), {"invoice_id": 1, "amount": "1"}, "argument 'amount' must be float, got str"),
     ((), {"invoice_id": 1, "amount": 1, "note": 5}, "argument 'note' must be str | None, got int"),
-    ((), {"invoice_id": 1, "amount": 1, "tags": "a"}, "argument 'tags' must be list | None, got str"),
+    ((), {"invoice_id": 1, "amount": 1, "tags": "a"}, "argument 'tags' must be list[str] | None, got str"),
+    ((), {"invoice_id": 1, "amount": 1, "tags": ["a", 2]}, "argument 'tags' must be list[str] | None, got int at "
+                                                           "tags[1]"),
 ])
 def test_schema_refuses_payloads_that_do_not_fit(args: tuple, kwargs: dict, error: str) -> None:
     schema = PayloadSchema.of(_example, "example")
@@ -167,6 +169,57 @@ def test_schema_accepts_payloads_that_fit() -> None:
     schema = PayloadSchema.of(_example, "example")
     schema.validate((), {"invoice_id": 1, "amount": 2})  # an int is a fine float
     schema.validate((3, 1.5), {"note": None, "tags": ["x"]})
+
+
+class _Invoice:
+    pass
+
+
+def _taking(annotation: Any) -> Any:
+    """A job function of one argument, ``value``, annotated ``annotation``."""
+    def fn(value: Any) -> None:
+        pass
+
+    fn.__annotations__ = {"value": annotation, "return": None}
+    return fn
+
+
+@pytest.mark.parametrize(("annotation", "value", "error"), [
+    (list[int], [1, "x"], "must be list[int], got str at value[1]"),
+    (list[int], [1, True], "must be list[int], got bool at value[1]"),
+    (list[int], "1", "must be list[int], got str"),
+    (list[int | None], [1, None, 2.5], "must be list[int | None], got float at value[2]"),
+    (list[list[str]], [["a"], ["b", 3]], "must be list[list[str]], got int at value[1][1]"),
+    (list[list[str]], [["a"], "b"], "must be list[list[str]], got str at value[1]"),
+    (dict[str, list[int]], {"eur": [1], "usd": [2, "3"]}, "must be dict[str, list[int]], got str at value['usd'][1]"),
+    # Only when the job is called as a function: JSON would have made the key a string.
+    (dict[str, list[int]], {1: [1]}, "must be dict[str, list[int]], got int key in value"),
+    (dict[int, str], {"1": 2}, "must be dict[int, str], got int at value['1']"),
+    (list[int] | None, [1, "2"], "must be list[int] | None, got str at value[1]"),
+    (list[_Invoice], {}, "must be list, got dict"),
+])
+def test_schema_checks_each_element_of_a_list_and_each_value_of_a_dict(annotation: Any, value: Any,
+                                                                       error: str) -> None:
+    schema = PayloadSchema.of(_taking(annotation), "containers")
+    with pytest.raises(PayloadValidationError) as caught:
+        schema.validate((), {"value": value})
+    assert f"argument 'value' {error}" in str(caught.value)
+
+
+@pytest.mark.parametrize(("annotation", "value"), [
+    (list[int], [1, 2]),
+    (list[int | None], [None, 3]),
+    (list[list[str]], [[], ["a"]]),
+    (dict[str, list[int]], {"eur": []}),
+    (list[int] | None, None),
+    # A JSON object's keys are always strings, whatever the annotation says of them.
+    (dict[int, str], {"1": "one"}),
+    # An element type JSON has no word for is left to the job: only the container is checked.
+    (list[_Invoice], [1, "x", None]),
+])
+def test_schema_accepts_containers_that_fit_and_leaves_what_json_cannot_say_unchecked(annotation: Any,
+                                                                                      value: Any) -> None:
+    PayloadSchema.of(_taking(annotation), "containers").validate((), {"value": value})
 
 
 def _positional_only(invoice_id: int, /, note: str = "") -> None:

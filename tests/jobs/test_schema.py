@@ -37,6 +37,22 @@ def test_a_payload_that_does_not_fit_is_refused_and_nothing_is_written(payload: 
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(("payload", "reason"), [
+    ({"invoice_ids": [1, "x"]}, "argument 'invoice_ids' must be list[int], got str at invoice_ids[1]"),
+    ({"invoice_ids": [[1]]}, "argument 'invoice_ids' must be list[int], got list at invoice_ids[0]"),
+    ({"invoice_ids": 1}, "argument 'invoice_ids' must be list[int], got int"),
+])
+def test_a_list_with_an_element_that_does_not_fit_is_refused_and_nothing_is_written(payload: dict,
+                                                                                    reason: str) -> None:
+    with pytest.raises(PayloadDoesNotFitError) as caught:
+        publish(jobs.typed_batch, payload)
+    assert str(caught.value) == f"payload for typed_batch: {reason}"
+    assert not OutboxMessage.objects.exists()
+    publish(jobs.typed_batch, {"invoice_ids": [1, 2]})
+    assert OutboxMessage.objects.count() == 1
+
+
+@pytest.mark.django_db
 def test_a_refusal_inside_a_transaction_leaves_the_rest_of_it_alone() -> None:
     with transaction.atomic():
         Effect.objects.create(key="kept")

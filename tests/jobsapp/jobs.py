@@ -72,6 +72,11 @@ def typed(invoice_id: int, note: str = "") -> None:
     Effect.objects.create(key=f"typed-{invoice_id}-{note}")
 
 
+@job(queue=CHECK_QUEUE, max_attempts=3, initial_delay_s=0.02, max_delay_s=0.1)
+def typed_batch(invoice_ids: list[int]) -> None:
+    Effect.objects.create(key="typed-batch-" + "-".join(str(invoice_id) for invoice_id in invoice_ids))
+
+
 @job(queue=CHECK_QUEUE, max_attempts=1, idempotent=True)
 def charge(account: str, key: str) -> None:
     """Fails for good until the account exists: the "fix the data, then replay" case."""

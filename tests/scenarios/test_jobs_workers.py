@@ -77,7 +77,9 @@ def test_malformed_payload_is_dead_lettered_and_the_worker_keeps_running(worker_
     jobs.typed.send_with_options(kwargs={"invoice_id": "41"})
     jobs.typed.send_with_options(kwargs={"invoice_id": "42"})
     jobs.typed.send_with_options(kwargs={"invoice": 43})
-    wait_until(lambda: DeadLetter.objects.filter(actor="typed").count() == 3, timeout_s=30,
+    # A list's elements are checked too, not only that it is a list.
+    jobs.typed_batch.send_with_options(kwargs={"invoice_ids": [45, "46"]})
+    wait_until(lambda: DeadLetter.objects.filter(actor__in=["typed", "typed_batch"]).count() == 4, timeout_s=30,
                message=f"malformed payloads not dead-lettered; log:\n{worker.output()[-3000:]}")
     jobs.typed.send(invoice_id=44, note="fine")
     wait_until(lambda: Effect.objects.filter(key="typed-44-fine").exists(), timeout_s=30,
@@ -95,6 +97,10 @@ def test_malformed_payload_is_dead_lettered_and_the_worker_keeps_running(worker_
     assert "unexpected keyword argument 'invoice'" in renamed.error_message
     # Same cause, same group: the two string ids share a fingerprint, the renamed argument not.
     assert first.fingerprint == second.fingerprint != renamed.fingerprint
+    batch = DeadLetter.objects.get(actor="typed_batch")
+    assert (batch.attempts, batch.error_class) == (1, error_class)
+    assert "argument 'invoice_ids' must be list[int], got str at invoice_ids[1]" in batch.error_message
+    assert not Effect.objects.filter(key__startswith="typed-batch").exists()
     assert worker.process is not None and worker.process.poll() is None
     assert worker.terminate() == 0
 

@@ -157,10 +157,11 @@ def test_bad_tasks_and_arguments_are_refused_and_nothing_is_written() -> None:
         (lambda: tasks.typed.enqueue(m=1), "unexpected keyword argument 'm'"),
         (lambda: tasks.typed.enqueue(), "missing a required argument 'n'"),
         (lambda: tasks.typed.enqueue(n="x"), "argument 'n' must be int, got str"),
-        (lambda: tasks.typed.enqueue(1, tags="a"), "argument 'tags' must be list | None, got str"),
+        (lambda: tasks.typed.enqueue(1, tags="a"), "argument 'tags' must be list[str] | None, got str"),
         (lambda: tasks.typed.enqueue(1, 2, 3), "too many positional arguments"),
         (lambda: tasks.typed.enqueue(n=timezone.now()), "must be JSON values"),
-        (lambda: tasks.typed.enqueue(1, tags=[{1: "a"}]), "non-string key 1"),
+        (lambda: tasks.typed.enqueue(1, tags=[{1: "a"}]), "argument 'tags' must be list[str] | None, got dict at "
+                                                           "tags[0]"),
         (lambda: tasks.flaky.enqueue(key="k"), "missing a required argument 'fail_times'"),
         (lambda: tasks.typed.enqueue(1, tags=["a\x00b"]), "NUL character"),
         (lambda: tasks.typed.enqueue(1, tags=["\ud800"]), "lone surrogate"),
