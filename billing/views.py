@@ -14,7 +14,7 @@ from billing.api import ApiError, endpoint
 from billing.models import MAX_AMOUNT_CENTS, Invoice
 from billing.validation import AMOUNT, Email, Integer, Text, parse_json_body, parse_query_int
 from billing.wiring import default_service
-from composition.backpressure.admission import Backpressure
+from composition.backpressure import Backpressure, admit
 
 # Each business error with its status and stable code.
 ERRORS: dict[type[errors.BillingError], tuple[int, str]] = {
@@ -98,6 +98,10 @@ def invoice_detail(request: HttpRequest, invoice_id: int) -> JsonResponse:
 
 def pay_invoice(request: HttpRequest, invoice_id: int) -> JsonResponse:
     data = parse_json_body(request, PAYMENT_FIELDS)
+    # Of the writes, only a payment publishes to the billing queue (its receipt), so only it is
+    # refused while that queue is at its backlog limit: the Backpressure rises to
+    # BackpressureMiddleware, which answers 503 with Retry-After.
+    admit("billing")
     try:
         outcome = default_service().pay_invoice(_existing_id(invoice_id), payment_id=data["payment_id"],
                                        amount_cents=data["amount_cents"])

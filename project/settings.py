@@ -59,8 +59,9 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # django-prometheus's, with its method labels bounded (composition.prometheus.http_metrics).
     "composition.prometheus.http_metrics.PrometheusAfterMiddleware",
-    # Shed payments before the receipt queue overflows: 503 with Retry-After. Last, so that the
-    # HTTP metrics above count the 503s it answers (a shed request still reaches no view).
+    # Answers a payment refused before the receipts' queue overflows (the Backpressure that
+    # billing's pay view lets rise) with 503 and Retry-After. Last, so that the HTTP metrics
+    # above count the 503s it answers.
     "composition.backpressure.BackpressureMiddleware",
 ]
 
@@ -102,10 +103,11 @@ CACHES = {
 
 COMPOSITION = {
     "BROKER_URL": BROKER_URL,
-    # Reminders are shed first: a small backlog of their own, apart from payments' receipts.
+    # Backlog limits that admit() enforces: payments ask for billing's (their receipts go there;
+    # creating, voiding and reminding are never shed with it), reminders for their own, smaller
+    # one, so they are shed first.
     "BACKPRESSURE_QUEUES": {"billing": int(os.environ.get("BILLING_QUEUE_LIMIT", "10000")),
                             "reminders": int(os.environ.get("REMINDERS_QUEUE_LIMIT", "1000"))},
-    "BACKPRESSURE_PATHS": {"/api/invoices": "billing"},
     # And shed whole while payments' receipts wait: reminders pause on their own (and the remind
     # endpoint answers 503) once the oldest billing message has waited 30 s (Redis) or 5,000
     # are ready (RabbitMQ), and resume once both are below half that for 10 s.

@@ -157,12 +157,13 @@ def test_the_middleware_s_place_is_checked() -> None:
     """First in MIDDLEWARE, its 503s were missing from django-prometheus' HTTP metrics; left out,
     BACKPRESSURE_PATHS refused nothing. Neither was reported."""
     middleware = [path for path in settings.MIDDLEWARE if path != BACKPRESSURE_MIDDLEWARE]
-    assert settings.COMPOSITION["BACKPRESSURE_PATHS"] and settings.MIDDLEWARE[-1] == BACKPRESSURE_MIDDLEWARE
+    assert settings.MIDDLEWARE[-1] == BACKPRESSURE_MIDDLEWARE
     assert check_backpressure_settings() == []
     with override_settings(MIDDLEWARE=[BACKPRESSURE_MIDDLEWARE, *middleware]):
         [first] = check_backpressure_settings()
     assert first.id == "composition.W055" and "PrometheusAfterMiddleware" in first.msg
-    with override_settings(MIDDLEWARE=middleware):
+    paths = {**settings.COMPOSITION, "BACKPRESSURE_PATHS": {"/api/invoices": "billing"}}
+    with override_settings(MIDDLEWARE=middleware, COMPOSITION=paths):
         assert [message.id for message in check_backpressure_settings()] == ["composition.W054"]
     # By class: the defining module's path is the same middleware (it read as missing).
     with override_settings(MIDDLEWARE=[*middleware, "composition.backpressure.admission.BackpressureMiddleware"]):

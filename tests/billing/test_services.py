@@ -1,6 +1,6 @@
 """The billing service with the library's objects passed in: real alternates (another cache alias,
-a job on another queue, another email backend), and reminders shed under backpressure while
-payments go on."""
+a job on another queue, another email backend); under backpressure reminders are shed while
+payments go on, and payments are shed while the other writes go on."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from billing.services import InvoiceService, invoice_cache_key
 from billing.wiring import build_service, default_service, email_sender
 from composition.broker.configured import configured_broker
 from composition.cache import get_cache_aside, invalidate_namespace
-from composition.outbox import OutboxMessage
+from composition.outbox import OutboxMessage, publish
 from tests.helpers import open_invoice, post_json
 from tests.jobsapp.jobs import ELSEWHERE_QUEUE
 
@@ -126,6 +126,30 @@ def test_reminders_are_shed_with_503_while_payments_go_on(api_client: Client) ->
         assert Payment.objects.count() == 5
     finally:
         broker.flush("reminders")
+
+
+@pytest.mark.django_db
+def test_with_the_billing_queue_full_only_payments_are_shed(api_client: Client) -> None:
+    # BACKPRESSURE_PATHS {"/api/invoices": "billing"} shed every write under it with billing's
+    # queue: creating, voiding and reminding too, though none of them publishes a receipt.
+    broker = configured_broker()
+    broker.flush("billing")
+    payable, voidable = open_invoice("INV-B1"), open_invoice("INV-B2")
+    reminded = open_invoice("INV-B3", email="ada@example.com")
+    publish("send_payment_receipt", {"payment_id": 1})  # one receipt waiting: at the limit below
+    limits = {**settings.COMPOSITION["BACKPRESSURE_QUEUES"], "billing": 1}
+    with override_settings(COMPOSITION={**settings.COMPOSITION, "BACKPRESSURE_QUEUES": limits,
+                                        "BACKPRESSURE_CACHE_S": 0}):
+        shed = post_json(api_client, f"/api/invoices/{payable.pk}/pay", {"payment_id": "pay-b1", "amount_cents": 500})
+        created = post_json(api_client, "/api/invoices", {"number": "INV-B4", "customer": "Ada", "amount_cents": 5})
+        voided = post_json(api_client, f"/api/invoices/{voidable.pk}/void", {})
+        reminder = post_json(api_client, f"/api/invoices/{reminded.pk}/remind", {})
+    assert (shed.status_code, shed.json()["code"]) == (503, "overloaded"), shed.content
+    assert int(shed["Retry-After"]) >= 1
+    assert not Payment.objects.exists() and Invoice.objects.get(pk=payable.pk).status == "open"
+    assert (created.status_code, voided.status_code, reminder.status_code) == (201, 200, 202)
+    paid = post_json(api_client, f"/api/invoices/{payable.pk}/pay", {"payment_id": "pay-b1", "amount_cents": 500})
+    assert paid.status_code == 201, paid.content
 
 
 @pytest.mark.django_db
