@@ -18,10 +18,10 @@ from typing import Any
 import structlog
 from django.utils import timezone
 
+from composition import health
 from composition.breaker import breaker_states
 from composition.broker.configured import configured_broker
 from composition.conf import conf
-from composition.health import checks as health
 from composition.jobs.failure_groups import failure_groups, group_count
 from composition.jobs.middleware.in_flight import RUNS_WINDOW_S
 from composition.jobs.models import BrokerEpoch, DeadLetter

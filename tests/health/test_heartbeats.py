@@ -17,7 +17,7 @@ import redis
 from django.conf import settings
 from django.test import override_settings
 
-from composition.health import checks as health
+from composition import health
 from composition.health import heartbeats
 from composition.lifecycle import pids
 from composition.testing import free_port, subprocess_env, wait_until

@@ -13,7 +13,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from composition.health import checks as health
+from composition import health
 from composition.health import heartbeats
 from composition.health.probes import heartbeat_client
 from composition.outbox import OutboxMessage, publish

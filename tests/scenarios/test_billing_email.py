@@ -14,8 +14,8 @@ import pytest
 
 from billing.models import Invoice, Payment, Receipt
 from billing.wiring import default_service
+from composition import health
 from composition.broker.configured import configured_broker
-from composition.health import checks as health
 from composition.testing import wait_until
 from tests.gunicorn_server import emails_by_message_id, gunicorn, mail_env, post
 from tests.helpers import ROOT

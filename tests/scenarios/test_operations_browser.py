@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
+from composition import health
 from composition.backpressure.depth import broker_counts
-from composition.health import checks as health
 from composition.jobs.models import DeadLetter
 from composition.outbox import OutboxMessage
 from composition.outbox.relay import RELAY_QUEUE_NAME

@@ -18,7 +18,7 @@ import pytest
 from django.core.management import call_command
 from django.db import transaction
 
-from composition.health import checks as health
+from composition import health
 from composition.jobs.models import ProcessedMessage
 from composition.outbox import OutboxMessage, publish
 from composition.outbox.models import message_id_for

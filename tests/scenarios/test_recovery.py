@@ -132,7 +132,7 @@ def test_a_killed_worker_s_messages_run_within_seconds_of_its_restart_and_a_live
 
 
 def _jobs_in_flight(pid: int) -> int:
-    from composition.health import checks as health
+    from composition import health
 
     for beat in health.workers().detail.get("workers", []):
         if beat["worker"].endswith(f":{pid}"):

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from django.db import transaction
 
+from composition import health
 from composition.conf import conf
-from composition.health import checks as health
 from composition.outbox import OutboxMessage, publish
 from composition.outbox.relay import RELAY_QUEUE_NAME
 from composition.testing import ThrowawayRedis, wait_until

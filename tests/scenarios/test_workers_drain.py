@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from composition import health
 from composition.broker.configured import configured_broker
-from composition.health import checks as health
 from composition.lifecycle.system import OVERRUN_S
 from composition.testing import wait_until
 from tests.jobsapp import jobs

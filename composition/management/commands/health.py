@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from composition.health import checks as health
+from composition import health
 
 
 class Command(BaseCommand):
