@@ -4,13 +4,11 @@ A ``System`` starts its components one by one; if one fails, those started are d
 stopped as in any stop, and one ``SystemStartError`` names it. ``stop()`` runs in reverse, bounds
 each component by a timeout, carries on past failures and returns a report. ``run()`` adds
 signals: the first SIGTERM or SIGINT drains, then stops; a second SIGINT (Ctrl-C again) exits at
-once, while another SIGTERM is the same stop request seen again (see ``_on_signal``).
+once, while another SIGTERM is the same stop request seen again (``signals``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import threading
 import time
@@ -25,16 +23,15 @@ from composition.errors import SystemStartError, described
 from composition.lifecycle.base import Component
 from composition.lifecycle.ordering import order_components
 from composition.lifecycle.ready_file import ReadyFile
+from composition.lifecycle.signals import another_signal, install_stop_signals, restore_signals
 from composition.lifecycle.stopping import StopResult, call_with_timeout, stop_with_timeout
 from composition.metrics import COMPONENT_START_SECONDS, COMPONENT_STOP_SECONDS
 
-__all__ = ["FORCED_EXIT_CODE", "MIN_STOP_SLICE_S", "OVERRUN_S", "System"]
+__all__ = ["MIN_STOP_SLICE_S", "OVERRUN_S", "System"]
 
 # The logger name predates the package; operators' log filters (and the tests) select on it.
 log = structlog.get_logger("composition.system")
 
-# Exit code of a second, forcing signal: the conventional 128 + SIGINT.
-FORCED_EXIT_CODE = 130
 # How far past the deadline the stops of the components left may run, all of them together: a
 # component stuck in a call to a dependency that hangs (a blackholed database) is abandoned, and
 # the rest still close their connections and flush their logs, each given at least
@@ -204,7 +201,7 @@ class System:
         failed "start announcement". Must be called from the main thread when
         ``install_signals`` is true.
         """
-        previous = self._install_signals() if install_signals else {}
+        previous = install_stop_signals(self._on_signal) if install_signals else {}
         not_announced: StopResult | None = None
         try:
             self.start()
@@ -242,8 +239,7 @@ class System:
                       if result.name == failed else result for result in report)]
         finally:
             self._remove_ready_file()
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+            restore_signals(previous)
 
     def request_stop(self) -> None:
         """Ask ``run()`` to drain and stop (from another thread; not from a signal handler)."""
@@ -271,56 +267,16 @@ class System:
                 return component.name
         return None
 
-    def _install_signals(self) -> dict[int, signal.Handlers | Callable[..., object] | int | None]:
-        previous: dict[int, signal.Handlers | Callable[..., object] | int | None] = {}
-        # SIGHUP too: a closed terminal or a dropped ssh session sends it, and its default (exit
-        # at once) abandoned the jobs under way without a word.
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            previous[signum] = signal.getsignal(signum)
-            if signum == signal.SIGHUP and previous[signum] == signal.SIG_IGN:
-                continue  # under nohup: it asked for the process to outlive the terminal
-            signal.signal(signum, self._on_signal)
-        return previous
-
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        """Python runs a handler on the main thread between two of its bytecodes, wherever that
-        thread is: maybe inside ``Event.wait``, holding the event's lock, or inside a log call
-        holding a metric's lock. Taking such a lock here deadlocked the process for good (on CI a
-        runworkers logged "signal received, draining", then nothing, until it was killed). So the
-        handler only sets plain attributes (this one, a component's ``cancel_start`` flag), writes
-        to stderr with ``os.write`` and unlinks the ready file; the main thread polls and does the
-        rest."""
+        """The handler ``run`` installs. It takes no lock (``composition.lifecycle.signals``): it
+        sets plain attributes (this one, a component's ``cancel_start`` flag) and unlinks the
+        ready file."""
         if self._signal_received is not None:
-            if signum in (signal.SIGTERM, signal.SIGHUP):
-                # A supervisor's, not an operator insisting: systemd's KillMode=control-group
-                # signals every process of the service, and a runworkers child under ./run gets
-                # it again from its supervisor once the web's draining window ends, seconds later.
-                # Taken as "exit at once", it dropped the jobs it was finishing.
-                _say(f"{signal.Signals(signum).name} again: the same stop request, still draining "
-                     "(a second Ctrl-C or SIGINT exits at once)")
-                return
-            # The operator pressed Ctrl-C again: do not wait for anything any more, nor leave
-            # child processes behind to drain on their own (they wrote on to the terminal).
-            _say("second signal: exiting at once")
-            # Here, not on the main thread: it may not have seen the first signal yet, and after
-            # os._exit nothing runs (the file was left holding a dead pid).
-            self._remove_ready_file()
-            for component in [*self.started, self._starting, self._in_stop]:
-                kill_now = getattr(component, "kill_now", None)
-                if kill_now is not None:
-                    with contextlib.suppress(Exception):
-                        kill_now()
-            os._exit(FORCED_EXIT_CODE)
+            another_signal(signum, [*self.started, self._starting, self._in_stop], self._ready)
+            return
         self._signal_received = signum
         self._remove_ready_file()  # at the signal itself, not at the main thread's next poll
         starting = self._starting
         cancel = getattr(starting, "cancel_start", None)
         if cancel is not None:  # a component waiting to be ready (a child process) gives up now
             cancel()
-
-
-def _say(line: str) -> None:
-    """A line to stderr from a signal handler. A terminal that hung up (the SIGHUP's own) fails
-    the write with EIO: raised in the handler, that would end the drain it is part of."""
-    with contextlib.suppress(OSError):
-        os.write(2, f"{line}\n".encode())
