@@ -5,8 +5,8 @@ rebuild it; ``invalidate(key)`` deletes it after the current transaction commits
 ``invalidate_namespace(ns)`` drops every key of a namespace (the text before the first ``:``).
 Modules: ``api``, ``arguments`` (what it accepts), ``handler`` (one engine per alias, rebuilt when
 settings change), ``engine`` (serving policy), ``store`` (Redis keys and scripts), ``epoch`` (what
-a Redis restart makes a miss), ``flights`` (in-process coalescing), ``invalidation`` (durable
-invalidations), ``replay``, ``serializers``, ``errors``.
+a Redis restart makes a miss), ``flights`` (in-process coalescing), ``coalescing`` (who waits for
+whose load), ``invalidation`` (durable invalidations), ``replay``, ``serializers``, ``errors``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The cache-aside engine for one django-redis cache alias: who loads, who waits, what is served.
 
 A hit is one ``MGET`` of the namespace version and the entry (its version: that namespace version
-and the epoch, ``composition.cache.epoch``). On a miss one caller per process
-(``composition.cache.flights``) rebuilds under a lease (``composition.cache.rebuild``; the Redis
-layout and scripts: ``composition.cache.store``); the others share its value, or serve stale.
+and the epoch, ``composition.cache.epoch``). On a miss one caller per process rebuilds under a
+lease (``composition.cache.rebuild``; the Redis layout and scripts: ``composition.cache.store``);
+the others share its value, or serve stale (``composition.cache.coalescing``).
 Invalidation (``composition.cache.invalidation``) is recorded with the write and replayed if it
 never reached Redis. What a changer must keep: nothing raises because Redis is down; failures
 and an open breaker degrade to the loader.
@@ -25,12 +25,12 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from composition.breaker import CircuitBreaker
 from composition.cache.arguments import check_arguments, check_key, check_namespace
+from composition.cache.coalescing import Coalescer
 from composition.cache.epoch import Epoch
-from composition.cache.flights import Flight, Flights, tick
+from composition.cache.flights import Flights
 from composition.cache.invalidation import KIND_KEY, KIND_NAMESPACE, Invalidations
 from composition.cache.rebuild import Call, Rebuilder
 from composition.cache.results import (
-    COALESCED,
     HIT,
     STALE,
     UNCACHED,
@@ -87,6 +87,8 @@ class CacheAside:
         # Resolved once: observing a labelled child costs a lookup the hit path need not pay.
         self._get_seconds = CACHE_OPERATION_SECONDS.labels("get")
         self.epoch = Epoch(self.store, self.keys.epoch, alias)
+        self._coalescer = Coalescer(self.store, self.breaker, lease_wait_s=lease_wait_s, loads=self._loads,
+                                    uncached=self._uncached, redis_failed=self._redis_failed)
 
     def _after_close(self) -> None:
         self.epoch.recheck()
@@ -182,11 +184,11 @@ class CacheAside:
     def _from_database(self, call: Call, flights: Flights | None = None) -> CacheResult:
         """The loader's value with Redis out of the way, one load at a time per key among
         ``flights`` (by default every rebuild's; a read joins only a load that began after it,
-        ``_coalesce``); a transaction that has written loads alone, since other threads cannot
-        see what it reads."""
+        ``Coalescer.coalesce``); a transaction that has written loads alone, since other threads
+        cannot see what it reads."""
         if reads_uncommitted_writes():
             return self._uncached(call.loader)
-        return self._coalesce(call, None, partial(self.rebuilder.degraded, call), flights or self._flights)
+        return self._coalescer.coalesce(call, None, partial(self.rebuilder.degraded, call), flights or self._flights)
 
     def _slow_path(self, call: Call, entry: Entry | None, early_refresh: float) -> CacheResult:
         """A miss, a stale entry, or a fresh entry that early refresh picked for rebuilding."""
@@ -210,7 +212,8 @@ class CacheAside:
                 return self._uncached(call.loader)
             if entry is not None and stale_ttl_s and now_ms < entry.fresh_until_ms + stale_ttl_s * 1000:
                 fallback = CacheResult(entry.payload, STALE)
-        return self._coalesce(call, fallback, partial(self.rebuilder.rebuild, call, fallback), self._flights)
+        return self._coalescer.coalesce(call, fallback, partial(self.rebuilder.rebuild, call, fallback),
+                                        self._flights)
 
     @staticmethod
     def _refresh_early(entry: Entry, now_ms: float, beta: float) -> bool:
@@ -220,67 +223,6 @@ class CacheAside:
         # by how long the last rebuild took, so one caller refreshes before everyone misses.
         gap_ms = -entry.rebuild_ms * beta * math.log(1.0 - random.random())
         return now_ms + gap_ms >= entry.fresh_until_ms
-
-    def _coalesce(self, call: Call, fallback: CacheResult | None,
-                  produce: Callable[[Flight], CacheResult], flights: Flights) -> CacheResult:
-        """Run ``produce`` once per key among ``flights``; other threads share its payload, or take
-        ``fallback`` (the stale value, or the fresh one an early refresh replaces) at once.
-
-        A thread takes the payload only of a read that began after it did, or of a load under a
-        lease that still stands: a value read before a write that ended before this call began
-        (a leader's ACQUIRE that found the old entry, or its database read while Redis is down)
-        is the old value. Such a flight is waited out and the next one joined: the readers that
-        came during one load share the next, each waiting up to ``lease_wait_s`` for either."""
-        began = tick()
-        flight, leader = flights.join(call.key)
-        if not leader and fallback is not None:
-            return self._serve(fallback, call.metrics)
-        if not leader:
-            call.metrics.coalesced.inc()
-        arrived = True
-        while not leader:
-            # Only the flight found on arrival can have begun its read before this call: a later
-            # one replaced it, so it began after.
-            lease_stands = self._lease_stands(flight, call) if arrived else None
-            if lease_stands is False:
-                flight, leader, arrived = *flights.leave(call.key, flight), False
-                continue
-            # Raises the leader's exception here; None as long as another process waits for the lease.
-            payload = flight.wait(self.lease_wait_s)
-            if payload is None:
-                call.metrics.error("lease_wait_timeout")
-                return self._uncached(call.loader)
-            if lease_stands or flight.read_at > began:
-                return CacheResult(self._loads(payload), COALESCED)
-            if not arrived:
-                # Its leader served its own earlier lookup (a stale value): not a third flight.
-                return self._uncached(call.loader)
-            flight, leader, arrived = *flights.leave(call.key, flight), False
-        try:
-            result = produce(flight)
-        except BaseException as exc:
-            flights.land(call.key, flight, error=exc)
-            raise
-        flights.land(call.key, flight, payload=result.value)
-        return CacheResult(self._loads(result.value), result.outcome)
-
-    def _lease_stands(self, flight: Flight, call: Call) -> bool | None:
-        """Whether the lease ``flight``'s leader rebuilds under still stands in Redis: False when
-        another process's invalidation revoked it (the leader may have read the data before that
-        write; its fill will be refused), None when it holds none yet or Redis is not asked (its
-        breaker open) or does not answer: then when its read began decides."""
-        if flight.lease is None or self.breaker.is_open:
-            return None
-        try:
-            return bool(self.store.holds(call.keys, *flight.lease))
-        except REDIS_ERRORS as exc:
-            self._redis_failed(call.metrics, exc)
-            return None
-
-    def _serve(self, fallback: CacheResult, metrics: PatternMetrics) -> CacheResult:
-        if fallback.outcome == STALE:
-            metrics.stale.inc()
-        return CacheResult(self._loads(fallback.value), fallback.outcome)
 
     def _loads(self, payload: bytes) -> Any:
         try:
