@@ -142,10 +142,10 @@ LOCK_FENCE_REJECTIONS = Counter("composition_lock_fence_rejections_total",
 # --- jobs (composition.jobs) -----------------------------------------------------------------------
 # Labelled by actor (declared in code, so bounded); outcome is success, retry or dead.
 __all__ += ["DEAD_LETTERS_TOTAL", "JOBS_IN_PROGRESS", "JOBS_TOTAL", "JOB_DURATION_SECONDS"]
-JOBS_TOTAL = Counter("composition_jobs_total", "Job runs by outcome: success, retry or dead.",
+JOBS_TOTAL = Counter("composition_jobs_total", "Job runs by outcome: success, retry, dead or expired (dropped unrun).",
                      ["actor", "outcome"])
 __all__ += ["DEAD_LETTER_RECORD_OUTCOMES", "JOB_OUTCOMES"]
-JOB_OUTCOMES = ("success", "retry", "dead")
+JOB_OUTCOMES = ("success", "retry", "dead", "expired")
 DEAD_LETTER_RECORD_OUTCOMES = ("requeued", "broker_dlq")
 JOB_DURATION_SECONDS = Histogram(
     "composition_job_duration_seconds", "Duration of one job run, whatever its outcome.", ["actor"],

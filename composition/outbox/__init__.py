@@ -1,6 +1,6 @@
 """Transactional outbox: ``publish()`` writes a row in the caller's transaction, a relay sends it.
 
-``publish(actor, payload, *, key=None, delay_s=None, priority=0)`` checks the payload against the job
+``publish(actor, payload, *, key=None, delay_s=None, priority=0, expires_s=None)`` checks the payload against the job
 (``PayloadDoesNotFitError``) and writes an ``OutboxMessage`` that commits or rolls back with the
 business data, sent right after commit; ``publish_many`` does the same for a list. Modules:
 ``publish``, ``publish_many``, ``payload_json`` (a payload as JSON jsonb stores as it is), ``models``,
@@ -12,6 +12,7 @@ not the broker), ``maintenance`` (status, gauges, pruning).
 
 from composition.outbox.errors import (
     InvalidDelayError,
+    InvalidExpiryError,
     InvalidKeyError,
     InvalidPriorityError,
     OutboxError,
@@ -27,6 +28,7 @@ from composition.outbox.publish_many import publish_many
 
 __all__ = [
     "InvalidDelayError",
+    "InvalidExpiryError",
     "InvalidKeyError",
     "InvalidPriorityError",
     "OutboxError",

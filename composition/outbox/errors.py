@@ -16,6 +16,7 @@ from composition.errors import CompositionError
 __all__ = [
     "ConfirmTimeout",
     "InvalidDelayError",
+    "InvalidExpiryError",
     "InvalidKeyError",
     "InvalidPriorityError",
     "MessagesRejected",
@@ -77,6 +78,10 @@ class InvalidKeyError(PublishError):
 
 class InvalidDelayError(PublishError):
     """``delay_s`` is negative, not finite or not a number."""
+
+
+class InvalidExpiryError(PublishError):
+    """``expires_s`` is not a number of seconds above 0, or not after ``delay_s``."""
 
 
 class InvalidPriorityError(PublishError):

@@ -37,6 +37,7 @@ from composition.outbox.after_commit import (
 from composition.outbox.claims import ClaimedMessage, Inserted, insert
 from composition.outbox.errors import (
     InvalidDelayError,
+    InvalidExpiryError,
     InvalidKeyError,
     InvalidPriorityError,
     PayloadDoesNotFitError,
@@ -48,12 +49,14 @@ from composition.outbox.payload_json import check_json, encode_payload, storable
 from composition.seconds import checked_seconds
 
 __all__ = [
+    "EXPIRES_AT_HEADER",
     "PAYLOAD_SCHEMA_OPTION",
     "VERSIONS_OPTION",
     "VERSION_HEADER",
     "checked_delay",
     "checked_key",
     "declared_actor",
+    "expiry_header",
     "fitting_payload",
     "priority_header",
     "publish",
@@ -77,13 +80,16 @@ LEFT_TO_THE_RELAY = threading.Event()
 # Where a message says the job version its publisher's code declared (none: 1), and the actor
 # option holding that job's versions (composition.jobs.versions).
 VERSION_HEADER = "job_version"
+# The Unix time after which a message is not to start (``publish(..., expires_s=)``): a worker
+# drops it unrun then (composition.jobs.middleware.expiry).
+EXPIRES_AT_HEADER = "expires_at"
 VERSIONS_OPTION = "job_versions"
 # Headers publish() sets itself; extra headers cannot replace them.
 _OWN_HEADERS = frozenset({"request_id", "published_at"})
 
 
 def publish(actor: Any, payload: Mapping[str, Any], *, key: str | None = None,
-            delay_s: float | None = None, priority: int = 0) -> OutboxMessage:
+            delay_s: float | None = None, priority: int = 0, expires_s: float | None = None) -> OutboxMessage:
     """Write one outbox message for ``actor`` with ``payload`` as its keyword arguments.
 
     ``actor`` is an actor (anything with an ``actor_name``, such as a Dramatiq actor or a job) or
@@ -93,18 +99,20 @@ def publish(actor: Any, payload: Mapping[str, Any], *, key: str | None = None,
     ``key`` are relayed in publish order. ``delay_s`` (seconds after publish) delays the job; over
     ``OUTBOX_HELD_DELAY_S`` the row waits in the outbox until due (``composition.outbox.held``).
     ``priority`` (-100..100, higher first) orders it among the messages waiting in its queue.
+    ``expires_s`` (seconds after publish) drops it unrun if no worker has started it by then.
 
     Raises ``UnknownActorError``, ``PayloadNotSerializableError`` (not a dict with string keys
     of JSON values, or text PostgreSQL cannot store: a NUL character, a lone surrogate),
     ``PayloadTooLargeError`` (above ``OUTBOX_MAX_PAYLOAD_BYTES`` encoded),
-    ``InvalidKeyError``, ``InvalidDelayError`` or ``InvalidPriorityError``; all are
-    ``PublishError``/``ValueError``.
+    ``InvalidKeyError``, ``InvalidDelayError``, ``InvalidPriorityError`` or
+    ``InvalidExpiryError``; all are ``PublishError``/``ValueError``.
 
     Returns the row as it was inserted, without reading it again: pending, even once sent (the
     send after COMMIT, or at once outside a transaction, updates the table, not this object;
     ``refresh_from_db()`` reads where it is).
     """
-    return publish_with_headers(actor, payload, headers=priority_header(priority), key=key, delay_s=delay_s)
+    headers = {**priority_header(priority), **expiry_header(expires_s, checked_delay(delay_s))}
+    return publish_with_headers(actor, payload, headers=headers, key=key, delay_s=delay_s)
 
 
 def publish_with_headers(actor: Any, payload: Mapping[str, Any], *, headers: Mapping[str, Any],
@@ -234,6 +242,22 @@ def priority_header(priority: Any) -> dict[str, int]:
     if problem is not None:
         raise InvalidPriorityError(problem)
     return {PRIORITY_HEADER: priority} if priority else {}
+
+
+def expiry_header(expires_s: Any, delay_s: float | None) -> dict[str, float]:
+    """The header of a message that expires ``expires_s`` seconds from now (none for None);
+    raises ``InvalidExpiryError`` for anything but seconds above 0, and for an expiry not after
+    the message's ``delay_s`` (it could never run)."""
+    if expires_s is None:
+        return {}
+    try:
+        seconds = checked_seconds("expires_s", expires_s, at_most=MAX_DELAY_S)
+    except ValueError as exc:
+        raise InvalidExpiryError(str(exc)) from None
+    if delay_s is not None and seconds <= delay_s:
+        raise InvalidExpiryError(f"expires_s ({seconds:g}) is not after delay_s ({delay_s:g}): the job would expire "
+                                 "before it is due")
+    return {EXPIRES_AT_HEADER: time.time() + seconds}
 
 
 def publish_headers(extra: Mapping[str, Any]) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from composition.outbox.publish import (
     checked_delay,
     checked_key,
     declared_actor,
+    expiry_header,
     fitting_payload,
     priority_header,
     publish_headers,
@@ -73,7 +74,8 @@ RETURNING id, claimed_until
 
 
 def publish_many(actor: Any, payloads: Iterable[Mapping[str, Any]], *, key: str | None = None,
-                 delay_s: float | None = None, priority: int = 0) -> list[OutboxMessage]:
+                 delay_s: float | None = None, priority: int = 0,
+                 expires_s: float | None = None) -> list[OutboxMessage]:
     """Write one outbox message for ``actor`` per payload of ``payloads``, in list order, as
     ``publish()`` would one after the other in the same transaction: they commit or roll back with
     the caller's data, all of them are sent in the transaction's one send after COMMIT (at once in
@@ -81,15 +83,15 @@ def publish_many(actor: Any, payloads: Iterable[Mapping[str, Any]], *, key: str 
 
     Every payload is checked as ``publish()`` checks it before anything is written: a bad one
     raises ``publish()``'s error, its message starting with ``payloads[<index>]:``, and nothing is
-    written. ``actor``, ``key``, ``delay_s`` and ``priority`` are checked even when ``payloads`` is
-    empty; then nothing is written and ``[]`` is returned.
+    written. ``actor``, ``key``, ``delay_s``, ``priority`` and ``expires_s`` are checked even when
+    ``payloads`` is empty; then nothing is written and ``[]`` is returned.
 
     Returns the rows as inserted (pending, as ``publish()``'s), in the order of ``payloads``.
     """
     declared = declared_actor(actor)
     key = checked_key(key)
     delay_s = checked_delay(delay_s)
-    priority_headers = priority_header(priority)
+    options_headers = {**priority_header(priority), **expiry_header(expires_s, delay_s)}
     if not isinstance(payloads, Iterable) or isinstance(payloads, Mapping | str | bytes):
         raise PayloadNotSerializableError(f"payloads must be a list of payload dicts, got {type(payloads).__name__}")
     listed = list(payloads)
@@ -97,7 +99,7 @@ def publish_many(actor: Any, payloads: Iterable[Mapping[str, Any]], *, key: str 
     in_transaction = committing_transaction("publish_many()")
     if not listed:
         return []
-    headers = publish_headers({**version_header(declared, {}), **priority_headers})
+    headers = publish_headers({**version_header(declared, {}), **options_headers})
     headers_json = storable_json(headers, "headers").decode()
     created_at = timezone.now()
     if is_held(delay_s):

@@ -13,7 +13,7 @@ from typing import Any
 
 __all__ = ["JobRun", "JobsFailed", "QueuedJobsRun", "run_queued_jobs"]
 
-OUTCOMES = ("success", "retry", "dead", "skipped")
+OUTCOMES = ("success", "retry", "dead", "expired", "skipped")
 # How often, and for how long, the queues must read empty before the run counts as done: a
 # message a consumer has fetched but not yet handed to a thread is on no count for a moment.
 POLL_S = 0.02
@@ -23,7 +23,8 @@ QUIET_S = 0.1
 @dataclass(frozen=True)
 class JobRun:
     """One run of one message: ``outcome`` is ``success``, ``retry`` (it failed and waits for
-    its backoff), ``dead`` (dead-lettered) or ``skipped``; ``exception`` is the run's, if any."""
+    its backoff), ``dead`` (dead-lettered), ``expired`` (dropped unrun past its expiry) or
+    ``skipped``; ``exception`` is the run's, if any."""
 
     actor_name: str
     queue_name: str

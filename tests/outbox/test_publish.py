@@ -14,6 +14,7 @@ from django.test import override_settings
 
 from composition.outbox import (
     InvalidDelayError,
+    InvalidExpiryError,
     InvalidKeyError,
     InvalidPriorityError,
     OutboxMessage,
@@ -69,6 +70,11 @@ pytestmark = [pytest.mark.empty_queues()]
     (PROBE, {"seq": 1}, {"priority": "high"}, InvalidPriorityError),
     (PROBE, {"seq": 1}, {"priority": True}, InvalidPriorityError),
     (PROBE, {"seq": 1}, {"priority": None}, InvalidPriorityError),
+    (PROBE, {"seq": 1}, {"expires_s": 0}, InvalidExpiryError),
+    (PROBE, {"seq": 1}, {"expires_s": "60"}, InvalidExpiryError),
+    (PROBE, {"seq": 1}, {"expires_s": float("nan")}, InvalidExpiryError),
+    (PROBE, {"seq": 1}, {"expires_s": 60, "delay_s": 60}, InvalidExpiryError),
+    (PROBE, {"seq": 1}, {"expires_s": 60, "delay_s": -1}, InvalidDelayError),
 ])
 def test_bad_input_raises_at_publish_and_writes_nothing(actor: Any, payload: Any, kwargs: dict[str, Any],
                                                         error: type[Exception]) -> None:

@@ -17,6 +17,7 @@ from composition.broker.configured import configured_broker
 from composition.broker.priorities import PRIORITY_HEADER
 from composition.outbox import (
     InvalidDelayError,
+    InvalidExpiryError,
     InvalidKeyError,
     InvalidPriorityError,
     OutboxMessage,
@@ -147,6 +148,8 @@ def test_a_payload_that_does_not_fit_the_job_refuses_the_batch_and_leaves_the_tr
     (PROBE, [{"seq": 1}], {"delay_s": -1}, InvalidDelayError),
     (PROBE, [{"seq": 1}], {"priority": "high"}, InvalidPriorityError),
     (PROBE, [], {"priority": 500}, InvalidPriorityError),
+    (PROBE, [], {"expires_s": -5}, InvalidExpiryError),
+    (PROBE, [{"seq": 1}], {"expires_s": 10, "delay_s": 20}, InvalidExpiryError),
     (PROBE, {"seq": 1}, {}, PayloadNotSerializableError),
     (PROBE, "seq", {}, PayloadNotSerializableError),
     (PROBE, 7, {}, PayloadNotSerializableError),

@@ -12,9 +12,9 @@ from composition.backpressure.depth import broker_counts
 from composition.broker.configured import configured_broker
 from composition.errors import PermanentError
 from composition.jobs.models import DeadLetter
-from composition.outbox import publish
+from composition.outbox import publish, publish_many
 from composition.outbox.models import OutboxMessage
-from composition.testing import JobsFailed, left_to_the_relay, run_queued_jobs
+from composition.testing import JobsFailed, left_to_the_relay, metric_value, run_queued_jobs
 from tests.helpers import unique
 from tests.jobsapp import jobs
 from tests.jobsapp.models import Attempt, Effect
@@ -132,3 +132,35 @@ def test_work_still_held_after_the_timeout_is_a_timeout_error() -> None:
         run_queued_jobs(jobs.INLINE_QUEUE, delayed=True, timeout_s=1)
     # Handed back as the in-process worker stopped, still waiting for its time.
     assert broker_counts(jobs.INLINE_QUEUE).delayed == 1
+
+
+def test_a_job_past_its_expiry_is_dropped_unrun_and_counted_not_dead_lettered() -> None:
+    key = unique("expiring")
+    expired_before = metric_value("composition_jobs_total", actor="inline_chain", outcome="expired")
+    with transaction.atomic():
+        publish(jobs.inline_chain, {"key": key + "-late", "left": 0}, expires_s=0.2)
+        publish(jobs.inline_chain, {"key": key + "-in-time", "left": 0}, expires_s=60)
+        publish_many(jobs.inline_chain, [{"key": key + "-late-too", "left": 0}], expires_s=0.2)
+    time.sleep(0.3)
+
+    report = run_queued_jobs(jobs.INLINE_QUEUE)
+
+    assert sorted((run.payload["key"][len(key):], run.outcome) for run in report.runs) == [
+        ("-in-time", "success"), ("-late", "expired"), ("-late-too", "expired")]
+    assert report.failures == ()
+    assert list(Effect.objects.filter(key__startswith=key).values_list("key", flat=True)) == [f"{key}-in-time-0"]
+    assert not DeadLetter.objects.filter(actor="inline_chain").exists()
+    counts = broker_counts(jobs.INLINE_QUEUE)
+    assert (counts.ready, counts.in_flight, counts.delayed) == (0, 0, 0)  # acknowledged, not retried
+    assert metric_value("composition_jobs_total", actor="inline_chain", outcome="expired") == expired_before + 2
+
+
+def test_a_retry_that_comes_due_after_the_expiry_is_dropped() -> None:
+    key = unique("expiring-retry")
+    with transaction.atomic():  # the 2 s backoff outlasts the 1 s expiry
+        publish(jobs.inline_flaky, {"key": key, "fail_times": 1}, expires_s=1)
+
+    report = run_queued_jobs(jobs.INLINE_QUEUE, delayed=True, raise_failures=False)
+
+    assert [run.outcome for run in report.runs] == ["retry", "expired"]
+    assert Attempt.objects.filter(key=key).count() == 1 and not Effect.objects.filter(key=key).exists()

@@ -1,9 +1,10 @@
 """``RunSignals`` sends ``job_run_started`` before a run's body and ``job_run_ended`` once its
-outcome is decided (``success``, ``retry``, ``dead``, or ``skipped``: Dramatiq's ``SkipMessage``
-ended it, acknowledged and never retried), for the messages published with the
-``FOLLOW_RUNS_HEADER`` header, for code above the jobs layer that follows their runs (the
-schedules' overlap rule), and for every message while ``every_run_followed()`` is in force (a
-test's ``run_queued_jobs()``). Any other message costs one dictionary lookup per hook."""
+outcome is decided (``success``, ``retry``, ``dead``, ``expired``: dropped unrun past its expiry,
+or ``skipped``: Dramatiq's ``SkipMessage`` ended it, acknowledged and never retried), for the
+messages published with the ``FOLLOW_RUNS_HEADER`` header, for code above the jobs layer that
+follows their runs (the schedules' overlap rule), and for every message while
+``every_run_followed()`` is in force (a test's ``run_queued_jobs()``). Any other message costs one
+dictionary lookup per hook."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import Middleware, Shutdown
 
 from composition.broker.pausing import handed_back
+from composition.jobs.middleware.expiry import expired
 from composition.jobs.middleware.put_backs import put_back
 
 __all__ = ["FOLLOW_RUNS_HEADER", "RunSignals", "every_run_followed", "job_run_ended", "job_run_started"]
@@ -77,5 +79,5 @@ class RunSignals(Middleware):
         # message) is the end of the message, dead-lettered when it failed.
         if not _followed(message) or put_back(message) or handed_back(message):
             return
-        outcome = "dead" if message.failed else "skipped"
+        outcome = "dead" if message.failed else "expired" if expired(message) else "skipped"
         job_run_ended.send(sender=RunSignals, broker=broker, message=message, outcome=outcome, exception=None)

@@ -1,10 +1,10 @@
 """The broker's middleware stack: Dramatiq's defaults with the job middleware in place.
 
 ``PausedQueues`` comes first (it hands back a paused queue's message before anything else runs
-for it), then ``LimitedStarts``; in place of ``Retries``, ``job_middleware()`` puts the job
-middleware; ``JobShutdownNotifications`` replaces Dramatiq's; ``InterruptedQueries`` and
-``JobTimeLimit`` go last, so the limit is armed after every other before-hook and disarmed before
-any after-hook.
+for it), then ``Expiry`` (a message past its expiry is dropped unrun), then ``LimitedStarts``; in
+place of ``Retries``, ``job_middleware()`` puts the job middleware; ``JobShutdownNotifications``
+replaces Dramatiq's; ``InterruptedQueries`` and ``JobTimeLimit`` go last, so the limit is armed
+after every other before-hook and disarmed before any after-hook.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dramatiq.middleware import (
 
 from composition.broker.time_limits import JobShutdownNotifications, JobTimeLimit
 from composition.jobs.middleware.dead_letters import DeadLetters
+from composition.jobs.middleware.expiry import Expiry
 from composition.jobs.middleware.in_flight import InFlightRegistry
 from composition.jobs.middleware.interrupted_queries import InterruptedQueries
 from composition.jobs.middleware.job_metrics import JobMetrics
@@ -45,10 +46,10 @@ def job_middleware() -> list[Middleware]:
     # MessageContext (log context around all below), UnknownActors, RunSignals (job_run_started;
     # job_run_ended once the dead letter is written), DeadLetters (after the outcome is decided
     # and counted), JobMetrics, InFlightRegistry (so the drain never interrupts a dead-letter
-    # write), JobRetries (decides first). Neither PausedQueues' nor LimitedStarts' skip is logged
-    # as a warning (quiet_skips).
+    # write), JobRetries (decides first). Neither PausedQueues', Expiry's nor LimitedStarts' skip is
+    # logged as Dramatiq's warning (quiet_skips).
     quiet_put_backs()
-    stack: list[Middleware] = [PausedQueues(), LimitedStarts()]
+    stack: list[Middleware] = [PausedQueues(), Expiry(), LimitedStarts()]
     for middleware_class in default_middleware:
         if middleware_class is Retries:
             in_flight = InFlightRegistry()

@@ -19,10 +19,13 @@ from dramatiq.middleware import CurrentMessage, Retries, ShutdownNotifications, 
 from composition.broker.time_limits import JobShutdownNotifications, JobTimeLimit
 from composition.jobs import current_message
 from composition.jobs.middleware.dead_letters import DeadLetters
+from composition.jobs.middleware.expiry import Expiry
 from composition.jobs.middleware.in_flight import InFlight, InFlightRegistry
 from composition.jobs.middleware.interrupted_queries import InterruptedQueries
 from composition.jobs.middleware.job_metrics import JobMetrics, explained
+from composition.jobs.middleware.limited_starts import LimitedStarts
 from composition.jobs.middleware.message_context import MessageContext
+from composition.jobs.middleware.paused_queues import PausedQueues
 from composition.jobs.middleware.retries import JobRetries, options_as_fetched
 from composition.jobs.middleware.stack import find_in_flight, find_middleware, job_middleware
 from composition.jobs.middleware.unknown_actors import UnknownActors
@@ -38,6 +41,8 @@ def test_the_stack_keeps_its_order_rules() -> None:
     assert kinds[-2] is InterruptedQueries, "then what an interrupt left mid-query is closed"
     assert Retries not in kinds and TimeLimit not in kinds and ShutdownNotifications not in kinds
     assert JobShutdownNotifications in kinds
+    # A message past its expiry is dropped before it could take a limit slot or run any other hook.
+    assert kinds[:3] == [PausedQueues, Expiry, LimitedStarts]
     # After-hooks run in reverse: the retry decision, then the in-flight table, the counts, the
     # dead letter, and the log context and current message last.
     ours = [CurrentMessage, MessageContext, UnknownActors, DeadLetters, JobMetrics, InFlightRegistry, JobRetries]
