@@ -15,11 +15,13 @@ import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from django.conf import settings
 from dramatiq.brokers.redis import RedisBroker
 
+from composition import health
 from composition.broker.configured import configured_broker
 from composition.cache import InvalidationReplayComponent
 from composition.conf import conf
@@ -115,7 +117,9 @@ def _metrics_components(options: WorkerOptions) -> list[Component]:
     """The multiprocess directory's upkeep, and the /metrics server when a port is set."""
     components: list[Component] = [MetricsComponent()]
     if options.metrics_port is not None:
-        components.append(MetricsServerComponent(options.metrics_port, address=options.metrics_address))
+        # With the host's worker check beside /metrics: a probe of it costs no process start.
+        components.append(MetricsServerComponent(options.metrics_port, address=options.metrics_address,
+                                                 health=partial(health.workers, local=True)))
     return components
 
 

@@ -5,11 +5,15 @@ worker processes, a real broker, a real scrape."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -81,6 +85,46 @@ def test_runworkers_serves_its_job_counters_on_the_metrics_port(
     assert "composition_worker_heartbeat_timestamp_seconds" in text
     assert worker.terminate() == 0
     assert _scrape(port)[0] == 0  # the port is closed with the process
+
+
+def _health(port: int, token: str | None = None) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/health/workers",
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+        return exc.code, json.loads(body) if exc.headers.get("Content-Type") == "application/json" else {}
+    except OSError:
+        return 0, {}
+
+
+def test_the_metrics_port_answers_the_host_s_worker_check_and_a_frozen_child_fails_it(
+        worker_processes, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    port = free_port()
+    supervisor = worker_processes.spawn(
+        ["--processes", "2", "--threads", "1", "--queues", QUEUE, "--metrics-port", str(port)],
+        PROMETHEUS_MULTIPROC_DIR=str(tmp_path),
+        COMPOSITION_TEST_OVERRIDES=json.dumps({"METRICS_TOKEN": TOKEN, "WORKER_HEARTBEAT_S": 0.5,
+                                               "WORKER_STALE_AFTER_S": 2.0}))
+    wait_until(lambda: _health(port, TOKEN)[0] == 200 and _health(port, TOKEN)[1]["fresh"] >= 2, 60,
+               message=f"no healthy /health/workers:\n{_health(port, TOKEN)}\n{supervisor.output()[-3000:]}")
+    assert _health(port)[0] == 401, "behind the metrics access policy, as /metrics is"
+    host = socket.gethostname()
+    children = {beat["worker"] for beat in _health(port, TOKEN)[1]["workers"]} - {f"{host}:{supervisor.pid}"}
+    frozen = sorted(children)[0]
+    os.kill(int(frozen.rpartition(":")[2]), signal.SIGSTOP)
+    try:
+        # The child's own server is not the one answering: the supervisor's tells it is frozen.
+        wait_until(lambda: _health(port, TOKEN)[0] == 503, 30, message=f"still healthy: {_health(port, TOKEN)}")
+        status, body = _health(port, TOKEN)
+        assert (status, body["status"], body["stuck"]) == (503, "fail", [frozen]), body
+    finally:
+        os.kill(int(frozen.rpartition(":")[2]), signal.SIGCONT)
+    wait_until(lambda: _health(port, TOKEN)[0] == 200, 30, message=f"not healthy again: {_health(port, TOKEN)}")
+    assert supervisor.terminate() == 0, supervisor.output()[-6000:]
+    assert _health(port, TOKEN)[0] == 0, "the port is closed with the process"
 
 
 def test_a_supervisor_serves_every_child_and_archives_each_one_it_reaps(
