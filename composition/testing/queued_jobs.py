@@ -75,11 +75,10 @@ def run_queued_jobs(*queues: str, timeout_s: float = 30.0, threads: int = 1, del
 
     Messages not yet due (a retry in its backoff, ``publish(..., delay_s=)``, one a limit put back
     to wait) are left where they are, unless ``delayed``: then the run also waits for them to come
-    due and runs them. Raises
-    ``JobsFailed`` when a run failed (unless ``raise_failures`` is False), TimeoutError when the
-    queues still hold work after ``timeout_s``, and RuntimeError inside a transaction: the worker
-    threads have connections of their own and cannot see uncommitted rows, so use
-    ``TransactionTestCase`` (``pytest.mark.django_db(transaction=True)``)."""
+    due and runs them. Raises ``JobsFailed`` when a run failed (unless ``raise_failures`` is
+    False), TimeoutError when the queues still hold work after ``timeout_s``, and RuntimeError
+    inside a transaction: the worker threads have connections of their own and cannot see
+    uncommitted rows, so use ``TransactionTestCase`` (``pytest.mark.django_db(transaction=True)``)."""
     # Late: composition.testing is imported by settings modules, before the app registry exists.
     from django.db import connection
 
