@@ -66,8 +66,9 @@ class HealthReport:
     detail: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self, *, public: bool = False) -> dict[str, Any]:
-        """The report as JSON; ``public`` keeps each failing check's error kind only (what an
-        HTTP endpoint shows), the full error being for the operator's command and the log."""
+        """The report as JSON; ``public`` keeps each failing check's error kind only, and the
+        report's own ``error`` too (what an HTTP endpoint shows), the full error being for the
+        operator's command and the log."""
         body: dict[str, Any] = {"status": "ok" if self.ok else "fail", "kind": self.kind}
         if self.checks:
             body["checks"] = {c.name: (c.as_public_dict() if public else c.as_dict()) for c in self.checks}
@@ -75,6 +76,9 @@ class HealthReport:
             if failing:
                 body["failing"] = failing
         body.update(self.detail)
+        if public and isinstance(body.get("error"), str):
+            # A report's own error (the worker check's unreadable Redis) is a driver's message too.
+            body["error"] = body["error"].split(":", 1)[0]
         return body
 
 

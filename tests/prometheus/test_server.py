@@ -245,3 +245,26 @@ def test_a_runworkers_scrape_holds_the_families_only_runworkers_sets_and_its_sam
     stopped = {sample.labels["component"] for metric in registry.collect() for sample in metric.samples
                if sample.name == "composition_component_stop_seconds_count" and sample.value >= 1}
     assert {"metrics-sampler", "heartbeat", "metrics-server"} <= stopped
+
+
+def test_the_health_answer_names_no_host_of_an_unreachable_redis(settings) -> None:  # type: ignore[no-untyped-def]
+    """/health/workers is served as public=True (open by default): a driver's message naming
+    the cache Redis' host and port stays in the log, as /readyz keeps its errors to their kind."""
+    from functools import partial
+
+    from composition import health
+    from composition.prometheus.access import MetricsAccess
+    from composition.prometheus.server import MetricsServerComponent
+
+    closed = free_port()
+    settings.CACHES = {**settings.CACHES, "default": {**settings.CACHES["default"],
+                                                      "LOCATION": f"redis://127.0.0.1:{closed}/0"}}
+    server = MetricsServerComponent(0, address="127.0.0.1", registry=CollectorRegistry(), access=MetricsAccess,
+                                    health=partial(health.workers, local=True))
+    server.start()
+    try:
+        body = json.dumps(_health(server.port)[1])
+    finally:
+        server.stop(5)
+    assert "unreadable" in body, body
+    assert "127.0.0.1" not in body and str(closed) not in body, body
