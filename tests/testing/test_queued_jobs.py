@@ -164,3 +164,33 @@ def test_a_retry_that_comes_due_after_the_expiry_is_dropped() -> None:
 
     assert [run.outcome for run in report.runs] == ["retry", "expired"]
     assert Attempt.objects.filter(key=key).count() == 1 and not Effect.objects.filter(key=key).exists()
+
+
+@pytest.mark.empty_queues(jobs.SLOW_QUEUE)
+def test_the_timeout_bounds_the_call_even_with_a_job_still_running() -> None:
+    """timeout_s is when the call gives up: a job still running then is cut short (its message
+    handed back), not waited for up to SHUTDOWN_TIMEOUT_S more."""
+    key = unique("overrun")
+    with transaction.atomic():
+        publish(jobs.slow, {"key": key, "hold_s": 20.0})
+
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        run_queued_jobs(jobs.SLOW_QUEUE, timeout_s=1)
+
+    assert time.monotonic() - started < 6
+    assert not Effect.objects.filter(key=key).exists()
+
+
+def test_delayed_waits_for_a_row_held_in_the_outbox_too(settings) -> None:  # type: ignore[no-untyped-def]
+    """A delay over OUTBOX_HELD_DELAY_S waits in the outbox, not the broker: delayed=True waits
+    for it as for any other message not yet due, rather than returning with it unrun."""
+    settings.COMPOSITION = {**settings.COMPOSITION, "OUTBOX_HELD_DELAY_S": 0.5}
+    key = unique("held")
+    with transaction.atomic():
+        publish(jobs.inline_chain, {"key": key, "left": 0}, delay_s=1.5)
+
+    report = run_queued_jobs(jobs.INLINE_QUEUE, delayed=True, timeout_s=10)
+
+    assert [run.outcome for run in report.runs] == ["success"]
+    assert Effect.objects.filter(key=f"{key}-0").exists()
