@@ -237,6 +237,8 @@ def priority_header(priority: Any) -> dict[str, int]:
     if isinstance(priority, bool) or not isinstance(priority, int) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
         raise InvalidPriorityError(f"priority must be a whole number from {MIN_PRIORITY} to {MAX_PRIORITY} "
                                    f"(higher runs first), got {priority!r}")
+    if priority == 0:
+        return {}  # every broker honours the default: no settings to read on the usual publish
     problem = unhonoured_priority(priority, broker=broker_kind(str(conf.BROKER_URL)),
                                   queue_type=conf.RABBITMQ_QUEUE_TYPE, max_priority=conf.RABBITMQ_MAX_PRIORITY)
     if problem is not None:

@@ -22,6 +22,7 @@ from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
+from composition.errors import described
 from composition.prometheus.access import MetricsAccess
 from composition.prometheus.collector import scrape_registry
 from composition.prometheus.errors import MetricsDirectoryBusy
@@ -37,6 +38,8 @@ HEALTH_PATH = "/health/workers"
 
 
 class Report(Protocol):
+    """What a health check answers (``composition.health.HealthReport``)."""
+
     @property
     def ok(self) -> bool: ...
 
@@ -82,7 +85,7 @@ def with_health(app: WSGIApp, check: Callable[[], Report]) -> WSGIApp:
             report = check()
             status, body = (200 if report.ok else 503), report.as_dict(public=True)
         except Exception as exc:  # a check that cannot answer is a failed check, not a 500
-            log.warning("worker health check failed", error=repr(exc))
+            log.warning("worker health check failed", error=described(exc))
             status, body = 503, {"status": "fail", "error": type(exc).__name__}
         payload = json.dumps(body, default=str).encode()
         start_response(f"{status} {HTTPStatus(status).phrase}",

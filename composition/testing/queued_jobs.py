@@ -9,7 +9,11 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from composition.lifecycle.worker_threads import WorkerComponent
+    from composition.outbox.relay import Relay
 
 __all__ = ["JobRun", "JobsFailed", "QueuedJobsRun", "run_queued_jobs"]
 
@@ -18,6 +22,9 @@ OUTCOMES = ("success", "retry", "dead", "expired", "skipped")
 # message a consumer has fetched but not yet handed to a thread is on no count for a moment.
 POLL_S = 0.02
 QUIET_S = 0.1
+# After the timeout, how long a job still running has to end before it is interrupted and its
+# message handed back: the call returns about then, not after the whole SHUTDOWN_TIMEOUT_S.
+INTERRUPT_AFTER_TIMEOUT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -119,6 +126,7 @@ def run_queued_jobs(*queues: str, timeout_s: float = 30.0, threads: int = 1, del
     workers = WorkerComponent(broker, queue_order=QueueOrder(names=names), threads=threads,
                               idle_poll_ms=int(POLL_S * 1000) or 1)
     deadline = time.monotonic() + timeout_s
+    timed_out = False
     job_run_ended.connect(record, weak=False)
     try:
         with every_run_followed():
@@ -126,13 +134,23 @@ def run_queued_jobs(*queues: str, timeout_s: float = 30.0, threads: int = 1, del
             try:
                 while True:
                     relayed = relay.run_until_idle()
-                    _wait_until_idle(workers, names, delayed=delayed, runs=runs, deadline=deadline)
+                    _wait_until_idle(workers, relay, names, delayed=delayed, runs=runs, deadline=deadline)
                     # Work a job published whose send failed is a pending row again: relay it.
                     if relayed == 0 and relay.run_until_idle() == 0:
                         break
+            except TimeoutError:
+                timed_out = True
+                raise
             finally:
-                # Nothing runs by now unless a failure cut the wait short: then the drain's deadline.
-                workers.stop(float(conf.SHUTDOWN_TIMEOUT_S))
+                # Idle, nothing runs by now: the stop is at once. After a timeout, a job still
+                # running is interrupted and its message handed back, for the call to end soon.
+                try:
+                    workers.stop(INTERRUPT_AFTER_TIMEOUT_S if timed_out else float(conf.SHUTDOWN_TIMEOUT_S))
+                except (TimeoutError, RuntimeError):
+                    if not timed_out:
+                        raise
+                    # The job did not unwind in time (or, on RabbitMQ, cannot be interrupted):
+                    # the TimeoutError already says the queues held work; its thread ends by itself.
     finally:
         job_run_ended.disconnect(record)
     report = QueuedJobsRun(tuple(runs))
@@ -141,15 +159,17 @@ def run_queued_jobs(*queues: str, timeout_s: float = 30.0, threads: int = 1, del
     return report
 
 
-def _wait_until_idle(workers: Any, names: Sequence[str], *, delayed: bool, runs: list[JobRun],
-                     deadline: float) -> None:
-    """Until the queues have read empty, with no run ending meanwhile, for ``QUIET_S``."""
-    from composition.backpressure.depth import broker_counts
-
+def _wait_until_idle(workers: WorkerComponent, relay: Relay, names: Sequence[str], *, delayed: bool,
+                     runs: list[JobRun], deadline: float) -> None:
+    """Until the queues have read empty, with no run ending meanwhile, for ``QUIET_S``. With
+    ``delayed`` the relay goes round each time: rows held in the outbox are released as they come
+    due and sent."""
     quiet_since: float | None = None
     while True:
         ended_before = len(runs)
-        held = _held(workers, names, delayed=delayed, broker_counts=broker_counts)
+        if delayed:
+            relay.run_until_idle()
+        held = _held(workers, names, delayed=delayed)
         now = time.monotonic()
         if held or len(runs) != ended_before:
             quiet_since = None
@@ -164,8 +184,12 @@ def _wait_until_idle(workers: Any, names: Sequence[str], *, delayed: bool, runs:
         time.sleep(POLL_S)
 
 
-def _held(workers: Any, names: Sequence[str], *, delayed: bool, broker_counts: Any) -> str:
-    """What still holds work, as text ("" when nothing): the broker's counts and this worker's."""
+def _held(workers: WorkerComponent, names: Sequence[str], *, delayed: bool) -> str:
+    """What still holds work, as text ("" when nothing): the broker's counts and this worker's,
+    and with ``delayed`` the outbox rows not yet sent (held until due, or pending)."""
+    from composition.backpressure.depth import broker_counts
+    from composition.outbox.models import OutboxMessage
+
     held = []
     for name in names:
         counts = broker_counts(name, workers.broker)
@@ -181,4 +205,9 @@ def _held(workers: Any, names: Sequence[str], *, delayed: bool, broker_counts: A
             waiting = sum(consumer.delay_queue.qsize() for consumer in worker.consumers.values())
             if waiting:
                 held.append(f"{waiting} delayed, held by this process until due")
+    if delayed:
+        unsent = OutboxMessage.objects.filter(queue_name__in=names, status__in=(
+            OutboxMessage.Status.PENDING, OutboxMessage.Status.HELD)).count()
+        if unsent:
+            held.append(f"{unsent} outbox rows not yet sent")
     return "; ".join(held)

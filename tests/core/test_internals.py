@@ -89,3 +89,20 @@ def test_dramatiq_s_rabbitmq_broker_declares_through_the_methods_the_quorum_queu
     ensure = RabbitmqBroker._ensure_queue.__code__.co_names
     assert {"_declare_queue", "_declare_dq_queue", "_declare_xq_queue", "queues_pending"} <= set(ensure)
     assert "_declare_queue" in RabbitmqBroker.get_queue_message_counts.__code__.co_names
+
+
+def test_dramatiq_s_worker_start_adds_one_middleware_of_its_own_to_the_broker() -> None:
+    from dramatiq import Worker
+    from dramatiq.brokers.stub import StubBroker
+
+    # WorkerComponent takes what start() added off again at its stop (docs/architecture.md).
+    broker = StubBroker(middleware=[])
+    before = list(broker.middleware)
+    worker = Worker(broker, worker_threads=1, worker_timeout=10)
+    assert broker.middleware == before, "not at construction"
+    worker.start()
+    try:
+        added = [each for each in broker.middleware if not any(each is old for old in before)]
+        assert len(added) == 1 and hasattr(added[0], "after_declare_queue"), added
+    finally:
+        worker.stop()
