@@ -36,8 +36,13 @@ def _the_readme_tour_works(base_url: str, log_path: Path, shell: dict[str, str],
     run's port put in), with the admin steps done in a browser: an invoice paid, its receipt
     job run and logged, a job dead-lettered, replayed from the admin, and the counts on
     /metrics. Then the token's other answers: without it the API says 401."""
-    tokens = re.findall(r"Bearer (bil_[A-Za-z0-9_-]+)", log_path.read_text())
-    assert tokens, "no API token printed:\n" + log_path.read_text()[-3000:]
+    # Printed with "billing system up", once the workers' ready file is there too: the web's
+    # /readyz and the workers' first heartbeat, which the caller waited for, can come a moment
+    # before (the worker threads start last, then the file is written and seen).
+    deadline = time.monotonic() + 30
+    while not (tokens := re.findall(r"Bearer (bil_[A-Za-z0-9_-]+)", log_path.read_text())):
+        assert time.monotonic() < deadline, "no API token printed:\n" + log_path.read_text()[-3000:]
+        time.sleep(0.25)
     token = tokens[0]
 
     def paste(marker: str, lines: slice = slice(None)) -> str:
