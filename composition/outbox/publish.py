@@ -80,10 +80,10 @@ LEFT_TO_THE_RELAY = threading.Event()
 # Where a message says the job version its publisher's code declared (none: 1), and the actor
 # option holding that job's versions (composition.jobs.versions).
 VERSION_HEADER = "job_version"
+VERSIONS_OPTION = "job_versions"
 # The Unix time after which a message is not to start (``publish(..., expires_s=)``): a worker
 # drops it unrun then (composition.jobs.middleware.expiry).
 EXPIRES_AT_HEADER = "expires_at"
-VERSIONS_OPTION = "job_versions"
 # Headers publish() sets itself; extra headers cannot replace them.
 _OWN_HEADERS = frozenset({"request_id", "published_at"})
 
