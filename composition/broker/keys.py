@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dramatiq.common import dq_name, q_name
 
-__all__ = ["acks_key", "dq_name", "fence_key", "is_work_queue", "lanes_key", "messages_key", "queue_key"]
+__all__ = ["acks_key", "dq_name", "fence_key", "is_work_queue", "lanes_key", "messages_key", "purging_key", "queue_key"]
 
 
 def queue_key(namespace: str, queue: str) -> str:
@@ -22,6 +22,12 @@ def lanes_key(namespace: str, queue: str) -> str:
 def messages_key(namespace: str, queue: str) -> str:
     """The hash of message bodies by Redis message id, each kept until its message is acked."""
     return f"{namespace}:{queue}.msgs"
+
+
+def purging_key(namespace: str, queue: str) -> str:
+    """The hash of message bodies by Redis message id that a purge took off ``queue`` and has not
+    yet recorded as dead letters (ours, not Dramatiq's: ``composition.broker.purging``)."""
+    return f"{namespace}:{queue}.purging"
 
 
 def acks_key(namespace: str, broker_id: str, queue: str) -> str:

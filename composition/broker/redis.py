@@ -22,7 +22,7 @@ from dramatiq.errors import ConnectionClosed
 from dramatiq.message import Message
 
 from composition.broker.hooks import DefinedHooks
-from composition.broker.keys import acks_key, lanes_key, messages_key, queue_key
+from composition.broker.keys import acks_key, lanes_key, messages_key, purging_key, queue_key
 from composition.broker.priorities import LANES_LUA, PRIORITY_OPTION
 from composition.broker.redis_consumer import (
     LOST_CONNECTION,
@@ -281,4 +281,5 @@ class WakingRedisBroker(DefinedHooks, StandIns, RedisBroker):
     def flush(self, queue_name: str) -> None:
         super().flush(queue_name)
         lanes = lanes_key(self.namespace, queue_name)
-        self.client.delete(wake_key(self, queue_name), wake_key(self, dq_name(queue_name)), lanes, f"{lanes}.seq")
+        self.client.delete(wake_key(self, queue_name), wake_key(self, dq_name(queue_name)), lanes, f"{lanes}.seq",
+                           purging_key(self.namespace, queue_name), purging_key(self.namespace, dq_name(queue_name)))

@@ -13,13 +13,16 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 from dramatiq.broker import MessageProxy
+from dramatiq.common import q_name
+from dramatiq.message import Message
 
 from composition.broker.configured import configured_broker
 from composition.errors import exception_text
 from composition.metrics import DEAD_LETTERS_TOTAL
 from composition.outbox.publish import VERSION_HEADER
 
-__all__ = ["TASK_PATH_OPTION", "Failure", "error_class_name", "fingerprint", "normalise_message", "record_dead_letter"]
+__all__ = ["PURGED_ERROR_CLASS", "TASK_PATH_OPTION", "Failure", "Purged", "dead_letter_fields", "error_class_name",
+           "fingerprint", "normalise_message", "record_dead_letter"]
 
 # An actor option: ``task_path(payload) -> str``, the task a message of an actor that runs many
 # (the django.tasks backend's, one per queue) runs. Its dead letters are grouped, shown and
@@ -71,6 +74,14 @@ def error_class_name(exception: BaseException) -> str:
     if cls.__module__ == "builtins":
         return cls.__qualname__
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+class Purged(Exception):  # a cause recorded, never raised
+    """The error class of a purged message's dead letter (``composition.queues.purge_queue``):
+    an operator's act, so neither counted as dead-lettered nor as open in the metrics."""
+
+
+PURGED_ERROR_CLASS = error_class_name(Purged())
 
 
 @dataclass(frozen=True)
@@ -152,7 +163,7 @@ def _storable(value: Any) -> Any:
     return _storable(repr(value))
 
 
-def _task_path(message: MessageProxy) -> str:
+def _task_path(message: Message[Any] | MessageProxy) -> str:
     """The task ``message`` runs, for an actor that runs many (``TASK_PATH_OPTION``), else ""."""
     actor = configured_broker().actors.get(message.actor_name)
     of = actor.options.get(TASK_PATH_OPTION) if actor is not None else None
@@ -162,6 +173,28 @@ def _task_path(message: MessageProxy) -> str:
     # Cut to 1,024 bytes, not characters: a longer "path" (a mangled payload's) is cut rather than
     # a lost letter, in the column and in its index (whose rows stop at 2,704 bytes).
     return _storable(path).encode()[:1024].decode(errors="ignore") if isinstance(path, str) else ""
+
+
+def dead_letter_fields(message: Message[Any] | MessageProxy, failure: Failure, attempts: int) -> dict[str, Any]:
+    """The fields of ``message``'s dead letter, failed with ``failure`` after ``attempts`` runs,
+    but for its id and its first and last failure times."""
+    headers = message.options.get("composition")
+    if not isinstance(headers, dict) and VERSION_HEADER in message.options:
+        headers = {VERSION_HEADER: message.options[VERSION_HEADER]}  # a direct send's (VersionedActor)
+    task_path = _task_path(message)
+    return {
+        "actor": message.actor_name,
+        "task_path": task_path,
+        "queue": q_name(message.queue_name),
+        "payload": _storable(dict(message.kwargs or {})),
+        "args": _storable(list(message.args or ())),
+        "headers": _storable(headers) if isinstance(headers, dict) else {},
+        "attempts": attempts,
+        "error_class": failure.error_class,
+        "error_message": failure.error_message,
+        "traceback": failure.traceback,
+        "fingerprint": fingerprint(message.actor_name, failure.error_class, failure.error_message, task_path),
+    }
 
 
 def record_dead_letter(message: MessageProxy, exception: BaseException | Failure, attempts: int) -> int:
@@ -177,24 +210,7 @@ def record_dead_letter(message: MessageProxy, exception: BaseException | Failure
 
     failure = exception if isinstance(exception, Failure) else Failure.of(exception)
     now = timezone.now()
-    headers = message.options.get("composition")
-    if not isinstance(headers, dict) and VERSION_HEADER in message.options:
-        headers = {VERSION_HEADER: message.options[VERSION_HEADER]}  # a direct send's (VersionedActor)
-    task_path = _task_path(message)
-    fields = {
-        "actor": message.actor_name,
-        "task_path": task_path,
-        "queue": message.queue_name,
-        "payload": _storable(dict(message.kwargs or {})),
-        "args": _storable(list(message.args or ())),
-        "headers": _storable(headers) if isinstance(headers, dict) else {},
-        "attempts": attempts,
-        "error_class": failure.error_class,
-        "error_message": failure.error_message,
-        "traceback": failure.traceback,
-        "fingerprint": fingerprint(message.actor_name, failure.error_class, failure.error_message, task_path),
-        "last_failed_at": now,
-    }
+    fields = {**dead_letter_fields(message, failure, attempts), "last_failed_at": now}
     with transaction.atomic():
         row, created = DeadLetter.objects.select_for_update().get_or_create(
             message_id=message.message_id,

@@ -60,6 +60,11 @@ def pause_json(pause: Pause | None) -> dict[str, str | bool] | None:
             "shed": pause.shed}
 
 
+def _listed(names: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return " and ".join(filter(None, (", ".join(names[:-1]), names[-1])))
+
+
 class PauseCommand(BaseCommand):
     """A subclass names what it pauses (``thing``), may add ``extra_actions``, and implements
     ``list_rows``, ``pause_one``, ``resume_one`` (and ``other_action`` for its extra ones)."""
@@ -69,6 +74,8 @@ class PauseCommand(BaseCommand):
     # The extra actions that take a name (the others take none), and those that print --json.
     extra_named: ClassVar[tuple[str, ...]] = ()
     extra_json: ClassVar[tuple[str, ...]] = ()
+    # The actions that take --by and --reason.
+    audited: ClassVar[tuple[str, ...]] = ("pause", "resume")
 
     def add_arguments(self, parser: CommandParser) -> None:
         actions = ["list", "pause", "resume", *self.extra_actions]
@@ -86,10 +93,10 @@ class PauseCommand(BaseCommand):
         with reader_may_leave(), database_must_answer():
             action, name = options["action"], options["name"]
             # An option the action does not take is refused, not ignored.
-            if action not in ("pause", "resume") and (options["by"] is not None or options["reason"]):
-                raise CommandError(f"--by and --reason are for pause and resume, not {action}")
+            if action not in self.audited and (options["by"] is not None or options["reason"]):
+                raise CommandError(f"--by and --reason are for {_listed(self.audited)}, not {action}")
             if options["json"] and action not in ("list", *self.extra_json):
-                raise CommandError(f"--json is for {' and '.join(['list', *self.extra_json])}, not {action}")
+                raise CommandError(f"--json is for {_listed(('list', *self.extra_json))}, not {action}")
             if action not in ("pause", "resume", *self.extra_named):
                 if name:
                     raise CommandError(f"{action} takes no name")

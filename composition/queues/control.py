@@ -17,7 +17,7 @@ from composition.outbox.relay import RELAY_QUEUE_NAME
 from composition.pauses import Pause, pause, paused_names, resume
 from composition.sampling.queues import declared_queues
 
-__all__ = ["QueueNotPausable", "known_queues", "pause_queue", "paused_queue_names", "resume_queue"]
+__all__ = ["QueueNotPausable", "checked_queue", "known_queues", "pause_queue", "paused_queue_names", "resume_queue"]
 
 
 class QueueNotPausable(CompositionError):
@@ -31,7 +31,9 @@ def known_queues() -> list[str]:
                   | set(Pause.objects.filter(kind=Pause.QUEUE).values_list("name", flat=True)))
 
 
-def _checked(name: str) -> str:
+def checked_queue(name: str) -> str:
+    """``name``, when it is a queue of this project other than the relay's; else raises
+    ``QueueNotPausable`` saying why."""
     if name == RELAY_QUEUE_NAME:
         raise QueueNotPausable(
             f"{RELAY_QUEUE_NAME!r} is the outbox relay's queue: it carries every queue's jobs to the broker, "
@@ -46,13 +48,13 @@ def pause_queue(name: str, *, by: str, reason: str = "", user: Any = None) -> tu
     """Pause ``name`` for every host: no job of it starts once each worker has read it (within
     ``QUEUE_PAUSE_REFRESH_S``); running ones finish. Returns the row and whether this call
     changed it. Raises ``QueueNotPausable`` for a name that is not a queue of this project."""
-    return pause(Pause.QUEUE, _checked(name), by=by, reason=reason, user=user)
+    return pause(Pause.QUEUE, checked_queue(name), by=by, reason=reason, user=user)
 
 
 def resume_queue(name: str, *, by: str, reason: str = "", user: Any = None) -> tuple[Pause | None, bool]:
     """Undo ``pause_queue``: its waiting messages run again. The row (None when it was never
     paused) and whether this call changed it."""
-    return resume(Pause.QUEUE, _checked(name), by=by, reason=reason, user=user)
+    return resume(Pause.QUEUE, checked_queue(name), by=by, reason=reason, user=user)
 
 
 def paused_queue_names() -> frozenset[str]:

@@ -282,7 +282,7 @@ def test_every_dashboard_panel_queries_catalogued_metrics(tmp_path: Path) -> Non
 
 
 # -- the runbooks -------------------------------------------------------------------------------
-RUNBOOKS = ("Queue piling up", "Pausing a queue", "A queue held by a limit", "Too many dead letters",
+RUNBOOKS = ("Queue piling up", "Pausing a queue", "Purging a queue", "A queue held by a limit", "Too many dead letters",
             "Low cache hit rate", "Stale cache after a write", "Lock time-outs", "Database out of connections",
             "Schedule not firing", "Migrations not applied")
 PARTS = ("**Symptom.**", "**Alert and metric.**", "**Command.**", "**Admin screen.**", "**Fix.**")

@@ -71,9 +71,9 @@ def test_a_name_that_is_no_queue_and_the_relay_s_queue_are_refused_with_the_reas
     with pytest.raises(CommandError, match="list takes no name"):
         _run("list", QUEUE)
     for args, says in ((("limits", QUEUE), "limits takes no name"),
-                       (("list", "--by", "ops"), "--by and --reason are for pause and resume, not list"),
-                       (("limits", "--reason", "x"), "--by and --reason are for pause and resume, not limits"),
-                       (("pause", QUEUE, "--json"), "--json is for list and limits, not pause")):
+                       (("list", "--by", "ops"), "--by and --reason are for pause, resume and purge, not list"),
+                       (("limits", "--reason", "x"), "--by and --reason are for pause, resume and purge, not limits"),
+                       (("pause", QUEUE, "--json"), "--json is for list, purge and limits, not pause")):
         with pytest.raises(CommandError, match=says):
             _run(*args)
     with pytest.raises(CommandError, match="at most 150 characters, got 200"):

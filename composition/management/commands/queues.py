@@ -1,17 +1,29 @@
-"""``manage.py queues list | pause NAME | resume NAME | limits``."""
+"""``manage.py queues list | pause NAME | resume NAME | purge NAME | limits``."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from django.core.management.base import CommandError
+from django.core.management.base import CommandError, CommandParser
 
 from composition.broker.configured import configured_broker
+from composition.broker.purging import NotPurgeable
 from composition.conf import conf
-from composition.management.pause_command import PauseCommand, pause_json, paused_state
-from composition.pauses import kept_reason
-from composition.queues import QueueNotPausable, QueueRow, pause_queue, queue_rows, resume_queue
+from composition.management.closed_pipe import reader_may_leave
+from composition.management.database_errors import database_must_answer
+from composition.management.pause_command import PauseCommand, operator_name, operator_user, pause_json, paused_state
+from composition.pauses import PAUSE_PERMISSION, kept_reason
+from composition.queues import (
+    QueueNotPausable,
+    QueueNotPaused,
+    QueueRow,
+    pause_queue,
+    purge_queue,
+    queue_rows,
+    resume_queue,
+    waiting_to_purge,
+)
 from composition.sampling.limits import LimitSample, sample_limits
 
 
@@ -53,12 +65,62 @@ def _limit_line(sample: LimitSample) -> tuple[str, str, str, str, str]:
 
 class Command(PauseCommand):
     help = ("List the queues (depth, oldest waiting work, paused or not, by whom, since when, why), or pause "
-            "or resume one for every worker host, durably; `limits` lists the jobs' concurrency and rate limits "
+            "or resume one for every worker host, durably; `purge` makes what waits in a paused queue dead "
+            "letters (replayable: `deadletters replay --error Purged`), and says what it would take without --yes; "
+            "`limits` lists the jobs' concurrency and rate limits "
             "and how the cluster stands against them. A paused queue starts no job; running ones finish, "
             "its messages wait on the broker, and publishing into it goes on.")
     thing = "queue"
-    extra_actions = ("limits",)
-    extra_json = ("limits",)
+    extra_actions = ("purge", "limits")
+    extra_named = ("purge",)
+    extra_json = ("purge", "limits")
+    audited = ("pause", "resume", "purge")
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        super().add_arguments(parser)
+        parser.add_argument("--yes", action="store_true",
+                            help="purge: purge (without it, purge only says what it would take)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["action"] != "purge":
+            if options["yes"]:
+                raise CommandError(f"--yes is for purge, not {options['action']}")
+            super().handle(*args, **options)
+            return
+        with reader_may_leave(), database_must_answer():
+            if not options["name"]:
+                raise CommandError("purge needs a queue's name (queues list shows them)")
+            self.purge(options["name"], by=options["by"], reason=options["reason"], yes=options["yes"],
+                       as_json=options["json"])
+
+    def purge(self, name: str, *, by: str | None, reason: str, yes: bool, as_json: bool) -> None:
+        user = operator_user(by)
+        if user is not None and not user.has_perm(PAUSE_PERMISSION):
+            raise CommandError(f"--by {by}: {PAUSE_PERMISSION} is required")
+        try:
+            if not yes:
+                waiting = waiting_to_purge(name)
+                if as_json:
+                    self.stdout.write(json.dumps({"queue": name, "purged": False, "outbox": waiting.outbox,
+                                                  "broker": waiting.broker}, indent=2))
+                else:
+                    self.stdout.write(f"queue {name}: {waiting.outbox} outbox rows and {waiting.broker} broker "
+                                      "messages wait; with --yes a purge makes them dead letters (pause it first)")
+                return
+            result = purge_queue(name, by=operator_name(by), reason=reason)
+        except (QueueNotPausable, QueueNotPaused, NotPurgeable, ValueError) as exc:
+            raise CommandError(str(exc)) from exc
+        if as_json:
+            self.stdout.write(json.dumps({"queue": name, "purged": True, "outbox": result.from_outbox,
+                                          "broker": result.from_broker,
+                                          "held_by_workers": result.held_by_workers}, indent=2))
+            return
+        self.stdout.write(f"queue {name} purged: {result.purged} dead letters ({result.from_outbox} from the outbox, "
+                          f"{result.from_broker} from the broker); `deadletters list --error Purged` shows them, "
+                          "`deadletters replay --error Purged` runs them again")
+        if result.held_by_workers:
+            self.stdout.write(f"{result.held_by_workers} messages are held by workers (running, taken before the "
+                              "pause, or delayed until due) and were left; purge again for those that come back")
 
     def other_action(self, action: str, name: str | None, *, as_json: bool) -> None:  # limits
         samples = sample_limits(configured_broker())
