@@ -1,8 +1,9 @@
 """The operations page in the admin: one screen for the night a queue piles up (see
 ``composition.operations.snapshot`` for where each figure comes from). It reloads itself with a meta
 refresh, every ``REFRESH_S`` seconds unless turned off (``?refresh=off``): no JavaScript. Who may
-pause pauses and resumes queues and schedules from it; a pause's reason is typed on the page with
-its reload off, which a reload would otherwise wipe."""
+pause pauses and resumes queues and schedules from it, and purges a paused queue after a
+confirmation page; a pause's reason is typed on the page with its reload off, which a reload
+would otherwise wipe."""
 
 from __future__ import annotations
 
@@ -17,13 +18,22 @@ from django.urls import URLPattern, path, reverse
 
 from composition.admin.charts import latest, queue_chart
 from composition.admin.dead_letters import ReadOnlyRows
+from composition.broker.purging import NotPurgeable
 from composition.conf import conf
+from composition.errors import BROKER_FAILURES, described
 from composition.jobs.replay import REPLAY_PERMISSION
 from composition.operations.models import Operations
 from composition.operations.snapshot import operations_snapshot
 from composition.outbox.relay import RELAY_QUEUE_NAME
 from composition.pauses import PAUSE_PERMISSION, Pause, kept_reason, paused_names
-from composition.queues import QueueNotPausable, pause_queue, resume_queue
+from composition.queues import (
+    QueueNotPausable,
+    QueueNotPaused,
+    pause_queue,
+    purge_queue,
+    resume_queue,
+    waiting_to_purge,
+)
 from composition.queues.history import HISTORY_BUCKETS
 from composition.schedules import declared, pause_schedule, resume_schedule
 
@@ -62,6 +72,7 @@ class OperationsAdmin(ReadOnlyRows, admin.ModelAdmin):
             "can_pause": request.user.has_perm(PAUSE_PERMISSION),
             "schedule_url": reverse("admin:composition_operations_schedule"),
             "queue_url": reverse("admin:composition_operations_queue"),
+            "purge_url": reverse("admin:composition_operations_purge"),
             "relay_queue": RELAY_QUEUE_NAME,
             **(extra_context or {}),
         }
@@ -74,7 +85,8 @@ class OperationsAdmin(ReadOnlyRows, admin.ModelAdmin):
         return [path("", self.admin_site.admin_view(self.changelist_view), name="composition_operations_changelist"),
                 path("schedule/", self.admin_site.admin_view(self.schedule_view),
                      name="composition_operations_schedule"),
-                path("queue/", self.admin_site.admin_view(self.queue_view), name="composition_operations_queue")]
+                path("queue/", self.admin_site.admin_view(self.queue_view), name="composition_operations_queue"),
+                path("purge/", self.admin_site.admin_view(self.purge_view), name="composition_operations_purge")]
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return obj is None and super().has_view_permission(request)
@@ -100,6 +112,35 @@ class OperationsAdmin(ReadOnlyRows, admin.ModelAdmin):
                 raise PauseRefused(str(exc)) from exc
 
         return self._pause_view(request, "Queue", change)
+
+    def purge_view(self, request: HttpRequest) -> HttpResponse:
+        """GET ``name``: what a purge of the paused queue would take, and a form to confirm it;
+        POST ``name``, ``reason``: the purge (``composition.queues.purge_queue``), for who may pause."""
+        if not request.user.has_perm(PAUSE_PERMISSION):
+            raise PermissionDenied
+        name = (request.POST if request.method == "POST" else request.GET).get("name", "")
+        page = reverse("admin:composition_operations_changelist") + "?refresh=off"
+        try:
+            if request.method != "POST":
+                waiting = waiting_to_purge(name)
+                paused = Pause.objects.filter(kind=Pause.QUEUE, name=name, paused=True).first()
+                return TemplateResponse(request, "admin/composition/operations_purge.html", {
+                    **self.admin_site.each_context(request), "title": f"Purge queue {name}?", "opts": self.model._meta,
+                    "waiting": waiting, "paused": paused, "back_url": page})
+            result = purge_queue(name, by=request.user.get_username(), reason=request.POST.get("reason", "").strip(),
+                                 user=request.user)
+        except (QueueNotPausable, QueueNotPaused, NotPurgeable) as exc:
+            messages.error(request, str(exc))
+            return HttpResponseRedirect(page)
+        except BROKER_FAILURES as exc:
+            # What a purge took before the broker failed is recorded; the rest waits as it did.
+            messages.error(request, f"The broker did not answer ({described(exc)}): nothing more was purged; "
+                                    "what was taken before is in the dead letters. Purge again once it answers.")
+            return HttpResponseRedirect(page)
+        held = f" {result.held_by_workers} held by workers were left." if result.held_by_workers else ""
+        messages.success(request, f"Queue {name} purged: {result.purged} dead letters ({result.from_outbox} from the "
+                                  f"outbox, {result.from_broker} from the broker), error class Purged.{held}")
+        return HttpResponseRedirect(page)
 
     def _pause_view(self, request: HttpRequest, what: str, change: Callable[..., bool]) -> HttpResponse:
         """A POST of ``name``, ``action`` (pause or resume) and ``reason`` from the page, for who

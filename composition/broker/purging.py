@@ -10,13 +10,13 @@ Messages a worker holds (running, prefetched, delayed until due) are not waiting
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from dramatiq.broker import Broker
 
 from composition.broker.keys import lanes_key, messages_key, purging_key, queue_key
-from composition.broker.rabbitmq import PausableRabbitmqBroker
 from composition.errors import CompositionError
 
 __all__ = ["BATCH", "NotPurgeable", "take_waiting"]
@@ -70,7 +70,9 @@ def take_waiting(broker: Broker, queue: str, record: Record, *, limit: int) -> i
     client: Any = getattr(broker, "client", None)
     if client is not None:
         return _take_redis(client, getattr(broker, "namespace", "dramatiq"), queue, record, limit)
-    if isinstance(broker, PausableRabbitmqBroker):
+    # Without importing pika (an optional extra): a broker is a RabbitMQ one only once its module is.
+    rabbitmq = sys.modules.get("composition.broker.rabbitmq")
+    if rabbitmq is not None and isinstance(broker, rabbitmq.PausableRabbitmqBroker):
         return _take_rabbitmq(broker, queue, record, limit)
     raise NotPurgeable(f"{type(broker).__name__} cannot be purged: only the Redis and RabbitMQ brokers can")
 
@@ -99,7 +101,7 @@ def _take_redis(client: Any, namespace: str, queue: str, record: Record, limit: 
     return left_held + taken
 
 
-def _take_rabbitmq(broker: PausableRabbitmqBroker, queue: str, record: Record, limit: int) -> int:
+def _take_rabbitmq(broker: Any, queue: str, record: Record, limit: int) -> int:
     channel = broker.channel  # this thread's, as Dramatiq's own calls use
     taken = 0
     try:

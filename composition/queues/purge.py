@@ -18,6 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 import structlog
+from django.apps import apps
 from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
@@ -106,11 +107,12 @@ def waiting_to_purge(name: str) -> Waiting:
     return Waiting(name, outbox, sum(waiting_count(broker, queue) for queue in (name, dq_name(name))))
 
 
-def purge_queue(name: str, *, by: str, reason: str = "") -> PurgeResult:
+def purge_queue(name: str, *, by: str, reason: str = "", user: Any = None) -> PurgeResult:
     """Make every message waiting in the paused queue ``name`` an open dead letter (module doc).
 
     ``by`` and ``reason`` go into each dead letter's error message (``purged from queue NAME by
-    BY: REASON``), so one purge is one group per job. Waits, when the pause is younger than
+    BY: REASON``), so one purge is one group per job; with a ``user`` (a Django user) the purge is
+    in the admin's history of the queue's pause too. Waits, when the pause is younger than
     ``QUEUE_PAUSE_REFRESH_S`` plus a margin, until every worker has read it; and for the outbox
     rows a relay is sending at that moment (at most ``OUTBOX_LEASE_S``), which are then taken on
     the broker. Raises ``QueueNotPausable`` (not a queue of this project), ``QueueNotPaused``, and
@@ -131,6 +133,11 @@ def purge_queue(name: str, *, by: str, reason: str = "") -> PurgeResult:
         from_broker += take_waiting(broker, queue, lambda bodies: _record(bodies, failure, name),
                                     limit=waiting_count(broker, queue))
     counts = _held_by_workers(broker, name)
+    if user is not None and apps.is_installed("django.contrib.admin"):
+        from django.contrib.admin.models import CHANGE, LogEntry  # an API-only project has no admin
+
+        LogEntry.objects.log_actions(user.pk, [pause], CHANGE, single_object=True, change_message=(
+            f"Purged {from_outbox + from_broker} waiting messages into dead letters{': ' + reason if reason else ''}"))
     log.warning("queue purged", queue=name, by=by, reason=reason, from_outbox=from_outbox,
                 from_broker=from_broker, held_by_workers=counts)
     return PurgeResult(name, from_outbox, from_broker, counts)

@@ -7,9 +7,14 @@ import re
 
 import pytest
 from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import User
+from django.db import transaction
 
+from composition.jobs.models import DeadLetter
+from composition.outbox import publish
 from composition.outbox.relay import RELAY_QUEUE_NAME
 from composition.pauses import Pause
+from composition.testing import left_to_the_relay
 from tests.helpers import staff_client, table_row
 from tests.jobsapp import jobs
 
@@ -79,3 +84,36 @@ def test_an_unknown_queue_the_relay_s_queue_or_an_unknown_action_changes_nothing
         assert says.lower() in html.lower(), re.findall(r'<ul class="messagelist">.*?</ul>', html, re.S)
     assert not Pause.objects.exists()
     assert client.get(POST).status_code == 405
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.empty_queues(QUEUE)
+def test_a_paused_queue_is_purged_after_a_confirmation_page_and_the_purge_is_in_its_history() -> None:
+    client = staff_client("view_operations", "change_pauses", "view_deadletter")
+    purge = "/admin/composition/operations/purge/"
+    assert "Purge" not in table_row(client.get(PAGE).content.decode(), "data-queue", QUEUE)  # running: no link
+    not_paused = client.get(purge, {"name": QUEUE}).content.decode()
+    assert f"Queue <strong>{QUEUE}</strong> is not paused: pause it first" in not_paused
+    assert "Yes, purge" not in not_paused
+
+    with left_to_the_relay(), transaction.atomic():
+        for key in ("a", "b", "c"):
+            publish(jobs.pause_run, {"key": key, "hold_s": 0.0})
+    client.post(POST, {"name": QUEUE, "action": "pause", "reason": "bad deploy"})
+    row = table_row(client.get(PAGE).content.decode(), "data-queue", QUEUE)
+    assert f'href="{purge}?name={QUEUE}"' in row
+    confirm = client.get(purge, {"name": QUEUE}).content.decode()
+    assert re.search(r"<strong>3</strong> outbox rows not yet sent and\s+<strong>0</strong> broker messages wait",
+                     confirm) and f'value="Yes, purge {QUEUE}"' in confirm
+    assert not DeadLetter.objects.exists()  # the page only counts
+
+    answer = client.post(purge, {"name": QUEUE, "reason": "ticket 7"}, follow=True).content.decode()
+    assert f"Queue {QUEUE} purged: 3 dead letters (3 from the outbox, 0 from the broker)" in answer
+    letters = DeadLetter.objects.filter(queue=QUEUE)
+    assert letters.count() == 3 and {letter.error_message for letter in letters} == {
+        f"purged from queue {QUEUE} by {User.objects.get(is_staff=True).username}: ticket 7"}
+    pause_row = Pause.objects.get(kind=Pause.QUEUE, name=QUEUE)
+    assert list(LogEntry.objects.filter(object_id=str(pause_row.pk)).order_by("pk")
+                .values_list("change_message", flat=True)) == [
+        "Paused: bad deploy", "Purged 3 waiting messages into dead letters: ticket 7"]
+    assert staff_client("view_operations", username="viewer").post(purge, {"name": QUEUE}).status_code == 403

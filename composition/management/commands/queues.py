@@ -107,7 +107,7 @@ class Command(PauseCommand):
                     self.stdout.write(f"queue {name}: {waiting.outbox} outbox rows and {waiting.broker} broker "
                                       "messages wait; with --yes a purge makes them dead letters (pause it first)")
                 return
-            result = purge_queue(name, by=operator_name(by), reason=reason)
+            result = purge_queue(name, by=operator_name(by), reason=reason, user=user)
         except (QueueNotPausable, QueueNotPaused, NotPurgeable, ValueError) as exc:
             raise CommandError(str(exc)) from exc
         if as_json:
