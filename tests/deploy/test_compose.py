@@ -47,21 +47,47 @@ def test_prometheus_scrapes_web_and_every_worker_replica() -> None:
     assert targets == {("web", 8000), ("worker", worker_port)}
 
 
-def test_the_worker_healthcheck_leaves_no_metric_files_in_the_container_s_directory(tmp_path: Any) -> None:
-    # Run every 15 s, each check's process left its files there: 8,000 a day slowed every scrape.
-    import os
+def test_the_worker_healthcheck_asks_the_metrics_port_and_fails_on_503_or_no_answer() -> None:
+    """The check is the supervisor's /health/workers (a Redis round trip), not manage.py's (a
+    second of CPU at every probe): run as written against a server answering 200, then 503,
+    then against nothing, with the container's METRICS_TOKEN sent as a bearer token."""
+    import http.server
     import subprocess
     import sys
+    import threading
 
-    from composition.testing import subprocess_env
+    from composition.testing import free_port
 
-    command = _load("compose.yaml")["services"]["worker"]["healthcheck"]["test"]
-    assert command[0] == "CMD"
-    command = [sys.executable if part == "python" else part for part in command[1:]]
-    directory = tmp_path / "prometheus"
-    directory.mkdir()
-    env = {**subprocess_env(), "PROMETHEUS_MULTIPROC_DIR": str(directory)}
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
-    assert done.returncode in (0, 1), done.stderr[-2000:]  # 1: no worker of this project runs here
-    assert done.stdout.startswith("workers: "), done.stdout  # the check ran
-    assert os.listdir(directory) == []
+    compose = _load("compose.yaml")["services"]["worker"]
+    command = compose["healthcheck"]["test"]
+    assert command[0] == "CMD" and "/health/workers" in command[-1]
+    port = _metrics_port(compose["command"])
+    assert f"127.0.0.1:{port}/health/workers" in command[-1]
+    answers: list[int] = []
+    seen: list[str | None] = []
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(answers[0] if self.path == "/health/workers" else 404)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    local = free_port()
+    server = http.server.HTTPServer(("127.0.0.1", local), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    script = command[-1].replace(f":{port}/", f":{local}/")
+    try:
+        for status, exit_code in ((200, 0), (503, 1)):
+            answers[:] = [status]
+            done = subprocess.run([sys.executable, *command[2:-1], script], env={"METRICS_TOKEN": "s3cret"},
+                                  capture_output=True, text=True, timeout=30)
+            assert done.returncode == exit_code, done.stderr[-2000:]
+        assert seen == ["Bearer s3cret", "Bearer s3cret"]
+    finally:
+        server.shutdown()
+        server.server_close()
+    nothing = subprocess.run([sys.executable, *command[2:-1], script], capture_output=True, text=True, timeout=30)
+    assert nothing.returncode == 1 and "Connection refused" in nothing.stderr
