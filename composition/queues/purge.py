@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -20,7 +20,7 @@ from typing import Any
 import structlog
 from django.apps import apps
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 from dramatiq.common import dq_name
@@ -124,14 +124,22 @@ def purge_queue(name: str, *, by: str, reason: str = "", user: Any = None) -> Pu
         time.sleep(wait_s)
     said = f"purged from queue {name} by {by}" + (f": {reason}" if reason else "")
     failure = Failure(PURGED_ERROR_CLASS, said, "")
-    from_outbox = _purge_outbox(name, failure)
     broker = configured_broker()
-    from_broker = 0
-    for queue in (name, dq_name(name)):
-        # What waits now, not what publishers add while the purge runs (the queue is paused,
-        # publishing is not).
-        from_broker += take_waiting(broker, queue, lambda bodies: _record(bodies, failure, name),
-                                    limit=waiting_count(broker, queue))
+
+    def take_broker() -> int:
+        taken = 0
+        for queue in (name, dq_name(name)):
+            # What waits now, not what publishers add while the purge runs (the queue is paused,
+            # publishing is not).
+            taken += take_waiting(broker, queue, lambda bodies: _record(bodies, failure, name),
+                                  limit=waiting_count(broker, queue))
+        return taken
+
+    # The broker first: a key's messages there went out before its rows still in the outbox, and
+    # a group is replayed in dead letter order (deadletters replay, the admin's action).
+    from_broker = take_broker()
+    from_outbox, taken_meanwhile = _purge_outbox(name, failure, take_broker)
+    from_broker += taken_meanwhile + take_broker()  # and what relays sent meanwhile
     counts = _held_by_workers(broker, name)
     if user is not None and apps.is_installed("django.contrib.admin"):
         from django.contrib.admin.models import CHANGE, LogEntry  # an API-only project has no admin
@@ -146,28 +154,46 @@ def purge_queue(name: str, *, by: str, reason: str = "", user: Any = None) -> Pu
 _UNSENT = (OutboxMessage.Status.PENDING, OutboxMessage.Status.HELD)
 
 
-def _purge_outbox(name: str, failure: Failure) -> int:
+def _purge_outbox(name: str, failure: Failure, take_broker: Callable[[], int]) -> tuple[int, int]:
     """Move the queue's unsent outbox rows committed before now into dead letters, a batch per
-    transaction; a row a relay has leased is left to it (it reaches the broker, where the purge
-    takes it next) or, should that relay die, taken once its lease runs out."""
+    transaction; returns how many, and how many broker messages ``take_broker`` took meanwhile.
+    A row a relay has leased is left to it: it reaches the broker, where ``take_broker`` takes it
+    before the rows of its key behind it (so a key's letters keep its publish order); should that
+    relay die, the row is taken here once its lease runs out."""
     last_id = OutboxMessage.objects.filter(queue_name=name).order_by("-id").values_list("id", flat=True).first()
     if last_id is None:
-        return 0
+        return 0, 0
     unsent = OutboxMessage.objects.filter(queue_name=name, status__in=_UNSENT, id__lte=last_id)
-    taken = 0
+    taken = from_broker = 0
+    in_flight: set[int] = set()
     deadline = time.monotonic() + float(conf.OUTBOX_LEASE_S) + 1
     while True:
+        # The oldest rows, this round's: a relay leases oldest first, so its leases are among them.
+        window = list(unsent.order_by("id").values_list("id", flat=True)[:OUTBOX_BATCH])
+        if not window:
+            return taken, from_broker
+        leased = set(unsent.filter(id__lte=window[-1], claimed_until__gte=Now()).values_list("id", flat=True))
+        if in_flight - leased:
+            # Sent (or given back) since the last look: its message is on the broker now.
+            from_broker += take_broker()
+        in_flight = leased
+        # A row waits while an older row of its key is leased, or was when last looked (it may
+        # have reached the broker since, not yet taken there).
+        ahead = OutboxMessage.objects.filter(queue_name=name, key=OuterRef("key"), id__lt=OuterRef("id")).filter(
+            Q(status__in=_UNSENT, claimed_until__gte=Now()) | Q(id__in=leased))
         with transaction.atomic():
-            rows = list(unsent.filter(Q(claimed_until__isnull=True) | Q(claimed_until__lt=Now()))
-                        .select_for_update(skip_locked=True).order_by("id")[:OUTBOX_BATCH])
+            rows = list(unsent.filter(Q(claimed_until__isnull=True) | Q(claimed_until__lt=Now()), id__lte=window[-1])
+                        .exclude(Exists(ahead)).select_for_update(skip_locked=True).order_by("id")[:OUTBOX_BATCH])
             if rows:
                 _record_rows(rows, failure)
                 OutboxMessage.objects.filter(id__in=[row.id for row in rows]).delete()
                 taken += len(rows)
+                deadline = time.monotonic() + float(conf.OUTBOX_LEASE_S) + 1
                 continue
-        # Rows a relay leased or locked: sent within moments, or claimable once their lease ends.
-        if not unsent.exists() or time.monotonic() > deadline:
-            return taken
+        # Rows a relay leased or locked, or rows behind them: sent within moments, or claimable
+        # once their lease ends.
+        if time.monotonic() > deadline:
+            return taken, from_broker
         time.sleep(0.05)
 
 

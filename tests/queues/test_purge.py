@@ -9,13 +9,15 @@ import json
 import signal
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Sequence
 from datetime import timedelta
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 from dramatiq.common import dq_name
 from dramatiq.message import Message
@@ -27,7 +29,7 @@ from composition.broker.purging import BATCH, take_waiting
 from composition.jobs.models import DeadLetter
 from composition.outbox import OutboxMessage, publish
 from composition.outbox.enqueue import enqueue_many
-from composition.outbox.relay import RELAY_QUEUE_NAME
+from composition.outbox.relay import RELAY_QUEUE_NAME, Relay
 from composition.pauses import Pause
 from composition.queues import QueueNotPausable, QueueNotPaused, pause_queue, purge_queue, resume_queue
 from composition.sampling.queues import open_dead_letters_by_actor
@@ -212,3 +214,52 @@ def test_a_purge_killed_midway_loses_nothing_and_the_next_one_records_each_messa
     assert sorted(DeadLetter.objects.filter(queue=QUEUE).values_list("message_id", flat=True)) == sorted(
         message.message_id for message in messages)
     assert broker_counts(QUEUE, broker).ready == 0
+
+
+def _purged_keys() -> list[str]:
+    return [letter.payload["key"] for letter in DeadLetter.objects.filter(queue=QUEUE).order_by("id")]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.empty_queues(QUEUE)
+def test_a_purge_records_a_key_s_messages_in_publish_order_so_a_replay_relays_them_so() -> None:
+    _publish(["a1"], key="account-7")  # on the broker
+    with left_to_the_relay():
+        _publish(["a2", "a3"], key="account-7")  # behind it, in the outbox
+    assert _unsent() == 2 and broker_counts(QUEUE, configured_broker()).ready == 1
+    _settled_pause(QUEUE)
+    purge_queue(QUEUE, by="ops")
+    # A group is replayed in dead letter order (deadletters replay, the admin's action).
+    assert _purged_keys() == ["a1", "a2", "a3"]
+    resume_queue(QUEUE, by="ops")
+    call_command("deadletters", "replay", "--error", "Purged", "--yes", stdout=io.StringIO())
+    assert run_queued_jobs(QUEUE).count("success") == 3
+    assert list(Effect.objects.order_by("id").values_list("key", flat=True)) == ["a1", "a2", "a3"]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.empty_queues(QUEUE)
+def test_a_purge_racing_a_relay_that_sends_a_key_s_head_records_the_key_in_publish_order() -> None:
+    broker = configured_broker()
+    with left_to_the_relay():
+        _publish(["h1"], key="account-8")
+    relay = Relay(broker, lease_s=30)
+    claimed = relay.claim()  # the relay is sending the key's head when the purge starts
+    assert [message.id for message in claimed] == list(OutboxMessage.objects.values_list("id", flat=True))
+    with left_to_the_relay():
+        _publish(["h2", "h3"], key="account-8")
+    _settled_pause(QUEUE)
+
+    def purging() -> None:
+        try:
+            purge_queue(QUEUE, by="ops")
+        finally:
+            connection.close()
+
+    purge = threading.Thread(target=purging)
+    purge.start()
+    time.sleep(0.5)
+    relay.send_claimed(claimed, since=time.monotonic())  # sent, marked sent: the purge takes it on the broker
+    purge.join(timeout=60)
+    assert not purge.is_alive() and _unsent() == 0 and broker_counts(QUEUE, broker).ready == 0
+    assert _purged_keys() == ["h1", "h2", "h3"]
