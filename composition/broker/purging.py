@@ -26,16 +26,18 @@ __all__ = ["BATCH", "NotPurgeable", "take_waiting"]
 BATCH = 500
 
 # KEYS = the queue's list, its lanes, its messages hash, the holding hash; ARGV = the most ids to
-# take. Returns how many it took. A listed id with no body (acked meanwhile) is dropped.
+# take. Returns how many ids it looked at and the ids it took, in queue order: the holding hash
+# does not keep one (past 128 entries HGETALL's order is the hash table's), and a group of dead
+# letters is replayed in id order. A listed id with no body (acked meanwhile) is dropped.
 _TAKE_LUA = """
 local limit = tonumber(ARGV[1])
-local taken = 0
+local taken = {}
 local function take(id)
     local body = redis.call("hget", KEYS[3], id)
     if body then
         redis.call("hset", KEYS[4], id, body)
         redis.call("hdel", KEYS[3], id)
-        taken = taken + 1
+        taken[#taken + 1] = id
     end
 end
 local ids = redis.call("lrange", KEYS[1], 0, limit - 1)
@@ -45,14 +47,16 @@ end
 if #ids > 0 then
     redis.call("ltrim", KEYS[1], #ids, -1)
 end
+local looked = #ids
 if #ids < limit then
     local laned = redis.call("zrange", KEYS[2], 0, limit - #ids - 1)
     for _, id in ipairs(laned) do
         take(id)
         redis.call("zrem", KEYS[2], id)
     end
+    looked = looked + #laned
 end
-return taken
+return {looked, taken}
 """
 
 Record = Callable[[Sequence[bytes]], None]
@@ -93,11 +97,16 @@ def _take_redis(client: Any, namespace: str, queue: str, record: Record, limit: 
     take = client.register_script(_TAKE_LUA)
     keys = [queue_key(namespace, queue), lanes_key(namespace, queue), messages_key(namespace, queue), holding]
     left_held = _record_held(client, holding, record)  # what a purge that died left, beyond ``limit``
-    taken = 0
-    while taken < limit:
-        if not take(keys=keys, args=[min(BATCH, limit - taken)]):
+    looked_at = taken = 0
+    while looked_at < limit:
+        looked, ids = take(keys=keys, args=[min(BATCH, limit - looked_at)])
+        if not looked:
             break
-        taken += _record_held(client, holding, record)
+        looked_at += looked
+        if ids:
+            record([body for body in client.hmget(holding, ids) if body is not None])
+            client.hdel(holding, *ids)
+            taken += len(ids)
     return left_held + taken
 
 

@@ -263,3 +263,15 @@ def test_a_purge_racing_a_relay_that_sends_a_key_s_head_records_the_key_in_publi
     purge.join(timeout=60)
     assert not purge.is_alive() and _unsent() == 0 and broker_counts(QUEUE, broker).ready == 0
     assert _purged_keys() == ["h1", "h2", "h3"]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.empty_queues(QUEUE)
+def test_a_redis_purge_records_its_batches_in_queue_order() -> None:
+    # Over 128 a Redis hash is a hash table, whose HGETALL order is not the order of its writes.
+    keys = [f"q{n:03}" for n in range(300)]
+    _publish(keys, key="account-9")
+    assert broker_counts(QUEUE, configured_broker()).ready == 300
+    _settled_pause(QUEUE)
+    assert purge_queue(QUEUE, by="ops").from_broker == 300
+    assert _purged_keys() == keys
