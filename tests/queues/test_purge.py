@@ -275,3 +275,14 @@ def test_a_redis_purge_records_its_batches_in_queue_order() -> None:
     _settled_pause(QUEUE)
     assert purge_queue(QUEUE, by="ops").from_broker == 300
     assert _purged_keys() == keys
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_purge_whose_broker_does_not_answer_says_so_in_one_line() -> None:
+    with use_broker("redis://127.0.0.1:1/0") as broker:  # nothing listens there
+        broker.declare_actor(jobs.pause_run)
+        with pytest.raises(CommandError, match=r"the broker did not answer \(ConnectionError"):
+            _run("purge", QUEUE)
+        _settled_pause(QUEUE)
+        with pytest.raises(CommandError, match=r"the broker did not answer .*: run it again once it answers"):
+            _run("purge", QUEUE, "--yes")

@@ -6,10 +6,12 @@ import json
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
+from django.db import DatabaseError
 
 from composition.broker.configured import configured_broker
 from composition.broker.purging import NotPurgeable
 from composition.conf import conf
+from composition.errors import described
 from composition.management.closed_pipe import reader_may_leave
 from composition.management.database_errors import database_must_answer
 from composition.management.pause_command import PauseCommand, operator_name, operator_user, pause_json, paused_state
@@ -110,6 +112,11 @@ class Command(PauseCommand):
             result = purge_queue(name, by=operator_name(by), reason=reason, user=user)
         except (QueueNotPausable, QueueNotPaused, NotPurgeable, ValueError) as exc:
             raise CommandError(str(exc)) from exc
+        except DatabaseError:
+            raise
+        except Exception as exc:  # the broker's: one line, as list says it, not a traceback
+            raise CommandError(f"the broker did not answer ({described(exc)}); what the purge took before is recorded, "
+                               "the rest waits: run it again once it answers") from exc
         if as_json:
             self.stdout.write(json.dumps({"queue": name, "purged": True, "outbox": result.from_outbox,
                                           "broker": result.from_broker,
