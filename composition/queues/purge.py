@@ -209,14 +209,23 @@ def _record(bodies: Sequence[bytes], failure: Failure, queue: str) -> None:
     _create([_decoded(body, queue) for body in bodies], failure)
 
 
+# A dead letter's actor and message id columns; a message whose own do not fit is kept as text.
+_ID_CHARS = 255
+
+
 def _decoded(body: bytes, queue: str) -> Message[Any]:
     try:
-        return Message.decode(body)
-    except Exception:  # kept as text, not dropped: the letter says what the broker held
-        digest = hashlib.blake2b(body, digest_size=16).hexdigest()  # the same id should a purge record it again
-        return Message(queue_name=queue, actor_name="", args=(), options={},
-                       kwargs={"unreadable_body": body.decode(errors="replace")[:10_000]},
-                       message_id=f"unreadable-{digest}", message_timestamp=int(time.time() * 1000))
+        message = Message.decode(body)
+        if len(str(message.actor_name)) <= _ID_CHARS and len(str(message.message_id)) <= _ID_CHARS:
+            return message
+    except Exception:
+        pass
+    # Kept as text, not dropped, nor left held to fail every later purge: the letter says what
+    # the broker held.
+    digest = hashlib.blake2b(body, digest_size=16).hexdigest()  # the same id should a purge record it again
+    return Message(queue_name=queue, actor_name="", args=(), options={},
+                   kwargs={"unreadable_body": body.decode(errors="replace")[:10_000]},
+                   message_id=f"unreadable-{digest}", message_timestamp=int(time.time() * 1000))
 
 
 def _create(messages: Sequence[Message[Any]], failure: Failure) -> None:
