@@ -200,7 +200,7 @@ def test_an_unreadable_or_oversized_body_on_redis_becomes_a_letter_with_its_text
 @pytest.mark.empty_queues(QUEUE)
 def test_a_purge_killed_midway_loses_nothing_and_the_next_one_records_each_message_once() -> None:
     broker = configured_broker()
-    total = 30_000
+    total = 12_000
     messages = [jobs.pause_run.message_with_options(kwargs={"key": f"k{n}", "hold_s": 0.0}) for n in range(total)]
     for start in range(0, total, 1_000):
         enqueue_many(broker, [(message, None) for message in messages[start:start + 1_000]])
