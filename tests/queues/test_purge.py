@@ -75,7 +75,9 @@ def test_a_purge_takes_outbox_rows_and_ready_and_delayed_messages_and_a_replay_r
     _settled_pause(QUEUE)
 
     said = _run("purge", QUEUE)  # without --yes: what it would take, nothing done
-    assert said.startswith(f"queue {QUEUE}: 3 outbox rows and 5 broker messages wait") and _unsent() == 3
+    assert said.strip() == (f"queue {QUEUE}: 3 outbox rows and 5 broker messages wait; purge --yes makes them dead "
+                            "letters")
+    assert _unsent() == 3
 
     said = _run("purge", QUEUE, "--yes", "--by", "alice", "--reason", "bad deploy 42")
     assert f"queue {QUEUE} purged: 8 dead letters (3 from the outbox, 5 from the broker)" in said
@@ -141,7 +143,10 @@ def test_what_a_purge_refuses_and_the_json_it_prints() -> None:
             _run(*args)
     with left_to_the_relay():
         _publish(["j1", "j2"])
-    assert json.loads(_run("purge", QUEUE, "--json")) == {"queue": QUEUE, "purged": False, "outbox": 2, "broker": 0}
+    assert json.loads(_run("purge", QUEUE, "--json")) == {"queue": QUEUE, "purged": False, "paused": False,
+                                                          "outbox": 2, "broker": 0}
+    assert _run("purge", QUEUE).strip() == (f"queue {QUEUE}: 2 outbox rows and 0 broker messages wait; pause it first "
+                                            f"(queues pause {QUEUE}), then purge --yes makes them dead letters")
     _settled_pause(QUEUE)
     assert json.loads(_run("purge", QUEUE, "--yes", "--json")) == {
         "queue": QUEUE, "purged": True, "outbox": 2, "broker": 0, "held_by_workers": 0}

@@ -21,6 +21,7 @@ from composition.queues import (
     QueueNotPaused,
     QueueRow,
     pause_queue,
+    paused_queue_names,
     purge_queue,
     queue_rows,
     resume_queue,
@@ -102,12 +103,14 @@ class Command(PauseCommand):
         try:
             if not yes:
                 waiting = waiting_to_purge(name)
+                paused = name in paused_queue_names()
                 if as_json:
-                    self.stdout.write(json.dumps({"queue": name, "purged": False, "outbox": waiting.outbox,
-                                                  "broker": waiting.broker}, indent=2))
+                    self.stdout.write(json.dumps({"queue": name, "purged": False, "paused": paused,
+                                                  "outbox": waiting.outbox, "broker": waiting.broker}, indent=2))
                 else:
+                    then = "" if paused else f"pause it first (queues pause {name}), then "
                     self.stdout.write(f"queue {name}: {waiting.outbox} outbox rows and {waiting.broker} broker "
-                                      "messages wait; with --yes a purge makes them dead letters (pause it first)")
+                                      f"messages wait; {then}purge --yes makes them dead letters")
                 return
             result = purge_queue(name, by=operator_name(by), reason=reason, user=user)
         except (QueueNotPausable, QueueNotPaused, NotPurgeable, ValueError) as exc:
