@@ -209,14 +209,17 @@ def _record(bodies: Sequence[bytes], failure: Failure, queue: str) -> None:
     _create([_decoded(body, queue) for body in bodies], failure)
 
 
-# A dead letter's actor and message id columns; a message whose own do not fit is kept as text.
+# A dead letter's actor and message id columns; a message whose own do not fit, or whose parts
+# are not what a dead letter records, is kept as text.
 _ID_CHARS = 255
 
 
 def _decoded(body: bytes, queue: str) -> Message[Any]:
     try:
         message = Message.decode(body)
-        if len(str(message.actor_name)) <= _ID_CHARS and len(str(message.message_id)) <= _ID_CHARS:
+        if (len(str(message.actor_name)) <= _ID_CHARS and len(str(message.message_id)) <= _ID_CHARS
+                and isinstance(message.kwargs, dict) and isinstance(message.args, list | tuple)
+                and isinstance(message.options, dict) and type(message.options.get("retries", 0)) is int):
             return message
     except Exception:
         pass

@@ -193,12 +193,16 @@ def test_an_unreadable_or_oversized_body_on_redis_becomes_a_letter_with_its_text
     long_named = Message(queue_name=QUEUE, actor_name="a" * 300, args=(), kwargs={}, options={})
     client.hset(messages_key(namespace, QUEUE), "long", long_named.encode())
     client.rpush(queue_key(namespace, QUEUE), "long")
+    # And one whose retries are not a count (another producer's message).
+    odd = Message(queue_name=QUEUE, actor_name="odd", args=(), kwargs={}, options={"retries": "x"})
+    client.hset(messages_key(namespace, QUEUE), "odd", odd.encode())
+    client.rpush(queue_key(namespace, QUEUE), "odd")
     _settled_pause(QUEUE)
-    assert purge_queue(QUEUE, by="ops").from_broker == 2
+    assert purge_queue(QUEUE, by="ops").from_broker == 3
     letters = DeadLetter.objects.filter(queue=QUEUE)
     assert all(letter.message_id.startswith("unreadable-") for letter in letters)
-    assert sorted(letter.payload["unreadable_body"][:14] for letter in letters) == ['{"queue_name":',
-                                                                                      '\ufffd not a messag']
+    assert sorted(letter.payload["unreadable_body"][:14] for letter in letters) == [
+        '{"queue_name":', '{"queue_name":', '\ufffd not a messag']
 
 
 @pytest.mark.django_db(transaction=True)
