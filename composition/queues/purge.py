@@ -86,7 +86,7 @@ class Waiting:
     broker: int
 
 
-def waiting_count(broker: Any, queue: str) -> int:
+def _ready_count(broker: Any, queue: str) -> int:
     """How many messages wait, ready, on ``queue`` (a work queue or a delay queue)."""
     return broker_counts(queue, broker).ready
 
@@ -104,7 +104,7 @@ def waiting_to_purge(name: str) -> Waiting:
     ``QueueNotPausable`` for a name that is not a queue of this project, and the broker's errors."""
     broker = configured_broker()
     outbox = OutboxMessage.objects.filter(queue_name=checked_queue(name), status__in=_UNSENT).count()
-    return Waiting(name, outbox, sum(waiting_count(broker, queue) for queue in (name, dq_name(name))))
+    return Waiting(name, outbox, sum(_ready_count(broker, queue) for queue in (name, dq_name(name))))
 
 
 def purge_queue(name: str, *, by: str, reason: str = "", user: Any = None) -> PurgeResult:
@@ -132,7 +132,7 @@ def purge_queue(name: str, *, by: str, reason: str = "", user: Any = None) -> Pu
             # What waits now, not what publishers add while the purge runs (the queue is paused,
             # publishing is not).
             taken += take_waiting(broker, queue, lambda bodies: _record(bodies, failure, name),
-                                  limit=waiting_count(broker, queue))
+                                  limit=_ready_count(broker, queue))
         return taken
 
     # The broker first: a key's messages there went out before its rows still in the outbox, and
