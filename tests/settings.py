@@ -11,7 +11,7 @@ import os
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 from project.settings import *  # noqa: F403
-from project.settings import CACHES, COMPOSITION, INSTALLED_APPS
+from project.settings import CACHES, COMPOSITION, DATABASES, INSTALLED_APPS
 
 
 def _redis_db(url: str) -> int | None:
@@ -56,9 +56,14 @@ CACHES = {**CACHES, "default": {**CACHES["default"], "LOCATION": the_gate_s_own(
 COMPOSITION = {**COMPOSITION, "BROKER_URL": the_gate_s_own(COMPOSITION["BROKER_URL"])}
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.outboxapp", "tests.jobsapp"]
+
+# The example project's backend with a flush between transactional tests that keeps the tables'
+# files (tests/backend/base.py); a DATABASE_ENGINE set in the environment is used as it is.
+if not os.environ.get("DATABASE_ENGINE"):
+    DATABASES = {**DATABASES, "default": {**DATABASES["default"], "ENGINE": "tests.backend"}}
 if SHARD:
-    DATABASES = {**DATABASES, "default": {**DATABASES["default"],  # noqa: F405
-                                          "TEST": {"NAME": f"test_{DATABASES['default']['NAME']}_{SHARD}"}}}  # noqa: F405
+    DATABASES = {**DATABASES, "default": {**DATABASES["default"],
+                                          "TEST": {"NAME": f"test_{DATABASES['default']['NAME']}_{SHARD}"}}}
 
 # django.tasks through the outbox (tests/tasks/test_backend.py): Django 6's own package, else the backport
 # (the "tasks" extra), whose app must be installed; without either, those tests skip.
