@@ -8,9 +8,10 @@ import re
 import traceback
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 from dramatiq.broker import MessageProxy
 from dramatiq.common import q_name
@@ -21,8 +22,11 @@ from composition.errors import exception_text
 from composition.metrics import DEAD_LETTERS_TOTAL
 from composition.outbox.publish import VERSION_HEADER
 
+if TYPE_CHECKING:
+    from composition.jobs.models import DeadLetter
+
 __all__ = ["PURGED_ERROR_CLASS", "TASK_PATH_OPTION", "Failure", "Purged", "dead_letter_fields", "error_class_name",
-           "fingerprint", "normalise_message", "record_dead_letter"]
+           "fingerprint", "normalise_message", "open_failures", "open_purged", "record_dead_letter"]
 
 # An actor option: ``task_path(payload) -> str``, the task a message of an actor that runs many
 # (the django.tasks backend's, one per queue) runs. Its dead letters are grouped, shown and
@@ -82,6 +86,22 @@ class Purged(Exception):  # a cause recorded, never raised
 
 
 PURGED_ERROR_CLASS = error_class_name(Purged())
+
+
+def open_failures() -> QuerySet[DeadLetter]:
+    """Open dead letters (neither replayed nor discarded) that a failure made: the count
+    ``composition_dead_letters_open`` and the operations page show. A purge's letters are apart
+    (``open_purged``): an operator's act must not page (DeadLettersPilingUp)."""
+    from composition.jobs.models import DeadLetter  # as in record_dead_letter
+
+    return DeadLetter.objects.filter(status=DeadLetter.Status.DEAD).exclude(error_class=PURGED_ERROR_CLASS)
+
+
+def open_purged() -> QuerySet[DeadLetter]:
+    """Open dead letters a purge made, waiting for a replay or a discard."""
+    from composition.jobs.models import DeadLetter
+
+    return DeadLetter.objects.filter(status=DeadLetter.Status.DEAD, error_class=PURGED_ERROR_CLASS)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from composition import health
 from composition.breaker import breaker_states
 from composition.broker.configured import configured_broker
 from composition.conf import conf
+from composition.jobs.deadletters import open_failures, open_purged
 from composition.jobs.failure_groups import failure_groups, group_count
 from composition.jobs.middleware.in_flight import RUNS_WINDOW_S
 from composition.jobs.models import BrokerEpoch, DeadLetter
@@ -56,7 +57,8 @@ class OperationsSnapshot:
     taken_at: float
     window_s: float
     queues: list[QueueRow]
-    open_dead_letters: int
+    open_dead_letters: int  # open_failures(), as composition_dead_letters_open
+    purged_dead_letters: int  # open_purged()
     failure_groups: list[dict[str, Any]]  # the FAILURE_GROUPS_SHOWN largest
     failure_group_count: int  # all of them
     workers: list[WorkerRow]
@@ -112,10 +114,13 @@ def operations_snapshot(*, window_s: float = RUNS_WINDOW_S) -> OperationsSnapsho
     backlog = backlog_by_queue(window_s)
     workers, stale, workers_error, runs = _workers(now)
     queues = queue_rows(window_s=window_s, runs=None if workers_error else runs, outbox=backlog)
+    # The groups list a purge's letters too (it is where they are replayed from); the count does
+    # not, as composition_dead_letters_open does not.
     open_letters = DeadLetter.objects.filter(status=DeadLetter.Status.DEAD)
     outbox_pending, relay_lag_s = backlog_totals(backlog)  # `outbox status`'s pending and oldest age
     return OperationsSnapshot(
-        taken_at=now, window_s=window_s, queues=queues, open_dead_letters=open_letters.count(),
+        taken_at=now, window_s=window_s, queues=queues, open_dead_letters=open_failures().count(),
+        purged_dead_letters=open_purged().count(),
         failure_groups=failure_groups(open_letters, limit=FAILURE_GROUPS_SHOWN),
         failure_group_count=group_count(open_letters), workers=workers,
         stale_workers=stale, workers_error=workers_error, breakers_here=breaker_states(),

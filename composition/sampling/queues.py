@@ -19,8 +19,7 @@ from dramatiq.broker import Broker
 from composition.backpressure.depth import BrokerCounts, backlog, broker_counts
 from composition.broker.keys import is_work_queue, lanes_key, messages_key, queue_key
 from composition.errors import described
-from composition.jobs.deadletters import PURGED_ERROR_CLASS
-from composition.jobs.models import DeadLetter
+from composition.jobs.deadletters import open_failures
 from composition.outbox.models import OutboxMessage
 
 __all__ = ["QueueSample", "declared_queues", "oldest_ready_age_s", "open_dead_letters_by_actor", "sample_queues"]
@@ -113,8 +112,6 @@ def sample_queues(broker: Broker, queues: list[str] | None = None) -> list[Queue
 
 
 def open_dead_letters_by_actor() -> dict[str, int]:
-    """Dead letters neither replayed nor discarded, per actor (one grouped COUNT on the indexed
-    status); purged ones are left out: an operator's act must not page (DeadLettersPilingUp)."""
+    """``open_failures()`` per actor (one grouped COUNT on the indexed status)."""
     return {str(actor): int(count) for actor, count in
-            DeadLetter.objects.filter(status=DeadLetter.Status.DEAD).exclude(error_class=PURGED_ERROR_CLASS)
-            .values_list("actor").annotate(n=Count("id")).order_by()}
+            open_failures().values_list("actor").annotate(n=Count("id")).order_by()}

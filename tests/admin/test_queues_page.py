@@ -14,6 +14,7 @@ from composition.jobs.models import DeadLetter
 from composition.outbox import publish
 from composition.outbox.relay import RELAY_QUEUE_NAME
 from composition.pauses import Pause
+from composition.sampling import open_dead_letters_by_actor
 from composition.testing import left_to_the_relay
 from tests.helpers import staff_client, table_row
 from tests.jobsapp import jobs
@@ -116,4 +117,11 @@ def test_a_paused_queue_is_purged_after_a_confirmation_page_and_the_purge_is_in_
     assert list(LogEntry.objects.filter(object_id=str(pause_row.pk)).order_by("pk")
                 .values_list("change_message", flat=True)) == [
         "Paused: bad deploy", "Purged 3 waiting messages into dead letters: ticket 7"]
+    # The page counts them as composition_dead_letters_open does (apart), and lists their group.
+    page = client.get(PAGE)
+    snapshot = page.context["snapshot"]
+    assert (snapshot.open_dead_letters, snapshot.purged_dead_letters, sum(open_dead_letters_by_actor().values())) == (
+        0, 3, 0)
+    assert [group["count"] for group in snapshot.failure_groups] == [3]
+    assert '<div id="ops-purged-dead-letters"><strong>3</strong>' in page.content.decode()
     assert staff_client("view_operations", username="viewer").post(purge, {"name": QUEUE}).status_code == 403
