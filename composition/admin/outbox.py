@@ -1,25 +1,38 @@
-"""Read-only admin for the outbox: what is pending, since when, and what each message carried."""
+"""Admin for the outbox: what is pending, since when, and what each message carried; rows change
+only through publish and the relay, but for the one action, cancelling jobs not yet sent."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.contrib.admin.models import DELETION, LogEntry
+from django.db import transaction
+from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.html import format_html
 
 from composition.admin.format import moment, moment_column, shortened
+from composition.outbox.cancel import cancel
 from composition.outbox.maintenance import pending_summary
 from composition.outbox.models import OutboxMessage
 
-__all__ = ["OutboxMessageAdmin"]
+__all__ = ["CANCEL_LIMIT", "CANCEL_PERMISSION", "OutboxMessageAdmin"]
+
+# Jobs one click cancels, the oldest first (a row at a time, each in its own transaction); the
+# command line (``manage.py outbox cancel``) takes ids with no bound.
+CANCEL_LIMIT = 1000
+# Cancelling deletes the row: Django's own permission for that, with no Delete button beside it.
+CANCEL_PERMISSION = "composition.delete_outboxmessage"
 
 
 @admin.register(OutboxMessage)
 class OutboxMessageAdmin(admin.ModelAdmin):
-    """Operators look, they do not edit: a row changes only through publish and the relay."""
+    """Operators look, they do not edit: a row changes only through publish and the relay, or
+    goes when its job is cancelled."""
 
     # Sent time and lease share one column: a row has one or the other, and the list then fits
     # a laptop's admin without scrolling sideways.
@@ -35,6 +48,7 @@ class OutboxMessageAdmin(admin.ModelAdmin):
                        "sent_at", "last_error")
     fields = readonly_fields
 
+    actions = ["cancel_selected"]
     created = moment_column("created_at", "created at", sortable=True)
 
     @admin.display(description="sent / lease", ordering="sent_at")
@@ -82,3 +96,44 @@ class OutboxMessageAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: OutboxMessage | None = None) -> bool:
         return False
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(CANCEL_PERMISSION)
+
+    @admin.action(description="Cancel selected jobs not yet sent", permissions=["cancel"])
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[OutboxMessage]) -> HttpResponse | None:
+        unsent = queryset.filter(status__in=[OutboxMessage.Status.PENDING, OutboxMessage.Status.HELD]).order_by("id")
+        if request.POST.get("confirm") != "yes":
+            batch = list(unsent.values_list("pk", flat=True)[:CANCEL_LIMIT])
+            matching = unsent.count()
+            context = {
+                **self.admin_site.each_context(request),
+                "title": "Confirm cancel", "opts": self.model._meta, "action": request.POST.get("action", ""),
+                "count": len(batch), "matching": matching, "left_for_later": matching - len(batch),
+                "skipped": queryset.count() - matching,
+                "jobs": (unsent.filter(pk__in=batch).values("actor_name").annotate(count=Count("id"))
+                         .order_by("-count", "actor_name")),
+                # The ids counted, as hidden inputs even for "select all": a job published while the
+                # operator reads this page is not cancelled by the filter's second run.
+                "ids": [str(pk) for pk in batch], "select_across": "0",
+                "back_url": request.get_full_path(),
+            }
+            return TemplateResponse(request, "admin/composition/outboxmessage/confirm_cancel.html", context)
+        cancelled = 0
+        for row in unsent[:CANCEL_LIMIT]:
+            with transaction.atomic():
+                if not cancel(row):
+                    continue
+                cancelled += 1
+                if request.user.pk is not None:  # in the admin's history, payload and all
+                    LogEntry.objects.log_actions(
+                        user_id=request.user.pk, queryset=[row], action_flag=DELETION,
+                        change_message=f"Cancelled from the admin: {row.actor_name} "
+                                       f"{json.dumps(row.payload, sort_keys=True, ensure_ascii=False)}")
+        missed = queryset.count()  # what is left of the selection: sent, or under a relay's lease
+        if cancelled:
+            self.message_user(request, f"Cancelled {cancelled} job(s).", messages.SUCCESS)
+        if missed:
+            self.message_user(request, f"{missed} selected job(s) not cancelled: sent already, or a relay was "
+                              "sending them.", messages.WARNING)
+        return None

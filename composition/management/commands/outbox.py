@@ -1,5 +1,5 @@
-"""``manage.py outbox``: the outbox's backlog (``status``), its relay run by hand (``relay``) and
-pruning (``prune``)."""
+"""``manage.py outbox``: the outbox's backlog (``status``), its relay run by hand (``relay``),
+pruning (``prune``) and jobs taken back before they are sent (``cancel ID...``)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from composition.jobs.middleware.in_flight import RUNS_WINDOW_S
 from composition.management.closed_pipe import reader_may_leave
 from composition.management.database_errors import database_must_answer
 from composition.management.retention_option import SECONDS_PER_DAY, older_than_days
+from composition.outbox import OutboxMessage, cancel
 from composition.outbox.maintenance import outbox_status, prune_sent
 from composition.outbox.relay import Relay
 
@@ -24,10 +25,13 @@ MAX_BATCH_SIZE = 100_000
 class Command(BaseCommand):
     help = ("Outbox operations: 'status' shows the backlog (by actor, and by queue as the admin's "
             "operations page shows it), 'relay' relays pending messages until none "
-            "is left, 'prune' deletes sent messages older than --older-than days (in batches).")
+            "is left, 'prune' deletes sent messages older than --older-than days (in batches), "
+            "'cancel ID...' takes back the jobs of these outbox rows if no relay has sent them.")
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("action", choices=("status", "relay", "prune"))
+        parser.add_argument("action", choices=("status", "relay", "prune", "cancel"))
+        parser.add_argument("ids", nargs="*", metavar="ID",
+                            help="cancel: the outbox rows' ids (publish() returns the row)")
         parser.add_argument("--older-than", type=float, default=None, dest="older_than",
                             help="prune: sent messages older than this many days (default OUTBOX_RETENTION_S)")
         parser.add_argument("--dry-run", action="store_true", help="prune: only count what would go")
@@ -45,6 +49,11 @@ class Command(BaseCommand):
         for name, takes_it in (("dry_run", "prune"), ("older_than", "prune"), ("batch_size", "relay")):
             if options[name] not in (None, False) and action != takes_it:
                 raise CommandError(f"--{name.replace('_', '-')} is for {takes_it} only, not {action}")
+        if options["ids"] and action != "cancel":
+            raise CommandError(f"ids are for cancel only, not {action}")
+        if action == "cancel":
+            self._cancel(options["ids"], as_json=options["json"])
+            return
         if action == "status":
             # The operations page's window: its per-queue figures are these.
             result: dict[str, Any] = outbox_status(window_s=RUNS_WINDOW_S).as_dict()
@@ -76,3 +85,32 @@ class Command(BaseCommand):
                     self.stdout.write(f"  {inner}: {count}")
             else:
                 self.stdout.write(f"{name}: {value}")
+
+    def _cancel(self, ids: list[str], *, as_json: bool) -> None:
+        if not ids:
+            raise CommandError("cancel takes the ids of outbox rows: manage.py outbox cancel ID [ID ...]")
+        if wrong := [text for text in ids if not text.isdecimal()]:
+            raise CommandError(f"not an outbox row id: {wrong[0]!r}")
+        results = []
+        for pk in dict.fromkeys(int(text) for text in ids):  # each once, in the order given
+            row = OutboxMessage.objects.filter(pk=pk).only("actor_name", "status").first()
+            cancelled = row is not None and cancel(pk)
+            said = f"cancelled ({row.actor_name}, was {row.status})" if cancelled and row else _why_not(pk)
+            results.append({"id": pk, "cancelled": cancelled, "said": said})
+            if not as_json:
+                self.stdout.write(f"{pk}: {said}")
+        if as_json:
+            self.stdout.write(json.dumps(results, indent=2))
+        if missed := sum(not result["cancelled"] for result in results):
+            raise CommandError(f"{missed} of {len(results)} not cancelled")
+
+
+def _why_not(pk: int) -> str:
+    """Why ``cancel(pk)`` took nothing, as the row reads now."""
+    row = OutboxMessage.objects.filter(pk=pk).only("status", "sent_at", "claimed_until").first()
+    if row is None:
+        return "not cancelled, no such outbox row (cancelled already, or sent and pruned)"
+    if row.status == OutboxMessage.Status.SENT and row.sent_at is not None:
+        return f"not cancelled, sent at {row.sent_at.isoformat(timespec='seconds')}"
+    until = row.claimed_until.isoformat(timespec="seconds") if row.claimed_until else "now"
+    return f"not cancelled, a relay is sending it (leased until {until}); try again after that"
