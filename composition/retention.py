@@ -28,12 +28,12 @@ from composition.broker.configured import configured_broker
 from composition.conf import conf
 from composition.db.pruning import PruneResult, delete_in_batches
 from composition.errors import described
-from composition.jobs.inbox import IDEMPOTENCY_KEY_HEADER
 from composition.jobs.models import DeadLetter, ProcessedMessage, TaskRecord
 from composition.jobs.policy import JobPolicy, redelivery_window_s
 from composition.lifecycle.periodic import PeriodicComponent
 from composition.locks import LockBackendUnavailable, LockLost, LockNotAcquired, acquire_redis_lock
 from composition.outbox.maintenance import sent_older_than
+from composition.outbox.publish import IDEMPOTENCY_KEY_HEADER
 
 __all__ = [
     "RetentionComponent",

@@ -102,15 +102,19 @@ class OutboxMessageAdmin(admin.ModelAdmin):
 
     @admin.action(description="Cancel selected jobs not yet sent", permissions=["cancel"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet[OutboxMessage]) -> HttpResponse | None:
-        unsent = queryset.filter(status__in=[OutboxMessage.Status.PENDING, OutboxMessage.Status.HELD]).order_by("id")
+        # What cancel() takes: rows no relay has claimed (the others may be on the broker).
+        unsent = queryset.filter(status__in=[OutboxMessage.Status.PENDING, OutboxMessage.Status.HELD],
+                                 attempts=0).order_by("id")
         if request.POST.get("confirm") != "yes":
             batch = list(unsent.values_list("pk", flat=True)[:CANCEL_LIMIT])
             matching = unsent.count()
+            across = request.POST.get("select_across") == "1"
             context = {
                 **self.admin_site.each_context(request),
                 "title": "Confirm cancel", "opts": self.model._meta, "action": request.POST.get("action", ""),
                 "count": len(batch), "matching": matching, "left_for_later": matching - len(batch),
-                "skipped": queryset.count() - matching,
+                # Of the rows ticked; "select all" is not counted: that would be the whole table.
+                "skipped": 0 if across else queryset.count() - matching,
                 "jobs": (unsent.filter(pk__in=batch).values("actor_name").annotate(count=Count("id"))
                          .order_by("-count", "actor_name")),
                 # The ids counted, as hidden inputs even for "select all": a job published while the
@@ -134,6 +138,8 @@ class OutboxMessageAdmin(admin.ModelAdmin):
         if cancelled:
             self.message_user(request, f"Cancelled {cancelled} job(s).", messages.SUCCESS)
         if missed:
-            self.message_user(request, f"{missed} selected job(s) not cancelled: sent already, or a relay was "
-                              "sending them.", messages.WARNING)
+            self.message_user(request, f"{missed} selected job(s) not cancelled: a relay has sent them or tried "
+                              "to (they may be on the broker).", messages.WARNING)
+        if not cancelled and not missed:  # a second submit of the same confirmation
+            self.message_user(request, "Nothing to cancel: the selected jobs were cancelled already.", messages.INFO)
         return None

@@ -14,10 +14,9 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, connections
 from dramatiq.broker import MessageProxy
 
-__all__ = ["IDEMPOTENCY_KEY_HEADER", "ledger_key", "ledger_key_of", "record_processed"]
+from composition.outbox.publish import IDEMPOTENCY_KEY_HEADER
 
-# Key in message.options["composition"] that replaces the message id in the ledger.
-IDEMPOTENCY_KEY_HEADER = "idempotency_key"
+__all__ = ["ledger_key", "ledger_key_of", "record_processed"]
 
 
 

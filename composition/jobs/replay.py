@@ -29,10 +29,9 @@ from composition.errors import (
     DeadLetterStateError,
     PayloadValidationError,
 )
-from composition.jobs.inbox import IDEMPOTENCY_KEY_HEADER
 from composition.jobs.models import DeadLetter
 from composition.outbox.errors import UnknownActorError
-from composition.outbox.publish import VERSION_HEADER, VERSIONS_OPTION, publish_with_headers
+from composition.outbox.publish import IDEMPOTENCY_KEY_HEADER, VERSION_HEADER, VERSIONS_OPTION, publish_with_headers
 
 __all__ = [
     "DISCARD_PERMISSION",

@@ -3,7 +3,7 @@
 ``publish(actor, payload, *, key=None, delay_s=None, priority=0, expires_s=None)`` checks the payload against the job
 (``PayloadDoesNotFitError``) and writes an ``OutboxMessage`` that commits or rolls back with the
 business data, sent right after commit; ``publish_many`` does the same for a list, and ``cancel``
-takes back a job no relay has sent. Modules: ``publish``, ``publish_many``, ``cancel``, ``payload_json``
+takes back a job no relay tried to send. Modules: ``publish``, ``publish_many``, ``cancel``, ``payload_json``
 (a payload as JSON jsonb stores as it is), ``models``, ``claims`` (claim, mark-sent and release
 statements), ``relay`` (claim, ``enqueue`` in one round trip, mark sent), ``relay_actor``, ``sweeper``
 (``RelaySweeperComponent``, for what a nudge missed, and held rows that came due), ``held`` (a delay

@@ -50,6 +50,7 @@ from composition.seconds import checked_seconds
 
 __all__ = [
     "EXPIRES_AT_HEADER",
+    "IDEMPOTENCY_KEY_HEADER",
     "PAYLOAD_SCHEMA_OPTION",
     "VERSIONS_OPTION",
     "VERSION_HEADER",
@@ -84,6 +85,9 @@ VERSIONS_OPTION = "job_versions"
 # The Unix time after which a message is not to start (``publish(..., expires_s=)``): a worker
 # drops it unrun then (composition.jobs.middleware.expiry).
 EXPIRES_AT_HEADER = "expires_at"
+# The id a message's effects are recorded under in the inbox ledger, when not its own: a replayed
+# dead letter's message carries its original's (composition.jobs.inbox, composition.jobs.replay).
+IDEMPOTENCY_KEY_HEADER = "idempotency_key"
 # Headers publish() sets itself; extra headers cannot replace them.
 _OWN_HEADERS = frozenset({"request_id", "published_at"})
 

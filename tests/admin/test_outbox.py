@@ -32,18 +32,21 @@ def test_selected_jobs_not_yet_sent_are_cancelled_after_a_confirmation_and_sent_
 
     confirm = client.post(LIST, {"action": "cancel_selected", "_selected_action": selected}).content.decode()
     assert "This will cancel <strong>2</strong> jobs not yet sent" in confirm
-    assert "1 selected job sent already will be left alone" in confirm
+    assert "1 selected job that a relay has sent or tried to send will be left alone" in confirm
     assert f"<td>{PROBE}</td><td>2</td>" in confirm and 'value="Yes, cancel 2"' in confirm
     assert OutboxMessage.objects.count() == 3  # the page only counts
 
     done = client.post(LIST, {"action": "cancel_selected", "_selected_action": selected, "confirm": "yes"},
                        follow=True).content.decode()
-    assert "Cancelled 2 job(s)." in done and "1 selected job(s) not cancelled" in done
+    assert "Cancelled 2 job(s)." in done and "1 selected job(s) not cancelled: a relay has sent them" in done
     assert list(OutboxMessage.objects.values_list("pk", flat=True)) == [sent.pk]
     history = LogEntry.objects.filter(action_flag=DELETION).order_by("object_id")
     assert [(entry.object_id, entry.change_message) for entry in history] == [
         (str(held.pk), f'Cancelled from the admin: {PROBE} {{"note": "remind", "seq": 2}}'),
         (str(pending.pk), f'Cancelled from the admin: {PROBE} {{"seq": 3}}')]
+    again = client.post(LIST, {"action": "cancel_selected", "_selected_action": selected[1:], "confirm": "yes"},
+                        follow=True).content.decode()  # the same confirmation, submitted twice
+    assert "Nothing to cancel: the selected jobs were cancelled already." in again
 
 
 def test_who_may_not_delete_outbox_rows_is_not_offered_the_action_and_cannot_post_it() -> None:

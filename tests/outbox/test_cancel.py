@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from composition.broker.configured import configured_broker
 from composition.outbox import OutboxMessage, cancel, publish
-from composition.outbox.claims import claim
+from composition.outbox.claims import claim, release
 from composition.outbox.relay import Relay
 from composition.testing import wait_until
 from tests.jobsapp.models import Effect
@@ -62,14 +62,16 @@ def test_a_cancel_that_rolls_back_keeps_the_job() -> None:
 
 
 @left_pending
-def test_a_job_under_a_relay_s_lease_is_not_cancelled_until_the_lease_runs_out() -> None:
-    row = publish(PROBE, {"seq": 1})
-    [claimed] = claim(limit=10, lease_s=60.0, relay_id="another-relay")
-    assert claimed.id == row.pk
-    assert cancel(row) is False  # that relay may be handing it to the broker now
-    OutboxMessage.objects.filter(pk=row.pk).update(claimed_until=timezone.now() - timedelta(seconds=1))
-    assert cancel(row) is True  # a relay whose lease ran out gave it up: another would claim it again
-    assert _relayed() == []
+def test_a_job_a_relay_claimed_is_never_cancelled_even_once_its_lease_ran_out_or_it_was_released() -> None:
+    leased, released = publish(PROBE, {"seq": 1}), publish(PROBE, {"seq": 2})
+    assert [row.id for row in claim(limit=10, lease_s=60.0, relay_id="another-relay")] == [leased.pk, released.pk]
+    assert cancel(leased) is False  # that relay may be handing it to the broker now
+    # A relay killed after its enqueue leaves its lease to run out; a batch half sent is released
+    # whole: either way the message may be on the broker.
+    OutboxMessage.objects.filter(pk=leased.pk).update(claimed_until=timezone.now() - timedelta(seconds=1))
+    release([released.pk], error="ConnectionError: the second call of the batch failed", relay_id="another-relay")
+    assert cancel(leased) is False and cancel(released) is False
+    assert OutboxMessage.objects.filter(pk__in=[leased.pk, released.pk]).count() == 2
 
 
 @left_pending
@@ -120,7 +122,7 @@ def test_cancelling_the_head_of_a_key_lets_the_rest_of_the_key_go_in_order() -> 
 
 
 def test_cancel_takes_a_row_or_an_id_and_nothing_else() -> None:
-    assert cancel(10**12) is False  # no such row
+    assert cancel(10**12) is False and cancel(-1) is False  # no such row
     for wrong in ("12", 12.0, True, None, OutboxMessage(actor_name=PROBE, queue_name=QUEUE, payload={})):
         with pytest.raises(TypeError, match="cancel"):
             cancel(wrong)  # type: ignore[arg-type]
@@ -131,16 +133,21 @@ def test_the_command_cancels_each_id_and_says_what_became_of_the_others() -> Non
     held = publish(PROBE, {"seq": 1}, delay_s=TWO_HOURS_S)
     sent = publish(PROBE, {"seq": 2})
     _relayed()
-    leased = publish(PROBE, {"seq": 3})
+    leased, tried = publish(PROBE, {"seq": 3}), publish(PROBE, {"seq": 4})
     claim(limit=10, lease_s=60.0, relay_id="another-relay")
+    release([tried.pk], error="ConnectionError", relay_id="another-relay")
     out = io.StringIO()
-    with pytest.raises(CommandError, match="3 of 4 not cancelled"):
-        call_command("outbox", "cancel", str(held.pk), str(sent.pk), str(leased.pk), "999999999999", stdout=out)
-    lines = out.getvalue().splitlines()
-    assert lines[0] == f"{held.pk}: cancelled ({PROBE}, was held)"
-    assert lines[1].startswith(f"{sent.pk}: not cancelled, sent at ")
-    assert lines[2].startswith(f"{leased.pk}: not cancelled, a relay is sending it (leased until ")
-    assert lines[3] == "999999999999: not cancelled, no such outbox row (cancelled already, or sent and pruned)"
+    with pytest.raises(CommandError, match="4 of 5 not cancelled"):
+        call_command("outbox", "cancel", str(held.pk), str(sent.pk), str(leased.pk), str(tried.pk), "999999999999",
+                     str(held.pk), stdout=out)
+    sent_at = OutboxMessage.objects.get(pk=sent.pk).sent_at.isoformat(timespec="seconds")
+    until = OutboxMessage.objects.get(pk=leased.pk).claimed_until.isoformat(timespec="seconds")
+    assert out.getvalue().splitlines() == [
+        f"{held.pk}: cancelled ({PROBE}, was held)",
+        f"{sent.pk}: not cancelled, sent at {sent_at}",
+        f"{leased.pk}: not cancelled, a relay is sending it (leased until {until})",
+        f"{tried.pk}: not cancelled, a relay tried to send it: it may be on the broker, and a relay sends it again",
+        "999999999999: not cancelled, no such outbox row (cancelled already, purged, or sent and pruned)"]
     assert not OutboxMessage.objects.filter(pk=held.pk).exists()
 
     with pytest.raises(CommandError, match="cancel takes the ids of outbox rows"):
@@ -172,3 +179,18 @@ def test_with_short_delays_held_a_real_runworkers_runs_the_job_left_and_never_th
     assert worker.terminate() == 0
     assert sorted(Effect.objects.values_list("key", flat=True)) == ["cancel-kept"]
     assert cancel(kept) is False
+
+
+@left_pending
+def test_cancelling_a_replay_opens_its_dead_letter_again() -> None:
+    from composition.jobs.models import DeadLetter
+    from composition.jobs.replay import replay
+    from tests.jobs.test_deadletters import dead_letter
+
+    letter = dead_letter(key="cancelled-replay")
+    replayed = replay(letter.pk)
+    assert cancel(replayed.replay_outbox_id) is True
+    letter.refresh_from_db()
+    assert (letter.status, letter.replay_outbox_id, letter.replayed_at) == (DeadLetter.Status.DEAD, None, None)
+    again = replay(letter.pk)  # replayable as before, its ledger key kept
+    assert OutboxMessage.objects.get(pk=again.replay_outbox_id).headers["idempotency_key"] == letter.message_id

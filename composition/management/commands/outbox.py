@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
 
 from composition.broker.configured import configured_broker
 from composition.errors import BROKER_FAILURES
@@ -26,7 +27,7 @@ class Command(BaseCommand):
     help = ("Outbox operations: 'status' shows the backlog (by actor, and by queue as the admin's "
             "operations page shows it), 'relay' relays pending messages until none "
             "is left, 'prune' deletes sent messages older than --older-than days (in batches), "
-            "'cancel ID...' takes back the jobs of these outbox rows if no relay has sent them.")
+            "'cancel ID...' takes back the jobs of these outbox rows if no relay has tried to send them.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("action", choices=("status", "relay", "prune", "cancel"))
@@ -109,8 +110,9 @@ def _why_not(pk: int) -> str:
     """Why ``cancel(pk)`` took nothing, as the row reads now."""
     row = OutboxMessage.objects.filter(pk=pk).only("status", "sent_at", "claimed_until").first()
     if row is None:
-        return "not cancelled, no such outbox row (cancelled already, or sent and pruned)"
+        return "not cancelled, no such outbox row (cancelled already, purged, or sent and pruned)"
     if row.status == OutboxMessage.Status.SENT and row.sent_at is not None:
         return f"not cancelled, sent at {row.sent_at.isoformat(timespec='seconds')}"
-    until = row.claimed_until.isoformat(timespec="seconds") if row.claimed_until else "now"
-    return f"not cancelled, a relay is sending it (leased until {until}); try again after that"
+    if row.claimed_until is not None and row.claimed_until > timezone.now():
+        return f"not cancelled, a relay is sending it (leased until {row.claimed_until.isoformat(timespec='seconds')})"
+    return "not cancelled, a relay tried to send it: it may be on the broker, and a relay sends it again"
