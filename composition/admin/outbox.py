@@ -8,6 +8,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.models import DELETION, LogEntry
+from django.contrib.contenttypes.models import ContentType
 from django.db import transaction
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -129,11 +130,15 @@ class OutboxMessageAdmin(admin.ModelAdmin):
                 if not cancel(row):
                     continue
                 cancelled += 1
-                if request.user.pk is not None:  # in the admin's history, payload and all
-                    LogEntry.objects.log_actions(
-                        user_id=request.user.pk, queryset=[row], action_flag=DELETION,
-                        change_message=f"Cancelled from the admin: {row.actor_name} "
-                                       f"{json.dumps(row.payload, sort_keys=True, ensure_ascii=False)}")
+                if request.user.pk is not None:
+                    # In the admin's Recent actions with its payload (the row's own history page
+                    # is gone with it); the entry's message keeps the payload whole.
+                    payload = json.dumps(row.payload, sort_keys=True, ensure_ascii=False)
+                    LogEntry.objects.create(
+                        user_id=request.user.pk, content_type=ContentType.objects.get_for_model(OutboxMessage),
+                        object_id=str(row.pk), action_flag=DELETION,
+                        object_repr=f"cancelled: outbox #{row.pk} {row.actor_name} {payload}"[:200],
+                        change_message=f"Cancelled from the admin: {row.actor_name} {payload}")
         missed = queryset.count()  # what is left of the selection: sent, or under a relay's lease
         if cancelled:
             self.message_user(request, f"Cancelled {cancelled} job(s).", messages.SUCCESS)

@@ -41,9 +41,12 @@ def test_selected_jobs_not_yet_sent_are_cancelled_after_a_confirmation_and_sent_
     assert "Cancelled 2 job(s)." in done and "1 selected job(s) not cancelled: a relay has sent them" in done
     assert list(OutboxMessage.objects.values_list("pk", flat=True)) == [sent.pk]
     history = LogEntry.objects.filter(action_flag=DELETION).order_by("object_id")
-    assert [(entry.object_id, entry.change_message) for entry in history] == [
-        (str(held.pk), f'Cancelled from the admin: {PROBE} {{"note": "remind", "seq": 2}}'),
-        (str(pending.pk), f'Cancelled from the admin: {PROBE} {{"seq": 3}}')]
+    assert [(entry.object_id, entry.object_repr, entry.change_message) for entry in history] == [
+        (str(held.pk), f'cancelled: outbox #{held.pk} {PROBE} {{"note": "remind", "seq": 2}}',
+         f'Cancelled from the admin: {PROBE} {{"note": "remind", "seq": 2}}'),
+        (str(pending.pk), f'cancelled: outbox #{pending.pk} {PROBE} {{"seq": 3}}',
+         f'Cancelled from the admin: {PROBE} {{"seq": 3}}')]
+    assert f'cancelled: outbox #{held.pk} {PROBE}' in client.get("/admin/").content.decode()  # Recent actions
     again = client.post(LIST, {"action": "cancel_selected", "_selected_action": selected[1:], "confirm": "yes"},
                         follow=True).content.decode()  # the same confirmation, submitted twice
     assert "Nothing to cancel: the selected jobs were cancelled already." in again
