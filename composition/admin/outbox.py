@@ -139,7 +139,7 @@ class OutboxMessageAdmin(admin.ModelAdmin):
                         object_id=str(row.pk), action_flag=DELETION,
                         object_repr=f"cancelled: outbox #{row.pk} {row.actor_name} {payload}"[:200],
                         change_message=f"Cancelled from the admin: {row.actor_name} {payload}")
-        missed = queryset.count()  # what is left of the selection: sent, or under a relay's lease
+        missed = queryset.count()  # what is left of the selection: rows a relay claimed
         if cancelled:
             self.message_user(request, f"Cancelled {cancelled} job(s).", messages.SUCCESS)
         if missed:

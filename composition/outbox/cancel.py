@@ -57,22 +57,18 @@ def cancel(message: OutboxMessage | int) -> bool:
     actor, queue, status, headers = row
     reopened = _reopen_replayed(pk, headers)
     log.info("outbox job cancelled", outbox_id=pk, actor=actor, queue=queue, was=status,
-             dead_letter_reopened=reopened)
+             dead_letters_reopened=reopened)
     return True
 
 
-def _reopen_replayed(pk: int, headers: Any) -> int | None:
-    """The dead letter whose replay wrote row ``pk``, open again so the job is not lost (its id),
-    or None. Only a replay's row carries the idempotency key header, so no other cancel looks."""
+def _reopen_replayed(pk: int, headers: Any) -> int:
+    """Open again the dead letter whose replay wrote row ``pk``, so the job is not lost; how many
+    (0 or 1). Only a replay's row carries the idempotency key header, so no other cancel looks."""
     if isinstance(headers, str):  # jsonb comes as text through Django's connection
         headers = json.loads(headers)
     if not (isinstance(headers, dict) and headers.get(IDEMPOTENCY_KEY_HEADER)):
-        return None
+        return 0
     # By name: composition.jobs imports the outbox, not the other way round.
     dead_letters = apps.get_model("composition", "DeadLetter")
-    letter = dead_letters.objects.filter(replay_outbox_id=pk, status="replayed").only("pk").first()
-    if letter is None:
-        return None
-    dead_letters.objects.filter(pk=letter.pk).update(status="dead", replayed_at=None, replayed_by=None,
-                                                     replay_outbox_id=None)
-    return int(letter.pk)
+    return int(dead_letters.objects.filter(replay_outbox_id=pk, status="replayed").update(
+        status="dead", replayed_at=None, replayed_by=None, replay_outbox_id=None))

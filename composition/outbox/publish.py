@@ -85,8 +85,7 @@ VERSIONS_OPTION = "job_versions"
 # The Unix time after which a message is not to start (``publish(..., expires_s=)``): a worker
 # drops it unrun then (composition.jobs.middleware.expiry).
 EXPIRES_AT_HEADER = "expires_at"
-# The id a message's effects are recorded under in the inbox ledger, when not its own: a replayed
-# dead letter's message carries its original's (composition.jobs.inbox, composition.jobs.replay).
+# The id a replayed message's effects are recorded under in the inbox ledger: its original's.
 IDEMPOTENCY_KEY_HEADER = "idempotency_key"
 # Headers publish() sets itself; extra headers cannot replace them.
 _OWN_HEADERS = frozenset({"request_id", "published_at"})
