@@ -180,10 +180,29 @@ def test_a_host_cut_off_from_the_database_and_the_broker_loses_nothing_doubles_n
     healed_wall = timezone.now()
     publisher.join(120)
     assert publisher.error is None, publisher.error
+    # Work for the let-back host to take: on a slow machine the hosts start late, and the stream
+    # can end during the cut. A few jobs at a time, until the host has run one.
+    after_heal: list[str] = []
+
+    def back_at_work() -> bool:
+        if Effect.objects.filter(host="c", created_at__gt=healed_wall).exists():
+            return True
+        keys = [f"h-{index}" for index in range(len(after_heal), len(after_heal) + 4)]
+        with transaction.atomic():
+            publish_many("partition_effect", [{"key": key} for key in keys])
+        after_heal.extend(keys)
+        publisher.published_at.update(dict.fromkeys(keys, timezone.now()))
+        return False
+
     try:
-        wait_until(lambda: Effect.objects.values("key").distinct().count() == total, 120, interval_s=0.5)
+        wait_until(back_at_work, 60, interval_s=0.5)
     except AssertionError:
-        lost = total - Effect.objects.values("key").distinct().count()
+        raise AssertionError(f"the host did not work again once let back:\n{logs()}") from None
+    published = len(publisher.published_at)
+    try:
+        wait_until(lambda: Effect.objects.values("key").distinct().count() == published, 120, interval_s=0.5)
+    except AssertionError:
+        lost = published - Effect.objects.values("key").distinct().count()
         raise AssertionError(f"jobs lost: {lost}\n{logs()}") from None
 
     doubled = list(Effect.objects.values("key").annotate(n=Count("id")).filter(n__gt=1))
@@ -197,12 +216,10 @@ def test_a_host_cut_off_from_the_database_and_the_broker_loses_nothing_doubles_n
     took = {effect.key: (effect.created_at, effect.created_at - publisher.published_at[effect.key])
             for effect in Effect.objects.all()}
     late = sorted((latency.total_seconds(), key) for key, (done, latency) in took.items()
-                  if latency > usual and done > cut_wall + bound)
+                  if latency > usual and done > cut_wall + bound and key not in after_heal)
     assert late == [], f"jobs that waited past the bound ({bound}): {late[:10]}\n{logs()}"
     held = [key for key, (done, latency) in took.items()
             if latency > timedelta(seconds=HEARTBEAT_TIMEOUT_S) and done > cut_wall]
     assert held, "no job waited on the cut-off host: the cut tested nothing"
-    assert Effect.objects.filter(host="c", created_at__gt=healed_wall).exists(), (
-        f"the host did not work again once let back:\n{logs()}")
     for worker in [*hosts, cut_host]:
         assert worker.terminate() == 0, logs()

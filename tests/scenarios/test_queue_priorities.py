@@ -79,10 +79,10 @@ def starts(transactional_db: None) -> Iterator[Starts]:
     noted.close()
 
 
-def _publish_bulk(keys: list[str]) -> None:
+def _publish_bulk(keys: list[str], hold_s: float = BULK_HOLD_S) -> None:
     with transaction.atomic():
         for key in keys:
-            publish(jobs.bulk_step, {"key": key, "hold_s": BULK_HOLD_S})
+            publish(jobs.bulk_step, {"key": key, "hold_s": hold_s})
 
 
 def _publish_critical(key: str) -> float:
@@ -161,16 +161,21 @@ def test_in_strict_order_every_waiting_critical_job_starts_before_the_next_bulk_
         ["--threads", "2", "--queues", f"{jobs.CRITICAL_QUEUE},{jobs.BULK_QUEUE},{RELAY_QUEUE_NAME}"])
     run = uuid.uuid4().hex[:8]
     # Both threads busy for the hold, and more bulk work fetched behind them before the critical.
+    # Held twice the usual: the criticals must all be on the host before a thread is free, even
+    # when the machine is slow to note the first starts.
     bulk = [f"{run}-bulk-{index}" for index in range(8)]
-    _publish_bulk(bulk)
+    _publish_bulk(bulk, hold_s=2 * BULK_HOLD_S)
     published: dict[str, float] = {}
     wait_until(lambda: len(starts.read(published)) >= 2, timeout_s=30, message=host.output()[-3000:])
     critical_at = time.time()
-    # As many as the host fetches of a queue at once (two per thread): the order is kept among
-    # the messages a host holds, and a further one waits on the broker meanwhile.
-    for index in range(4):
-        key = f"{run}-critical-{index}"
-        published[key] = _publish_critical(key)
+    # As many as the host fetches of a queue at once (two per thread), in one transaction, so one
+    # send: the order is kept among the messages a host holds, and a further one waits on the
+    # broker meanwhile (published one by one, the last could come after a thread took bulk work).
+    with transaction.atomic():
+        for index in range(4):
+            key = f"{run}-critical-{index}"
+            published[key] = time.time()
+            publish(jobs.critical_step, {"key": key, "published_at": published[key]})
     wait_until(lambda: set(published) | set(bulk) <= _effects(run), timeout_s=60, message=host.output()[-3000:])
     assert host.terminate() == 0, host.output()[-3000:]
 
